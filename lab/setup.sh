@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# One-command, idempotent set-up of CREW Lab, for a plain Debian/Ubuntu host and the Vagrant VM.
+# Run as root from anywhere:  sudo lab/setup.sh
+#
+# Installs the Debian packages the lab calls, creates .venv in the repo root with the project
+# and its test extras, makes Debian's mininet module (only that one) importable from .venv, and
+# links /usr/local/bin/python to .venv so that `sudo python -m lab.run` works as written.
+#
+# Environment:
+#   LAB_TORCH_INDEX   extra pip index for torch (the Vagrant VM points it at the CPU-only build;
+#                     without it, pip takes torch==2.13.0 from its usual sources)
+#   LAB_LINK_PYTHON   set to 0 to leave /usr/local/bin/python alone (default 1)
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$REPO/.venv"
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+if [[ $EUID -ne 0 ]]; then
+    echo "lab/setup.sh must run as root (it installs Debian packages): sudo $0" >&2
+    exit 1
+fi
+
+DEB_PACKAGES=(
+    mininet          # mnexec and the pure-Python mininet module
+    iproute2         # ip, tc
+    iptables         # loss emulation without netem (statistic match)
+    ethtool          # offload settings on the emulated links
+    kmod             # modprobe, to load sch_htb / sch_netem where they are modules
+    procps
+    python3 python3-venv python3-dev
+    chromium         # the dashboard's end-to-end test drives Debian's chromium
+    ca-certificates
+)
+log "installing Debian packages: ${DEB_PACKAGES[*]}"
+export DEBIAN_FRONTEND=noninteractive
+missing=()
+for pkg in "${DEB_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Ubuntu ships sch_netem in linux-modules-extra; try it where the module is missing.
+if ! modprobe -q sch_netem 2>/dev/null; then
+    extra="linux-modules-extra-$(uname -r)"
+    if apt-cache show "$extra" >/dev/null 2>&1; then
+        log "sch_netem not loadable; installing $extra"
+        apt-get install -y -qq "$extra" && modprobe -q sch_netem || true
+    fi
+fi
+if modprobe -q sch_netem 2>/dev/null || [[ -d /sys/module/sch_netem ]]; then
+    log "kernel has sch_netem: delay, jitter and loss will use netem"
+else
+    log "kernel has no sch_netem: delay and jitter are unavailable; the lab says so at start-up"
+fi
+
+# The venv uses the distribution's Python, the one Debian's mininet module is built for.
+PY=/usr/bin/python3
+if [[ ! -x "$VENV/bin/python" ]]; then
+    log "creating $VENV"
+    "$PY" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
+
+torch_args=()
+if [[ -n "${LAB_TORCH_INDEX:-}" ]]; then
+    torch_args=(--extra-index-url "$LAB_TORCH_INDEX")
+fi
+log "installing the project and its test extras into $VENV (torch==2.13.0)"
+"$VENV/bin/python" -m pip install -q "${torch_args[@]}" "torch==2.13.0"
+"$VENV/bin/python" -m pip install -q "${torch_args[@]}" -e "$REPO[test]"
+
+# Expose Debian's mininet package alone, not the rest of dist-packages.
+SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+if [[ ! -e "$SITE/mininet" ]]; then
+    ln -s /usr/lib/python3/dist-packages/mininet "$SITE/mininet"
+fi
+"$VENV/bin/python" -c 'import mininet.net, mininet.node, mininet.link' \
+    || { echo "mininet module is not importable from $VENV" >&2; exit 1; }
+
+# `sudo python -m lab.run`: sudo's secure_path includes /usr/local/bin. A wrapper (not a bare
+# symlink) so it also runs from outside the repo with the lab on the path.
+if [[ "${LAB_LINK_PYTHON:-1}" == 1 ]]; then
+    if [[ ! -e /usr/local/bin/python || -L /usr/local/bin/python || "$(head -c 200 /usr/local/bin/python 2>/dev/null)" == *"CREW Lab"* ]]; then
+        cat > /usr/local/bin/python <<WRAP
+#!/bin/sh
+# CREW Lab: run the lab's interpreter ($VENV) so that 'sudo python -m lab.run' works.
+exec "$VENV/bin/python" "\$@"
+WRAP
+        chmod 755 /usr/local/bin/python
+        log "/usr/local/bin/python now runs $VENV/bin/python"
+    else
+        log "left /usr/local/bin/python alone (it is not ours); use $VENV/bin/python"
+    fi
+fi
+
+log "done. Try:  sudo python -m lab.run --help"
