@@ -1,0 +1,262 @@
+"""A worker's local training: an MLP on its digits shard, exposed as one flat float32 vector.
+
+This is the only module in ``crew`` that imports torch. Everything the reduce schemes need
+is the flat parameter vector (:meth:`Trainer.get_vector` / :meth:`Trainer.set_vector`); its
+length and byte size are known without torch from :class:`crew.modelsize.ModelConfig`.
+
+Assumptions and choices:
+
+* Same ``TrainConfig.seed`` => same initial weights on every worker (partial reduce averages
+  models, which only makes sense from a common start). Initialisation draws from torch's
+  global RNG inside ``fork_rng``, so building a Trainer does not disturb the caller's RNG.
+* Minibatches are drawn without replacement from a per-epoch shuffle of the shard, by a numpy
+  generator seeded from ``seed``; different shards give different batches anyway.
+* Optimiser state (the SGD momentum buffer) stays local on ``set_vector``: averaging replaces
+  the weights, not the velocity. It is not checkpointed either; a rejoining worker restarts
+  its momentum from zero, which costs a few steps of warm-up and nothing else.
+* ``torch.set_num_threads`` is process-wide: the lab runs one Trainer per worker process, and
+  several workers share a couple of cores, so the default is one thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from crew.datasets import Shard
+from crew.modelsize import INPUT_DIM, NUM_CLASSES, ModelConfig
+
+__all__ = [
+    "CheckpointError",
+    "DivergenceError",
+    "ModelConfig",
+    "TrainConfig",
+    "TrainConfigError",
+    "Trainer",
+    "VectorError",
+    "build_model",
+]
+
+log = logging.getLogger(__name__)
+
+
+class TrainConfigError(ValueError):
+    """A training configuration field is out of range."""
+
+
+class VectorError(ValueError):
+    """A parameter vector handed to :meth:`Trainer.set_vector` is unusable."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, malformed, or for a different model."""
+
+
+class DivergenceError(RuntimeError):
+    """Local training produced a non-finite loss (learning rate too high, or a bad vector)."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Local SGD settings. ``local_steps`` minibatch steps make one iteration (then *ready*)."""
+
+    lr: float = 0.05
+    momentum: float = 0.0
+    batch_size: int = 32
+    local_steps: int = 1
+    seed: int = 0
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.lr, int | float) and math.isfinite(self.lr) and self.lr > 0):
+            raise TrainConfigError(f"TrainConfig.lr must be a finite float > 0, got {self.lr!r}")
+        if not (isinstance(self.momentum, int | float) and 0.0 <= self.momentum < 1.0):
+            raise TrainConfigError(f"TrainConfig.momentum must be in [0, 1), got {self.momentum!r}")
+        for name in ("batch_size", "local_steps", "threads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise TrainConfigError(f"TrainConfig.{name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise TrainConfigError(f"TrainConfig.seed must be an int >= 0, got {self.seed!r}")
+
+
+def build_model(cfg: ModelConfig) -> nn.Sequential:
+    """The MLP ``64 -> width (x depth, ReLU) -> 10`` described in :mod:`crew.modelsize`."""
+    layers: list[nn.Module] = []
+    fan_in = INPUT_DIM
+    for _ in range(cfg.depth):
+        layers += [nn.Linear(fan_in, cfg.width), nn.ReLU()]
+        fan_in = cfg.width
+    layers.append(nn.Linear(fan_in, NUM_CLASSES))
+    return nn.Sequential(*layers)
+
+
+class Trainer:
+    """One worker's model, optimiser and data; steps locally and swaps flat vectors.
+
+    Not thread-safe: the worker calls it from one thread (its training loop).
+    """
+
+    def __init__(
+        self, model_cfg: ModelConfig, train_cfg: TrainConfig, shard: Shard, test: Shard
+    ) -> None:
+        if len(shard) == 0:
+            raise ValueError("shard is empty: a worker needs at least one training sample")
+        if len(test) == 0:
+            raise ValueError("test is empty: evaluation needs at least one held-out sample")
+        self.model_cfg = model_cfg
+        self.train_cfg = train_cfg
+        torch.set_num_threads(train_cfg.threads)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(train_cfg.seed)
+            self._model = build_model(model_cfg)
+        self._num_params = sum(p.numel() for p in self._model.parameters())
+        if self._num_params != model_cfg.num_params:  # guards the torch-free arithmetic
+            raise AssertionError(
+                f"torch model has {self._num_params} parameters, "
+                f"ModelConfig.num_params says {model_cfg.num_params}"
+            )
+        self._opt = torch.optim.SGD(
+            self._model.parameters(), lr=train_cfg.lr, momentum=train_cfg.momentum
+        )
+        self._loss_fn = nn.CrossEntropyLoss()
+        # from_numpy needs writable arrays and Shard's are read-only: copy once, up front.
+        self._x = torch.from_numpy(np.array(shard.x, dtype=np.float32))
+        self._y = torch.from_numpy(np.array(shard.y, dtype=np.int64))
+        self._x_test = torch.from_numpy(np.array(test.x, dtype=np.float32))
+        self._y_test = torch.from_numpy(np.array(test.y, dtype=np.int64))
+        self._rng = np.random.default_rng(train_cfg.seed)
+        self._order = self._rng.permutation(len(shard))
+        self._cursor = 0
+        self._iteration = 0
+
+    @property
+    def iteration(self) -> int:
+        """Completed local iterations (each ``local_steps`` SGD steps)."""
+        return self._iteration
+
+    @property
+    def num_params(self) -> int:
+        return self._num_params
+
+    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        m = len(self._order)
+        bs = min(self.train_cfg.batch_size, m)
+        if self._cursor + bs > m:  # start a new epoch rather than return a short batch
+            self._order = self._rng.permutation(m)
+            self._cursor = 0
+        idx = torch.from_numpy(self._order[self._cursor : self._cursor + bs])
+        self._cursor += bs
+        return self._x[idx], self._y[idx]
+
+    def step(self) -> float:
+        """Run one local iteration (``local_steps`` minibatch SGD steps); return the mean loss.
+
+        Raises DivergenceError (model left as it is) if a loss is not finite.
+        """
+        self._model.train()
+        total = 0.0
+        for _ in range(self.train_cfg.local_steps):
+            xb, yb = self._next_batch()
+            self._opt.zero_grad(set_to_none=True)
+            loss = self._loss_fn(self._model(xb), yb)
+            value = float(loss.item())
+            if not math.isfinite(value):
+                raise DivergenceError(
+                    f"non-finite training loss {value} at iteration {self._iteration}"
+                )
+            loss.backward()
+            self._opt.step()
+            total += value
+        self._iteration += 1
+        return total / self.train_cfg.local_steps
+
+    def get_vector(self) -> np.ndarray:
+        """A flat float32 copy of all parameters, in ``model.parameters()`` order."""
+        with torch.no_grad():
+            flat = nn.utils.parameters_to_vector(self._model.parameters())
+        return flat.detach().numpy().astype(np.float32, copy=True)
+
+    def set_vector(self, v: np.ndarray) -> None:
+        """Load a flat float32 parameter vector. On any error the model is unchanged."""
+        if not isinstance(v, np.ndarray):
+            raise VectorError(f"vector must be a numpy ndarray, got {type(v).__name__}")
+        if v.dtype != np.float32:
+            raise VectorError(f"vector dtype must be float32, got {v.dtype}")
+        if v.ndim != 1:
+            raise VectorError(f"vector must be 1-D, got shape {v.shape}")
+        if v.shape[0] != self._num_params:
+            raise VectorError(f"vector length must be {self._num_params}, got {v.shape[0]}")
+        if not np.isfinite(v).all():
+            bad = int(np.count_nonzero(~np.isfinite(v)))
+            raise VectorError(f"vector has {bad} non-finite entries (NaN or inf)")
+        with torch.no_grad():
+            # Copy so the caller may reuse its buffer (e.g. a receive buffer) afterwards.
+            nn.utils.vector_to_parameters(torch.from_numpy(v.copy()), self._model.parameters())
+
+    def evaluate(self) -> tuple[float, float]:
+        """Held-out ``(mean cross-entropy loss, accuracy)`` on the test shard."""
+        self._model.eval()
+        with torch.no_grad():
+            logits = self._model(self._x_test)
+            loss = float(self._loss_fn(logits, self._y_test).item())
+            acc = float((logits.argmax(dim=1) == self._y_test).float().mean().item())
+        return loss, acc
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Checkpoint the vector, iteration and model shape to ``path`` (an ``.npz`` file).
+
+        Written to a temporary file and renamed, so a crash never leaves a torn checkpoint.
+        """
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                np.savez(
+                    fh,
+                    vector=self.get_vector(),
+                    iteration=np.int64(self._iteration),
+                    width=np.int64(self.model_cfg.width),
+                    depth=np.int64(self.model_cfg.depth),
+                )
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        log.debug("saved checkpoint %s at iteration %d", target, self._iteration)
+
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """Restore vector and iteration from a :meth:`save` checkpoint of the same model shape.
+
+        Raises CheckpointError (model unchanged) if the file is unreadable or for another shape.
+        """
+        try:
+            with np.load(Path(path), allow_pickle=False) as data:
+                vector = np.asarray(data["vector"])
+                iteration = int(data["iteration"])
+                shape = (int(data["width"]), int(data["depth"]))
+        except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+            raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
+        expected = (self.model_cfg.width, self.model_cfg.depth)
+        if shape != expected:
+            raise CheckpointError(
+                f"checkpoint {path} is for (width, depth)={shape}, this model is {expected}"
+            )
+        if iteration < 0:
+            raise CheckpointError(f"checkpoint {path} has negative iteration {iteration}")
+        try:
+            self.set_vector(vector)
+        except VectorError as exc:
+            raise CheckpointError(f"checkpoint {path}: {exc}") from exc
+        self._iteration = iteration
+        log.debug("loaded checkpoint %s at iteration %d", path, iteration)
