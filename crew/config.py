@@ -1,0 +1,110 @@
+"""The run configuration shared by the lab, the coordinator and every worker.
+
+The lab writes one ``config.json`` per run; each process reads it at start. The per-run secret
+lives in a separate file (mode 0600) named by ``secret_path``, so the config can be stored in
+the run database and shown without leaking the key.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+
+class Scheme(enum.Enum):
+    """How a group's members average their vectors."""
+
+    PREDUCE = "preduce"  # original partial reduce: members only, load-balanced (p2p LP)
+    CREW = "crew"  # every active worker aggregates a block (p2a LP)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(s.value for s in cls)
+
+
+class ConfigError(ValueError):
+    """A run configuration is malformed; the message names the field."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    run_id: str
+    run_num: int  # u32 carried in every frame, so frames of another run are refused
+    run_dir: str
+    secret_path: str
+    n: int
+    p: int
+    scheme: str
+    coordinator_host: str
+    coordinator_port: int
+    data_port: int
+    identities: tuple[str, ...]  # identity address of each worker (data plane)
+    bw_mbit: tuple[tuple[float, ...], ...]  # configured capacity matrix; diagonal ignored
+    # training
+    width: int = 640
+    depth: int = 3
+    lr: float = 0.05
+    batch_size: int = 32
+    local_steps: int = 1
+    partition: str = "iid"
+    seed: int = 0
+    stragglers: tuple[str | None, ...] = ()
+    eval_every_s: float = 2.0
+    staleness: bool = False
+    # data plane
+    part_bytes: int = 1 << 20
+    max_payload: int = 4 << 20
+    flow_order: str = "fcfs"
+    stall_timeout_s: float = 8.0
+    # control plane
+    heartbeat_s: float = 1.0
+    heartbeat_timeout_s: float = 6.0
+    group_timeout_min_s: float = 30.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ConfigError(f"n: must be at least 1, got {self.n}")
+        if not 1 <= self.p <= self.n:
+            raise ConfigError(f"p: must be between 1 and n={self.n}, got {self.p}")
+        if self.scheme not in Scheme.names():
+            raise ConfigError(f"scheme: unknown {self.scheme!r}; known: {', '.join(Scheme.names())}")
+        if len(self.identities) != self.n:
+            raise ConfigError(f"identities: need {self.n} addresses, got {len(self.identities)}")
+        if len(self.bw_mbit) != self.n or any(len(r) != self.n for r in self.bw_mbit):
+            raise ConfigError(f"bw_mbit: must be {self.n}x{self.n}")
+        if self.part_bytes <= 0 or self.part_bytes % 4:
+            raise ConfigError(f"part_bytes: must be a positive multiple of 4, got {self.part_bytes}")
+        if self.part_bytes > self.max_payload:
+            raise ConfigError("part_bytes: must not exceed max_payload")
+
+    @property
+    def part_elems(self) -> int:
+        return self.part_bytes // 4
+
+    def secret(self) -> bytes:
+        return Path(self.secret_path).read_bytes()
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunConfig:
+        try:
+            raw = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot read run config: {exc}") from exc
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigError(f"{path}: unknown fields {unknown}")
+        raw["identities"] = tuple(raw["identities"])
+        raw["bw_mbit"] = tuple(tuple(float(x) for x in row) for row in raw["bw_mbit"])
+        raw["stragglers"] = tuple(raw.get("stragglers", ()))
+        return cls(**raw)

@@ -1,0 +1,447 @@
+"""The coordinator: forms groups from ready workers, plans them, and sees them through.
+
+Runs in the lab's root namespace, reached by every worker over the unshaped management
+network, and is the only writer of groups, iterations and worker states in the run database.
+
+All decisions happen on one thread, the event loop, fed by a queue: the connection readers
+only decode and enqueue. So group state needs no locks, and the order of events in the
+database is the order in which they were decided.
+
+A group's life::
+
+    Ready x p ──► form (crew.grouping) ──► plan (crew.planner) ──► Assign rev 0 to every
+    worker with a role ──► HaveAll from every member ──► Commit ──► completed
+
+and when something breaks while it is open:
+
+* a member dies: the survivors get a new revision, planned without it, and average among
+  themselves; with no survivor left the group is abandoned;
+* an aggregator that is no member dies, or a link the plan uses fails: a new revision is
+  planned on what is left (the LP moves the blocks to backup aggregators);
+* no revision completes within its deadline (a multiple of the predicted time, at least
+  ``group_timeout_min_s``), or revisions run out: the group is abandoned, its members keep
+  their own models and train on. Every outcome is recorded: no group is left hanging.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from crew import planner
+from crew import protocol as proto
+from crew.config import RunConfig, Scheme
+from crew.frames import COORDINATOR, FrameCodec, FrameError, control_body, control_frame
+from crew.grouping import Group, GroupFormer, GroupingError
+from crew.rundb import RunDB
+from crew.transport import FrameStream
+
+log = logging.getLogger("crew.coordinator")
+
+TICK_S = 0.25
+MAX_REVISIONS = 8
+DEADLINE_FACTOR = 10.0  # a revision may take this many times its predicted time
+
+
+@dataclass
+class OpenGroup:
+    group: Group
+    scheme: str
+    rev: int
+    members: tuple[int, ...]
+    weights: tuple[float, ...]
+    plan: planner.Plan
+    participants: set[int]
+    deadline: float
+    have_all: set[int] = field(default_factory=set)
+    bytes_sent: int = 0
+
+
+@dataclass(frozen=True)
+class _Event:
+    kind: str  # "msg", "closed", "admin"
+    conn: int
+    msg: proto.Message | None = None
+
+
+class Coordinator:
+    def __init__(self, cfg: RunConfig, db: RunDB, host: str, port: int):
+        self.cfg = cfg
+        self.db = db
+        self.codec = FrameCodec(cfg.secret(), cfg.run_num, max_payload=cfg.max_payload)
+        self.former = GroupFormer(
+            cfg.n, cfg.p, heartbeat_timeout=cfg.heartbeat_timeout_s, staleness=cfg.staleness
+        )
+        bw = np.array(cfg.bw_mbit, dtype=float)
+        np.fill_diagonal(bw, np.inf)
+        self.bw = bw
+        self.scheme = cfg.scheme
+        self.size_elems: int | None = None
+        self.events: queue.Queue[_Event] = queue.Queue()
+        self.streams: dict[int, FrameStream] = {}  # conn id -> stream
+        self.worker_conn: dict[int, int] = {}  # worker -> conn id
+        self.open: dict[int, OpenGroup] = {}
+        self.stop_event = threading.Event()
+        self._next_conn = 0
+        self._conn_lock = threading.Lock()
+        self.listener = socket.create_server((host, port), reuse_port=False)
+        self.port = self.listener.getsockname()[1]
+
+    # -- network -----------------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        self.listener.settimeout(0.5)
+        while not self.stop_event.is_set():
+            try:
+                sock, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            sock.settimeout(None)
+            with self._conn_lock:
+                conn = self._next_conn
+                self._next_conn += 1
+                self.streams[conn] = FrameStream(sock, self.codec)
+            threading.Thread(
+                target=self._reader, args=(conn,), name=f"conn{conn}", daemon=True
+            ).start()
+
+    def _reader(self, conn: int) -> None:
+        stream = self.streams[conn]
+        while not self.stop_event.is_set():
+            try:
+                frame = stream.recv()
+            except FrameError as exc:
+                log.warning("connection %d: bad frame, closing: %s", conn, exc)
+                self.events.put(_Event("rejected", conn, None))
+                break
+            except OSError:
+                break
+            try:
+                msg = proto.decode(control_body(frame))
+            except (FrameError, proto.ProtocolError) as exc:
+                log.warning("connection %d: ignored message: %s", conn, exc)
+                continue
+            self.events.put(_Event("msg", conn, msg))
+        self.events.put(_Event("closed", conn))
+
+    def _send(self, worker: int, msg: proto.Message) -> None:
+        conn = self.worker_conn.get(worker)
+        stream = self.streams.get(conn) if conn is not None else None
+        if stream is None:
+            return
+        try:
+            stream.send(control_frame(COORDINATOR, self.cfg.run_num, msg.to_dict()))
+        except OSError as exc:
+            log.warning("send to worker %d failed: %s", worker, exc)
+
+    # -- the event loop ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        threading.Thread(target=self._accept_loop, name="accept", daemon=True).start()
+        self.db.event("coordinator", f"coordinator listening on port {self.port}")
+        while not self.stop_event.is_set():
+            try:
+                ev = self.events.get(timeout=TICK_S)
+            except queue.Empty:
+                ev = None
+            now = time.time()
+            if ev is not None:
+                try:
+                    self._handle(ev, now)
+                except (GroupingError, planner.PlanError, proto.ProtocolError) as exc:
+                    log.warning("event %s from connection %d refused: %s", ev.kind, ev.conn, exc)
+                    self.db.event("warning", f"refused {ev.kind}: {exc}", level="warning")
+            self._tick(now)
+        self._shutdown("coordinator stopping")
+
+    def _handle(self, ev: _Event, now: float) -> None:
+        if ev.kind == "closed":
+            self.streams.pop(ev.conn, None)
+            for worker, conn in list(self.worker_conn.items()):
+                if conn == ev.conn:
+                    del self.worker_conn[worker]
+                    self._worker_lost(worker, now, "control connection closed")
+            return
+        if ev.kind == "rejected":
+            self.db.event("security", f"connection {ev.conn} sent a frame that failed checks",
+                          level="warning")
+            return
+        msg = ev.msg
+        if isinstance(msg, proto.Admin):
+            self._admin(msg, now)
+            return
+        worker = getattr(msg, "worker", None)
+        if not isinstance(worker, int) or not 0 <= worker < self.cfg.n:
+            raise proto.ProtocolError(f"worker: {worker!r} is not a worker of this run")
+        if isinstance(msg, proto.Register):
+            self._register(msg, ev.conn, now)
+            return
+        if self.worker_conn.get(worker) != ev.conn:
+            raise proto.ProtocolError(f"worker {worker}: message on a connection it does not own")
+        if isinstance(msg, proto.Heartbeat):
+            self.former.heartbeat(worker, now)
+        elif isinstance(msg, proto.Ready):
+            self.former.heartbeat(worker, now)
+            self.db.set_worker_status(worker, "ready", iteration=msg.iteration)
+            for group in self.former.ready(worker, msg.iteration, now):
+                self._start_group(group, now)
+        elif isinstance(msg, proto.Metrics):
+            self.db.execute(
+                "INSERT INTO iterations (t, worker, iteration, loss, accuracy) VALUES (?,?,?,?,?)",
+                (msg.t, worker, msg.iteration, msg.loss, msg.accuracy),
+            )
+        elif isinstance(msg, proto.HaveAll):
+            self._have_all(msg, now)
+        elif isinstance(msg, proto.LinkFailed):
+            self._link_failed(msg.src, msg.dst, msg.reason, now)
+        else:
+            raise proto.ProtocolError(f"type: {msg.TYPE!r} is not for the coordinator")
+
+    def _register(self, msg: proto.Register, conn: int, now: float) -> None:
+        if self.size_elems is None:
+            self.size_elems = msg.vector_len
+        elif msg.vector_len != self.size_elems:
+            raise proto.ProtocolError(
+                f"register.vector_len: {msg.vector_len} differs from the run's {self.size_elems}"
+            )
+        old = self.worker_conn.get(msg.worker)
+        if old is not None and old != conn:
+            self._worker_lost(msg.worker, now, "re-registered on a new connection")
+        self.worker_conn[msg.worker] = conn
+        self.former.join(msg.worker, now)
+        self.db.set_worker_status(msg.worker, "training", iteration=msg.iteration, pid=msg.pid)
+        self.db.event("worker", f"worker {msg.worker} registered (pid {msg.pid})",
+                      worker=msg.worker)
+
+    # -- groups ------------------------------------------------------------------------------
+
+    def _alive(self) -> list[int]:
+        return sorted(w for w in self.former.alive() if w in self.worker_conn)
+
+    def _plan(self, members: tuple[int, ...], scheme: str) -> tuple[planner.Plan, float]:
+        assert self.size_elems is not None
+        size = self.size_elems * 4
+        active = self._alive()
+        if scheme == Scheme.PREDUCE.value:
+            plan = planner.solve_p2p(self.bw, members, size)
+        else:
+            plan = planner.solve_p2a(self.bw, members, size, active=active)
+        bound = planner.lower_bound(self.bw, members, size, active=active)
+        return plan, bound
+
+    def _start_group(self, group: Group, now: float) -> None:
+        try:
+            plan, bound = self._plan(group.members, self.scheme)
+        except planner.PlanError as exc:
+            self.db.execute(
+                "INSERT INTO groups (id, scheme, members, weights, formed_at, status, reason,"
+                " ended_at) VALUES (?,?,?,?,?, 'abandoned', ?, ?)",
+                (group.id, self.scheme, json.dumps(group.members), json.dumps(group.weights),
+                 group.formed_at, f"no plan: {exc}", now),
+            )
+            self.former.abandon(group.id, now)
+            for m in group.members:
+                self._send(m, proto.Abandon(group.id, f"no plan: {exc}"))
+            return
+        og = OpenGroup(
+            group=group, scheme=self.scheme, rev=0, members=group.members,
+            weights=group.weights, plan=plan, participants=set(), deadline=0.0,
+        )
+        self.open[group.id] = og
+        self.db.execute(
+            "INSERT INTO groups (id, scheme, members, weights, formed_at, started_at, status,"
+            " predicted_s, bound_s, plan) VALUES (?,?,?,?,?,?, 'open', ?,?,?)",
+            (group.id, self.scheme, json.dumps(group.members), json.dumps(group.weights),
+             group.formed_at, now, plan.predicted_s, bound, plan.to_json()),
+        )
+        self.db.executemany(
+            "INSERT INTO group_members (group_id, worker, iteration, staleness, weight)"
+            " VALUES (?,?,?,?,?)",
+            [
+                (group.id, m, it, max(group.iterations) - it + 1, w)
+                for m, it, w in zip(group.members, group.iterations, group.weights, strict=True)
+            ],
+        )
+        for m in group.members:
+            self.db.set_worker_status(m, "reducing", group_id=group.id)
+        self._assign(og, now)
+
+    def _assign(self, og: OpenGroup, now: float) -> None:
+        assert self.size_elems is not None
+        segments = [[s.worker, s.start, s.stop] for s in og.plan.segments]
+        msg = proto.Assign(
+            group=og.group.id, rev=og.rev, scheme=og.scheme, members=list(og.members),
+            weights=list(og.weights), segments=segments, total=self.size_elems,
+            part_elems=self.cfg.part_elems,
+        )
+        og.participants = set(og.members) | {s.worker for s in og.plan.segments}
+        og.have_all = set()
+        og.deadline = now + max(self.cfg.group_timeout_min_s, DEADLINE_FACTOR * og.plan.predicted_s)
+        for w in sorted(og.participants):
+            self._send(w, msg)
+
+    def _have_all(self, msg: proto.HaveAll, now: float) -> None:
+        og = self.open.get(msg.group)
+        if og is None or msg.rev != og.rev or msg.worker not in og.members:
+            return  # a late report from a superseded revision
+        og.have_all.add(msg.worker)
+        og.bytes_sent += msg.bytes_sent
+        if og.have_all >= set(og.members):
+            self._finish(og, now, committed=True, reason="")
+
+    def _finish(self, og: OpenGroup, now: float, *, committed: bool, reason: str) -> None:
+        gid = og.group.id
+        del self.open[gid]
+        for w in sorted(og.participants | set(og.group.members)):
+            self._send(w, proto.Commit(gid, og.rev) if committed else proto.Abandon(gid, reason))
+        if committed:
+            self.former.complete(gid, now)
+        else:
+            self.former.abandon(gid, now)
+        self.db.execute(
+            "UPDATE groups SET ended_at=?, status=?, bytes=?, reason=?, members=?, weights=?,"
+            " plan=? WHERE id=?",
+            (now, "completed" if committed else "abandoned", og.bytes_sent, reason or None,
+             json.dumps(og.members), json.dumps(og.weights), og.plan.to_json(), gid),
+        )
+        if set(og.members) != set(og.group.members):
+            dropped = sorted(set(og.group.members) - set(og.members))
+            self.db.execute(
+                f"DELETE FROM group_members WHERE group_id=? AND worker IN"
+                f" ({','.join('?' * len(dropped))})",
+                (gid, *dropped),
+            )
+        for m in og.group.members:
+            if m in self.worker_conn:
+                self.db.set_worker_status(m, "training", group_id=None)
+        if not committed:
+            self.db.event("group", f"group {gid} abandoned: {reason}", level="warning",
+                          data={"group": gid, "members": list(og.members)})
+
+    def _revise(self, og: OpenGroup, now: float, why: str) -> None:
+        if og.rev + 1 >= MAX_REVISIONS:
+            self._finish(og, now, committed=False, reason=f"too many revisions ({why})")
+            return
+        try:
+            plan, _ = self._plan(og.members, og.scheme)
+        except planner.PlanError as exc:
+            self._finish(og, now, committed=False, reason=f"no plan after {why}: {exc}")
+            return
+        og.rev += 1
+        og.plan = plan
+        self.db.event("recovery", f"group {og.group.id} revision {og.rev}: {why}",
+                      data={"group": og.group.id, "rev": og.rev})
+        self._assign(og, now)
+
+    def _worker_lost(self, worker: int, now: float, why: str) -> None:
+        self.former.mark_dead(worker, now)
+        self.db.set_worker_status(worker, "dead")
+        self.db.event("fault", f"worker {worker} lost: {why}", level="warning", worker=worker)
+        for og in list(self.open.values()):
+            if worker in og.members:
+                survivors = tuple(m for m in og.members if m != worker)
+                if not survivors:
+                    self._finish(og, now, committed=False, reason=f"worker {worker} lost")
+                    continue
+                shrunk = self.former.drop_member(og.group.id, worker)
+                og.members = shrunk.members
+                og.weights = shrunk.weights
+                self._revise(og, now, f"member {worker} lost")
+            elif worker in og.participants:
+                self._revise(og, now, f"aggregator {worker} lost")
+
+    def _link_failed(self, src: int, dst: int, reason: str, now: float) -> None:
+        if self.bw[src, dst] > 0:
+            self.bw[src, dst] = 0.0
+            self.db.event("fault", f"link {src}->{dst} failed: {reason}", level="warning",
+                          data={"src": src, "dst": dst})
+        for og in list(self.open.values()):
+            if _plan_uses(og, src, dst):
+                self._revise(og, now, f"link {src}->{dst} failed")
+
+    def _tick(self, now: float) -> None:
+        for worker in self.former.expire(now):
+            if worker in self.worker_conn:
+                self._worker_lost(worker, now, "no heartbeat")
+        for og in list(self.open.values()):
+            if now > og.deadline:
+                self._revise(og, now, f"revision {og.rev} missed its deadline")
+
+    # -- the lab's requests ------------------------------------------------------------------
+
+    def _admin(self, msg: proto.Admin, now: float) -> None:
+        args: dict[str, Any] = msg.args
+        if msg.op == "set_p":
+            self.former.set_p(int(args["p"]))
+            self.db.set_meta({"p": str(int(args["p"]))})
+            for group in self.former.form(now):
+                self._start_group(group, now)
+        elif msg.op == "set_scheme":
+            scheme = str(args["scheme"])
+            if scheme not in Scheme.names():
+                raise proto.ProtocolError(f"admin.args.scheme: unknown {scheme!r}")
+            self.scheme = scheme
+            self.db.set_meta({"scheme": scheme})
+        elif msg.op == "set_link":
+            src, dst, rate = int(args["src"]), int(args["dst"]), float(args["rate_mbit"])
+            self.bw[src, dst] = max(rate, 0.0)
+        elif msg.op == "slow_worker":
+            self._send(int(args["worker"]), proto.SetSlowdown(float(args["factor"])))
+        elif msg.op == "stop":
+            self.stop_event.set()
+        else:
+            raise proto.ProtocolError(f"admin.op: unknown {msg.op!r}")
+
+    def _shutdown(self, reason: str) -> None:
+        now = time.time()
+        for og in list(self.open.values()):
+            self._finish(og, now, committed=False, reason="run stopped")
+        for w in list(self.worker_conn):
+            self._send(w, proto.Stop(reason))
+        self.listener.close()
+
+
+def _plan_uses(og: OpenGroup, src: int, dst: int) -> bool:
+    aggregators = {s.worker for s in og.plan.segments}
+    scatter = src in og.members and dst in aggregators and src != dst
+    broadcast = src in aggregators and dst in og.members and src != dst
+    return scatter or broadcast
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m crew.coordinator",
+        description="The CREW coordinator: forms partial-reduce groups and plans them."
+        " Started by the lab in the root namespace.",
+    )
+    parser.add_argument("--config", required=True, help="the run's config.json")
+    parser.add_argument("--db", required=True, help="the run database (SQLite)")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s coord %(levelname)s %(name)s: %(message)s")
+    cfg = RunConfig.load(args.config)
+    db = RunDB(args.db)
+    coord = Coordinator(cfg, db, cfg.coordinator_host, cfg.coordinator_port)
+    signal.signal(signal.SIGTERM, lambda *_: coord.stop_event.set())
+    signal.signal(signal.SIGINT, lambda *_: coord.stop_event.set())
+    coord.run()
+    db.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Control-plane messages between workers, the coordinator and the lab.
+
+They travel as JSON objects inside authenticated CONTROL frames (``crew.frames``) over the
+unshaped management network. Each message type is a frozen dataclass; ``decode`` turns a JSON
+object back into one and refuses anything malformed with ``ProtocolError``, naming the field,
+so a bad message is dropped with a warning instead of crashing the receiver.
+
+Who sends what::
+
+    worker -> coordinator   Register, Heartbeat, Ready, Metrics, HaveAll, LinkFailed
+    coordinator -> worker   Assign, Commit, Abandon, SetSlowdown, Stop
+    lab -> coordinator      Admin (set_p, set_scheme, set_link, stop)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+class ProtocolError(ValueError):
+    """A control message is malformed; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Message:
+    TYPE: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["type"] = self.TYPE
+        return out
+
+
+@dataclass(frozen=True)
+class Register(Message):
+    TYPE: ClassVar[str] = "register"
+    worker: int
+    pid: int
+    iteration: int
+    vector_len: int
+
+
+@dataclass(frozen=True)
+class Heartbeat(Message):
+    TYPE: ClassVar[str] = "heartbeat"
+    worker: int
+    iteration: int
+
+
+@dataclass(frozen=True)
+class Ready(Message):
+    """A worker finished a local iteration and offers its model for the next group."""
+
+    TYPE: ClassVar[str] = "ready"
+    worker: int
+    iteration: int
+
+
+@dataclass(frozen=True)
+class Metrics(Message):
+    TYPE: ClassVar[str] = "metrics"
+    worker: int
+    iteration: int
+    loss: float
+    accuracy: float | None
+    t: float
+
+
+@dataclass(frozen=True)
+class HaveAll(Message):
+    """A member holds every aggregated element of this group revision."""
+
+    TYPE: ClassVar[str] = "have_all"
+    worker: int
+    group: int
+    rev: int
+    bytes_sent: int
+
+
+@dataclass(frozen=True)
+class LinkFailed(Message):
+    """The data-plane link src -> dst failed (socket error or no progress)."""
+
+    TYPE: ClassVar[str] = "link_failed"
+    worker: int
+    src: int
+    dst: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Assign(Message):
+    """A group revision: who contributes, with which weight, and who aggregates which range.
+
+    ``segments`` is a list of ``[worker, start, stop]`` element ranges covering the vector once.
+    A new revision of the same group supersedes the previous one entirely.
+    """
+
+    TYPE: ClassVar[str] = "assign"
+    group: int
+    rev: int
+    scheme: str
+    members: list[int]
+    weights: list[float]
+    segments: list[list[int]]
+    total: int
+    part_elems: int
+
+
+@dataclass(frozen=True)
+class Commit(Message):
+    """Every member holds the result of this revision: apply it."""
+
+    TYPE: ClassVar[str] = "commit"
+    group: int
+    rev: int
+
+
+@dataclass(frozen=True)
+class Abandon(Message):
+    """Give the group up: members keep their own model and go on training."""
+
+    TYPE: ClassVar[str] = "abandon"
+    group: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class SetSlowdown(Message):
+    TYPE: ClassVar[str] = "set_slowdown"
+    factor: float
+
+
+@dataclass(frozen=True)
+class Stop(Message):
+    TYPE: ClassVar[str] = "stop"
+    reason: str
+
+
+@dataclass(frozen=True)
+class Admin(Message):
+    """From the lab: ``op`` is one of ``set_p``, ``set_scheme``, ``set_link``, ``stop``."""
+
+    TYPE: ClassVar[str] = "admin"
+    op: str
+    args: dict[str, Any]
+
+
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.TYPE: cls
+    for cls in (
+        Register,
+        Heartbeat,
+        Ready,
+        Metrics,
+        HaveAll,
+        LinkFailed,
+        Assign,
+        Commit,
+        Abandon,
+        SetSlowdown,
+        Stop,
+        Admin,
+    )
+}
+
+
+def _check(name: str, value: Any, hint: Any) -> Any:
+    """Check one JSON value against a field's annotation (the small subset the messages use)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        inner = [o for o in options if o is not type(None)]
+        return _check(name, value, inner[0])
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ProtocolError(f"{name}: expected a boolean, got {type(value).__name__}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ProtocolError(f"{name}: expected an integer, got {type(value).__name__}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ProtocolError(f"{name}: expected a number, got {type(value).__name__}")
+        if not math.isfinite(value):
+            raise ProtocolError(f"{name}: must be finite")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ProtocolError(f"{name}: expected a string, got {type(value).__name__}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ProtocolError(f"{name}: expected a list, got {type(value).__name__}")
+        (item,) = typing.get_args(hint)
+        return [_check(f"{name}[{i}]", v, item) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{name}: expected an object, got {type(value).__name__}")
+        return value
+    raise ProtocolError(f"{name}: unsupported field type {hint!r}")  # a bug in this module
+
+
+def decode(obj: Any) -> Message:
+    """Turn a decoded JSON object into a typed message, or raise ``ProtocolError``."""
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"message: expected a JSON object, got {type(obj).__name__}")
+    kind = obj.get("type")
+    cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolError(f"type: unknown message type {kind!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    extra = sorted(set(obj) - set(names) - {"type"})
+    if extra:
+        raise ProtocolError(f"{kind}: unknown fields {extra}")
+    values = {}
+    for name in names:
+        if name not in obj:
+            raise ProtocolError(f"{kind}.{name}: missing")
+        values[name] = _check(f"{kind}.{name}", obj[name], hints[name])
+    return cls(**values)
