@@ -376,6 +376,9 @@ class Coordinator:
         for worker in self.former.expire(now):
             if worker in self.worker_conn:
                 self._worker_lost(worker, now, "no heartbeat")
+        # The isolation guard may hold a group back for a while; only a later call forms it.
+        for group in self.former.form(now):
+            self._start_group(group, now)
         for og in list(self.open.values()):
             if now > og.deadline:
                 self._revise(og, now, f"revision {og.rev} missed its deadline")
