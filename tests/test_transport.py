@@ -1,0 +1,405 @@
+"""Transport over loopback: delivery, authentication, rejection, flow order, failures."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import closing
+
+import pytest
+
+from crew.frames import (
+    BadMac,
+    BadMagic,
+    Frame,
+    FrameCodec,
+    FrameError,
+    FrameKind,
+    Oversized,
+    Truncated,
+    control_body,
+    control_frame,
+    wire_size,
+)
+from crew.transport import (
+    FlowOrder,
+    FrameStream,
+    HandshakeError,
+    PeerUnreachable,
+    StreamClosed,
+    StreamStalled,
+    Transport,
+)
+
+SECRET = b"s" * 32
+RUN = 9
+WAIT = 10.0  # generous upper bound for events; never a timing assertion
+LOOPBACK = "127.0.0.1"
+
+
+class Inbox:
+    """Thread-safe collector of delivered frames."""
+
+    def __init__(self) -> None:
+        self.frames: list[Frame] = []
+        self._cond = threading.Condition()
+
+    def __call__(self, frame: Frame) -> None:
+        # Store bytes so assertions compare contents, whatever view type the reader hands out.
+        frame_copy = Frame(
+            frame.kind,
+            frame.sender,
+            frame.run,
+            frame.group,
+            frame.rev,
+            frame.block,
+            frame.part,
+            frame.offset,
+            bytes(frame.payload),
+        )
+        with self._cond:
+            self.frames.append(frame_copy)
+            self._cond.notify_all()
+
+    def wait_for(self, n: int, timeout: float = WAIT) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: len(self.frames) >= n, timeout)
+
+
+class Events:
+    """Thread-safe collector of callback arguments."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple] = []
+        self._cond = threading.Condition()
+
+    def __call__(self, *args: object) -> None:
+        with self._cond:
+            self.items.append(args)
+            self._cond.notify_all()
+
+    def wait_for(self, n: int, timeout: float = WAIT) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: len(self.items) >= n, timeout)
+
+
+@pytest.fixture
+def codec() -> FrameCodec:
+    return FrameCodec(SECRET, RUN)
+
+
+@pytest.fixture
+def make() -> Iterator[Callable[..., Transport]]:
+    """Factory of transports on loopback ports; all are closed at the end, even on failure."""
+    made: list[Transport] = []
+
+    def factory(me: int, codec: FrameCodec, on_frame: Callable[[Frame], None], **kw) -> Transport:
+        t = Transport(me, (LOOPBACK, 0), kw.pop("peers", {}), codec, on_frame, **kw)
+        made.append(t)
+        return t
+
+    try:
+        yield factory
+    finally:
+        for t in made:
+            t.close()
+
+
+@pytest.fixture
+def black_hole() -> Iterator[tuple[str, int]]:
+    """A listening socket that never accepts or reads: senders fill the buffers and stall."""
+    with closing(socket.socket()) as s:
+        s.bind((LOOPBACK, 0))
+        s.listen(1)
+        yield s.getsockname()
+
+
+def dead_port() -> tuple[str, int]:
+    with closing(socket.socket()) as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()  # nothing listens there once closed
+
+
+def link_all(ts: dict[int, Transport]) -> None:
+    for t in ts.values():
+        for peer, other in ts.items():
+            t.set_peer(peer, (LOOPBACK, other.port))
+
+
+def frame(sender: int, group: int = 0, part: int = 0, payload: bytes = b"") -> Frame:
+    return Frame(FrameKind.SCATTER, sender, RUN, group=group, part=part, payload=payload)
+
+
+# -- delivery ---------------------------------------------------------------------------------
+
+
+def test_three_transports_exchange_frames(make, codec: FrameCodec) -> None:
+    inboxes = {i: Inbox() for i in (1, 2, 3)}
+    ts = {i: make(i, codec, inboxes[i]) for i in (1, 2, 3)}
+    link_all(ts)
+    for t in ts.values():
+        t.start()
+    sent: dict[tuple[int, int, int], bytes] = {}
+    for src in ts:
+        for dst in ts:
+            if src == dst:
+                continue
+            for part, size in enumerate((17, 1 << 20)):
+                payload = os.urandom(size)
+                sent[(src, dst, part)] = payload
+                ts[src].send(dst, frame(src, group=dst, part=part, payload=payload))
+    for dst, inbox in inboxes.items():
+        assert inbox.wait_for(4), f"worker {dst} got {len(inbox.frames)} of 4 frames"
+        got = {(f.sender, f.group, f.part): f.payload for f in inbox.frames}
+        assert got == {(s, d, p): v for (s, d, p), v in sent.items() if d == dst}
+    for t in ts.values():
+        assert t.flush(WAIT)
+    stats = {i: t.stats() for i, t in ts.items()}
+    for src in ts:
+        assert stats[src].frames_sent == 4 and stats[src].frames_received == 4
+        assert stats[src].rejected == 0
+        for dst in ts:
+            if src != dst:
+                assert stats[src].bytes_sent[dst] == stats[dst].bytes_received[src]
+                assert ts[src].queued_bytes(dst) == 0
+
+
+def test_send_argument_errors(make, codec: FrameCodec) -> None:
+    t = make(1, codec, Inbox(), peers={2: dead_port()})
+    with pytest.raises(ValueError, match="self"):
+        t.send(1, frame(1))
+    with pytest.raises(KeyError, match="7"):
+        t.send(7, frame(1))
+    with pytest.raises(Oversized):
+        t.send(2, frame(1, payload=bytes(codec.max_payload + 1)))
+
+
+def test_on_frame_exceptions_are_counted_not_fatal(make, codec: FrameCodec) -> None:
+    inbox = Inbox()
+
+    def on_frame(f: Frame) -> None:
+        if f.group == 13:
+            raise RuntimeError("handler bug")
+        inbox(f)
+
+    ts = {1: make(1, codec, Inbox()), 2: make(2, codec, on_frame)}
+    link_all(ts)
+    for t in ts.values():
+        t.start()
+    ts[1].send(2, frame(1, group=13))
+    ts[1].send(2, frame(1, group=14))
+    assert inbox.wait_for(1)
+    assert [f.group for f in inbox.frames] == [14]
+    assert ts[2].stats().handler_errors == 1
+
+
+# -- authentication and rejection ------------------------------------------------------------
+
+
+def test_unauthenticated_client_is_rejected_while_good_peer_works(make, codec) -> None:
+    inbox, rejects = Inbox(), Events()
+    ts = {1: make(1, codec, Inbox()), 2: make(2, codec, inbox, on_reject=rejects)}
+    link_all(ts)
+    for t in ts.values():
+        t.start()
+    ts[1].send(2, frame(1, payload=b"good-before"))
+    assert inbox.wait_for(1)
+
+    forger = FrameStream.connect((LOOPBACK, ts[2].port), FrameCodec(b"w" * 32, RUN))
+    try:
+        forger.send(Frame(FrameKind.HELLO, 1, RUN))  # claims to be worker 1
+        forger.send(frame(1, payload=b"forged"))
+        assert rejects.wait_for(1)
+        addr, err = rejects.items[0]
+        assert isinstance(err, BadMac) and addr[0] == LOOPBACK
+        with pytest.raises((StreamClosed, ConnectionError, FrameError)):
+            forger.recv(idle_timeout=WAIT)  # the server closed this connection
+    finally:
+        forger.close()
+
+    ts[1].send(2, frame(1, payload=b"good-after"))
+    assert inbox.wait_for(2)
+    assert [f.payload for f in inbox.frames] == [b"good-before", b"good-after"]
+    stats = ts[2].stats()
+    assert stats.rejected == 1 and stats.rejected_by_reason == {"BadMac": 1}
+    assert stats.frames_received == 2
+
+
+def test_garbage_client_is_rejected(make, codec: FrameCodec) -> None:
+    inbox, rejects = Inbox(), Events()
+    t = make(2, codec, inbox, peers={1: dead_port()}, on_reject=rejects)
+    t.start()
+    with closing(socket.create_connection((LOOPBACK, t.port), timeout=WAIT)) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\x00" * 64)
+        assert rejects.wait_for(1)
+    assert isinstance(rejects.items[0][1], BadMagic)
+    assert t.stats().rejected_by_reason == {"BadMagic": 1}
+    assert inbox.frames == []
+
+
+@pytest.mark.parametrize(
+    ("first", "reason"),
+    [
+        (Frame(FrameKind.SCATTER, 1, RUN, payload=b"no hello"), "first frame is SCATTER"),
+        (Frame(FrameKind.HELLO, 77, RUN), "unknown peer id 77"),
+    ],
+)
+def test_connection_must_start_with_hello_from_known_peer(make, codec, first, reason) -> None:
+    inbox, rejects = Inbox(), Events()
+    t = make(2, codec, inbox, peers={1: dead_port()}, on_reject=rejects)
+    t.start()
+    client = FrameStream.connect((LOOPBACK, t.port), codec)
+    try:
+        client.send(first)
+        client.send(frame(1, payload=b"after"))
+        assert rejects.wait_for(1)
+    finally:
+        client.close()
+    err = rejects.items[0][1]
+    assert isinstance(err, HandshakeError) and reason in str(err)
+    assert t.stats().rejected_by_reason == {"HandshakeError": 1}
+    assert inbox.frames == []
+
+
+# -- flow order -------------------------------------------------------------------------------
+
+ENQUEUED = [(3, 0), (3, 1), (1, 0), (2, 0), (1, 1), (2, 1), (3, 2)]  # (group, part)
+EXPECTED = {
+    FlowOrder.FCFS: ENQUEUED,
+    FlowOrder.EARLIEST_GROUP: [(1, 0), (1, 1), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)],
+    # Groups take turns in the order they first appeared: 3, 1, 2.
+    FlowOrder.FAIR: [(3, 0), (1, 0), (2, 0), (3, 1), (1, 1), (2, 1), (3, 2)],
+}
+
+
+@pytest.mark.parametrize("order", list(FlowOrder))
+def test_flow_order(make, codec: FrameCodec, order: FlowOrder) -> None:
+    inbox = Inbox()
+    ts = {1: make(1, codec, Inbox(), flow_order=order), 2: make(2, codec, inbox)}
+    link_all(ts)
+    ts[2].start()
+    for group, part in ENQUEUED:  # all queued before the sender runs, so the order is decided
+        ts[1].send(2, frame(1, group, part))
+    ts[1].start()
+    assert inbox.wait_for(len(ENQUEUED))
+    assert [(f.group, f.part) for f in inbox.frames] == EXPECTED[order]
+
+
+@pytest.mark.parametrize("order", list(FlowOrder))
+def test_cancel_removes_queued_frames(make, codec: FrameCodec, order: FlowOrder) -> None:
+    inbox = Inbox()
+    ts = {1: make(1, codec, Inbox(), flow_order=order), 2: make(2, codec, inbox)}
+    link_all(ts)
+    ts[2].start()
+    queued = [frame(1, g, p, payload=b"x" * (10 * g + p)) for g, p in ENQUEUED]
+    for f in queued:
+        ts[1].send(2, f)
+    assert ts[1].queued_bytes(2) == sum(wire_size(f) for f in queued)
+    assert ts[1].cancel(lambda f: f.group == 3) == 3
+    assert ts[1].cancel(lambda f: f.group == 3) == 0
+    assert ts[1].queued_bytes(2) == sum(wire_size(f) for f in queued if f.group != 3)
+    ts[1].start()
+    assert inbox.wait_for(4)
+    assert ts[1].flush(WAIT)
+    expected = [gp for gp in EXPECTED[order] if gp[0] != 3]
+    assert [(f.group, f.part) for f in inbox.frames] == expected
+    assert ts[1].stats().frames_sent == 4
+
+
+# -- failures ---------------------------------------------------------------------------------
+
+
+def test_send_to_dead_port_reports_unsent_frames_then_retries(make, codec) -> None:
+    errors = Events()
+    t = make(1, codec, Inbox(), peers={9: dead_port()}, on_send_error=errors, connect_timeout=0.3)
+    t.start()
+    first = [frame(1, group=g, payload=bytes([g])) for g in range(3)]
+    for f in first:
+        t.send(9, f)
+    assert errors.wait_for(1)
+    dst, err, unsent = errors.items[0]
+    assert dst == 9 and isinstance(err, PeerUnreachable) and "peer 9" in str(err)
+    assert unsent == first
+    assert t.queued_bytes(9) == 0
+    later = frame(1, group=7)
+    t.send(9, later)  # a new attempt, reported on its own
+    assert errors.wait_for(2)
+    assert errors.items[1][0] == 9 and errors.items[1][2] == [later]
+    assert t.stats().send_failures == 2 and t.stats().frames_sent == 0
+
+
+def test_fail_peer_reports_the_frames_not_yet_sent(make, codec, black_hole) -> None:
+    errors = Events()
+    t = make(1, codec, Inbox(), peers={5: black_hole}, on_send_error=errors)
+    t.start()
+    big = b"\xab" * (4 << 20)
+    sent = [frame(1, group=g, payload=big) for g in range(12)]  # far beyond socket buffers
+    for f in sent:
+        t.send(5, f)
+    t.fail_peer(5)
+    assert errors.wait_for(1)
+    dst, err, unsent = errors.items[0]
+    assert dst == 5 and isinstance(err, ConnectionAbortedError)
+    assert 1 <= len(unsent) and unsent == sent[len(sent) - len(unsent) :]
+    assert t.queued_bytes(5) == 0
+
+
+def test_stalled_send_fails_the_link(make, codec, black_hole) -> None:
+    errors = Events()
+    t = make(1, codec, Inbox(), peers={5: black_hole}, on_send_error=errors)
+    t.set_stall_timeout(0.3)
+    t.start()
+    big = b"\xcd" * (4 << 20)
+    sent = [frame(1, group=g, payload=big) for g in range(12)]
+    for f in sent:
+        t.send(5, f)
+    assert errors.wait_for(1)
+    dst, err, unsent = errors.items[0]
+    assert dst == 5 and isinstance(err, StreamStalled)
+    assert 1 <= len(unsent) and unsent == sent[len(sent) - len(unsent) :]
+
+
+# -- FrameStream (control plane) -------------------------------------------------------------
+
+
+def test_frame_stream_control_round_trip_and_clean_close(codec: FrameCodec) -> None:
+    a, b = socket.socketpair()
+    left, right = FrameStream(a, codec), FrameStream(b, codec)
+    try:
+        msg = {"type": "ready", "worker": 3, "iteration": 12}
+        left.send(control_frame(3, RUN, msg))
+        assert control_body(right.recv(idle_timeout=WAIT)) == msg
+        with pytest.raises(TimeoutError):
+            right.recv(idle_timeout=0.01)  # nothing sent: idle, not an error of the stream
+        left.close()
+        with pytest.raises(StreamClosed):
+            right.recv(idle_timeout=WAIT)
+    finally:
+        left.close()
+        right.close()
+
+
+def test_frame_stream_mid_frame_close_is_truncated(codec: FrameCodec) -> None:
+    a, b = socket.socketpair()
+    stream = FrameStream(b, codec)
+    try:
+        data = codec.encode_bytes(frame(1, payload=b"0123456789"))
+        a.sendall(data[:-5])
+        a.close()
+        with pytest.raises(Truncated, match="tag"):
+            stream.recv(idle_timeout=WAIT)
+    finally:
+        a.close()
+        stream.close()
+
+
+def test_inbound_frame_that_stalls_drops_the_connection(make, codec: FrameCodec) -> None:
+    inbox = Inbox()
+    t = make(2, codec, inbox, peers={1: dead_port()}, stall_timeout=0.2)
+    t.start()
+    with closing(socket.create_connection((LOOPBACK, t.port), timeout=WAIT)) as s:
+        s.sendall(codec.encode_bytes(Frame(FrameKind.HELLO, 1, RUN))[:10])  # then silence
+        assert s.recv(1) == b""  # the server gave up on the half frame and closed
+    assert inbox.frames == [] and t.stats().frames_received == 0
