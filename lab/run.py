@@ -1,0 +1,179 @@
+"""Run the lab: ``sudo python -m lab.run [options]``.
+
+Builds the emulated cross-cloud network of a topology, starts the coordinator, one training
+worker per emulated host, the link monitor and the dashboard, shows progress until the
+duration is up (or Ctrl-C), then stops everything, removes the network, and prints a summary.
+Everything the run did is in ``runs/<run-id>/lab.db``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from crew.config import Scheme
+from lab.preflight import PreflightError, check, describe
+from lab.runner import REPO, LabRun, RunOptions, new_run_id, summarize
+from lab.topology import Impairment, TopologyError, load_topology
+
+log = logging.getLogger("lab.run")
+console = Console(stderr=True)
+
+EXIT_BAD_INPUT = 2
+EXIT_PREFLIGHT = 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m lab.run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--topology", type=Path, default=REPO / "topologies" / "default.yaml",
+                   help="topology YAML (default: topologies/default.yaml)")
+    p.add_argument("--p", type=int, default=3,
+                   help="group size: the first p ready workers average together (default 3)")
+    p.add_argument("--scheme", choices=Scheme.names(), default=Scheme.CREW.value,
+                   help="how a group averages: crew (all active workers aggregate, p2a LP) or "
+                        "preduce (members only, the original partial reduce); default crew")
+    p.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+                   help="stop after this many seconds (default: run until Ctrl-C)")
+    p.add_argument("--run-dir", type=Path, default=None,
+                   help="folder for this run's database, config and logs "
+                        "(default: runs/<run-id>)")
+    p.add_argument("--seed", type=int, default=0, help="seed for data, model and stragglers")
+    p.add_argument("--width", type=int, default=640,
+                   help="hidden width of the MLP; sets the model size the network carries "
+                        "(default 640: 3.5 MB)")
+    p.add_argument("--depth", type=int, default=3, help="hidden layers of the MLP (default 3)")
+    p.add_argument("--partition", choices=["iid", "non-iid"], default="iid",
+                   help="how the training set is split among workers (default iid)")
+    p.add_argument("--staleness", action="store_true",
+                   help="weight members by 0.9^staleness instead of equally")
+    p.add_argument("--part-kb", type=int, default=1024,
+                   help="size of the parts blocks travel in, KiB (default 1024)")
+    p.add_argument("--flow-order", choices=["fcfs", "egf", "fair"], default="fcfs",
+                   help="how a sender orders frames of concurrent groups (default fcfs)")
+    p.add_argument("--allow-missing", action="append", default=[],
+                   choices=[i.value for i in Impairment],
+                   help="run even though the kernel cannot emulate this impairment that the "
+                        "topology asks for (repeatable); without it such a run refuses to start")
+    p.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
+    p.add_argument("--dashboard-host", default="127.0.0.1",
+                   help="address the dashboard binds (default 127.0.0.1; anything else "
+                        "exposes controls that change the network)")
+    p.add_argument("--dashboard-port", type=int, default=8501, help="dashboard port (8501)")
+    p.add_argument("--summary-json", type=Path, default=None,
+                   help="also write the end-of-run summary to this JSON file")
+    p.add_argument("--log-level", default="INFO", help="log level of lab, coordinator, workers")
+    return p
+
+
+def progress_table(lab: LabRun, started: float, duration: float | None) -> Table:
+    assert lab.db is not None
+    rows = lab.db.query(
+        "SELECT COUNT(*) AS c, SUM(status='completed') AS done, SUM(status='abandoned') AS ab,"
+        " SUM(status='open') AS open FROM groups")
+    g = rows[0]
+    acc = lab.db.query(
+        "SELECT worker, accuracy, iteration FROM iterations WHERE accuracy IS NOT NULL"
+        " AND t > ? ORDER BY t DESC LIMIT ?", (time.time() - 30, lab.topo.n * 4))
+    latest: dict[int, float] = {}
+    for r in acc:
+        latest.setdefault(r["worker"], r["accuracy"])
+    elapsed = time.time() - started
+    table = Table(title=f"CREW Lab run {lab.run_id}", show_header=False, box=None)
+    when = f"{elapsed:.0f} s" + (f" / {duration:.0f} s" if duration else " (Ctrl-C stops)")
+    table.add_row("elapsed", when)
+    table.add_row("scheme, p", f"{lab.opts.scheme}, p={lab.opts.p}")
+    table.add_row("groups", f"{g['done'] or 0} completed, {g['open'] or 0} open, "
+                            f"{g['ab'] or 0} abandoned")
+    if latest:
+        mean = sum(latest.values()) / len(latest)
+        table.add_row("held-out accuracy", f"{mean:.3f} (mean of {len(latest)} workers)")
+    if lab.dashboard is not None:
+        table.add_row("dashboard", lab.dashboard_url)
+    table.add_row("database", str(lab.db_path))
+    return table
+
+
+def print_summary(summary: dict) -> None:
+    t = Table(title="summary")
+    t.add_column("what")
+    t.add_column("value")
+    for key in ("run_id", "scheme", "p", "duration_s", "groups_completed", "groups_abandoned",
+                "median_group_s", "median_over_bound", "final_accuracy", "db"):
+        v = summary.get(key)
+        t.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
+    t.add_row("rounds per worker", " ".join(f"w{k}:{v}"
+                                            for k, v in summary["rounds_per_worker"].items()))
+    busiest = sorted(summary["link_bytes"].items(), key=lambda kv: -kv[1])[:5]
+    t.add_row("busiest links", ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in busiest))
+    console.print(t)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: "
+                        "%(message)s")
+    try:
+        topo = load_topology(args.topology)
+    except TopologyError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return EXIT_BAD_INPUT
+    if not 1 <= args.p <= topo.n:
+        console.print(f"[red]error:[/red] --p: must be between 1 and {topo.n} "
+                      f"(the topology has {topo.n} workers), got {args.p}")
+        return EXIT_BAD_INPUT
+    if args.duration is not None and args.duration <= 0:
+        console.print("[red]error:[/red] --duration: must be positive")
+        return EXIT_BAD_INPUT
+    allow = frozenset(Impairment(v) for v in args.allow_missing)
+    try:
+        caps = check(topo, allow)
+    except PreflightError as exc:
+        console.print(f"[red]{exc}[/red]")
+        return EXIT_PREFLIGHT
+    console.print(describe(caps, topo))
+    opts = RunOptions(
+        p=args.p, scheme=args.scheme, seed=args.seed, width=args.width, depth=args.depth,
+        partition=args.partition, staleness=args.staleness, part_bytes=args.part_kb * 1024,
+        flow_order=args.flow_order, dashboard=not args.no_dashboard,
+        dashboard_host=args.dashboard_host, dashboard_port=args.dashboard_port,
+        allow_missing=allow, log_level=args.log_level,
+    )
+    run_dir = args.run_dir or (REPO / "runs" / new_run_id())
+    # SIGTERM ends the run as Ctrl-C does: through the context manager's cleanup.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    started = time.time()
+    try:
+        with LabRun(topo, caps, opts, run_dir) as lab:
+            if lab.dashboard is not None:
+                console.print(f"dashboard: [bold]{lab.dashboard_url}[/bold]")
+            with Live(progress_table(lab, started, args.duration), console=console,
+                      refresh_per_second=2, transient=False) as live:
+                while args.duration is None or time.time() - started < args.duration:
+                    lab.poll()
+                    live.update(progress_table(lab, started, args.duration))
+                    time.sleep(0.5)
+    except KeyboardInterrupt:
+        console.print("stopping (Ctrl-C) ...")
+    console.print()
+    summary = summarize(run_dir / "lab.db")
+    print_summary(summary)
+    if args.summary_json:
+        args.summary_json.write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,415 @@
+"""One lab run, from an empty machine to a finished database and back to an empty machine.
+
+``LabRun`` is a context manager: entering it builds the emulated network, starts the
+coordinator (root namespace), one worker per host namespace, the link monitor and, if asked,
+the dashboard; leaving it stops them all and tears the network down, whatever happened in
+between. ``python -m lab.run`` is a thin command line around it, and tests and benchmarks use
+it directly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from crew import protocol as proto
+from crew.config import RunConfig
+from crew.frames import COORDINATOR, FrameCodec, control_frame
+from crew.rundb import RunDB
+from crew.transport import FrameStream
+from lab import commands as cmds
+from lab.cleanup import ProcRecord, cleanup_leftovers
+from lab.faults import FaultInjector
+from lab.mesh import LabNetwork
+from lab.monitor import LinkMonitor
+from lab.preflight import Capabilities, describe
+from lab.topology import Impairment, TopologySpec
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parent.parent
+COORDINATOR_PORT = 7700
+DATA_PORT = 7701
+STOP_GRACE_S = 15.0
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything ``python -m lab.run`` can set. Defaults give an interesting run on 2 cores."""
+
+    p: int = 3
+    scheme: str = "crew"
+    seed: int = 0
+    width: int = 640
+    depth: int = 3
+    partition: str = "iid"
+    staleness: bool = False
+    part_bytes: int = 1 << 20
+    flow_order: str = "fcfs"
+    lr: float = 0.05
+    batch_size: int = 32
+    local_steps: int = 1
+    dashboard: bool = True
+    dashboard_host: str = "127.0.0.1"
+    dashboard_port: int = 8501
+    allow_missing: frozenset[Impairment] = frozenset()
+    log_level: str = "INFO"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+class LabRun:
+    """A running lab. Use as ``with LabRun(topo, caps, opts, run_dir) as lab: ...``."""
+
+    def __init__(
+        self,
+        topo: TopologySpec,
+        caps: Capabilities,
+        opts: RunOptions,
+        run_dir: Path,
+        *,
+        state_dir: Path | None = None,
+    ):
+        self.topo = topo
+        self.caps = caps
+        self.opts = opts
+        self.run_dir = Path(run_dir)
+        self.run_id = self.run_dir.name
+        self.tag = secrets.token_hex(2)
+        self.state_dir = state_dir
+        self.db_path = self.run_dir / "lab.db"
+        self.db: RunDB | None = None
+        self.net: LabNetwork | None = None
+        self.cfg: RunConfig | None = None
+        self.coordinator: subprocess.Popen[bytes] | None = None
+        self.workers: dict[int, subprocess.Popen[bytes]] = {}
+        self.dashboard: subprocess.Popen[bytes] | None = None
+        self.monitor: LinkMonitor | None = None
+        self.faults: FaultInjector | None = None
+        self._admin: FrameStream | None = None
+        self._logs: list[IO[bytes]] = []
+        self.started_at = 0.0
+        self.exit_codes: dict[int, int] = {}
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def __enter__(self) -> LabRun:
+        try:
+            self._start()
+        except BaseException:
+            self._stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop()
+
+    def _start(self) -> None:
+        report = cleanup_leftovers(**({"state_dir": self.state_dir} if self.state_dir else {}))
+        if report.cleaned or report.errors:
+            log.warning("leftovers of an earlier lab run: %s", report.summary())
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.db = RunDB(self.db_path)
+        self.started_at = time.time()
+        self._record_run()
+        net_kw: dict[str, Any] = {"tag": self.tag, "capabilities": self.caps}
+        if self.state_dir:
+            net_kw["state_dir"] = self.state_dir
+        self.net = LabNetwork(self.topo, **net_kw)
+        self.net.__enter__()
+        self.cfg = self._write_config()
+        self.db.executemany(
+            "INSERT OR REPLACE INTO workers (id, name, cloud, address) VALUES (?,?,?,?)",
+            [(w.index, w.name, w.cloud, self.net.identity_address(w.index))
+             for w in self.topo.workers],
+        )
+        self.db.executemany(
+            "UPDATE links SET intf=? WHERE src=? AND dst=?",
+            [(self.net.intf(lk.src, lk.dst), lk.src, lk.dst) for lk in self.topo.links],
+        )
+        self._start_coordinator()
+        for i in range(self.topo.n):
+            self.start_worker(i)
+        self.monitor = LinkMonitor(self.net, self.db)
+        self.monitor.start()
+        self.faults = FaultInjector(self)
+        if self.opts.dashboard:
+            self._start_dashboard()
+        self.db.event("start", f"lab started: {self.topo.n} workers, scheme {self.opts.scheme},"
+                      f" p={self.opts.p}")
+
+    def _record_run(self) -> None:
+        assert self.db is not None
+        o = self.opts
+        self.db.set_meta({
+            "run_id": self.run_id,
+            "started_at": str(self.started_at),
+            "scheme": o.scheme,
+            "p": str(o.p),
+            "n": str(self.topo.n),
+            "topology_name": self.topo.name,
+            "topology": json.dumps(self.topo.to_dict()),
+            "schemes": json.dumps(list(cmds.DEFAULT_SCHEMES)),
+            "impairments": json.dumps(sorted(self._impairments())),
+            "capabilities": describe(self.caps, self.topo),
+            "options": json.dumps({k: v for k, v in o.__dict__.items() if k != "allow_missing"}
+                                  | {"allow_missing": sorted(i.value for i in o.allow_missing)}),
+        })
+        self.db.executemany(
+            "INSERT OR REPLACE INTO links (src, dst, rate_mbit, delay_ms, jitter_ms, loss_pct)"
+            " VALUES (?,?,?,?,?,?)",
+            [(lk.src, lk.dst, lk.rate_mbit, lk.delay_ms, lk.jitter_ms, lk.loss_pct)
+             for lk in self.topo.links],
+        )
+
+    def _impairments(self) -> set[str]:
+        out = {"rate"}
+        if self.caps.netem:
+            out |= {"delay", "loss"}
+        return out
+
+    def _write_config(self) -> RunConfig:
+        assert self.net is not None
+        secret_path = self.run_dir / "secret"
+        fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(secrets.token_bytes(32))
+        bw = self.topo.bw_matrix().copy()
+        for i in range(self.topo.n):
+            bw[i, i] = 0.0  # JSON has no infinity; the coordinator restores the diagonal
+        o = self.opts
+        cfg = RunConfig(
+            run_id=self.run_id,
+            run_num=secrets.randbits(32),
+            run_dir=str(self.run_dir),
+            secret_path=str(secret_path),
+            n=self.topo.n,
+            p=o.p,
+            scheme=o.scheme,
+            coordinator_host=self.net.coordinator_address,
+            coordinator_port=COORDINATOR_PORT,
+            data_port=DATA_PORT,
+            identities=tuple(self.net.identity_address(i) for i in range(self.topo.n)),
+            bw_mbit=tuple(tuple(float(x) for x in row) for row in bw),
+            width=o.width,
+            depth=o.depth,
+            lr=o.lr,
+            batch_size=o.batch_size,
+            local_steps=o.local_steps,
+            partition=o.partition,
+            seed=o.seed,
+            stragglers=tuple(w.straggler for w in self.topo.workers),
+            staleness=o.staleness,
+            part_bytes=o.part_bytes,
+            flow_order=o.flow_order,
+            extra=dict(o.extra),
+        )
+        cfg.save(self.run_dir / "config.json")
+        return cfg
+
+    def _log_file(self, name: str) -> IO[bytes]:
+        fh = open(self.run_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - closed in _stop
+        self._logs.append(fh)
+        return fh
+
+    def _start_coordinator(self) -> None:
+        assert self.net is not None
+        out = self._log_file("coordinator")
+        self.coordinator = subprocess.Popen(
+            [sys.executable, "-m", "crew.coordinator", "--config",
+             str(self.run_dir / "config.json"), "--db", str(self.db_path),
+             "--log-level", self.opts.log_level],
+            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+        )
+        self._record_root(self.coordinator, "coordinator")
+
+    def start_worker(self, i: int) -> None:
+        assert self.net is not None
+        out = self._log_file(f"w{i}")
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        proc = self.net.popen(
+            i,
+            [sys.executable, "-m", "crew.worker", "--config", str(self.run_dir / "config.json"),
+             "--id", str(i), "--log-level", self.opts.log_level],
+            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env,
+        )
+        self.workers[i] = proc
+
+    def stop_worker(self, i: int, *, kill: bool = True) -> None:
+        proc = self.workers.get(i)
+        if proc is None or self.net is None:
+            return
+        if kill:
+            proc.kill()
+        self.net.stop_process(proc, timeout=STOP_GRACE_S)
+        self.exit_codes[i] = proc.returncode if proc.returncode is not None else -9
+
+    def _start_dashboard(self) -> None:
+        assert self.net is not None
+        if self.opts.dashboard_host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning(
+                "the dashboard listens on %s, beyond loopback: anyone who reaches it can cut "
+                "links and kill workers of this lab", self.opts.dashboard_host)
+        out = self._log_file("dashboard")
+        self.dashboard = subprocess.Popen(
+            [sys.executable, "-m", "dashboard", str(self.run_dir),
+             "--host", self.opts.dashboard_host, "--port", str(self.opts.dashboard_port)],
+            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+        )
+        self._record_root(self.dashboard, "dashboard")
+
+    def _record_root(self, proc: subprocess.Popen[bytes], kind: str) -> None:
+        """Record a root-namespace process in the lab's state file, for leftover cleanup."""
+        assert self.net is not None and self.net.state is not None
+        self.net.state.add_proc(ProcRecord.of(proc.pid, kind, kind, group=True))
+
+    def _forget_root(self, proc: subprocess.Popen[bytes] | None) -> None:
+        if proc is not None and self.net is not None and self.net.state is not None:
+            self.net.state.remove_proc(proc.pid)
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://{self.opts.dashboard_host}:{self.opts.dashboard_port}"
+
+    def admin(self, op: str, **args: Any) -> None:
+        """Send a request to the coordinator over the management network."""
+        assert self.cfg is not None
+        msg = proto.Admin(op=op, args=args)
+        for attempt in range(2):
+            if self._admin is None:
+                codec = FrameCodec(self.cfg.secret(), self.cfg.run_num)
+                self._admin = FrameStream.connect(
+                    (self.cfg.coordinator_host, self.cfg.coordinator_port), codec, timeout=5.0)
+            try:
+                self._admin.send(control_frame(COORDINATOR, self.cfg.run_num, msg.to_dict()))
+                return
+            except OSError:
+                self._admin.close()
+                self._admin = None
+                if attempt:
+                    raise
+
+    def poll(self) -> None:
+        """Apply pending commands and notice processes that ended; call about twice a second."""
+        assert self.db is not None
+        if self.faults is not None:
+            self.faults.apply_pending()
+        for i, proc in list(self.workers.items()):
+            code = proc.poll()
+            if code is not None and i not in self.exit_codes:
+                self.exit_codes[i] = code
+                self.db.event("fault", f"worker {i} exited with code {code}",
+                              level="warning" if code else "info", worker=i)
+        if self.coordinator is not None and self.coordinator.poll() is not None:
+            if "coordinator" not in getattr(self, "_noted", set()):
+                self._noted = {"coordinator"}
+                self.db.event("fault", f"coordinator exited with code {self.coordinator.returncode}",
+                              level="error")
+
+    def _stop(self) -> None:
+        try:
+            if self.coordinator is not None and self.coordinator.poll() is None:
+                try:
+                    self.admin("stop")
+                except OSError as exc:
+                    log.warning("could not ask the coordinator to stop: %s", exc)
+            deadline = time.monotonic() + STOP_GRACE_S
+            for proc in [*self.workers.values(), self.coordinator]:
+                if proc is None:
+                    continue
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    log.warning("pid %d did not stop in time; it will be killed", proc.pid)
+            if self.faults is not None:
+                self.faults.close()
+            if self.monitor is not None:
+                self.monitor.stop()
+            if self._admin is not None:
+                self._admin.close()
+            if self.dashboard is not None and self.dashboard.poll() is None:
+                self.dashboard.terminate()
+                try:
+                    self.dashboard.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.dashboard.kill()
+            self._forget_root(self.coordinator)
+            self._forget_root(self.dashboard)
+        finally:
+            if self.net is not None:
+                self.net.__exit__(None, None, None)
+                self.net = None
+            if self.db is not None:
+                self.db.set_meta({"ended_at": str(time.time())})
+                self.db.event("stop", "lab stopped")
+                self.db.close()
+                self.db = None
+            for fh in self._logs:
+                fh.close()
+
+
+def summarize(db_path: Path) -> dict[str, Any]:
+    """The run's headline figures, from its database alone."""
+    from crew.rundb import connect
+
+    conn = connect(db_path, readonly=True)
+    try:
+        meta = {r["key"]: r["value"] for r in conn.execute("SELECT key, value FROM meta")}
+        n = int(meta.get("n", "0"))
+        groups = conn.execute(
+            "SELECT id, members, status, started_at, ended_at, predicted_s, bound_s FROM groups"
+        ).fetchall()
+        completed = [g for g in groups if g["status"] == "completed"]
+        rounds = {str(i): 0 for i in range(n)}
+        for g in completed:
+            for m in json.loads(g["members"]):
+                rounds[str(m)] = rounds.get(str(m), 0) + 1
+        durations = sorted(g["ended_at"] - g["started_at"] for g in completed if g["started_at"])
+        ratios = sorted((g["ended_at"] - g["started_at"]) / g["bound_s"]
+                        for g in completed if g["bound_s"])
+        acc = {}
+        for r in conn.execute(
+            "SELECT worker, accuracy FROM iterations i1 WHERE accuracy IS NOT NULL AND t = ("
+            " SELECT MAX(t) FROM iterations i2 WHERE i2.worker = i1.worker"
+            " AND i2.accuracy IS NOT NULL)"
+        ):
+            acc[str(r["worker"])] = r["accuracy"]
+        link_bytes = {}
+        for r in conn.execute(
+            "SELECT src, dst, MAX(tx_bytes) - MIN(tx_bytes) AS b FROM link_samples"
+            " GROUP BY src, dst"
+        ):
+            link_bytes[f"{r['src']}->{r['dst']}"] = int(r["b"] or 0)
+        started = float(meta.get("started_at", "0"))
+        ended = float(meta.get("ended_at", str(time.time())))
+        minutes = max((ended - started) / 60.0, 1e-9)
+        return {
+            "run_id": meta.get("run_id"),
+            "scheme": meta.get("scheme"),
+            "p": int(meta.get("p", "0")),
+            "duration_s": round(ended - started, 1),
+            "groups_completed": len(completed),
+            "groups_abandoned": sum(1 for g in groups if g["status"] == "abandoned"),
+            "group_sizes": [len(json.loads(g["members"])) for g in completed],
+            "rounds_per_worker": rounds,
+            "rounds_per_worker_per_min": {k: round(v / minutes, 2) for k, v in rounds.items()},
+            "median_group_s": durations[len(durations) // 2] if durations else None,
+            "median_over_bound": ratios[len(ratios) // 2] if ratios else None,
+            "final_accuracy": (sum(acc.values()) / len(acc)) if acc else None,
+            "accuracy_per_worker": acc,
+            "link_bytes": link_bytes,
+            "db": str(db_path),
+        }
+    finally:
+        conn.close()

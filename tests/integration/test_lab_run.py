@@ -1,0 +1,146 @@
+"""End to end: a real lab (Mininet hosts, HTB links, torch workers) on a 3-worker topology.
+
+Each test builds a lab with ``LabRun`` and checks what it recorded in its run database, then
+that nothing of the lab is left on the machine, also when a worker was killed mid-run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from lab import commands as cmds
+from lab.cleanup import ROOT_NAME_PREFIX, root_link_names
+from lab.preflight import check
+from lab.runner import REPO, LabRun, RunOptions, summarize
+from lab.topology import load_topology
+
+pytestmark = pytest.mark.root
+
+SMALL = REPO / "topologies" / "small.yaml"
+FIRST_GROUP_WAIT_S = 120.0  # eight... here three torch imports on two cores take a while
+
+
+def _opts(**kw) -> RunOptions:
+    base = dict(p=2, width=128, depth=2, dashboard=False, part_bytes=64 << 10,
+                log_level="WARNING")
+    base.update(kw)
+    return RunOptions(**base)
+
+
+def _query(db: Path, sql: str, params=()) -> list[sqlite3.Row]:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+    conn.row_factory = sqlite3.Row
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def _wait_for(lab: LabRun, predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lab.poll()
+        if predicate():
+            return
+        time.sleep(0.5)
+    logs = "\n".join(
+        f"--- {p.name}\n" + p.read_text()[-2000:] for p in sorted((lab.run_dir / "logs").glob("*"))
+    )
+    pytest.fail(f"timed out waiting for {what}\n{logs}")
+
+
+def _completed(db: Path) -> int:
+    return _query(db, "SELECT COUNT(*) FROM groups WHERE status='completed'")[0][0]
+
+
+def _lab_pids(lab: LabRun) -> list[int]:
+    procs = [*lab.workers.values(), lab.coordinator]
+    return [p.pid for p in procs if p is not None]
+
+
+def _assert_nothing_left(pids: list[int], state_dir: Path) -> None:
+    assert not [n for n in root_link_names() if n.startswith(ROOT_NAME_PREFIX)]
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid), f"pid {pid} still runs"
+    assert not list(state_dir.glob("*.json")), "the lab's state file was not removed"
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("scheme", ["preduce", "crew"])
+def test_run_trains_in_groups_of_p_and_records_everything(tmp_path: Path, scheme: str) -> None:
+    topo = load_topology(SMALL)
+    caps = check(topo)
+    state_dir = tmp_path / "state"
+    run_dir = tmp_path / "run"
+    with LabRun(topo, caps, _opts(scheme=scheme), run_dir, state_dir=state_dir) as lab:
+        db = lab.db_path
+        _wait_for(lab, lambda: _completed(db) >= 6, FIRST_GROUP_WAIT_S, "six completed groups")
+        time.sleep(2.5)  # let the monitor take samples after the traffic
+        pids = _lab_pids(lab)
+    _assert_nothing_left(pids, state_dir)
+
+    groups = _query(db, "SELECT * FROM groups WHERE status='completed'")
+    for g in groups:
+        members = json.loads(g["members"])
+        assert len(members) == 2 and len(set(members)) == 2
+        assert g["scheme"] == scheme
+        assert g["predicted_s"] > 0 and g["bound_s"] > 0
+        assert g["ended_at"] >= g["started_at"]
+        plan = json.loads(g["plan"])
+        aggregators = {w for w, e in enumerate(plan["elems"]) if e > 0}
+        if scheme == "preduce":
+            assert aggregators <= set(members)
+    # Links that carried data were sampled and show bytes.
+    moved = _query(db, "SELECT src, dst, MAX(tx_bytes) - MIN(tx_bytes) AS b FROM link_samples"
+                       " GROUP BY src, dst")
+    assert moved and max(r["b"] for r in moved) > 100_000
+    summary = summarize(db)
+    assert summary["groups_completed"] == len(groups)
+    assert sum(summary["rounds_per_worker"].values()) == 2 * len(groups)
+    assert all(len(m) for m in summary["link_bytes"])
+    acc = _query(db, "SELECT accuracy FROM iterations WHERE accuracy IS NOT NULL ORDER BY t")
+    assert acc, "no held-out accuracy was recorded"
+    events = {r["kind"] for r in _query(db, "SELECT kind FROM events")}
+    assert {"start", "stop"} <= events
+
+
+def test_killed_worker_leaves_survivors_training_and_nothing_behind(tmp_path: Path) -> None:
+    topo = load_topology(SMALL)
+    caps = check(topo)
+    state_dir = tmp_path / "state"
+    with LabRun(topo, caps, _opts(scheme="crew"), tmp_path / "run",
+                state_dir=state_dir) as lab:
+        db = lab.db_path
+        _wait_for(lab, lambda: _completed(db) >= 2, FIRST_GROUP_WAIT_S, "two completed groups")
+        cmds.submit(db, cmds.KillWorker(worker=2))
+        _wait_for(lab, lambda: lab.exit_codes.get(2) is not None, 30, "worker 2 to die")
+        killed_at = time.time()
+        _wait_for(
+            lab,
+            lambda: _query(db, "SELECT COUNT(*) FROM groups WHERE status='completed'"
+                               " AND formed_at > ?", (killed_at + 1,))[0][0] >= 3,
+            90, "three groups completed after the kill",
+        )
+        pids = _lab_pids(lab)
+    _assert_nothing_left(pids, state_dir)
+    status = _query(db, "SELECT status, reason FROM commands")
+    assert [r["status"] for r in status] == ["applied"]
+    late = _query(db, "SELECT members FROM groups WHERE status='completed' AND formed_at > ?",
+                  (killed_at + 1,))
+    assert all(2 not in json.loads(g["members"]) for g in late)
+    dead = _query(db, "SELECT state FROM worker_status WHERE worker=2")
+    assert dead and dead[0]["state"] == "dead"
+    # No group was left open: each ended completed or explicitly abandoned.
+    assert not _query(db, "SELECT id FROM groups WHERE status='open'")
