@@ -15,10 +15,18 @@ from typing import Any
 
 
 class Scheme(enum.Enum):
-    """How a group's members average their vectors."""
+    """How a group's members average their vectors (see ``crew.schemes``)."""
 
+    CREW = "crew"  # every active worker aggregates a block; pipelined per-link-load LP
+    CREW_PAPER = "crew-paper"  # the paper's form: p2a LP (X + Y), blocks stored and forwarded
     PREDUCE = "preduce"  # original partial reduce: members only, load-balanced (p2p LP)
-    CREW = "crew"  # every active worker aggregates a block (p2a LP)
+    PS = "ps"
+    RING = "ring"
+    A2A = "a2a"
+    BLINK = "blink"
+    BLINK_PIPE = "blink-pipe"
+    TOPOADOPT = "topoadopt"
+    GLOO = "gloo"  # torch.distributed all-reduce among all workers, no partial groups
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

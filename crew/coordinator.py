@@ -41,10 +41,11 @@ import numpy as np
 
 from crew import planner
 from crew import protocol as proto
-from crew.config import RunConfig, Scheme
+from crew.config import RunConfig
 from crew.frames import COORDINATOR, FrameCodec, FrameError, control_body, control_frame
 from crew.grouping import Group, GroupFormer, GroupingError
 from crew.rundb import RunDB
+from crew.schemes import GROUP_SCHEMES, GroupPlan, plan_group
 from crew.transport import FrameStream
 
 log = logging.getLogger("crew.coordinator")
@@ -61,7 +62,7 @@ class OpenGroup:
     rev: int
     members: tuple[int, ...]
     weights: tuple[float, ...]
-    plan: planner.Plan
+    plan: GroupPlan
     participants: set[int]
     deadline: float
     have_all: set[int] = field(default_factory=set)
@@ -231,14 +232,11 @@ class Coordinator:
     def _alive(self) -> list[int]:
         return sorted(w for w in self.former.alive() if w in self.worker_conn)
 
-    def _plan(self, members: tuple[int, ...], scheme: str) -> tuple[planner.Plan, float]:
+    def _plan(self, members: tuple[int, ...], scheme: str) -> tuple[GroupPlan, float]:
         assert self.size_elems is not None
         size = self.size_elems * 4
         active = self._alive()
-        if scheme == Scheme.PREDUCE.value:
-            plan = planner.solve_p2p(self.bw, members, size)
-        else:
-            plan = planner.solve_p2a(self.bw, members, size, active=active)
+        plan = plan_group(scheme, self.bw, members, size, active=active, seed=self.cfg.seed)
         bound = planner.lower_bound(self.bw, members, size, active=active)
         return plan, bound
 
@@ -281,13 +279,13 @@ class Coordinator:
 
     def _assign(self, og: OpenGroup, now: float) -> None:
         assert self.size_elems is not None
-        segments = [[s.worker, s.start, s.stop] for s in og.plan.segments]
         msg = proto.Assign(
             group=og.group.id, rev=og.rev, scheme=og.scheme, members=list(og.members),
-            weights=list(og.weights), segments=segments, total=self.size_elems,
+            weights=list(og.weights), routes=[r.to_list() for r in og.plan.routes],
+            pipelined=og.plan.pipelined, total=self.size_elems,
             part_elems=self.cfg.part_elems,
         )
-        og.participants = set(og.members) | {s.worker for s in og.plan.segments}
+        og.participants = og.plan.participants()
         og.have_all = set()
         og.deadline = now + max(self.cfg.group_timeout_min_s, DEADLINE_FACTOR * og.plan.predicted_s)
         for w in sorted(og.participants):
@@ -394,7 +392,7 @@ class Coordinator:
                 self._start_group(group, now)
         elif msg.op == "set_scheme":
             scheme = str(args["scheme"])
-            if scheme not in Scheme.names():
+            if scheme not in GROUP_SCHEMES:
                 raise proto.ProtocolError(f"admin.args.scheme: unknown {scheme!r}")
             self.scheme = scheme
             self.db.set_meta({"scheme": scheme})
@@ -418,10 +416,7 @@ class Coordinator:
 
 
 def _plan_uses(og: OpenGroup, src: int, dst: int) -> bool:
-    aggregators = {s.worker for s in og.plan.segments}
-    scatter = src in og.members and dst in aggregators and src != dst
-    broadcast = src in aggregators and dst in og.members and src != dst
-    return scatter or broadcast
+    return og.plan.uses(src, dst)
 
 
 def main(argv: list[str] | None = None) -> int:

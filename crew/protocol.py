@@ -95,10 +95,11 @@ class LinkFailed(Message):
 
 @dataclass(frozen=True)
 class Assign(Message):
-    """A group revision: who contributes, with which weight, and who aggregates which range.
+    """A group revision: who contributes, with which weight, and how the data travels.
 
-    ``segments`` is a list of ``[worker, start, stop]`` element ranges covering the vector once.
-    A new revision of the same group supersedes the previous one entirely.
+    ``routes`` are ``crew.routes.Route.to_list()`` lists (range, root, reduce and broadcast
+    edges); ``pipelined`` says whether parts stream through the trees or are stored and
+    forwarded range by range. A new revision of the same group supersedes the previous one.
     """
 
     TYPE: ClassVar[str] = "assign"
@@ -107,7 +108,8 @@ class Assign(Message):
     scheme: str
     members: list[int]
     weights: list[float]
-    segments: list[list[int]]
+    routes: list[list[Any]]
+    pipelined: bool
     total: int
     part_elems: int
 
@@ -172,6 +174,8 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
 
 def _check(name: str, value: Any, hint: Any) -> Any:
     """Check one JSON value against a field's annotation (the small subset the messages use)."""
+    if hint is Any:
+        return value  # checked where it is interpreted (e.g. crew.routes.Route.from_list)
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(hint)

@@ -1,38 +1,45 @@
-"""The scatter-aggregate-broadcast engine that carries one worker's share of every group.
+"""The engine that carries one worker's share of every group, for every scheme.
 
-One engine per worker. It plays two roles at once, for any number of groups in flight:
+One engine per worker. A group revision arrives as a set of routes (``crew.routes``): for
+each element range, a reduce tree towards a root and a broadcast tree from it. For every route
+the engine plays whatever part the plan gives this worker:
 
-* **member**: it scatters its weighted vector, range by range, to the aggregator the plan names
-  for each range, and collects the aggregated ranges that come back;
-* **aggregator**: for each range the plan gives it, it sums the members' contributions part by
-  part and, as soon as a part has every member's copy, sends the sum to every member.
+* **member leaf**: send its weighted copy of the range up to its parent;
+* **inner node or root**: add its own copy (if it is a member) and its children's partial sums,
+  part by part; when a part has them all, pass the sum up, or, at the root, start the
+  broadcast;
+* **on the broadcast tree**: keep the sum (if it is a member) and pass it on to its children.
 
-Which worker aggregates which range is the only thing that differs between the original partial
-reduce (members only, ``solve_p2p``) and CREW (every active worker, ``solve_p2a``), so both run
-on this engine. Parts (``part_elems`` elements, about 1 MB) let aggregation and broadcast start
-before a whole block has arrived.
+CREW and the original partial reduce are stars (one per block, rooted at the block's
+aggregator), PS is one star, Ring is paths, BLINK and TopoAdopt are spanning trees: all run on
+this engine, so they are compared on the same transport, framing and bookkeeping.
+
+Parts (``part_elems`` elements, about 1 MB) stream through the trees when the plan is
+``pipelined``: a node passes a part on as soon as it is complete. Otherwise a node waits until
+the whole range is complete before passing anything on (store and forward, as the paper's
+phased design and non-pipelined BLINK do).
 
 Revisions: when a group changes (a member dies, a link fails) the coordinator sends a new
-revision with a new plan. All state of older revisions is discarded and the members scatter
-again, so a result always averages exactly the members of one revision, and no contribution
-is ever counted twice: every part remembers who contributed.
+revision with a new plan. All state of older revisions is discarded and the members send
+again, so a result always sums exactly the members of one revision, and no contribution is
+counted twice: every part remembers which children contributed.
 
 Frames can arrive before the assignment that explains them (the control and data planes are
-separate networks), so an aggregator parks early frames, within a byte budget, until the
-assignment arrives.
+separate networks), so early frames are parked, within a byte budget, until it arrives.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from crew.frames import Frame, FrameKind
 from crew.protocol import Assign
+from crew.routes import Route, RouteError, validate_routes
 
 log = logging.getLogger(__name__)
 
@@ -44,67 +51,73 @@ class ReduceError(ValueError):
     """An assignment or frame is inconsistent; the message says what."""
 
 
-@dataclass(frozen=True)
-class Part:
-    aggregator: int
-    start: int
-    stop: int
+def routes_of(assign: Assign) -> list[Route]:
+    try:
+        return [Route.from_list(r) for r in assign.routes]
+    except RouteError as exc:
+        raise ReduceError(f"assign.routes: {exc}") from None
 
 
-def parts_of(assign: Assign) -> Iterator[Part]:
-    """Cut every segment of the plan into parts of at most ``part_elems`` elements."""
-    step = assign.part_elems
-    for worker, start, stop in assign.segments:
-        for s in range(start, stop, step):
-            yield Part(worker, s, min(s + step, stop))
-
-
-def validate_assign(assign: Assign, n: int) -> None:
+def validate_assign(assign: Assign, n: int) -> list[Route]:
+    """Check an assignment and return its routes."""
     if assign.part_elems <= 0:
         raise ReduceError(f"assign.part_elems: must be positive, got {assign.part_elems}")
     if not assign.members or len(set(assign.members)) != len(assign.members):
         raise ReduceError(f"assign.members: must be distinct and non-empty: {assign.members}")
-    if len(assign.weights) != len(assign.members):
-        raise ReduceError("assign.weights: one weight per member")
     if any(not 0 <= m < n for m in assign.members):
         raise ReduceError(f"assign.members: worker out of range 0..{n - 1}")
-    pos = 0
-    for worker, start, stop in assign.segments:
-        if not 0 <= worker < n:
-            raise ReduceError(f"assign.segments: aggregator {worker} out of range")
-        if start != pos or stop <= start:
-            raise ReduceError(f"assign.segments: [{start}, {stop}) does not continue at {pos}")
-        pos = stop
-    if pos != assign.total:
-        raise ReduceError(f"assign.segments: cover {pos} elements, vector has {assign.total}")
+    if len(assign.weights) != len(assign.members):
+        raise ReduceError("assign.weights: one weight per member")
+    routes = routes_of(assign)
+    try:
+        validate_routes(routes, assign.members, n, assign.total)
+    except RouteError as exc:
+        raise ReduceError(f"assign.routes: {exc}") from None
+    return routes
+
+
+def part_starts(route: Route, part_elems: int) -> list[int]:
+    return list(range(route.start, route.stop, part_elems))
 
 
 @dataclass
-class _PartSum:
+class _Acc:
     total: np.ndarray
     contributors: set[int] = field(default_factory=set)
+    complete: bool = False
+
+
+@dataclass
+class _RouteState:
+    route: Route
+    parts: list[int]  # part starts
+    expect: frozenset[int]  # contributors expected at this node: up-children (+ me if member)
+    parent: int | None
+    down: tuple[int, ...]
+    receiver: bool  # this node holds the sum when done (root or broadcast child)
+    acc: dict[int, _Acc] = field(default_factory=dict)
+    completed_up: int = 0  # parts whose sum is complete here
+    held_down: dict[int, np.ndarray] = field(default_factory=dict)  # store-and-forward buffer
 
 
 @dataclass
 class _Group:
     assign: Assign
-    # member side
+    routes: dict[int, _RouteState]  # route index -> state, only routes this node is on
+    member: bool
     result: np.ndarray | None = None
-    received: set[int] = field(default_factory=set)  # part starts received
-    expected_parts: int = 0
+    received: set[tuple[int, int]] = field(default_factory=set)
+    expected_results: int = 0
     done: bool = False
-    # aggregator side
-    my_parts: dict[int, Part] = field(default_factory=dict)  # part start -> part
-    sums: dict[int, _PartSum] = field(default_factory=dict)
     bytes_sent: int = 0
 
 
 class ReduceEngine:
     """One worker's side of every group in flight. Thread-safe; frames arrive on many threads.
 
-    ``send(dst, frame)`` enqueues a frame for another worker (never called with ``dst == me``:
-    local traffic is delivered in-process). ``on_have_all(group, rev, bytes_sent)`` fires once
-    per revision when this member holds the whole result.
+    ``send(dst, frame)`` enqueues a frame for another worker (never called with ``dst == me``).
+    ``on_have_all(group, rev, bytes_sent)`` fires once per revision when this member holds the
+    whole result.
     """
 
     def __init__(
@@ -132,40 +145,51 @@ class ReduceEngine:
 
     def assign(self, assign: Assign, vector: np.ndarray | None = None) -> None:
         """Take part in a group revision; members pass the vector they offered when ready."""
-        validate_assign(assign, self.n)
-        me_member = self.me in assign.members
+        routes = validate_assign(assign, self.n)
+        member = self.me in assign.members
         with self._lock:
             if assign.group in self._finished:
                 return
             current = self._groups.get(assign.group)
             if current is not None and current.assign.rev >= assign.rev:
                 return  # stale or repeated revision
-            if me_member:
+            if member:
                 if vector is not None:
                     self._vectors[assign.group] = np.asarray(vector, dtype=DTYPE)
-                if assign.group not in self._vectors:
+                held = self._vectors.get(assign.group)
+                if held is None:
                     raise ReduceError(f"group {assign.group}: member {self.me} has no vector")
-                if self._vectors[assign.group].size != assign.total:
-                    raise ReduceError(
-                        f"group {assign.group}: vector has {self._vectors[assign.group].size}"
-                        f" elements, plan covers {assign.total}"
-                    )
-            g = _Group(assign=assign)
-            parts = list(parts_of(assign))
-            g.expected_parts = len(parts)
-            g.my_parts = {p.start: p for p in parts if p.aggregator == self.me}
-            if me_member:
+                if held.size != assign.total:
+                    raise ReduceError(f"group {assign.group}: vector has {held.size} elements,"
+                                      f" plan covers {assign.total}")
+            g = _Group(assign=assign, routes={}, member=member)
+            for k, r in enumerate(routes):
+                on_route = self.me in r.nodes()
+                if not on_route:
+                    continue
+                expect = set(r.children_up(self.me))
+                if member:
+                    expect.add(self.me)
+                st = _RouteState(
+                    route=r, parts=part_starts(r, assign.part_elems), expect=frozenset(expect),
+                    parent=r.parent(self.me), down=r.children_down(self.me),
+                    receiver=self.me in r.receivers(),
+                )
+                g.routes[k] = st
+                if member and st.receiver:
+                    g.expected_results += len(st.parts)
+            if member:
                 g.result = np.empty(assign.total, dtype=DTYPE)
             self._groups[assign.group] = g
-            # Drop parked frames of older revisions; replay those of this one.
             for key in [k for k in self._early if k[0] == assign.group and k[1] <= assign.rev]:
                 frames = self._early.pop(key)
                 self._early_bytes -= sum(len(f.payload) for f in frames)
                 if key[1] == assign.rev:
                     for frame in frames:
                         self._handle(frame)
-            if me_member:
-                self._scatter(g, parts)
+            if member:
+                self._contribute_own(g)
+            self._check_done(g)
 
     def finish(self, group: int) -> np.ndarray | None:
         """Forget a group (committed or abandoned); return this member's result if complete."""
@@ -197,12 +221,15 @@ class ReduceEngine:
             self._park(frame)
             return
         if frame.rev < g.assign.rev:
-            return  # superseded revision: its contributions are not part of the new average
+            return  # a superseded revision: not part of the new sum
         try:
+            st = g.routes.get(frame.block)
+            if st is None:
+                raise ReduceError(f"route {frame.block} does not pass through worker {self.me}")
             if frame.kind == FrameKind.SCATTER:
-                self._on_scatter(g, frame)
+                self._on_up(g, st, frame)
             elif frame.kind == FrameKind.RESULT:
-                self._on_result(g, frame)
+                self._on_down(g, st, frame)
             else:
                 raise ReduceError(f"unexpected frame kind {frame.kind!r} on the data plane")
         except ReduceError as exc:
@@ -213,105 +240,123 @@ class ReduceEngine:
         size = len(frame.payload)
         if self._early_bytes + size > EARLY_FRAME_BUDGET:
             self.dropped_frames += 1
-            log.warning(
-                "worker %d: dropped early frame of group %d (budget full)", self.me, frame.group
-            )
+            log.warning("worker %d: dropped early frame of group %d (budget full)",
+                        self.me, frame.group)
             return
         self._early.setdefault((frame.group, frame.rev), []).append(frame)
         self._early_bytes += size
 
-    def _payload(self, frame: Frame, part: Part) -> np.ndarray:
-        data = frame.payload
-        if len(data) != (part.stop - part.start) * DTYPE.itemsize:
-            raise ReduceError(
-                f"part at {part.start}: {len(data)} bytes, expected"
-                f" {(part.stop - part.start) * DTYPE.itemsize}"
-            )
-        values = np.frombuffer(data, dtype=DTYPE)
+    def _part_len(self, g: _Group, st: _RouteState, start: int) -> int:
+        if start not in range(st.route.start, st.route.stop, g.assign.part_elems):
+            raise ReduceError(f"offset {start} is not a part of route [{st.route.start},"
+                              f" {st.route.stop})")
+        return min(start + g.assign.part_elems, st.route.stop) - start
+
+    def _values(self, frame: Frame, length: int) -> np.ndarray:
+        if len(frame.payload) != length * DTYPE.itemsize:
+            raise ReduceError(f"part at {frame.offset}: {len(frame.payload)} bytes, expected"
+                              f" {length * DTYPE.itemsize}")
+        values = np.frombuffer(frame.payload, dtype=DTYPE)
         if not np.all(np.isfinite(values)):
-            raise ReduceError(f"part at {part.start}: non-finite values")
+            raise ReduceError(f"part at {frame.offset}: non-finite values")
         return values
 
-    def _scatter(self, g: _Group, parts: list[Part]) -> None:
+    def _frame(self, kind: FrameKind, g: _Group, k: int, start: int, values: np.ndarray) -> Frame:
+        return Frame(kind=kind, sender=self.me, run=self.run, group=g.assign.group,
+                     rev=g.assign.rev, block=k,
+                     part=(start - g.routes[k].route.start) // g.assign.part_elems,
+                     offset=start, payload=np.ascontiguousarray(values, dtype=DTYPE).tobytes())
+
+    def _send_to(self, g: _Group, dst: int, frame: Frame) -> None:
+        g.bytes_sent += len(frame.payload)
+        self._send(dst, frame)
+
+    # reduce tree
+
+    def _contribute_own(self, g: _Group) -> None:
         a = g.assign
-        weight = a.weights[a.members.index(self.me)]
-        weighted = self._vectors[a.group] * np.float32(weight)
-        for part in parts:
-            chunk = weighted[part.start : part.stop]
-            if part.aggregator == self.me:
-                self._contribute(g, part, self.me, chunk)
-            else:
-                g.bytes_sent += chunk.nbytes
-                self._send(part.aggregator, self._frame(FrameKind.SCATTER, a, part, chunk))
+        weight = np.float32(a.weights[a.members.index(self.me)])
+        vec = self._vectors[a.group]
+        for k, st in g.routes.items():
+            if self.me not in st.expect:
+                continue
+            for start in st.parts:
+                stop = start + self._part_len(g, st, start)
+                self._add(g, k, st, start, self.me, vec[start:stop] * weight)
 
-    def _frame(self, kind: FrameKind, a: Assign, part: Part, values: np.ndarray) -> Frame:
-        return Frame(
-            kind=kind,
-            sender=self.me,
-            run=self.run,
-            group=a.group,
-            rev=a.rev,
-            block=part.aggregator,
-            part=(part.start - self._segment_start(a, part)) // a.part_elems,
-            offset=part.start,
-            payload=np.ascontiguousarray(values, dtype=DTYPE).tobytes(),
-        )
+    def _on_up(self, g: _Group, st: _RouteState, frame: Frame) -> None:
+        if frame.sender not in st.expect or frame.sender == self.me:
+            raise ReduceError(f"worker {frame.sender} is no child of {self.me} on route"
+                              f" {frame.block}")
+        length = self._part_len(g, st, frame.offset)
+        self._add(g, frame.block, st, frame.offset, frame.sender, self._values(frame, length))
 
-    @staticmethod
-    def _segment_start(a: Assign, part: Part) -> int:
-        for worker, start, stop in a.segments:
-            if worker == part.aggregator and start <= part.start < stop:
-                return start
-        return part.start
-
-    def _on_scatter(self, g: _Group, frame: Frame) -> None:
-        part = g.my_parts.get(frame.offset)
-        if part is None:
-            raise ReduceError(f"no part at offset {frame.offset} is aggregated here")
-        if frame.sender not in g.assign.members:
-            raise ReduceError(f"sender {frame.sender} is not a member of group {frame.group}")
-        self._contribute(g, part, frame.sender, self._payload(frame, part))
-
-    def _contribute(self, g: _Group, part: Part, sender: int, values: np.ndarray) -> None:
-        acc = g.sums.get(part.start)
+    def _add(self, g: _Group, k: int, st: _RouteState, start: int, who: int,
+             values: np.ndarray) -> None:
+        acc = st.acc.get(start)
         if acc is None:
-            acc = g.sums[part.start] = _PartSum(np.zeros(part.stop - part.start, dtype=DTYPE))
-        if sender in acc.contributors:
-            raise ReduceError(f"duplicate contribution from {sender} at offset {part.start}")
+            acc = st.acc[start] = _Acc(np.zeros(values.size, dtype=DTYPE))
+        if who in acc.contributors:
+            raise ReduceError(f"duplicate contribution from {who} at offset {start}")
         acc.total += values
-        acc.contributors.add(sender)
-        if len(acc.contributors) == len(g.assign.members):
-            self._broadcast(g, part, acc.total)
-
-    def _broadcast(self, g: _Group, part: Part, total: np.ndarray) -> None:
-        a = g.assign
-        for member in a.members:
-            if member == self.me:
-                self._accept_result(g, part.start, total)
-            else:
-                g.bytes_sent += total.nbytes
-                self._send(member, self._frame(FrameKind.RESULT, a, part, total))
-
-    def _on_result(self, g: _Group, frame: Frame) -> None:
-        if g.result is None:
-            raise ReduceError(f"result for group {frame.group}, but this worker is no member")
-        part = self._part_at(g.assign, frame.offset)
-        if part is None or frame.sender != part.aggregator:
-            raise ReduceError(f"result at offset {frame.offset} from wrong sender {frame.sender}")
-        self._accept_result(g, part.start, self._payload(frame, part))
-
-    def _part_at(self, a: Assign, offset: int) -> Part | None:
-        for worker, start, stop in a.segments:
-            if start <= offset < stop and (offset - start) % a.part_elems == 0:
-                return Part(worker, offset, min(offset + a.part_elems, stop))
-        return None
-
-    def _accept_result(self, g: _Group, start: int, values: np.ndarray) -> None:
-        if start in g.received:
+        acc.contributors.add(who)
+        if len(acc.contributors) < len(st.expect) or acc.complete:
             return
-        assert g.result is not None
-        g.result[start : start + values.size] = values
-        g.received.add(start)
-        if len(g.received) == g.expected_parts and not g.done:
+        acc.complete = True
+        st.completed_up += 1
+        if self._pipelined(g):
+            self._pass_up(g, k, st, start)
+        elif st.completed_up == len(st.parts):
+            for s in st.parts:
+                self._pass_up(g, k, st, s)
+
+    def _pass_up(self, g: _Group, k: int, st: _RouteState, start: int) -> None:
+        total = st.acc[start].total
+        if st.parent is not None:
+            self._send_to(g, st.parent, self._frame(FrameKind.SCATTER, g, k, start, total))
+            del st.acc[start]  # a non-root node is done with this part
+        else:
+            self._deliver(g, k, st, start, total)
+
+    # broadcast tree
+
+    def _on_down(self, g: _Group, st: _RouteState, frame: Frame) -> None:
+        parent = next((p for p, c in st.route.down if c == self.me), None)
+        if frame.sender != parent:
+            raise ReduceError(f"result from {frame.sender}, but {self.me}'s broadcast parent on"
+                              f" route {frame.block} is {parent}")
+        length = self._part_len(g, st, frame.offset)
+        self._deliver(g, frame.block, st, frame.offset, self._values(frame, length))
+
+    def _deliver(self, g: _Group, k: int, st: _RouteState, start: int,
+                 values: np.ndarray) -> None:
+        if (k, start) in g.received:
+            return
+        g.received.add((k, start))
+        if g.member and g.result is not None:
+            g.result[start : start + values.size] = values
+        if st.down:
+            if self._pipelined(g):
+                for child in st.down:
+                    self._send_to(g, child, self._frame(FrameKind.RESULT, g, k, start, values))
+            else:
+                st.held_down[start] = np.array(values, dtype=DTYPE)
+                if len(st.held_down) == len(st.parts):
+                    for s in st.parts:
+                        for child in st.down:
+                            self._send_to(g, child, self._frame(
+                                FrameKind.RESULT, g, k, s, st.held_down[s]))
+                    st.held_down.clear()
+        self._check_done(g)
+
+    def _check_done(self, g: _Group) -> None:
+        if g.done or not g.member:
+            return
+        got = sum(1 for k, _ in g.received if g.routes[k].receiver)
+        if got == g.expected_results:
             g.done = True
             self._on_have_all(g.assign.group, g.assign.rev, g.bytes_sent)
+
+    @staticmethod
+    def _pipelined(g: _Group) -> bool:
+        return g.assign.pipelined

@@ -65,6 +65,16 @@ class RunOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def free_mgmt_subnet() -> str:
+    """A management subnet no other lab on this machine uses, so labs can run side by side."""
+    out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True,
+                         check=True).stdout
+    for third in range(255, 239, -1):
+        if f" 198.19.{third}.254/" not in out:
+            return f"198.19.{third}.0/24"
+    raise RuntimeError("16 labs already run on this machine; stop one first")
+
+
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
@@ -126,6 +136,7 @@ class LabRun:
         net_kw: dict[str, Any] = {"tag": self.tag, "capabilities": self.caps}
         if self.state_dir:
             net_kw["state_dir"] = self.state_dir
+        net_kw["mgmt_subnet"] = free_mgmt_subnet()
         self.net = LabNetwork(self.topo, **net_kw)
         self.net.__enter__()
         self.cfg = self._write_config()

@@ -11,7 +11,8 @@ import pytest
 from crew import planner
 from crew.frames import Frame, FrameCodec, FrameKind
 from crew.protocol import Assign
-from crew.reduce import ReduceEngine, ReduceError, parts_of, validate_assign
+from crew.reduce import ReduceEngine, ReduceError, validate_assign
+from crew.routes import Route, star_routes
 from crew.transport import Transport
 
 RUN = 7
@@ -74,11 +75,19 @@ def cluster() -> Iterator[Cluster]:
         c.close()
 
 
-def _assign(plan: planner.Plan, group: int, members, weights, rev=0, part_elems=1000) -> Assign:
+def _assign(plan: planner.Plan, group: int, members, weights, rev=0, part_elems=1000,
+            pipelined=True) -> Assign:
+    segments = [(s.worker, s.start, s.stop) for s in plan.segments]
+    return _assign_routes(star_routes(segments, members), plan.total_elems, group, members,
+                          weights, rev, part_elems, pipelined)
+
+
+def _assign_routes(routes, total, group, members, weights, rev=0, part_elems=1000,
+                   pipelined=True) -> Assign:
     return Assign(
         group=group, rev=rev, scheme="test", members=list(members), weights=list(weights),
-        segments=[[s.worker, s.start, s.stop] for s in plan.segments],
-        total=plan.total_elems, part_elems=part_elems,
+        routes=[r.to_list() for r in routes], pipelined=pipelined, total=total,
+        part_elems=part_elems,
     )
 
 
@@ -90,7 +99,9 @@ def _bw(n: int, seed: int = 1) -> np.ndarray:
 
 
 def _run_group(c: Cluster, assign: Assign, vectors: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-    participants = set(assign.members) | {s[0] for s in assign.segments}
+    participants = set(assign.members)
+    for r in assign.routes:
+        participants |= Route.from_list(r).nodes()
     for w in sorted(participants):  # aggregators first or last: order must not matter
         c.engines[w].assign(assign, vectors.get(w))
     for m in assign.members:
@@ -101,8 +112,9 @@ def _run_group(c: Cluster, assign: Assign, vectors: dict[int, np.ndarray]) -> di
     return results
 
 
+@pytest.mark.parametrize("pipelined", [True, False])
 @pytest.mark.parametrize("kind", ["p2a", "p2p"])
-def test_members_end_with_weighted_average(cluster: Cluster, kind: str) -> None:
+def test_members_end_with_weighted_average(cluster: Cluster, kind: str, pipelined: bool) -> None:
     rng = np.random.default_rng(0)
     total = 10_007  # not a multiple of the part size
     members = (3, 0, 4)
@@ -116,7 +128,8 @@ def test_members_end_with_weighted_average(cluster: Cluster, kind: str) -> None:
         assert set(plan.aggregators) <= set(members)
     vectors = {m: rng.standard_normal(total).astype(np.float32) for m in members}
     expected = sum(np.float32(w) * vectors[m] for m, w in zip(members, weights, strict=True))
-    results = _run_group(cluster, _assign(plan, 1, members, weights), vectors)
+    results = _run_group(cluster, _assign(plan, 1, members, weights, pipelined=pipelined),
+                         vectors)
     for m in members:
         np.testing.assert_allclose(results[m], expected, rtol=1e-5, atol=1e-6)
 
@@ -130,7 +143,8 @@ def test_two_groups_in_flight_share_aggregators(cluster: Cluster) -> None:
     a2 = _assign(planner.solve_p2a(bw, g2, total * 4), 12, g2, (0.5, 0.5), part_elems=700)
     v = {m: rng.standard_normal(total).astype(np.float32) for m in g1 + g2}
     for a, members in ((a1, g1), (a2, g2)):
-        for w in sorted(set(members) | {s[0] for s in a.segments}):
+        nodes = set(members).union(*(Route.from_list(r).nodes() for r in a.routes))
+        for w in sorted(nodes):
             cluster.engines[w].assign(a, v.get(w) if w in members else None)
     for gid, members in ((11, g1), (12, g2)):
         expected = (v[members[0]] + v[members[1]]) * np.float32(0.5)
@@ -148,7 +162,8 @@ def test_new_revision_averages_survivors_only(cluster: Cluster) -> None:
     v = {m: rng.standard_normal(total).astype(np.float32) for m in members}
     rev0 = _assign(planner.solve_p2a(bw, members, total * 4), 5, members, (1 / 3,) * 3)
     # Only two of three members scatter rev 0 (member 2 "dies" before sending anything).
-    for w in sorted({s[0] for s in rev0.segments} - {2}):
+    nodes0 = set().union(*(Route.from_list(r).nodes() for r in rev0.routes))
+    for w in sorted(nodes0 - {2}):
         cluster.engines[w].assign(rev0, v.get(w))
     survivors = (0, 1)
     bw_dead = bw.copy()
@@ -174,8 +189,8 @@ def test_single_member_group_keeps_its_vector(cluster: Cluster) -> None:
 def test_forged_and_duplicate_frames_are_dropped_not_counted() -> None:
     sent: list[tuple[int, Frame]] = []
     eng = ReduceEngine(1, 3, RUN, lambda d, f: sent.append((d, f)), lambda *a: None)
-    a = Assign(group=1, rev=0, scheme="t", members=[0, 2], weights=[0.5, 0.5],
-               segments=[[1, 0, 4]], total=4, part_elems=4)
+    a = _assign_routes(star_routes([(1, 0, 4)], [0, 2]), 4, 1, [0, 2], [0.5, 0.5],
+                       part_elems=4)
     eng.assign(a)
     good = Frame(FrameKind.SCATTER, 0, RUN, group=1, rev=0, offset=0,
                  payload=np.ones(4, np.float32).tobytes())
@@ -202,19 +217,52 @@ def test_frames_before_their_assignment_are_parked_and_replayed() -> None:
         eng.on_frame(Frame(FrameKind.SCATTER, sender, RUN, group=3, offset=0,
                            payload=np.full(2, sender + 1, np.float32).tobytes()))
     assert sent == []
-    eng.assign(Assign(group=3, rev=0, scheme="t", members=[0, 1], weights=[0.5, 0.5],
-                      segments=[[2, 0, 2]], total=2, part_elems=2))
+    eng.assign(_assign_routes(star_routes([(2, 0, 2)], [0, 1]), 2, 3, [0, 1], [0.5, 0.5],
+                              part_elems=2))
     assert sorted(d for d, _ in sent) == [0, 1]
 
 
 def test_validate_assign_rejects_gaps_and_bad_members() -> None:
-    base = dict(group=1, rev=0, scheme="t", weights=[1.0], total=10, part_elems=4)
-    with pytest.raises(ReduceError, match="continue"):
-        validate_assign(Assign(members=[0], segments=[[0, 0, 4], [1, 5, 10]], **base), 3)
+    stars = star_routes([(0, 0, 4), (1, 5, 10)], [0])
+    with pytest.raises(ReduceError, match="gap or an overlap"):
+        validate_assign(_assign_routes(stars, 10, 1, [0], [1.0]), 3)
     with pytest.raises(ReduceError, match="out of range"):
-        validate_assign(Assign(members=[7], segments=[[0, 0, 10]], **base), 3)
-    with pytest.raises(ReduceError, match="cover"):
-        validate_assign(Assign(members=[0], segments=[[0, 0, 9]], **base), 3)
-    a = Assign(members=[0], segments=[[0, 0, 6], [1, 6, 10]], **base)
-    assert [(p.aggregator, p.start, p.stop) for p in parts_of(a)] == [
-        (0, 0, 4), (0, 4, 6), (1, 6, 10)]
+        validate_assign(_assign_routes(star_routes([(0, 0, 10)], [7]), 10, 1, [7], [1.0]), 3)
+    with pytest.raises(ReduceError, match="receives 9 of 10"):
+        validate_assign(_assign_routes(star_routes([(0, 0, 9)], [0]), 10, 1, [0], [1.0]), 3)
+    no_path = Route(0, 10, 0, up=(), down=((0, 1),))
+    with pytest.raises(ReduceError, match="does not reach root"):
+        validate_assign(_assign_routes([no_path], 10, 1, [0, 1], [0.5, 0.5]), 3)
+
+
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_trees_with_relays_and_paths(cluster: Cluster, pipelined: bool) -> None:
+    """Non-star routes: a ring-like path and a tree through a non-member relay."""
+    rng = np.random.default_rng(5)
+    members = (0, 1, 2)
+    total = 3000
+    v = {m: rng.standard_normal(total).astype(np.float32) for m in members}
+    routes = [
+        # [0, 1000): reduce along 1 -> 2 -> 0, broadcast 0 -> 1 -> 2
+        Route(0, 1000, 0, up=((1, 2), (2, 0)), down=((0, 1), (1, 2))),
+        # [1000, 3000): through relay 4 (no member): 0 -> 4 -> 3 (root), 1 -> 3, 2 -> 4
+        Route(1000, 3000, 3, up=((0, 4), (2, 4), (4, 3), (1, 3)),
+              down=((3, 4), (4, 0), (4, 2), (3, 1))),
+    ]
+    a = _assign_routes(routes, total, 21, members, (0.25, 0.25, 0.5), part_elems=300,
+                       pipelined=pipelined)
+    results = _run_group(cluster, a, v)
+    expected = 0.25 * v[0] + 0.25 * v[1] + 0.5 * v[2]
+    for m in members:
+        np.testing.assert_allclose(results[m], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_all_to_all_routes_without_broadcast(cluster: Cluster) -> None:
+    members = (1, 2, 3)
+    total = 500
+    v = {m: np.full(total, m, np.float32) for m in members}
+    routes = [Route(0, total, m, up=tuple((o, m) for o in members if o != m), down=())
+              for m in members]
+    results = _run_group(cluster, _assign_routes(routes, total, 31, members, (1 / 3,) * 3), v)
+    for m in members:
+        np.testing.assert_allclose(results[m], np.full(total, 2.0), rtol=1e-6)

@@ -1,0 +1,107 @@
+"""From a scheme's name to the routes a group's data takes: the one place schemes are chosen.
+
+Every scheme except Gloo plans a group as routes (``crew.routes``) that the same engine
+(``crew.reduce``) executes, so schemes differ only in where data goes, never in how it is sent.
+
+=============  ===========================================================================
+scheme         plan
+=============  ===========================================================================
+crew           every active worker aggregates a block; block sizes from the pipelined LP
+               (per-link load, ``planner.solve_pipelined``); parts stream through
+crew-paper     the paper's form: p2a LP minimising X + Y; each block stored and forwarded
+preduce        the original partial reduce: members only (p2p LP), stored and forwarded
+ps, ring, a2a, blink, blink-pipe, topoadopt
+               the baselines of ``crew.baselines``
+gloo           not planned here: torch.distributed all-reduce among all workers
+=============  ===========================================================================
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from crew import planner
+from crew.routes import Route, link_load, star_routes
+
+STAR_SCHEMES = ("crew", "crew-paper", "preduce")
+ROUTE_SCHEMES = ("ps", "ring", "a2a", "blink", "blink-pipe", "topoadopt")
+ALL_SCHEMES = (*STAR_SCHEMES, *ROUTE_SCHEMES, "gloo")
+GROUP_SCHEMES = STAR_SCHEMES + ROUTE_SCHEMES  # planned per group by the coordinator
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    scheme: str
+    members: tuple[int, ...]
+    routes: tuple[Route, ...]
+    pipelined: bool
+    predicted_s: float
+    n: int
+    total: int
+
+    @property
+    def elems(self) -> list[int]:
+        """Elements whose sum each worker computes (roots of routes): the 'block sizes'."""
+        out = [0] * self.n
+        for r in self.routes:
+            out[r.root] += r.elems
+        return out
+
+    def participants(self) -> set[int]:
+        nodes: set[int] = set(self.members)
+        for r in self.routes:
+            nodes |= r.nodes()
+        return nodes
+
+    def uses(self, src: int, dst: int) -> bool:
+        return any((src, dst) in r.up or (src, dst) in r.down for r in self.routes)
+
+    def link_bytes(self) -> np.ndarray:
+        return link_load(self.routes, self.n)
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "scheme": self.scheme, "members": list(self.members), "elems": self.elems,
+            "pipelined": self.pipelined, "predicted_s": self.predicted_s,
+            "routes": [r.to_list() for r in self.routes],
+        })
+
+
+def plan_group(
+    scheme: str,
+    bw: np.ndarray,
+    members: Sequence[int],
+    size: int,
+    active: Sequence[int] | None = None,
+    *,
+    seed: int = 0,
+) -> GroupPlan:
+    """Plan one group of ``members`` moving ``size`` bytes on capacity matrix ``bw``."""
+    members = tuple(members)
+    n = bw.shape[0]
+    total = size // 4
+    if scheme in STAR_SCHEMES:
+        if scheme == "crew":
+            plan = planner.solve_pipelined(bw, members, size, active=active)
+            pipelined = True
+        elif scheme == "crew-paper":
+            plan = planner.solve_p2a(bw, members, size, active=active)
+            pipelined = False
+        else:
+            plan = planner.solve_p2p(bw, members, size)
+            pipelined = False
+        segments = [(s.worker, s.start, s.stop) for s in plan.segments]
+        return GroupPlan(scheme, members, tuple(star_routes(segments, members)), pipelined,
+                         plan.predicted_s, n, total)
+    if scheme in ROUTE_SCHEMES:
+        from crew import baselines
+
+        rp = baselines.plan_for(scheme, bw, members, size, active=active, seed=seed)
+        return GroupPlan(scheme, members, tuple(rp.routes), rp.pipelined, rp.predicted_s, n,
+                         total)
+    raise planner.PlanError("scheme", f"{scheme!r} is not planned per group; known: "
+                            f"{', '.join(GROUP_SCHEMES)}")
