@@ -1,0 +1,561 @@
+"""The CREW Lab dashboard: one run database in, command rows out.
+
+Run it as ``python -m dashboard runs/<id>`` or ``streamlit run dashboard/app.py -- --run
+runs/<id>``. The run is found, in this order, from ``st.session_state["run_path"]``, the
+``--run`` argument, or the ``CREW_LAB_RUN`` environment variable (tests use the last); it may
+name the run directory or its ``lab.db``.
+
+The page reads the database through one read-only connection per browser session and writes
+nothing but ``commands`` rows, through ``lab.commands.submit``; the lab applies them. Every
+command goes through ``lab.commands.parse_command`` first, so a refused one shows its reason
+and writes nothing.
+
+While the run is live each panel is its own fragment that re-runs every second or two, so a
+refresh re-queries only that panel. A finished run (``meta.ended_at`` set) gets a replay slider
+instead, and every panel shows the run as it was at the chosen time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sqlite3
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+# `streamlit run dashboard/app.py` puts dashboard/ on sys.path, not the repository root.
+_ROOT = Path(__file__).resolve().parent.parent
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+from crew import rundb  # noqa: E402
+from dashboard import figures, queries  # noqa: E402
+from lab import commands as lc  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+RUN_ENV = "CREW_LAB_RUN"
+PANEL_REFRESH_S = 2.0
+STATUS_REFRESH_S = 1.0
+LATEST_HORIZON_S = 5.0  # a link without a sample this recent is idle (or its monitor stalled)
+TOP_K_LINKS = 5
+WINDOW_CHOICES_MIN = (1, 2, 5, 10, 30)
+TIMELINE_WINDOW_S = 120.0
+TIMELINE_MAX_GROUPS = 60
+PLAN_LIMIT = 20
+EVENT_LIMIT = 200
+COMMAND_LIMIT = 10
+
+
+# -- which run, and how to read it ---------------------------------------------------------------
+
+
+def _run_arg() -> str | None:
+    if st.session_state.get("run_path"):
+        return str(st.session_state["run_path"])
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--run")
+    known, _ = parser.parse_known_args(sys.argv[1:])
+    return known.run or os.environ.get(RUN_ENV)
+
+
+def db_path(run: str | Path) -> Path:
+    p = Path(run)
+    return p / "lab.db" if p.is_dir() else p
+
+
+def _connection(db: Path) -> sqlite3.Connection:
+    held = st.session_state.get("_conn")
+    if held is None or held[0] != str(db):
+        st.session_state["_conn"] = (str(db), rundb.connect(db, readonly=True))
+    return st.session_state["_conn"][1]
+
+
+def _cache(name: str, factory: Callable[[], queries.WindowCache]) -> queries.WindowCache:
+    caches = st.session_state.setdefault("_caches", {})
+    if name not in caches:
+        caches[name] = factory()
+    return caches[name]
+
+
+def _fragment(live: bool, every: float = PANEL_REFRESH_S) -> Callable[[Callable[[], None]], Any]:
+    return st.fragment(run_every=every if live else None)
+
+
+def _ago(t: float, now: float) -> str:
+    return f"{max(0.0, now - t):.0f} s ago"
+
+
+# -- panels --------------------------------------------------------------------------------------
+
+
+class Page:
+    """The state every panel shares: the connection, the run's facts and the clock."""
+
+    def __init__(self, db: Path, conn: sqlite3.Connection):
+        self.db = db
+        self.conn = conn
+        self.info = queries.run_info(conn)
+        self.limits = lc.load_limits(conn)
+        span = queries.data_span(conn)
+        self.t0 = self.info.started_at or (span[0] if span else time.time())
+        self.t_end = self.info.ended_at or (span[1] if span else self.t0)
+        self.replay_at: float | None = None
+        self.workers = queries.workers(conn)
+        self.names = {
+            int(i): str(n) for i, n in zip(self.workers["id"], self.workers["name"], strict=True)
+        }
+
+    @property
+    def live(self) -> bool:
+        return self.info.live
+
+    def asof(self) -> float:
+        """Now for a live run; the replay slider's time for a finished one."""
+        return time.time() if self.replay_at is None else self.replay_at
+
+    # -- header -------------------------------------------------------------------------------
+
+    def header(self) -> None:
+        @_fragment(self.live, STATUS_REFRESH_S)
+        def header_panel() -> None:
+            info = queries.run_info(self.conn)
+            if self.live and not info.live:
+                st.rerun(scope="app")  # the run just ended: switch to replay
+            t = self.asof()
+            cols = st.columns([2, 3, 1.2, 0.6, 1, 1])
+            cols[0].metric("Run", info.run_id)
+            cols[1].metric("Topology", info.topology)
+            cols[2].metric("Scheme", info.scheme)
+            cols[3].metric("p", "n/a" if info.p is None else str(info.p))
+            cols[4].metric("Elapsed", f"{max(0.0, t - self.t0):.0f} s")
+            cols[5].metric("State", "live" if info.live else "finished")
+
+        header_panel()
+
+    # -- network ------------------------------------------------------------------------------
+
+    def link_view(self, t: float) -> pd.DataFrame:
+        return figures.link_view(
+            queries.links(self.conn),
+            queries.link_state_asof(self.conn, t),
+            queries.latest_link_samples(self.conn, t, LATEST_HORIZON_S),
+        )
+
+    def network(self) -> None:
+        @_fragment(self.live)
+        def network_panel() -> None:
+            t = self.asof()
+            view = self.link_view(t)
+            status = queries.worker_status(self.conn) if self.live else pd.DataFrame()
+            states = (
+                {int(w): str(s) for w, s in zip(status["worker"], status["state"], strict=True)}
+                if not status.empty
+                else {}
+            )
+            left, right = st.columns([3, 2])
+            with left:
+                st.plotly_chart(
+                    figures.network_map(self.workers, view, worker_state=states),
+                    key="network_map",
+                )
+            with right:
+                st.markdown("**Link utilisation now**")
+                table = view.sort_values(["up", "util"], ascending=[True, False])
+                st.table(
+                    pd.DataFrame(
+                        {
+                            "link": table["label"],
+                            "Mbit/s": table["mbit"].map(lambda v: f"{v:.1f}"),
+                            "rate Mbit/s": table["rate_mbit"].map(lambda v: f"{v:g}"),
+                            "util %": table["util"].map(
+                                lambda v: "n/a" if v != v else f"{v * 100:.0f}%"
+                            ),
+                            "state": table["up"].map(lambda u: "up" if u else "DOWN"),
+                        }
+                    ).head(12),
+                    hide_index=True,
+                )
+
+        network_panel()
+
+    def utilisation(self) -> None:
+        @_fragment(self.live)
+        def utilisation_panel() -> None:
+            t = self.asof()
+            minutes = st.select_slider(
+                "Window (minutes)", WINDOW_CHOICES_MIN, value=5, key="util_window_min"
+            )
+            start = max(self.t0 - 1.0, t - 60.0 * minutes)
+            samples = _cache("link_samples", queries.link_sample_cache).read(self.conn, start, t)
+            links = queries.links(self.conn)
+            series = figures.utilisation_series(
+                samples, links, queries.link_state_history(self.conn, t)
+            )
+            labels = [
+                figures.link_label(s, d) for s, d in zip(links["src"], links["dst"], strict=True)
+            ]
+            chosen = st.multiselect(
+                "Links",
+                labels,
+                default=figures.busiest_links(series, TOP_K_LINKS),
+                key="util_links",
+            )
+            st.plotly_chart(
+                figures.utilisation_timeseries(series, chosen, self.t0),
+                key="util_timeseries",
+            )
+            st.markdown("**Utilisation matrix now** (row sends to column)")
+            st.plotly_chart(
+                figures.utilisation_heatmap(self.link_view(t), self.workers),
+                key="util_heatmap",
+            )
+
+        utilisation_panel()
+
+    # -- groups -------------------------------------------------------------------------------
+
+    def groups(self) -> None:
+        @_fragment(self.live)
+        def groups_panel() -> None:
+            t = self.asof()
+            groups = queries.groups(self.conn, t - TIMELINE_WINDOW_S, t)
+            open_g = groups[groups["status"] == "open"]
+            left, right = st.columns(2)
+            with left:
+                st.markdown("**Open groups**")
+                if open_g.empty:
+                    st.caption("none")
+                else:
+                    st.table(
+                        pd.DataFrame(
+                            {
+                                "group": [f"g{int(i)}" for i in open_g["id"]],
+                                "members": [", ".join(map(str, m)) for m in open_g["members"]],
+                                "scheme": open_g["scheme"],
+                                "age": [_ago(f, t) for f in open_g["formed_at"]],
+                            }
+                        ),
+                        hide_index=True,
+                    )
+            with right:
+                st.markdown("**Workers**")
+                if not self.live:
+                    st.caption("worker states are recorded live only; replay shows groups.")
+                else:
+                    status = queries.worker_status(self.conn)
+                    ready = [
+                        self.names.get(int(w), str(w))
+                        for w in status.loc[status["state"] == "ready", "worker"]
+                    ]
+                    st.caption("ready now: " + (", ".join(ready) if ready else "none"))
+                    st.table(
+                        pd.DataFrame(
+                            {
+                                "worker": [
+                                    self.names.get(int(w), str(w)) for w in status["worker"]
+                                ],
+                                "state": status["state"],
+                                "iteration": status["iteration"],
+                                "group": status["group_id"].map(
+                                    lambda g: "" if pd.isna(g) else f"g{int(g)}"
+                                ),
+                            }
+                        ),
+                        hide_index=True,
+                    )
+            shown = groups.sort_values("id").tail(TIMELINE_MAX_GROUPS)
+            st.markdown(f"**Group timeline** (last {TIMELINE_WINDOW_S:.0f} s)")
+            st.plotly_chart(
+                figures.group_timeline(shown, self.t0, t),
+                key="group_timeline",
+            )
+            st.plotly_chart(
+                figures.rounds_and_staleness(
+                    queries.completed_memberships(self.conn, t), self.workers
+                ),
+                key="rounds_staleness",
+            )
+
+        groups_panel()
+
+    # -- plans --------------------------------------------------------------------------------
+
+    def plans(self) -> None:
+        @_fragment(self.live)
+        def plans_panel() -> None:
+            t = self.asof()
+            plans = queries.latest_plans(self.conn, t, PLAN_LIMIT)
+            if plans.empty:
+                st.caption("no plans recorded yet")
+                return
+            labels = [
+                figures.group_label(int(i), m)
+                for i, m in zip(plans["id"], plans["members"], strict=True)
+            ]
+            label = st.selectbox("Group", labels, index=0, key="plan_group")
+            row = plans.iloc[labels.index(label) if label in labels else 0]
+            begin = row["started_at"] if pd.notna(row["started_at"]) else row["formed_at"]
+            measured = row["ended_at"] - begin if row["status"] == "completed" else None
+
+            def secs(v: object) -> str:
+                return "n/a" if v is None or pd.isna(v) else f"{float(v):.2f} s"
+
+            cols = st.columns(4)
+            cols[0].metric("predicted", secs(row["predicted_s"]))
+            cols[1].metric("measured", secs(measured))
+            cols[2].metric("lower bound", secs(row["bound_s"]))
+            ratio = (
+                "n/a"
+                if measured is None or pd.isna(row["bound_s"]) or not row["bound_s"]
+                else f"{measured / row['bound_s']:.2f}×"
+            )
+            cols[3].metric("measured / bound", ratio)
+            st.plotly_chart(
+                figures.plan_blocks(row.to_dict(), self.workers),
+                key="plan_blocks",
+            )
+            st.markdown("**Predicted vs measured vs lower bound** (newest plans)")
+            st.plotly_chart(figures.plan_times(plans), key="plan_times")
+
+        plans_panel()
+
+    # -- training -----------------------------------------------------------------------------
+
+    def training(self) -> None:
+        @_fragment(self.live)
+        def training_panel() -> None:
+            t = self.asof()
+            iters = _cache("iterations", queries.iteration_cache).read(self.conn, self.t0 - 1.0, t)
+            st.plotly_chart(
+                figures.training_curves(iters, self.workers, self.t0),
+                key="training_curves",
+            )
+            st.markdown("**Rounds per worker per minute**")
+            st.plotly_chart(
+                figures.rounds_per_minute(
+                    queries.completed_memberships(self.conn, t), self.workers, self.t0
+                ),
+                key="rounds_per_minute",
+            )
+
+        training_panel()
+
+    # -- event log ----------------------------------------------------------------------------
+
+    def event_log(self) -> None:
+        @_fragment(self.live)
+        def events_panel() -> None:
+            t = self.asof()
+            ev = queries.events(self.conn, t, EVENT_LIMIT)
+            if ev.empty:
+                st.caption("no events yet")
+                return
+            st.dataframe(
+                pd.DataFrame(
+                    {
+                        "t (s)": (ev["t"] - self.t0).round(1),
+                        "level": ev["level"],
+                        "kind": ev["kind"],
+                        "worker": ev["worker"].map(lambda w: "" if pd.isna(w) else str(int(w))),
+                        "message": ev["message"],
+                    }
+                ),
+                hide_index=True,
+                key="event_log",
+            )
+
+        events_panel()
+
+    # -- controls -----------------------------------------------------------------------------
+
+    def send(self, kind: lc.CommandKind, args: dict[str, object]) -> None:
+        """Validate and submit one command, showing the outcome where the control is."""
+        try:
+            command = lc.parse_command(kind, args, self.limits)
+        except lc.CommandError as e:
+            st.error(f"Refused {kind.value}: {e}")
+            return
+        cid = lc.submit(self.db, command)
+        st.success(f"Sent #{cid}: {lc.describe(command)}")
+
+    def controls(self) -> None:
+        K = lc.CommandKind
+        st.header("Controls")
+        st.caption("workers: " + ", ".join(f"{i} = {n}" for i, n in sorted(self.names.items())))
+        with st.form("set_p_form"):
+            p = st.number_input("p (group size)", value=self.info.p or 1, step=1, key="set_p_value")
+            go_p = st.form_submit_button("Set p", key="set_p_submit")
+        if go_p:
+            self.send(K.SET_P, {"p": p})
+
+        with st.form("set_scheme_form"):
+            schemes = list(self.limits.schemes)
+            idx = schemes.index(self.info.scheme) if self.info.scheme in schemes else 0
+            scheme = st.selectbox("Scheme", schemes, index=idx, key="set_scheme_value")
+            go_scheme = st.form_submit_button("Set scheme", key="set_scheme_submit")
+        if go_scheme:
+            self.send(K.SET_SCHEME, {"scheme": scheme})
+
+        with st.form("worker_form"):
+            st.markdown("**Worker**")
+            worker = st.number_input("worker", value=0, step=1, key="worker_id")
+            factor = st.number_input("slow-down factor", value=2.0, step=0.5, key="slow_factor")
+            slow = st.form_submit_button("Slow down", key="slow_worker_submit")
+            c = st.columns(2)
+            kill = c[0].form_submit_button("Kill", key="kill_worker_submit")
+            restart = c[1].form_submit_button("Restart", key="restart_worker_submit")
+        if kill:
+            self.send(K.KILL_WORKER, {"worker": worker})
+        if restart:
+            self.send(K.RESTART_WORKER, {"worker": worker})
+        if slow:
+            self.send(K.SLOW_WORKER, {"worker": worker, "factor": factor})
+
+        with st.form("cut_link_form"):
+            st.markdown("**Cut / restore a link**")
+            c = st.columns(2)
+            src = c[0].number_input("from", value=0, step=1, key="cut_link_src")
+            dst = c[1].number_input("to", value=1, step=1, key="cut_link_dst")
+            both = st.checkbox("both directions", value=False, key="cut_link_both")
+            c = st.columns(2)
+            cut = c[0].form_submit_button("Cut", key="cut_link_submit")
+            restore = c[1].form_submit_button("Restore", key="restore_link_submit")
+        if cut:
+            self.send(K.CUT_LINK, {"src": src, "dst": dst, "both": both})
+        if restore:
+            self.send(K.RESTORE_LINK, {"src": src, "dst": dst, "both": both})
+
+        with st.form("set_link_form"):
+            st.markdown("**Reshape a link** (blank = unchanged)")
+            c = st.columns(2)
+            src = c[0].number_input("from", value=0, step=1, key="set_link_src")
+            dst = c[1].number_input("to", value=1, step=1, key="set_link_dst")
+            rate = st.number_input("rate (Mbit/s)", value=None, key="set_link_rate")
+            no_netem = "needs sch_netem, which this lab's kernel lacks"
+            delay = st.number_input(
+                "delay (ms)",
+                value=None,
+                key="set_link_delay",
+                disabled="delay" not in self.limits.impairments,
+                help=None if "delay" in self.limits.impairments else no_netem,
+            )
+            loss = st.number_input(
+                "loss (%)",
+                value=None,
+                key="set_link_loss",
+                disabled="loss" not in self.limits.impairments,
+                help=None if "loss" in self.limits.impairments else "not available in this lab",
+            )
+            reshape = st.form_submit_button("Apply", key="set_link_submit")
+        if reshape:
+            self.send(
+                K.SET_LINK,
+                {"src": src, "dst": dst, "rate_mbit": rate, "delay_ms": delay, "loss_pct": loss},
+            )
+
+        with st.form("contention_form"):
+            st.markdown("**Background contention**")
+            c = st.columns(2)
+            src = c[0].number_input("from", value=0, step=1, key="contention_src")
+            dst = c[1].number_input("to", value=1, step=1, key="contention_dst")
+            rate = st.number_input("rate (Mbit/s)", value=50.0, key="contention_rate")
+            c = st.columns(2)
+            start = c[0].form_submit_button("Start", key="start_contention_submit")
+            stop = c[1].form_submit_button("Stop", key="stop_contention_submit")
+        if start:
+            self.send(K.START_CONTENTION, {"src": src, "dst": dst, "rate_mbit": rate})
+        if stop:
+            self.send(K.STOP_CONTENTION, {"src": src, "dst": dst})
+
+    def command_log(self) -> None:
+        @_fragment(self.live, STATUS_REFRESH_S)
+        def commands_panel() -> None:
+            st.markdown("**Latest commands**")
+            cmds = queries.commands(self.conn, COMMAND_LIMIT)
+            if cmds.empty:
+                st.caption("none yet")
+                return
+            now = time.time()
+            st.table(
+                pd.DataFrame(
+                    {
+                        "id": cmds["id"],
+                        "command": [
+                            self._describe(k, a)
+                            for k, a in zip(cmds["kind"], cmds["args"], strict=True)
+                        ],
+                        "status": cmds["status"],
+                        "reason": cmds["reason"].fillna(""),
+                        "sent": [_ago(x, now) for x in cmds["t"]],
+                    }
+                ),
+                hide_index=True,
+            )
+
+        commands_panel()
+
+    def _describe(self, kind: str, args: str) -> str:
+        try:
+            return lc.describe(lc.parse_row({"kind": kind, "args": args}, self.limits))
+        except (lc.CommandError, KeyError):
+            return f"{kind} {args}"
+
+    # -- replay -------------------------------------------------------------------------------
+
+    def replay_slider(self) -> None:
+        length = max(1.0, self.t_end - self.t0)
+        offset = st.slider(
+            "Replay time (s since start)",
+            min_value=0.0,
+            max_value=float(round(length, 1)),
+            value=float(round(length, 1)),
+            step=1.0,
+            key="replay_t",
+        )
+        self.replay_at = self.t0 + offset
+
+
+def main() -> None:
+    st.set_page_config(page_title="CREW Lab", layout="wide")
+    st.title("CREW Lab")
+    run = _run_arg()
+    if not run:
+        st.info(f"No run given. Start with `python -m dashboard runs/<id>` or set {RUN_ENV}.")
+        st.stop()
+    db = db_path(run)
+    if not db.is_file():
+        st.error(f"No run database at {db}")
+        st.stop()
+    page = Page(db, _connection(db))
+    with st.sidebar:
+        st.caption(f"run database: {db}")
+        if page.live:
+            page.controls()
+        else:
+            st.info("This run has finished: replaying it. Controls are off.")
+            page.replay_slider()
+        page.command_log()
+    page.header()
+    tabs = st.tabs(["Network", "Groups", "Plans", "Training", "Events"])
+    with tabs[0]:
+        page.network()
+        page.utilisation()
+    with tabs[1]:
+        page.groups()
+    with tabs[2]:
+        page.plans()
+    with tabs[3]:
+        page.training()
+    with tabs[4]:
+        page.event_log()
+
+
+main()

@@ -1,0 +1,251 @@
+"""The Streamlit app, driven headless by ``streamlit.testing.v1.AppTest``.
+
+The app finds its run through the ``CREW_LAB_RUN`` environment variable here (it also takes
+``st.session_state["run_path"]`` or ``--run``), pointed at a database from ``make_run``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from crew import rundb
+
+try:
+    from test_dashboard_figures import make_run
+except ImportError:  # tests/ became a package
+    from tests.test_dashboard_figures import make_run
+
+APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
+
+
+@pytest.fixture
+def live_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    db = make_run(tmp_path)
+    monkeypatch.setenv("CREW_LAB_RUN", str(tmp_path))
+    return db
+
+
+@pytest.fixture
+def finished_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    db = make_run(tmp_path, live=False)
+    monkeypatch.setenv("CREW_LAB_RUN", str(db))  # the lab.db path works as well as the dir
+    return db
+
+
+def run_app() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=30).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def command_rows(db: Path) -> list[tuple[str, dict, str]]:
+    conn = rundb.connect(db, readonly=True)
+    try:
+        rows = conn.execute("SELECT kind, args, status FROM commands ORDER BY id").fetchall()
+    finally:
+        conn.close()
+    return [(r["kind"], json.loads(r["args"]), r["status"]) for r in rows]
+
+
+def dump_without_commands(db: Path) -> list[str]:
+    conn = sqlite3.connect(db)
+    try:
+        return [line for line in conn.iterdump() if "commands" not in line]
+    finally:
+        conn.close()
+
+
+def table_texts(elements) -> list[str]:
+    return [t.value.to_string() for t in elements]
+
+
+def test_live_page_renders_every_panel(live_db):
+    at = run_app()
+    assert [t.value for t in at.title] == ["CREW Lab"]
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Run"] == "test-run"
+    assert metrics["Topology"] == "three-in-two-clouds"
+    assert metrics["Scheme"] == "crew" and metrics["p"] == "2" and metrics["State"] == "live"
+    # The plan panel shows the newest plan; its group is still open, so nothing is measured.
+    assert metrics["predicted"] == "1.50 s" and metrics["measured"] == "n/a"
+    links = at.main.table[0].value.set_index("link")
+    assert links.loc["0→2", "util %"] == "90%"
+    assert links.loc["2→1", "rate Mbit/s"] == "50"
+    assert links.loc["1→2", "state"] == "DOWN"
+    assert "ready now: w2" in [c.value for c in at.caption]
+    assert any("g4" in t for t in table_texts(at.main.table))  # the open group
+    assert len(at.tabs) == 5
+    assert at.multiselect(key="util_links").value[0] == "0→2"  # busiest first
+    assert at.number_input(key="set_link_delay").disabled  # no netem in this run
+    assert not at.number_input(key="set_link_loss").disabled
+
+
+GOOD_CONTROLS = [
+    # widget values, button, expected kind, expected args
+    ({"set_p_value": 3}, "set_p_submit", "set_p", {"p": 3}),
+    ({"set_scheme_value": "preduce"}, "set_scheme_submit", "set_scheme", {"scheme": "preduce"}),
+    ({"worker_id": 2}, "kill_worker_submit", "kill_worker", {"worker": 2}),
+    ({"worker_id": 1}, "restart_worker_submit", "restart_worker", {"worker": 1}),
+    (
+        {"worker_id": 1, "slow_factor": 3.0},
+        "slow_worker_submit",
+        "slow_worker",
+        {"worker": 1, "factor": 3.0},
+    ),
+    (
+        {"cut_link_src": 0, "cut_link_dst": 2, "cut_link_both": True},
+        "cut_link_submit",
+        "cut_link",
+        {"src": 0, "dst": 2, "both": True},
+    ),
+    (
+        {"cut_link_src": 2, "cut_link_dst": 0},
+        "restore_link_submit",
+        "restore_link",
+        {"src": 2, "dst": 0, "both": False},
+    ),
+    (
+        {"set_link_src": 0, "set_link_dst": 1, "set_link_rate": 25.0, "set_link_loss": 1.0},
+        "set_link_submit",
+        "set_link",
+        {"src": 0, "dst": 1, "rate_mbit": 25.0, "delay_ms": None, "loss_pct": 1.0},
+    ),
+    (
+        {"contention_src": 1, "contention_dst": 2, "contention_rate": 40.0},
+        "start_contention_submit",
+        "start_contention",
+        {"src": 1, "dst": 2, "rate_mbit": 40.0},
+    ),
+    (
+        {"contention_src": 1, "contention_dst": 2},
+        "stop_contention_submit",
+        "stop_contention",
+        {"src": 1, "dst": 2},
+    ),
+]
+
+
+def _set(at: AppTest, values: dict) -> None:
+    for key, value in values.items():
+        at.get_by_key(key).set_value(value)
+
+
+@pytest.mark.parametrize(("values", "button", "kind", "args"), GOOD_CONTROLS)
+def test_each_control_writes_its_command(live_db, values, button, kind, args):
+    before = dump_without_commands(live_db)
+    at = run_app()
+    _set(at, values)
+    at.button(key=button).click().run()
+    assert not at.exception
+    assert command_rows(live_db) == [(kind, args, "pending")]
+    assert any("Sent #1" in s.value for s in at.sidebar.success)
+    # The page wrote a command row and nothing else.
+    assert dump_without_commands(live_db) == before
+    # The new command is listed next to the controls.
+    assert "pending" in at.sidebar.table[0].value["status"].tolist()
+
+
+BAD_CONTROLS = [
+    ({"cut_link_src": 1, "cut_link_dst": 1}, "cut_link_submit", "two workers"),
+    (
+        {"set_link_src": 0, "set_link_dst": 1, "set_link_rate": -5.0},
+        "set_link_submit",
+        "must be > 0",
+    ),
+    (
+        {"contention_src": 0, "contention_dst": 1, "contention_rate": -1.0},
+        "start_contention_submit",
+        "must be > 0",
+    ),
+    ({"set_link_src": 0, "set_link_dst": 1}, "set_link_submit", "at least one"),
+    ({"worker_id": 7}, "kill_worker_submit", "unknown worker 7"),
+    ({"worker_id": 1, "slow_factor": 0.0}, "slow_worker_submit", "factor"),
+    ({"set_p_value": 4}, "set_p_submit", "1..3"),
+    ({"set_p_value": 0}, "set_p_submit", "1..3"),
+]
+
+
+@pytest.mark.parametrize(("values", "button", "reason"), BAD_CONTROLS)
+def test_invalid_input_is_refused_and_writes_nothing(live_db, values, button, reason):
+    at = run_app()
+    _set(at, values)
+    at.button(key=button).click().run()
+    assert not at.exception
+    errors = [e.value for e in at.sidebar.error]
+    assert len(errors) == 1 and reason in errors[0], errors
+    assert not at.sidebar.success
+    assert command_rows(live_db) == []
+
+
+def test_command_status_and_reason_are_shown(live_db):
+    db = rundb.RunDB(live_db)
+    try:
+        db.executemany(
+            "INSERT INTO commands (t, kind, args, status, reason) VALUES (?, ?, ?, ?, ?)",
+            [
+                (1.0, "kill_worker", '{"worker": 1}', "applied", None),
+                (2.0, "set_link", '{"src": 0, "dst": 1, "rate_mbit": 5}', "rejected", "tc failed"),
+            ],
+        )
+    finally:
+        db.close()
+    at = run_app()
+    table = at.sidebar.table[0].value
+    assert table["status"].tolist() == ["rejected", "applied"]  # newest first
+    assert table["command"].tolist() == ["set link 0→1: 5 Mbit/s", "kill worker 1"]
+    assert table["reason"].tolist()[0] == "tc failed"
+
+
+def test_finished_run_replays_instead_of_controls(finished_db):
+    at = run_app()
+    assert {m.label: m.value for m in at.metric}["State"] == "finished"
+    assert not at.button  # no controls for a run that is over
+    links = at.main.table[0].value.set_index("link")
+    assert links.loc["1→2", "state"] == "DOWN"
+    at.slider(key="replay_t").set_value(5.0).run()
+    assert not at.exception
+    links = at.main.table[0].value.set_index("link")
+    assert links.loc["1→2", "state"] == "up"  # before the cut
+    assert links.loc["2→1", "rate Mbit/s"] == "100"  # before the reshape
+    assert {m.label: m.value for m in at.metric}["Elapsed"] == "5 s"
+
+
+def test_run_path_from_session_state(tmp_path, monkeypatch):
+    monkeypatch.delenv("CREW_LAB_RUN", raising=False)
+    make_run(tmp_path)
+    at = AppTest.from_file(APP, default_timeout=30)
+    at.session_state["run_path"] = str(tmp_path)
+    at.run()
+    assert not at.exception
+    assert {m.label: m.value for m in at.metric}["Run"] == "test-run"
+
+
+def test_without_a_run_the_page_says_how_to_start(monkeypatch, tmp_path):
+    monkeypatch.delenv("CREW_LAB_RUN", raising=False)
+    at = run_app()
+    assert "python -m dashboard" in at.info[0].value
+    monkeypatch.setenv("CREW_LAB_RUN", str(tmp_path / "missing"))
+    at = run_app()
+    assert "No run database" in at.error[0].value
+
+
+def test_module_entry_builds_streamlit_argv(tmp_path, monkeypatch):
+    from dashboard import __main__ as entry
+
+    make_run(tmp_path)
+    seen: list[list[str]] = []
+    monkeypatch.setattr(entry.os, "execv", lambda exe, argv: seen.append(argv))
+    entry.main([str(tmp_path), "--port", "8611", "--host", "127.0.0.1"])
+    argv = seen[0]
+    assert argv[1:5] == ["-m", "streamlit", "run", APP]
+    assert argv[argv.index("--server.port") + 1] == "8611"
+    assert argv[argv.index("--server.address") + 1] == "127.0.0.1"
+    assert argv[-3:] == ["--", "--run", str(tmp_path.resolve())]
+    with pytest.raises(SystemExit):
+        entry.main([str(tmp_path / "missing")])
+    assert len(seen) == 1
