@@ -1,0 +1,346 @@
+"""Fidelity check: build the lab for a topology and measure every directed link's goodput.
+
+    sudo python -m lab.check --topology topologies/small.yaml
+
+For each link i->j a sink in host j and a source in host i (lab.goodput) run one TCP transfer
+over the direct link for ``--seconds``. Links whose hosts are disjoint may run at the same
+time (``--parallel``); the machine has few cores, so keep that small.
+
+Expected ceiling: TCP payload over Ethernet with timestamps is 1448 of every 1514 frame bytes
+HTB counts, 95.6%; HTB itself was measured at ~95% of the configured rate up to 200 Mbit/s
+(DESIGN.md section 4). A link fails when its goodput is more than ``--tolerance`` (10%) below
+that ceiling, and also when its sender counter did not carry the bytes (wrong path). Links
+with emulated delay or loss are measured but not judged: a short TCP transfer does not reach
+the rate there.
+
+Exit status: 0 all links fine, 1 some link failed, 2 the lab could not be built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import secrets
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from lab import preflight
+from lab.cleanup import DEFAULT_STATE_DIR, cleanup_leftovers
+from lab.mesh import LabError, LabNetwork
+from lab.preflight import ImpairmentMode, PreflightError
+from lab.shaping import ShapingError
+from lab.topology import Impairment, LinkSpec, TopologyError, load_topology
+
+log = logging.getLogger(__name__)
+
+PAYLOAD_FRACTION = 1448 / 1514  # TCP payload per Ethernet frame (MSS with timestamps)
+BASE_PORT = 15201
+PROC_TIMEOUT_PAD_S = 20.0
+
+
+@dataclass(frozen=True)
+class LinkResult:
+    src: int
+    dst: int
+    rate_mbit: float
+    expected_mbit: float
+    measured_mbit: float
+    received_bytes: int
+    link_tx_bytes: int
+    status: str  # "ok", "LOW", "WRONG PATH", "not judged (impaired)", "ERROR"
+    error: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.status in ("LOW", "WRONG PATH", "ERROR")
+
+
+def schedule(links: list[LinkSpec], parallel: int) -> list[list[LinkSpec]]:
+    """Batches of at most ``parallel`` links with pairwise disjoint hosts, greedily in order.
+
+    No host ever runs two transfers at once, so each measures its link alone."""
+    todo = list(links)
+    batches: list[list[LinkSpec]] = []
+    while todo:
+        batch: list[LinkSpec] = []
+        busy: set[int] = set()
+        for lk in list(todo):
+            if len(batch) >= parallel:
+                break
+            if lk.src in busy or lk.dst in busy:
+                continue
+            batch.append(lk)
+            busy |= {lk.src, lk.dst}
+            todo.remove(lk)
+        batches.append(batch)
+    return batches
+
+
+def _impaired(net: LabNetwork, lk: LinkSpec) -> bool:
+    assert net.cap is not None
+    pairs = (
+        (Impairment.DELAY, lk.delay_ms),
+        (Impairment.JITTER, lk.jitter_ms),
+        (Impairment.LOSS, lk.loss_pct),
+    )
+    return any(v > 0 and net.cap.mode(imp) is not ImpairmentMode.OFF for imp, v in pairs)
+
+
+def measure_batch(
+    net: LabNetwork, batch: list[LinkSpec], seconds: float, tolerance: float
+) -> list[LinkResult]:
+    """Run one transfer per link in ``batch`` at the same time; judge each."""
+    before = net.tx_bytes()
+    sinks, sources = [], []
+    timeout = seconds + PROC_TIMEOUT_PAD_S
+    try:
+        for lk in batch:
+            port = BASE_PORT + lk.src * net.n + lk.dst
+            addr = f"{net.identity_address(lk.dst)}:{port}"
+            s = net.popen(
+                lk.dst,
+                [
+                    sys.executable,
+                    "-m",
+                    "lab.goodput",
+                    "sink",
+                    "--bind",
+                    addr,
+                    "--seconds",
+                    str(seconds),
+                ],
+                label=f"check-sink-{lk.src}-{lk.dst}",
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            sinks.append((s, addr))
+        for s, _addr in sinks:
+            assert s.stdout is not None
+            s.stdout.readline()  # {"listening": ...}; '' if the sink died (reported below)
+        for lk, (_s, addr) in zip(batch, sinks, strict=True):
+            c = net.popen(
+                lk.src,
+                [
+                    sys.executable,
+                    "-m",
+                    "lab.goodput",
+                    "source",
+                    "--to",
+                    addr,
+                    "--seconds",
+                    str(seconds),
+                ],
+                label=f"check-source-{lk.src}-{lk.dst}",
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            sources.append(c)
+        outputs = []
+        for s, _addr in sinks:
+            out, err = s.communicate(timeout=timeout)
+            outputs.append((s.returncode, out, err))
+        for c in sources:
+            c.communicate(timeout=timeout)
+    finally:
+        for p in [s for s, _ in sinks] + sources:
+            net.stop_process(p, timeout=2.0)
+    after = net.tx_bytes()
+    results = []
+    for lk, (code, out, err) in zip(batch, outputs, strict=True):
+        expected = lk.rate_mbit * PAYLOAD_FRACTION
+        tx = after.get((lk.src, lk.dst), 0) - before.get((lk.src, lk.dst), 0)
+        if code != 0 or not out.strip():
+            results.append(
+                LinkResult(
+                    lk.src, lk.dst, lk.rate_mbit, expected, 0.0, 0, tx, "ERROR", err.strip()[-300:]
+                )
+            )
+            continue
+        r = json.loads(out.strip().splitlines()[-1])
+        measured = float(r["mbit"])
+        if tx < r["bytes"]:
+            status = "WRONG PATH"
+        elif _impaired(net, lk):
+            status = "not judged (impaired)"
+        elif measured < (1 - tolerance) * expected:
+            status = "LOW"
+        else:
+            status = "ok"
+        results.append(
+            LinkResult(
+                lk.src, lk.dst, lk.rate_mbit, expected, measured, int(r["bytes"]), tx, status
+            )
+        )
+    return results
+
+
+def render(results: list[LinkResult], title: str) -> Table:
+    table = Table(title=title)
+    for col, justify in (
+        ("link", "left"),
+        ("configured", "right"),
+        ("expected ceiling", "right"),
+        ("measured", "right"),
+        ("of configured", "right"),
+        ("status", "left"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for r in results:
+        style = "red" if r.failed else ("yellow" if r.status != "ok" else "green")
+        table.add_row(
+            f"w{r.src} -> w{r.dst}",
+            f"{r.rate_mbit:g} Mbit/s",
+            f"{r.expected_mbit:.1f}",
+            f"{r.measured_mbit:.1f}",
+            f"{r.measured_mbit / r.rate_mbit:.1%}",
+            f"[{style}]{r.status}[/{style}]" + (f" {r.error}" if r.error else ""),
+        )
+    return table
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m lab.check",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--topology",
+        type=Path,
+        default=Path("topologies/default.yaml"),
+        help="topology YAML to emulate and check (default: %(default)s)",
+    )
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=2.0,
+        help="duration of each link's transfer in seconds (default: %(default)s)",
+    )
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=2,
+        help="at most this many links measured at once, never two on one host "
+        "(default: %(default)s; 1 = strictly one after another)",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.10,
+        help="fail a link whose goodput is more than this fraction below the "
+        "expected ceiling (default: %(default)s)",
+    )
+    p.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        metavar="OUT",
+        help="also write the results as JSON to OUT",
+    )
+    p.add_argument(
+        "--allow-missing",
+        action="append",
+        default=[],
+        choices=[i.value for i in Impairment],
+        help="accept an impairment this kernel cannot emulate (loss then uses the "
+        "iptables fallback); repeatable",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=DEFAULT_STATE_DIR,
+        help="where labs record what they create (default: %(default)s)",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.seconds <= 0 or args.parallel < 1 or not 0 <= args.tolerance < 1:
+        print("error: need --seconds > 0, --parallel >= 1, 0 <= --tolerance < 1", file=sys.stderr)
+        return 2
+    console = Console()
+    try:
+        topo = load_topology(args.topology)
+        report = cleanup_leftovers(args.state_dir)
+        if report.cleaned or report.errors:
+            console.print(f"[yellow]leftovers:[/yellow] {report.summary()}")
+        cap = preflight.check(topo, frozenset(Impairment(v) for v in args.allow_missing))
+    except (TopologyError, PreflightError) as e:
+        console.print(f"[red]{e}[/red]")
+        return 2
+    console.print(preflight.describe(cap, topo))
+    tag = "ck" + secrets.token_hex(2)
+    results: list[LinkResult] = []
+    t0 = time.monotonic()
+    try:
+        with LabNetwork(topo, tag=tag, state_dir=args.state_dir, capabilities=cap) as net:
+            console.print(
+                f"lab {tag}: {topo.n} hosts, {len(topo.links)} directed links built "
+                f"in {time.monotonic() - t0:.1f} s"
+            )
+            batches = schedule(list(topo.links), args.parallel)
+            with Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+            ) as progress:
+                task = progress.add_task("measuring links", total=len(topo.links))
+                for batch in batches:
+                    names = ", ".join(f"w{lk.src}->w{lk.dst}" for lk in batch)
+                    progress.update(task, description=f"measuring {names}")
+                    results += measure_batch(net, batch, args.seconds, args.tolerance)
+                    progress.advance(task, len(batch))
+    except (LabError, ShapingError) as e:
+        console.print(f"[red]lab error: {e}[/red]")
+        return 2
+    results.sort(key=lambda r: (r.src, r.dst))
+    console.print(render(results, f"{topo.name}: goodput per directed link (Mbit/s)"))
+    failed = [r for r in results if r.failed]
+    ratios = [r.measured_mbit / r.rate_mbit for r in results if r.status == "ok"]
+    if ratios:
+        console.print(
+            f"measured/configured over judged links: min {min(ratios):.1%}, "
+            f"mean {sum(ratios) / len(ratios):.1%}, max {max(ratios):.1%} "
+            f"(payload ceiling {PAYLOAD_FRACTION:.1%})"
+        )
+    console.print(
+        f"total time {time.monotonic() - t0:.1f} s; "
+        + (
+            f"[red]{len(failed)} link(s) failed[/red]"
+            if failed
+            else "[green]all links within tolerance[/green]"
+        )
+    )
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "topology": topo.name,
+                    "seconds": args.seconds,
+                    "tolerance": args.tolerance,
+                    "payload_fraction": PAYLOAD_FRACTION,
+                    "ok": not failed,
+                    "links": [asdict(r) for r in results],
+                },
+                indent=1,
+            )
+        )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    sys.exit(main())
