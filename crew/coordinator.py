@@ -47,6 +47,7 @@ from crew.grouping import Group, GroupFormer, GroupingError
 from crew.rundb import RunDB
 from crew.schemes import GROUP_SCHEMES, GroupPlan, plan_group
 from crew.transport import FrameStream
+from crew.verify import CHECK_TOLERANCE, relative_error
 
 log = logging.getLogger("crew.coordinator")
 
@@ -66,6 +67,7 @@ class OpenGroup:
     participants: set[int]
     deadline: float
     have_all: set[int] = field(default_factory=set)
+    result_projs: dict[int, float] = field(default_factory=dict)
     bytes_sent: int = 0
 
 
@@ -93,6 +95,7 @@ class Coordinator:
         self.streams: dict[int, FrameStream] = {}  # conn id -> stream
         self.worker_conn: dict[int, int] = {}  # worker -> conn id
         self.open: dict[int, OpenGroup] = {}
+        self.offered_proj: dict[int, float] = {}  # worker -> projection of its offered vector
         self.stop_event = threading.Event()
         self._next_conn = 0
         self._conn_lock = threading.Lock()
@@ -196,6 +199,7 @@ class Coordinator:
             self.former.heartbeat(worker, now)
         elif isinstance(msg, proto.Ready):
             self.former.heartbeat(worker, now)
+            self.offered_proj[worker] = msg.proj
             self.db.set_worker_status(worker, "ready", iteration=msg.iteration)
             for group in self.former.ready(worker, msg.iteration, now):
                 self._start_group(group, now)
@@ -287,6 +291,7 @@ class Coordinator:
         )
         og.participants = og.plan.participants()
         og.have_all = set()
+        og.result_projs = {}
         og.deadline = now + max(self.cfg.group_timeout_min_s, DEADLINE_FACTOR * og.plan.predicted_s)
         for w in sorted(og.participants):
             self._send(w, msg)
@@ -296,6 +301,7 @@ class Coordinator:
         if og is None or msg.rev != og.rev or msg.worker not in og.members:
             return  # a late report from a superseded revision
         og.have_all.add(msg.worker)
+        og.result_projs[msg.worker] = msg.proj
         og.bytes_sent += msg.bytes_sent
         if og.have_all >= set(og.members):
             self._finish(og, now, committed=True, reason="")
@@ -309,11 +315,19 @@ class Coordinator:
             self.former.complete(gid, now)
         else:
             self.former.abandon(gid, now)
+        err = None
+        if committed:
+            err = relative_error([og.result_projs[m] for m in og.members], og.weights,
+                                 [self.offered_proj.get(m, float("nan")) for m in og.members])
+            if not err <= CHECK_TOLERANCE:  # also catches NaN
+                self.db.event("error", f"group {gid} result check failed: relative error {err}",
+                              level="error", data={"group": gid})
         self.db.execute(
             "UPDATE groups SET ended_at=?, status=?, bytes=?, reason=?, members=?, weights=?,"
-            " plan=? WHERE id=?",
+            " plan=?, revisions=?, verify_err=? WHERE id=?",
             (now, "completed" if committed else "abandoned", og.bytes_sent, reason or None,
-             json.dumps(og.members), json.dumps(og.weights), og.plan.to_json(), gid),
+             json.dumps(og.members), json.dumps(og.weights), og.plan.to_json(), og.rev, err,
+             gid),
         )
         if set(og.members) != set(og.group.members):
             dropped = sorted(set(og.group.members) - set(og.members))
@@ -367,8 +381,9 @@ class Coordinator:
             self.db.event("fault", f"link {src}->{dst} failed: {reason}", level="warning",
                           data={"src": src, "dst": dst})
         for og in list(self.open.values()):
-            if _plan_uses(og, src, dst):
-                self._revise(og, now, f"link {src}->{dst} failed")
+            if og.plan.uses(src, dst):
+                phase = og.plan.phase_of(src, dst)
+                self._revise(og, now, f"link {src}->{dst} failed during {phase}")
 
     def _tick(self, now: float) -> None:
         for worker in self.former.expire(now):
@@ -413,10 +428,6 @@ class Coordinator:
         for w in list(self.worker_conn):
             self._send(w, proto.Stop(reason))
         self.listener.close()
-
-
-def _plan_uses(og: OpenGroup, src: int, dst: int) -> bool:
-    return og.plan.uses(src, dst)
 
 
 def main(argv: list[str] | None = None) -> int:

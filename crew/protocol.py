@@ -59,6 +59,7 @@ class Ready(Message):
     TYPE: ClassVar[str] = "ready"
     worker: int
     iteration: int
+    proj: float  # projection of the offered vector on the run's check vector (crew.verify)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class HaveAll(Message):
     group: int
     rev: int
     bytes_sent: int
+    proj: float  # projection of the result: the coordinator checks it against the members'
 
 
 @dataclass(frozen=True)

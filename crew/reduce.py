@@ -203,6 +203,12 @@ class ReduceEngine:
                 return g.result
             return None
 
+    def result(self, group: int) -> np.ndarray | None:
+        """This member's whole result of the group's current revision, once it has it."""
+        with self._lock:
+            g = self._groups.get(group)
+            return g.result if g is not None and g.done else None
+
     def groups(self) -> list[int]:
         with self._lock:
             return sorted(self._groups)

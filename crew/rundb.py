@@ -18,9 +18,11 @@ Schema (see ``SCHEMA``):
     1 Hz samples of the sender interface's byte counter (cumulative) and the rate over the last
     interval in Mbit/s.
 ``groups(id, scheme, members, weights, formed_at, started_at, ended_at, status, bytes,
-predicted_s, bound_s, plan, reason)``
+predicted_s, bound_s, plan, reason, revisions, verify_err)``
     every group; ``members``/``weights``/``plan`` are JSON; ``status`` is one of
-    ``open``, ``completed``, ``abandoned``.
+    ``open``, ``completed``, ``abandoned``; ``revisions`` counts re-plans after faults;
+    ``verify_err`` is the relative error of the result check (``crew.verify``), NULL when
+    the group did not complete.
 ``group_members(group_id, worker, iteration, staleness, weight)``
     who was in each group, with the local iteration its update came from.
 ``iterations(t, worker, iteration, loss, accuracy)``
@@ -65,7 +67,8 @@ CREATE TABLE IF NOT EXISTS groups (
     id INTEGER PRIMARY KEY, scheme TEXT NOT NULL, members TEXT NOT NULL,
     weights TEXT NOT NULL, formed_at REAL NOT NULL, started_at REAL, ended_at REAL,
     status TEXT NOT NULL DEFAULT 'open', bytes INTEGER NOT NULL DEFAULT 0,
-    predicted_s REAL, bound_s REAL, plan TEXT, reason TEXT);
+    predicted_s REAL, bound_s REAL, plan TEXT, reason TEXT, revisions INTEGER NOT NULL DEFAULT 0,
+    verify_err REAL);
 CREATE INDEX IF NOT EXISTS groups_formed ON groups (formed_at);
 CREATE INDEX IF NOT EXISTS groups_status ON groups (status);
 CREATE TABLE IF NOT EXISTS group_members (

@@ -60,6 +60,12 @@ class GroupPlan:
     def uses(self, src: int, dst: int) -> bool:
         return any((src, dst) in r.up or (src, dst) in r.down for r in self.routes)
 
+    def phase_of(self, src: int, dst: int) -> str:
+        """Which phase link src->dst serves in this plan: scatter, broadcast or both."""
+        up = any((src, dst) in r.up for r in self.routes)
+        down = any((src, dst) in r.down for r in self.routes)
+        return "scatter and broadcast" if up and down else "scatter" if up else "broadcast"
+
     def link_bytes(self) -> np.ndarray:
         return link_load(self.routes, self.n)
 

@@ -38,6 +38,7 @@ from crew.config import RunConfig
 from crew.frames import Frame, FrameCodec, FrameError, control_body, control_frame
 from crew.reduce import ReduceEngine, ReduceError
 from crew.transport import FlowOrder, FrameStream, Transport
+from crew.verify import check_vector, project
 
 log = logging.getLogger("crew.worker")
 
@@ -81,6 +82,7 @@ class Worker:
         self.my_group: int | None = None
         self._vector_offered: np.ndarray | None = None
         self._lock = threading.Lock()
+        self.check = check_vector(cfg.run_num, self.trainer.get_vector().size)
         self.engine = ReduceEngine(me, cfg.n, cfg.run_num, self._send_data, self._have_all)
         peers = {
             j: (cfg.identities[j], cfg.data_port) for j in range(cfg.n) if j != me
@@ -115,7 +117,9 @@ class Worker:
             self.stop_event.set()
 
     def _have_all(self, group: int, rev: int, bytes_sent: int) -> None:
-        self._tell(proto.HaveAll(self.me, group, rev, bytes_sent))
+        result = self.engine.result(group)
+        proj = project(self.check, result) if result is not None else float("nan")
+        self._tell(proto.HaveAll(self.me, group, rev, bytes_sent, proj))
 
     def _send_failed(self, dst: int, err: BaseException, unsent: list[Frame]) -> None:
         log.warning("worker %d: link %d->%d failed (%s); %d frames unsent",
@@ -238,9 +242,11 @@ class Worker:
                     _, accuracy = self.trainer.evaluate()
                     last_eval = now
                 self._tell(proto.Metrics(self.me, self.trainer.iteration, loss, accuracy, now))
+                offered = self.trainer.get_vector()
                 with self._lock:
-                    self._vector_offered = self.trainer.get_vector()
-                self._tell(proto.Ready(self.me, self.trainer.iteration))
+                    self._vector_offered = offered
+                self._tell(proto.Ready(self.me, self.trainer.iteration,
+                                       project(self.check, offered)))
                 self._wait_for_group()
         finally:
             self.trainer.save(self.checkpoint)

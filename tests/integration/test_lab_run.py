@@ -98,6 +98,7 @@ def test_run_trains_in_groups_of_p_and_records_everything(tmp_path: Path, scheme
         assert g["scheme"] == scheme
         assert g["predicted_s"] > 0 and g["bound_s"] > 0
         assert g["ended_at"] >= g["started_at"]
+        assert g["verify_err"] is not None and g["verify_err"] < 1e-3, "wrong average"
         plan = json.loads(g["plan"])
         aggregators = {w for w, e in enumerate(plan["elems"]) if e > 0}
         if scheme == "preduce":
