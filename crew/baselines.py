@@ -246,10 +246,11 @@ def cost_store_and_forward(
     w = _priced_bw(bw, n)
     routes = tuple(routes)
     _check_live(routes, w)
-    return _fifo_time(routes, w, elem_bytes)
+    return _fifo_time(routes, w.tolist(), elem_bytes)
 
 
-def _fifo_time(routes: Sequence[Route], w: np.ndarray, elem_bytes: int) -> float:
+def _fifo_time(routes: Sequence[Route], w: list[list[float]], elem_bytes: int) -> float:
+    # w as nested lists: numpy scalar indexing dominated TopoAdopt's annealing loop
     link: list[tuple[int, int]] = []
     dur: list[float] = []
     deps_left: list[int] = []
@@ -261,13 +262,13 @@ def _fifo_time(routes: Sequence[Route], w: np.ndarray, elem_bytes: int) -> float
         for child, parent in r.up:
             into.setdefault(parent, []).append(len(link))
             link.append((child, parent))
-            dur.append(seconds / w[child, parent])
+            dur.append(seconds / w[child][parent])
             dependents.append([])
         got: dict[int, int] = {}  # node -> broadcast transfer that delivers the sum to it
         for parent, child in r.down:
             got[child] = len(link)
             link.append((parent, child))
-            dur.append(seconds / w[parent, child])
+            dur.append(seconds / w[parent][child])
             dependents.append([])
         deps_left.extend([0] * (len(link) - base))
         for t in range(base, len(link)):
@@ -421,10 +422,12 @@ def plan_ps(
         raise PlanError("bw", f"ps: no active worker has live links from and to all of {members}")
     server = best[1]
     others = tuple(g for g in members if g != server)
-    route = Route(0, total, server, tuple((g, server) for g in others),
-                  tuple((server, g) for g in others))
-    return _finish(Scheme.PS, members, w, total, [route], False,
-                   cost_store_and_forward([route], w, n))
+    route = Route(
+        0, total, server, tuple((g, server) for g in others), tuple((server, g) for g in others)
+    )
+    return _finish(
+        Scheme.PS, members, w, total, [route], False, cost_store_and_forward([route], w, n)
+    )
 
 
 # --------------------------------------------------------------------------- Ring
@@ -511,8 +514,11 @@ def _ring_heuristic(rate: list[list[float]], ms: list[int]) -> tuple[tuple[int, 
             found = (tuple(ms[k] for k in cyc), neck)
             lo = max(mid, levels.index(neck)) + 1
     if found is None:
-        raise PlanError("bw", f"ring: no cycle of live links through all of {tuple(ms)} found"
-                        f" within {RING_SEARCH_BUDGET} search steps per threshold")
+        raise PlanError(
+            "bw",
+            f"ring: no cycle of live links through all of {tuple(ms)} found"
+            f" within {RING_SEARCH_BUDGET} search steps per threshold",
+        )
     return found
 
 
@@ -549,9 +555,7 @@ def _hamiltonian_cycle(rate: list[list[float]], floor: float) -> tuple[int, ...]
 # --------------------------------------------------------------------------- all-to-all
 
 
-def plan_a2a(
-    group: Sequence[int], size: int, n: int, bw: np.ndarray | None = None
-) -> RoutePlan:
+def plan_a2a(group: Sequence[int], size: int, n: int, bw: np.ndarray | None = None) -> RoutePlan:
     """All-to-all direct: every member sends its whole vector to every other member.
 
     Per member m one route over the whole vector rooted at m: its reduce tree is the star of
@@ -567,8 +571,7 @@ def plan_a2a(
     total = _check_size(size, ELEM_BYTES)
     if len(members) == 1:
         return _trivial(Scheme.A2A, members, n, total)
-    routes = [Route(0, total, m, tuple((g, m) for g in members if g != m), ())
-              for m in members]
+    routes = [Route(0, total, m, tuple((g, m) for g in members if g != m), ()) for m in members]
     if bw is None:
         return RoutePlan(Scheme.A2A, members, n, total, tuple(routes), False, math.nan)
     w = _priced_bw(bw, n)
@@ -712,10 +715,11 @@ def plan_topoadopt(
     state_trees = [t.edges for t in packed] + [packed[0].edges] * (trees - len(packed))
     weights = np.array([t.rate for t in packed] + [0.0] * (trees - len(packed)))
     roots = [_eccentric_root(t, members) for t in state_trees]
+    rates = w.tolist()
 
     def energy(ts: list[tuple[tuple[int, int], ...]], rs: list[int], ws: np.ndarray) -> float:
         elems = largest_remainder(ws, total).tolist()
-        return _fifo_time(_tree_routes(ts, rs, elems), w, ELEM_BYTES)
+        return _fifo_time(_tree_routes(ts, rs, elems), rates, ELEM_BYTES)
 
     rng = np.random.default_rng(seed)
     cur = energy(state_trees, roots, weights)
@@ -749,8 +753,9 @@ def plan_topoadopt(
     cost, ts, rs, ws = best
     routes = _tree_routes(ts, rs, largest_remainder(ws, total).tolist())
     log.debug("topoadopt for %s: %.4g s -> %.4g s", members, start, cost)
-    return _finish(Scheme.TOPOADOPT, members, w, total, routes, False,
-                   cost_store_and_forward(routes, w, n))
+    return _finish(
+        Scheme.TOPOADOPT, members, w, total, routes, False, cost_store_and_forward(routes, w, n)
+    )
 
 
 def _swap_edge(
@@ -793,8 +798,9 @@ def plan_for(
     try:
         which = Scheme(scheme)
     except ValueError:
-        raise PlanError("scheme", f"unknown baseline {scheme!r}; known: "
-                        f"{', '.join(s.value for s in Scheme)}") from None
+        raise PlanError(
+            "scheme", f"unknown baseline {scheme!r}; known: {', '.join(s.value for s in Scheme)}"
+        ) from None
     w = _check_bw(bw)
     members = _check_group(group, w.shape[0])
     _check_active(active, w.shape[0], members)

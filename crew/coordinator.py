@@ -96,6 +96,11 @@ class Coordinator:
         self.worker_conn: dict[int, int] = {}  # worker -> conn id
         self.open: dict[int, OpenGroup] = {}
         self.offered_proj: dict[int, float] = {}  # worker -> projection of its offered vector
+        # Benchmark mode: groups come from a fixed trace, one at a time, not from readiness.
+        trace = cfg.extra.get("trace")
+        self.trace: list[tuple[int, ...]] | None = (
+            [tuple(int(m) for m in g) for g in trace] if trace is not None else None)
+        self.trace_next = 0
         self.stop_event = threading.Event()
         self._next_conn = 0
         self._conn_lock = threading.Lock()
@@ -197,6 +202,8 @@ class Coordinator:
             raise proto.ProtocolError(f"worker {worker}: message on a connection it does not own")
         if isinstance(msg, proto.Heartbeat):
             self.former.heartbeat(worker, now)
+        elif isinstance(msg, proto.Ready) and self.trace is not None:
+            self.offered_proj[worker] = msg.proj  # benchmark: the fixed vector it offers
         elif isinstance(msg, proto.Ready):
             self.former.heartbeat(worker, now)
             self.offered_proj[worker] = msg.proj
@@ -212,6 +219,12 @@ class Coordinator:
             self._have_all(msg, now)
         elif isinstance(msg, proto.LinkFailed):
             self._link_failed(msg.src, msg.dst, msg.reason, now)
+        elif isinstance(msg, proto.Rejected):
+            self.db.event("security", f"worker {worker} rejected a frame from {msg.peer}:"
+                          f" {msg.reason}", level="warning", worker=worker,
+                          data={"peer": msg.peer, "reason": msg.reason})
+        elif isinstance(msg, proto.OpTime):
+            self._op_time(msg)
         else:
             raise proto.ProtocolError(f"type: {msg.TYPE!r} is not for the coordinator")
 
@@ -254,7 +267,8 @@ class Coordinator:
                 (group.id, self.scheme, json.dumps(group.members), json.dumps(group.weights),
                  group.formed_at, f"no plan: {exc}", now),
             )
-            self.former.abandon(group.id, now)
+            if self.trace is None:
+                self.former.abandon(group.id, now)
             for m in group.members:
                 self._send(m, proto.Abandon(group.id, f"no plan: {exc}"))
             return
@@ -311,10 +325,11 @@ class Coordinator:
         del self.open[gid]
         for w in sorted(og.participants | set(og.group.members)):
             self._send(w, proto.Commit(gid, og.rev) if committed else proto.Abandon(gid, reason))
-        if committed:
-            self.former.complete(gid, now)
-        else:
-            self.former.abandon(gid, now)
+        if self.trace is None:
+            if committed:
+                self.former.complete(gid, now)
+            else:
+                self.former.abandon(gid, now)
         err = None
         if committed:
             err = relative_error([og.result_projs[m] for m in og.members], og.weights,
@@ -368,9 +383,12 @@ class Coordinator:
                 if not survivors:
                     self._finish(og, now, committed=False, reason=f"worker {worker} lost")
                     continue
-                shrunk = self.former.drop_member(og.group.id, worker)
-                og.members = shrunk.members
-                og.weights = shrunk.weights
+                if self.trace is None:
+                    shrunk = self.former.drop_member(og.group.id, worker)
+                    og.members, og.weights = shrunk.members, shrunk.weights
+                else:
+                    og.members = survivors
+                    og.weights = tuple(1.0 / len(survivors) for _ in survivors)
                 self._revise(og, now, f"member {worker} lost")
             elif worker in og.participants:
                 self._revise(og, now, f"aggregator {worker} lost")
@@ -389,12 +407,41 @@ class Coordinator:
         for worker in self.former.expire(now):
             if worker in self.worker_conn:
                 self._worker_lost(worker, now, "no heartbeat")
-        # The isolation guard may hold a group back for a while; only a later call forms it.
-        for group in self.former.form(now):
-            self._start_group(group, now)
         for og in list(self.open.values()):
             if now > og.deadline:
                 self._revise(og, now, f"revision {og.rev} missed its deadline")
+        if self.trace is not None:
+            self._next_trace_group(now)
+            return
+        # The isolation guard may hold a group back for a while; only a later call forms it.
+        for group in self.former.form(now):
+            self._start_group(group, now)
+
+    def _next_trace_group(self, now: float) -> None:
+        """Benchmark mode: start the next group of the trace once the previous one ended."""
+        assert self.trace is not None
+        if self.open or self.trace_next >= len(self.trace):
+            return
+        if len(self.offered_proj) < self.cfg.n:
+            return  # not every worker has registered and offered its vector yet
+        members = self.trace[self.trace_next]
+        self.trace_next += 1
+        weights = tuple(1.0 / len(members) for _ in members)
+        group = Group(id=self.trace_next, members=members, iterations=(0,) * len(members),
+                      weights=weights, formed_at=now)
+        self._start_group(group, now)
+        if self.trace_next == len(self.trace):
+            self.db.set_meta({"trace_started_all": "1"})
+
+    def _op_time(self, msg: proto.OpTime) -> None:
+        """An all-reduce among all workers (Gloo): recorded as a group of everyone."""
+        members = list(range(self.cfg.n))
+        self.db.execute(
+            "INSERT INTO groups (scheme, members, weights, formed_at, started_at, ended_at,"
+            " status, bytes) VALUES (?,?,?,?,?,?, 'completed', ?)",
+            (self.scheme, json.dumps(members), json.dumps([1 / self.cfg.n] * self.cfg.n),
+             msg.started, msg.started, msg.ended, msg.nbytes),
+        )
 
     # -- the lab's requests ------------------------------------------------------------------
 

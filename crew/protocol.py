@@ -7,7 +7,8 @@ so a bad message is dropped with a warning instead of crashing the receiver.
 
 Who sends what::
 
-    worker -> coordinator   Register, Heartbeat, Ready, Metrics, HaveAll, LinkFailed
+    worker -> coordinator   Register, Heartbeat, Ready, Metrics, HaveAll, LinkFailed,
+                            Rejected, OpTime
     coordinator -> worker   Assign, Commit, Abandon, SetSlowdown, Stop
     lab -> coordinator      Admin (set_p, set_scheme, set_link, stop)
 """
@@ -96,6 +97,28 @@ class LinkFailed(Message):
 
 
 @dataclass(frozen=True)
+class Rejected(Message):
+    """A peer sent this worker a frame that failed checks (bad MAC, oversized, malformed)."""
+
+    TYPE: ClassVar[str] = "rejected"
+    worker: int
+    peer: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class OpTime(Message):
+    """One all-reduce among all workers outside the coordinator's groups (the Gloo scheme)."""
+
+    TYPE: ClassVar[str] = "op_time"
+    worker: int
+    op: int
+    started: float
+    ended: float
+    nbytes: int
+
+
+@dataclass(frozen=True)
 class Assign(Message):
     """A group revision: who contributes, with which weight, and how the data travels.
 
@@ -164,6 +187,8 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Metrics,
         HaveAll,
         LinkFailed,
+        Rejected,
+        OpTime,
         Assign,
         Commit,
         Abandon,

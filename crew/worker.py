@@ -53,40 +53,28 @@ class Outcome:
 
 
 class Worker:
-    def __init__(self, cfg: RunConfig, me: int):
-        from crew.datasets import Partition, load_split, shard
-        from crew.stragglers import ComputeDelay, get_profile
-        from crew.training import ModelConfig, TrainConfig, Trainer
+    """One worker process. ``cfg.extra["bench"]`` makes it a numpy-only benchmark worker that
+    offers a fixed random vector and only carries groups (no torch, no training)."""
 
+    def __init__(self, cfg: RunConfig, me: int):
         self.cfg = cfg
         self.me = me
+        self.bench = bool(cfg.extra.get("bench"))
         self.codec = FrameCodec(cfg.secret(), cfg.run_num, max_payload=cfg.max_payload)
-        train, test = load_split(seed=cfg.seed)
-        self.trainer = Trainer(
-            ModelConfig(width=cfg.width, depth=cfg.depth),
-            TrainConfig(
-                lr=cfg.lr, batch_size=cfg.batch_size, local_steps=cfg.local_steps, seed=cfg.seed
-            ),
-            shard(train, cfg.n, me, Partition(cfg.partition), cfg.seed),
-            test,
-        )
         self.checkpoint = Path(cfg.run_dir) / "checkpoints" / f"w{me}.pt"
-        if self.checkpoint.exists():
-            self.trainer.load(self.checkpoint)
-            log.info("worker %d: resumed from %s at iteration %d", me, self.checkpoint,
-                     self.trainer.iteration)
-        spec = cfg.stragglers[me] if me < len(cfg.stragglers) else None
-        self.delay = ComputeDelay(get_profile(spec) if spec else None, seed=cfg.seed * 1000 + me)
+        self.trainer = None if self.bench else self._make_trainer()
+        if self.bench:
+            size = int(cfg.extra["size_elems"])
+            rng = np.random.default_rng([cfg.seed, me])
+            self.base_vector = rng.standard_normal(size).astype(np.float32)
         self.stop_event = threading.Event()
         self.outcomes: queue.Queue[Outcome] = queue.Queue()
         self.my_group: int | None = None
         self._vector_offered: np.ndarray | None = None
         self._lock = threading.Lock()
-        self.check = check_vector(cfg.run_num, self.trainer.get_vector().size)
+        self.check = check_vector(cfg.run_num, self._vector().size)
         self.engine = ReduceEngine(me, cfg.n, cfg.run_num, self._send_data, self._have_all)
-        peers = {
-            j: (cfg.identities[j], cfg.data_port) for j in range(cfg.n) if j != me
-        }
+        peers = {j: (cfg.identities[j], cfg.data_port) for j in range(cfg.n) if j != me}
         self.transport = Transport(
             me,
             (cfg.identities[me], cfg.data_port),
@@ -100,6 +88,36 @@ class Worker:
         )
         self.control: FrameStream | None = None
         self.rejected = 0
+
+    def _make_trainer(self):  # noqa: ANN202 - torch types stay out of this module's imports
+        from crew.datasets import Partition, load_split, shard
+        from crew.stragglers import ComputeDelay, get_profile
+        from crew.training import ModelConfig, TrainConfig, Trainer
+
+        cfg, me = self.cfg, self.me
+        train, test = load_split(seed=cfg.seed)
+        trainer = Trainer(
+            ModelConfig(width=cfg.width, depth=cfg.depth),
+            TrainConfig(
+                lr=cfg.lr, batch_size=cfg.batch_size, local_steps=cfg.local_steps, seed=cfg.seed
+            ),
+            shard(train, cfg.n, me, Partition(cfg.partition), cfg.seed),
+            test,
+        )
+        if self.checkpoint.exists():
+            trainer.load(self.checkpoint)
+            log.info("worker %d: resumed from %s at iteration %d", me, self.checkpoint,
+                     trainer.iteration)
+        spec = cfg.stragglers[me] if me < len(cfg.stragglers) else None
+        self.delay = ComputeDelay(get_profile(spec) if spec else None, seed=cfg.seed * 1000 + me)
+        return trainer
+
+    def _vector(self) -> np.ndarray:
+        return self.base_vector if self.trainer is None else self.trainer.get_vector()
+
+    @property
+    def iteration(self) -> int:
+        return 0 if self.trainer is None else self.trainer.iteration
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -129,6 +147,7 @@ class Worker:
     def _rejected(self, peer: tuple[str, int], err: FrameError) -> None:
         self.rejected += 1
         log.warning("worker %d: rejected frame from %s: %s", self.me, peer, err)
+        self._tell(proto.Rejected(self.me, f"{peer[0]}:{peer[1]}", type(err).__name__))
 
     def connect(self) -> None:
         addr = (self.cfg.coordinator_host, self.cfg.coordinator_port)
@@ -142,14 +161,13 @@ class Worker:
                 time.sleep(0.5)
         else:
             raise ConnectionError(f"cannot reach the coordinator at {addr}: {last}")
-        vec = self.trainer.get_vector()
-        self._tell(proto.Register(self.me, os.getpid(), self.trainer.iteration, int(vec.size)))
+        self._tell(proto.Register(self.me, os.getpid(), self.iteration, int(self._vector().size)))
 
     # -- threads -----------------------------------------------------------------------------
 
     def _heartbeats(self) -> None:
         while not self.stop_event.wait(self.cfg.heartbeat_s):
-            self._tell(proto.Heartbeat(self.me, self.trainer.iteration))
+            self._tell(proto.Heartbeat(self.me, self.iteration))
 
     def _control_reader(self) -> None:
         assert self.control is not None
@@ -179,14 +197,15 @@ class Worker:
             self.engine.assign(msg, vector)
         elif isinstance(msg, proto.Commit | proto.Abandon):
             with self._lock:
-                mine = msg.group == self.my_group
+                mine = msg.group == self.my_group and not self.bench
             if mine:
                 committed = isinstance(msg, proto.Commit)
                 self.outcomes.put(Outcome(msg.group, committed, getattr(msg, "reason", "")))
             else:
-                self.engine.finish(msg.group)  # a group this worker only aggregated for
+                self.engine.finish(msg.group)  # a group this worker only carried, or a bench op
         elif isinstance(msg, proto.SetSlowdown):
-            self.delay.slowdown = msg.factor
+            if self.trainer is not None:
+                self.delay.slowdown = msg.factor
             log.info("worker %d: slowdown now x%.2f", self.me, msg.factor)
         elif isinstance(msg, proto.Stop):
             log.info("worker %d: stop (%s)", self.me, msg.reason)
@@ -194,10 +213,11 @@ class Worker:
         else:
             raise proto.ProtocolError(f"type: {msg.TYPE!r} is not for workers")
 
-    # -- training ----------------------------------------------------------------------------
+    # -- the three ways a worker spends its time ---------------------------------------------
 
     def _wait_for_group(self) -> None:
         """Block until the group this worker joined commits or is abandoned."""
+        assert self.trainer is not None
         while not self.stop_event.is_set():
             try:
                 out = self.outcomes.get(timeout=0.5)
@@ -219,6 +239,71 @@ class Worker:
                 self._vector_offered = None
             return
 
+    def _local_iteration(self, last_eval: float) -> float:
+        """One local iteration with its straggler padding and metrics; returns last_eval."""
+        assert self.trainer is not None
+        started = time.perf_counter()
+        loss = self.trainer.step()
+        pad = self.delay.padding(time.perf_counter() - started)
+        if pad > 0:
+            self.stop_event.wait(pad)
+        accuracy = None
+        now = time.time()
+        if now - last_eval >= self.cfg.eval_every_s:
+            _, accuracy = self.trainer.evaluate()
+            last_eval = now
+        self._tell(proto.Metrics(self.me, self.trainer.iteration, loss, accuracy, now))
+        return last_eval
+
+    def _train_partial(self) -> None:
+        last_eval = 0.0
+        while not self.stop_event.is_set():
+            last_eval = self._local_iteration(last_eval)
+            if self.stop_event.is_set():
+                break
+            offered = self._vector()
+            with self._lock:
+                self._vector_offered = offered
+            self._tell(proto.Ready(self.me, self.iteration, project(self.check, offered)))
+            self._wait_for_group()
+
+    def _gloo(self):  # noqa: ANN202 - crew.gloo imports torch lazily
+        from crew.gloo import GlooAllReduce, GlooSpec
+
+        return GlooAllReduce(GlooSpec(
+            rank=self.me, world=self.cfg.n, addresses=self.cfg.identities,
+            store_port=self.cfg.data_port + 1, timeout_s=self.cfg.group_timeout_min_s * 4))
+
+    def _train_gloo(self) -> None:
+        """Synchronous data parallel: every iteration, all n average through Gloo."""
+        assert self.trainer is not None
+        last_eval = 0.0
+        with self._gloo() as gloo:
+            op = 0
+            while not self.stop_event.is_set():
+                last_eval = self._local_iteration(last_eval)
+                started = time.time()
+                averaged = gloo.average(self._vector())
+                self.trainer.set_vector(averaged)
+                op += 1
+                if self.me == 0:
+                    self._tell(proto.OpTime(self.me, op, started, time.time(),
+                                            int(averaged.nbytes)))
+
+    def _bench_gloo(self) -> None:
+        ops = int(self.cfg.extra.get("ops", 10))
+        with self._gloo() as gloo:
+            for op in range(1, ops + 1):
+                if self.stop_event.is_set():
+                    return
+                gloo.barrier()
+                started = time.time()
+                averaged = gloo.average(self.base_vector)
+                ended = time.time()
+                if self.me == 0:
+                    self._tell(proto.OpTime(self.me, op, started, ended, int(averaged.nbytes)))
+        self.stop_event.wait()
+
     def run(self) -> int:
         self.transport.start()
         self.connect()
@@ -228,28 +313,23 @@ class Worker:
         ]
         for t in threads:
             t.start()
-        last_eval = 0.0
+        gloo = self.cfg.scheme == "gloo"
         try:
-            while not self.stop_event.is_set():
-                started = time.perf_counter()
-                loss = self.trainer.step()
-                pad = self.delay.padding(time.perf_counter() - started)
-                if pad > 0 and self.stop_event.wait(pad):
-                    break
-                accuracy = None
-                now = time.time()
-                if now - last_eval >= self.cfg.eval_every_s:
-                    _, accuracy = self.trainer.evaluate()
-                    last_eval = now
-                self._tell(proto.Metrics(self.me, self.trainer.iteration, loss, accuracy, now))
-                offered = self.trainer.get_vector()
+            if self.bench and gloo:
+                self._bench_gloo()
+            elif self.bench:
+                # Offer the fixed vector once; the coordinator drives groups from its trace.
                 with self._lock:
-                    self._vector_offered = offered
-                self._tell(proto.Ready(self.me, self.trainer.iteration,
-                                       project(self.check, offered)))
-                self._wait_for_group()
+                    self._vector_offered = self.base_vector
+                self._tell(proto.Ready(self.me, 0, project(self.check, self.base_vector)))
+                self.stop_event.wait()
+            elif gloo:
+                self._train_gloo()
+            else:
+                self._train_partial()
         finally:
-            self.trainer.save(self.checkpoint)
+            if self.trainer is not None:
+                self.trainer.save(self.checkpoint)
             self.stop_event.set()
             if self.control is not None:
                 self.control.close()
@@ -274,9 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = RunConfig.load(args.config)
     if not 0 <= args.id < cfg.n:
         parser.error(f"--id: must be between 0 and {cfg.n - 1}")
-    import torch
+    if not cfg.extra.get("bench") or cfg.scheme == "gloo":
+        import torch
 
-    torch.set_num_threads(1)
+        torch.set_num_threads(1)
     worker = Worker(cfg, args.id)
     signal.signal(signal.SIGTERM, lambda *_: worker.stop_event.set())
     signal.signal(signal.SIGINT, lambda *_: worker.stop_event.set())

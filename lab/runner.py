@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from crew import protocol as proto
-from crew.config import RunConfig
+from crew.config import RunConfig, Scheme
 from crew.frames import COORDINATOR, FrameCodec, control_frame
 from crew.rundb import RunDB
 from crew.transport import FrameStream
-from lab import commands as cmds
 from lab.cleanup import ProcRecord, cleanup_leftovers
 from lab.faults import FaultInjector
 from lab.mesh import LabNetwork
@@ -62,6 +61,8 @@ class RunOptions:
     dashboard_port: int = 8501
     allow_missing: frozenset[Impairment] = frozenset()
     log_level: str = "INFO"
+    stall_timeout_s: float = 8.0  # a link with no progress this long counts as failed
+    heartbeat_timeout_s: float = 6.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -90,6 +91,7 @@ class LabRun:
         run_dir: Path,
         *,
         state_dir: Path | None = None,
+        net: LabNetwork | None = None,
     ):
         self.topo = topo
         self.caps = caps
@@ -100,7 +102,9 @@ class LabRun:
         self.state_dir = state_dir
         self.db_path = self.run_dir / "lab.db"
         self.db: RunDB | None = None
-        self.net: LabNetwork | None = None
+        # A network passed in is the caller's (a benchmark reuses one across schemes).
+        self.net: LabNetwork | None = net
+        self._own_net = net is None
         self.cfg: RunConfig | None = None
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.workers: dict[int, subprocess.Popen[bytes]] = {}
@@ -136,9 +140,11 @@ class LabRun:
         net_kw: dict[str, Any] = {"tag": self.tag, "capabilities": self.caps}
         if self.state_dir:
             net_kw["state_dir"] = self.state_dir
-        net_kw["mgmt_subnet"] = free_mgmt_subnet()
-        self.net = LabNetwork(self.topo, **net_kw)
-        self.net.__enter__()
+        if self._own_net:
+            net_kw["mgmt_subnet"] = free_mgmt_subnet()
+            self.net = LabNetwork(self.topo, **net_kw)
+            self.net.__enter__()
+        assert self.net is not None
         self.cfg = self._write_config()
         self.db.executemany(
             "INSERT OR REPLACE INTO workers (id, name, cloud, address) VALUES (?,?,?,?)",
@@ -171,7 +177,7 @@ class LabRun:
             "n": str(self.topo.n),
             "topology_name": self.topo.name,
             "topology": json.dumps(self.topo.to_dict()),
-            "schemes": json.dumps(list(cmds.DEFAULT_SCHEMES)),
+            "schemes": json.dumps([s for s in Scheme.names() if s != "gloo"]),
             "impairments": json.dumps(sorted(self._impairments())),
             "capabilities": describe(self.caps, self.topo),
             "options": json.dumps({k: v for k, v in o.__dict__.items() if k != "allow_missing"}
@@ -224,6 +230,8 @@ class LabRun:
             staleness=o.staleness,
             part_bytes=o.part_bytes,
             flow_order=o.flow_order,
+            stall_timeout_s=o.stall_timeout_s,
+            heartbeat_timeout_s=o.heartbeat_timeout_s,
             extra=dict(o.extra),
         )
         cfg.save(self.run_dir / "config.json")
@@ -358,7 +366,7 @@ class LabRun:
             self._forget_root(self.coordinator)
             self._forget_root(self.dashboard)
         finally:
-            if self.net is not None:
+            if self.net is not None and self._own_net:
                 self.net.__exit__(None, None, None)
                 self.net = None
             if self.db is not None:

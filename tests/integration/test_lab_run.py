@@ -64,8 +64,9 @@ def _lab_pids(lab: LabRun) -> list[int]:
     return [p.pid for p in procs if p is not None]
 
 
-def _assert_nothing_left(pids: list[int], state_dir: Path) -> None:
-    assert not [n for n in root_link_names() if n.startswith(ROOT_NAME_PREFIX)]
+def _assert_nothing_left(tag: str, pids: list[int], state_dir: Path) -> None:
+    """Only this lab's own names: another lab may run on the machine at the same time."""
+    assert not [n for n in root_link_names() if n.startswith(ROOT_NAME_PREFIX + tag)]
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid), f"pid {pid} still runs"
     assert not list(state_dir.glob("*.json")), "the lab's state file was not removed"
@@ -88,8 +89,8 @@ def test_run_trains_in_groups_of_p_and_records_everything(tmp_path: Path, scheme
         db = lab.db_path
         _wait_for(lab, lambda: _completed(db) >= 6, FIRST_GROUP_WAIT_S, "six completed groups")
         time.sleep(2.5)  # let the monitor take samples after the traffic
-        pids = _lab_pids(lab)
-    _assert_nothing_left(pids, state_dir)
+        pids, tag = _lab_pids(lab), lab.tag
+    _assert_nothing_left(tag, pids, state_dir)
 
     groups = _query(db, "SELECT * FROM groups WHERE status='completed'")
     for g in groups:
@@ -134,8 +135,8 @@ def test_killed_worker_leaves_survivors_training_and_nothing_behind(tmp_path: Pa
                                " AND formed_at > ?", (killed_at + 1,))[0][0] >= 3,
             90, "three groups completed after the kill",
         )
-        pids = _lab_pids(lab)
-    _assert_nothing_left(pids, state_dir)
+        pids, tag = _lab_pids(lab), lab.tag
+    _assert_nothing_left(tag, pids, state_dir)
     status = _query(db, "SELECT status, reason FROM commands")
     assert [r["status"] for r in status] == ["applied"]
     late = _query(db, "SELECT members FROM groups WHERE status='completed' AND formed_at > ?",
