@@ -273,10 +273,8 @@ def _fifo_time(routes: Sequence[Route], w: list[list[float]], elem_bytes: int) -
         deps_left.extend([0] * (len(link) - base))
         for t in range(base, len(link)):
             a, b = link[t]
-            if t - base < len(r.up):
+            if t - base < len(r.up) or a == r.root:
                 need = into.get(a, [])  # a sends once all its children delivered
-            elif a == r.root:
-                need = into.get(a, [])
             else:
                 need = [got[a]] if a in got else []
             deps_left[t] = len(need)
@@ -590,7 +588,8 @@ def pack_trees(bw: np.ndarray, group: Sequence[int], max_trees: int = 4) -> tupl
 
     A tree carries its range up (child -> parent) and back down (parent -> child), so an edge
     {i, j} is worth c_ij = min(bw[i][j], bw[j][i]). Repeatedly: take a maximum spanning tree of
-    the residual c (Kruskal, ties by index; it is also a maximum-bottleneck spanning tree), give
+    the residual c (Kruskal, equal edges by lowest degree then index; it is also a
+    maximum-bottleneck spanning tree), give
     it the rate of its slowest edge, subtract that rate from its edges. Stop after ``max_trees``
     trees or when the residual links no longer connect the members (residual below 1e-9 of the
     fastest link counts as none). Rates therefore never oversubscribe a link in either
@@ -622,7 +621,11 @@ def pack_trees(bw: np.ndarray, group: Sequence[int], max_trees: int = 4) -> tupl
 def _max_spanning_tree(
     nodes: Sequence[int], cap: dict[tuple[int, int], float]
 ) -> tuple[tuple[int, int], ...] | None:
+    """Kruskal, fastest edges first. Among equally fast edges (uniform topologies) the one
+    joining the lowest-degree nodes goes first, so that the first tree is path-like rather than
+    a star and leaves a spanning tree behind (on uniform K4 a star would leave a triangle)."""
     root = {x: x for x in nodes}
+    deg = dict.fromkeys(nodes, 0)
 
     def find(x: int) -> int:
         while root[x] != x:
@@ -630,12 +633,24 @@ def _max_spanning_tree(
             x = root[x]
         return x
 
-    edges = []
-    for (a, b), _c in sorted(cap.items(), key=lambda kv: (-kv[1], kv[0])):
-        ra, rb = find(a), find(b)
-        if ra != rb:
-            root[ra] = rb
+    ranked = sorted(cap.items(), key=lambda kv: (-kv[1], kv[0]))
+    edges: list[tuple[int, int]] = []
+    i = 0
+    while i < len(ranked):
+        j = i
+        while j < len(ranked) and ranked[j][1] >= ranked[i][1] * (1 - 1e-12):
+            j += 1
+        batch = [e for e, _ in ranked[i:j]]
+        for _ in batch:  # each round adds one edge or stops
+            joinable = [e for e in batch if find(e[0]) != find(e[1])]
+            if not joinable:
+                break
+            a, b = min(joinable, key=lambda e: (deg[e[0]] + deg[e[1]], e))
+            root[find(a)] = find(b)
+            deg[a] += 1
+            deg[b] += 1
             edges.append((a, b))
+        i = j
     return tuple(sorted(edges)) if len(edges) == len(nodes) - 1 else None
 
 

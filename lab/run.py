@@ -22,7 +22,8 @@ from rich.table import Table
 
 from crew.config import Scheme
 from lab.preflight import PreflightError, check, describe
-from lab.runner import REPO, LabRun, RunOptions, new_run_id, summarize
+from lab.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id, summarize
+from lab.scenario import ScenarioError, load_scenario
 from lab.topology import Impairment, TopologyError, load_topology
 
 log = logging.getLogger("lab.run")
@@ -67,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=[i.value for i in Impairment],
                    help="run even though the kernel cannot emulate this impairment that the "
                         "topology asks for (repeatable); without it such a run refuses to start")
+    p.add_argument("--scenario", type=Path, default=None,
+                   help="play a fault scenario (YAML timeline, see scenarios/) during the run")
     p.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
     p.add_argument("--dashboard-host", default="127.0.0.1",
                    help="address the dashboard binds (default 127.0.0.1; anything else "
@@ -144,6 +147,15 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]{exc}[/red]")
         return EXIT_PREFLIGHT
     console.print(describe(caps, topo))
+    scenario = None
+    if args.scenario is not None:
+        try:
+            scenario = load_scenario(args.scenario, topo.n, limits=lab_limits(topo, caps),
+                                     rates=topo.bw_matrix())
+        except ScenarioError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            return EXIT_BAD_INPUT
+        console.print(scenario.timeline())
     opts = RunOptions(
         p=args.p, scheme=args.scheme, seed=args.seed, width=args.width, depth=args.depth,
         partition=args.partition, staleness=args.staleness, part_bytes=args.part_kb * 1024,
@@ -156,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     started = time.time()
     try:
-        with LabRun(topo, caps, opts, run_dir) as lab:
+        with LabRun(topo, caps, opts, run_dir, scenario=scenario) as lab:
             if lab.dashboard is not None:
                 console.print(f"dashboard: [bold]{lab.dashboard_url}[/bold]")
             with Live(progress_table(lab, started, args.duration), console=console,

@@ -25,11 +25,13 @@ from crew.config import RunConfig, Scheme
 from crew.frames import COORDINATOR, FrameCodec, control_frame
 from crew.rundb import RunDB
 from crew.transport import FrameStream
+from lab import commands as cmds
 from lab.cleanup import ProcRecord, cleanup_leftovers
 from lab.faults import FaultInjector
 from lab.mesh import LabNetwork
 from lab.monitor import LinkMonitor
 from lab.preflight import Capabilities, describe
+from lab.scenario import Scenario, ScenarioPlayer
 from lab.topology import Impairment, TopologySpec
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,21 @@ class RunOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def lab_impairments(caps: Capabilities) -> set[str]:
+    """What a link can be changed in at run time on this machine."""
+    out = {"rate"}
+    if caps.netem:
+        out |= {"delay", "jitter", "loss"}
+    elif caps.iptables_statistic:
+        out.add("loss")  # the receiver-side iptables fallback
+    return out
+
+
+def lab_limits(topo: TopologySpec, caps: Capabilities) -> cmds.LabLimits:
+    return cmds.LabLimits(n=topo.n, schemes=tuple(s for s in Scheme.names() if s != "gloo"),
+                          impairments=frozenset(lab_impairments(caps)))
+
+
 def free_mgmt_subnet() -> str:
     """A management subnet no other lab on this machine uses, so labs can run side by side."""
     out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True,
@@ -92,6 +109,7 @@ class LabRun:
         *,
         state_dir: Path | None = None,
         net: LabNetwork | None = None,
+        scenario: Scenario | None = None,
     ):
         self.topo = topo
         self.caps = caps
@@ -105,6 +123,8 @@ class LabRun:
         # A network passed in is the caller's (a benchmark reuses one across schemes).
         self.net: LabNetwork | None = net
         self._own_net = net is None
+        self.scenario = scenario
+        self.player: ScenarioPlayer | None = None
         self.cfg: RunConfig | None = None
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.workers: dict[int, subprocess.Popen[bytes]] = {}
@@ -161,6 +181,8 @@ class LabRun:
         self.monitor = LinkMonitor(self.net, self.db)
         self.monitor.start()
         self.faults = FaultInjector(self)
+        if self.scenario is not None:
+            self.player = ScenarioPlayer(self.scenario, self.db_path, self.started_at)
         if self.opts.dashboard:
             self._start_dashboard()
         self.db.event("start", f"lab started: {self.topo.n} workers, scheme {self.opts.scheme},"
@@ -191,10 +213,7 @@ class LabRun:
         )
 
     def _impairments(self) -> set[str]:
-        out = {"rate"}
-        if self.caps.netem:
-            out |= {"delay", "loss"}
-        return out
+        return lab_impairments(self.caps)
 
     def _write_config(self) -> RunConfig:
         assert self.net is not None
@@ -322,6 +341,9 @@ class LabRun:
     def poll(self) -> None:
         """Apply pending commands and notice processes that ended; call about twice a second."""
         assert self.db is not None
+        if self.player is not None and not self.player.done:
+            done = self.db.query("SELECT COUNT(*) AS c FROM groups WHERE status='completed'")
+            self.player.poll(time.time(), int(done[0]["c"]))
         if self.faults is not None:
             self.faults.apply_pending()
         for i, proc in list(self.workers.items()):
