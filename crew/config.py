@@ -66,6 +66,7 @@ class RunConfig:
     part_bytes: int = 1 << 20
     max_payload: int = 4 << 20
     flow_order: str = "fcfs"
+    nonblocking: bool = False
     stall_timeout_s: float = 8.0
     # control plane
     heartbeat_s: float = 1.0

@@ -45,7 +45,7 @@ from crew.config import RunConfig
 from crew.frames import COORDINATOR, FrameCodec, FrameError, control_body, control_frame
 from crew.grouping import Group, GroupFormer, GroupingError
 from crew.rundb import RunDB
-from crew.schemes import GROUP_SCHEMES, GroupPlan, plan_group
+from crew.schemes import GROUP_SCHEMES, GroupPlan, plan_group, plan_group_nonblocking
 from crew.transport import FrameStream
 from crew.verify import CHECK_TOLERANCE, relative_error
 
@@ -54,6 +54,7 @@ log = logging.getLogger("crew.coordinator")
 TICK_S = 0.25
 MAX_REVISIONS = 8
 DEADLINE_FACTOR = 10.0  # a revision may take this many times its predicted time
+RETRY_LINK_S = 20.0  # a failed link is tried again after this, doubling on each failure
 
 
 @dataclass
@@ -69,6 +70,8 @@ class OpenGroup:
     have_all: set[int] = field(default_factory=set)
     result_projs: dict[int, float] = field(default_factory=dict)
     bytes_sent: int = 0
+    prescatter: list[list[int]] = field(default_factory=list)  # rev 0 of a non-blocking group
+    split_epoch: int = -1
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,12 @@ class Coordinator:
         self.trace: list[tuple[int, ...]] | None = (
             [tuple(int(m) for m in g) for g in trace] if trace is not None else None)
         self.trace_next = 0
+        # Non-blocking mode: the a2a split ready workers scatter with before their group forms.
+        self.split: planner.Plan | None = None
+        self.split_epoch = -1
+        self.ready_at: dict[int, tuple[float, int]] = {}  # worker -> (time, split epoch used)
+        self.configured_bw = bw.copy()
+        self.failed_links: dict[tuple[int, int], tuple[float, int]] = {}  # -> (retry at, tries)
         self.stop_event = threading.Event()
         self._next_conn = 0
         self._conn_lock = threading.Lock()
@@ -207,6 +216,7 @@ class Coordinator:
         elif isinstance(msg, proto.Ready):
             self.former.heartbeat(worker, now)
             self.offered_proj[worker] = msg.proj
+            self.ready_at[worker] = (now, msg.split_epoch)
             self.db.set_worker_status(worker, "ready", iteration=msg.iteration)
             for group in self.former.ready(worker, msg.iteration, now):
                 self._start_group(group, now)
@@ -243,6 +253,22 @@ class Coordinator:
         self.db.set_worker_status(msg.worker, "training", iteration=msg.iteration, pid=msg.pid)
         self.db.event("worker", f"worker {msg.worker} registered (pid {msg.pid})",
                       worker=msg.worker)
+        self._update_split()
+
+    def _update_split(self) -> None:
+        """Non-blocking mode: re-solve the a2a split when the workers or links change."""
+        if not self.cfg.nonblocking or self.size_elems is None or self.trace is not None:
+            return
+        try:
+            split = planner.solve_a2a(self.bw, self.size_elems * 4, active=self._alive())
+        except planner.PlanError as exc:
+            log.warning("no a2a split (%s): groups will not pre-scatter", exc)
+            split = None
+        self.split = split
+        self.split_epoch += 1
+        segments = [] if split is None else [[s.worker, s.start, s.stop] for s in split.segments]
+        for w in list(self.worker_conn):
+            self._send(w, proto.Split(self.split_epoch, segments))
 
     # -- groups ------------------------------------------------------------------------------
 
@@ -257,9 +283,37 @@ class Coordinator:
         bound = planner.lower_bound(self.bw, members, size, active=active)
         return plan, bound
 
+    def _plan_nonblocking(
+        self, members: tuple[int, ...], now: float
+    ) -> tuple[GroupPlan, float] | None:
+        """Re-solve with what the members have presumably sent already (DESIGN.md §2).
+
+        The coordinator does not see the bytes; it estimates them from the time since each
+        member became ready and the link's rate. The estimate only steers the split: which
+        parts are really reused is decided from the plan alone (``crew.reduce.covered_parts``).
+        """
+        if (not self.cfg.nonblocking or self.split is None or self.trace is not None
+                or self.scheme not in ("crew", "crew-paper")):
+            return None
+        if any(self.ready_at.get(m, (0.0, -1))[1] != self.split_epoch for m in members):
+            return None  # someone scattered with an older split: plan normally
+        assert self.size_elems is not None
+        size = self.size_elems * 4
+        a2a_bytes = np.array(self.split.elems, dtype=float) * 4
+        sent = np.zeros_like(self.bw)
+        for g in members:
+            elapsed = max(0.0, now - self.ready_at[g][0])
+            rate = np.where(np.isfinite(self.bw[g]), self.bw[g], 0.0) * 1e6 / 8
+            sent[g] = np.minimum(a2a_bytes, elapsed * rate)
+        active = self._alive()
+        plan = plan_group_nonblocking(self.scheme, self.bw, members, size, sent, self.split,
+                                      active=active)
+        return plan, planner.lower_bound(self.bw, members, size, active=active)
+
     def _start_group(self, group: Group, now: float) -> None:
         try:
-            plan, bound = self._plan(group.members, self.scheme)
+            nonblocking = self._plan_nonblocking(group.members, now)
+            plan, bound = nonblocking or self._plan(group.members, self.scheme)
         except planner.PlanError as exc:
             self.db.execute(
                 "INSERT INTO groups (id, scheme, members, weights, formed_at, status, reason,"
@@ -276,6 +330,10 @@ class Coordinator:
             group=group, scheme=self.scheme, rev=0, members=group.members,
             weights=group.weights, plan=plan, participants=set(), deadline=0.0,
         )
+        if nonblocking is not None:
+            assert self.split is not None
+            og.prescatter = [[s.worker, s.start, s.stop] for s in self.split.segments]
+            og.split_epoch = self.split_epoch
         self.open[group.id] = og
         self.db.execute(
             "INSERT INTO groups (id, scheme, members, weights, formed_at, started_at, status,"
@@ -302,6 +360,9 @@ class Coordinator:
             weights=list(og.weights), routes=[r.to_list() for r in og.plan.routes],
             pipelined=og.plan.pipelined, total=self.size_elems,
             part_elems=self.cfg.part_elems,
+            prescatter=og.prescatter if og.rev == 0 else [],
+            iterations=[og.group.iterations[og.group.members.index(m)] for m in og.members],
+            split_epoch=og.split_epoch,
         )
         og.participants = og.plan.participants()
         og.have_all = set()
@@ -377,6 +438,7 @@ class Coordinator:
         self.former.mark_dead(worker, now)
         self.db.set_worker_status(worker, "dead")
         self.db.event("fault", f"worker {worker} lost: {why}", level="warning", worker=worker)
+        self._update_split()
         for og in list(self.open.values()):
             if worker in og.members:
                 survivors = tuple(m for m in og.members if m != worker)
@@ -395,15 +457,32 @@ class Coordinator:
 
     def _link_failed(self, src: int, dst: int, reason: str, now: float) -> None:
         if self.bw[src, dst] > 0:
+            # Retry the link later, backing off: a failure may be transient, and with TCP a
+            # one-way cut also fails the reverse direction (its ACKs are lost), which
+            # nobody would ever report repaired.
+            tries = self.failed_links.get((src, dst), (0.0, 0))[1] + 1
+            self.failed_links[(src, dst)] = (now + RETRY_LINK_S * 2 ** (tries - 1), tries)
             self.bw[src, dst] = 0.0
             self.db.event("fault", f"link {src}->{dst} failed: {reason}", level="warning",
                           data={"src": src, "dst": dst})
+            self._update_split()
         for og in list(self.open.values()):
             if og.plan.uses(src, dst):
                 phase = og.plan.phase_of(src, dst)
                 self._revise(og, now, f"link {src}->{dst} failed during {phase}")
 
+    def _retry_links(self, now: float) -> None:
+        retried = [link for link, (at, _) in self.failed_links.items()
+                   if at <= now and self.bw[link] == 0.0]
+        for src, dst in retried:
+            self.bw[src, dst] = self.configured_bw[src, dst]
+            self.db.event("recovery", f"retrying link {src}->{dst} in new plans",
+                          data={"src": src, "dst": dst})
+        if retried:
+            self._update_split()
+
     def _tick(self, now: float) -> None:
+        self._retry_links(now)
         for worker in self.former.expire(now):
             if worker in self.worker_conn:
                 self._worker_lost(worker, now, "no heartbeat")
@@ -460,7 +539,9 @@ class Coordinator:
             self.db.set_meta({"scheme": scheme})
         elif msg.op == "set_link":
             src, dst, rate = int(args["src"]), int(args["dst"]), float(args["rate_mbit"])
-            self.bw[src, dst] = max(rate, 0.0)
+            self.bw[src, dst] = self.configured_bw[src, dst] = max(rate, 0.0)
+            self.failed_links.pop((src, dst), None)
+            self._update_split()
         elif msg.op == "slow_worker":
             self._send(int(args["worker"]), proto.SetSlowdown(float(args["factor"])))
         elif msg.op == "stop":

@@ -69,6 +69,7 @@ class FrameKind(enum.IntEnum):
     RELAY = 4  # a part forwarded on behalf of another worker (outage handling)
     HELLO = 5  # first frame on every data-plane connection: names the sender
     PAYLOAD = 6  # opaque bulk data (baselines, benchmarks)
+    PRESCATTER = 7  # non-blocking mode: an unweighted part sent before its group exists
 
 
 class FrameError(Exception):

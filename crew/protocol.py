@@ -9,7 +9,7 @@ Who sends what::
 
     worker -> coordinator   Register, Heartbeat, Ready, Metrics, HaveAll, LinkFailed,
                             Rejected, OpTime
-    coordinator -> worker   Assign, Commit, Abandon, SetSlowdown, Stop
+    coordinator -> worker   Assign, Split, Commit, Abandon, SetSlowdown, Stop
     lab -> coordinator      Admin (set_p, set_scheme, set_link, stop)
 """
 
@@ -61,6 +61,7 @@ class Ready(Message):
     worker: int
     iteration: int
     proj: float  # projection of the offered vector on the run's check vector (crew.verify)
+    split_epoch: int  # the a2a split it already started scattering with; -1: none
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,20 @@ class Assign(Message):
     pipelined: bool
     total: int
     part_elems: int
+    # Non-blocking mode: the a2a split (``[worker, start, stop]``) the members pre-scattered
+    # with, and the iteration each member offered; empty when nothing was pre-scattered.
+    prescatter: list[list[int]]
+    iterations: list[int]
+    split_epoch: int
+
+
+@dataclass(frozen=True)
+class Split(Message):
+    """Non-blocking mode: the a2a split a ready worker scatters with before its group exists."""
+
+    TYPE: ClassVar[str] = "split"
+    epoch: int
+    segments: list[list[int]]
 
 
 @dataclass(frozen=True)
@@ -190,6 +205,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Rejected,
         OpTime,
         Assign,
+        Split,
         Commit,
         Abandon,
         SetSlowdown,

@@ -80,6 +80,50 @@ def part_starts(route: Route, part_elems: int) -> list[int]:
     return list(range(route.start, route.stop, part_elems))
 
 
+def prescatter_frames(me: int, run: int, vector: np.ndarray, segments: list[list[int]],
+                      epoch: int, iteration: int, part_elems: int) -> list[tuple[int, Frame]]:
+    """Non-blocking mode: the unweighted parts a ready member sends along the a2a split.
+
+    ``part`` carries the offered iteration and ``rev`` the split's epoch, so an aggregator can
+    match them to the group that later forms."""
+    out = []
+    for agg, start, stop in segments:
+        if agg == me:
+            continue
+        for s in range(start, stop, part_elems):
+            e = min(s + part_elems, stop)
+            out.append((agg, Frame(kind=FrameKind.PRESCATTER, sender=me, run=run, rev=epoch,
+                                   block=agg, part=iteration, offset=s,
+                                   payload=np.ascontiguousarray(vector[s:e]).tobytes())))
+    return out
+
+
+def covered_parts(assign: Assign) -> frozenset[tuple[int, int]]:
+    """Non-blocking mode: ``(aggregator, part start)`` of the plan's parts that every member
+    already sent whole, unweighted, while the group did not exist yet.
+
+    A member pre-scatters the parts of its a2a segments, cut from each segment's start. The
+    re-solved plan keeps each aggregator's prefix of its a2a segment (``planner.
+    solve_p2a_nonblocking``), so its parts start where the pre-scattered ones did; a plan part
+    is covered when a pre-scattered part to the same aggregator starts there and is at least as
+    long. Member and aggregator both derive the set from the assignment alone, so they agree on
+    what is not sent again.
+    """
+    if not assign.prescatter:
+        return frozenset()
+    step = assign.part_elems
+    pre: dict[tuple[int, int], int] = {}
+    for agg, start, stop in assign.prescatter:
+        for s in range(start, stop, step):
+            pre[(agg, s)] = min(s + step, stop) - s
+    out = set()
+    for r in routes_of(assign):
+        for s in part_starts(r, step):
+            if pre.get((r.root, s), 0) >= min(s + step, r.stop) - s:
+                out.add((r.root, s))
+    return frozenset(out)
+
+
 @dataclass
 class _Acc:
     total: np.ndarray
@@ -101,10 +145,20 @@ class _RouteState:
 
 
 @dataclass
+class _Pre:
+    """Parts one sender pre-scattered to this aggregator for one offer (non-blocking mode)."""
+
+    epoch: int
+    iteration: int
+    parts: dict[int, np.ndarray] = field(default_factory=dict)  # offset -> unweighted values
+
+
+@dataclass
 class _Group:
     assign: Assign
     routes: dict[int, _RouteState]  # route index -> state, only routes this node is on
     member: bool
+    covered: frozenset[tuple[int, int]] = frozenset()
     result: np.ndarray | None = None
     received: set[tuple[int, int]] = field(default_factory=set)
     expected_results: int = 0
@@ -139,6 +193,7 @@ class ReduceEngine:
         self._early: dict[tuple[int, int], list[Frame]] = {}
         self._early_bytes = 0
         self._finished: set[int] = set()
+        self._pre: dict[int, _Pre] = {}  # sender -> its latest pre-scattered offer
         self.dropped_frames = 0
 
     # -- control ---------------------------------------------------------------------------
@@ -162,7 +217,7 @@ class ReduceEngine:
                 if held.size != assign.total:
                     raise ReduceError(f"group {assign.group}: vector has {held.size} elements,"
                                       f" plan covers {assign.total}")
-            g = _Group(assign=assign, routes={}, member=member)
+            g = _Group(assign=assign, routes={}, member=member, covered=covered_parts(assign))
             for k, r in enumerate(routes):
                 on_route = self.me in r.nodes()
                 if not on_route:
@@ -189,6 +244,8 @@ class ReduceEngine:
                         self._handle(frame)
             if member:
                 self._contribute_own(g)
+            for sender in list(self._pre):
+                self._use_prescattered(g, sender)
             self._check_done(g)
 
     def finish(self, group: int) -> np.ndarray | None:
@@ -196,6 +253,11 @@ class ReduceEngine:
         with self._lock:
             g = self._groups.pop(group, None)
             self._vectors.pop(group, None)
+            if g is not None and g.covered:
+                for m, it in zip(g.assign.members, g.assign.iterations, strict=True):
+                    pre = self._pre.get(m)
+                    if pre is not None and pre.iteration == it:
+                        del self._pre[m]
             self._finished.add(group)
             for key in [k for k in self._early if k[0] == group]:
                 self._early_bytes -= sum(len(f.payload) for f in self._early.pop(key))
@@ -220,6 +282,14 @@ class ReduceEngine:
             self._handle(frame)
 
     def _handle(self, frame: Frame) -> None:
+        if frame.kind == FrameKind.PRESCATTER:
+            try:
+                self._on_prescatter(frame)
+            except ReduceError as exc:
+                self.dropped_frames += 1
+                log.warning("worker %d: dropped pre-scattered part from %d: %s", self.me,
+                            frame.sender, exc)
+            return
         if frame.group in self._finished:
             return
         g = self._groups.get(frame.group)
@@ -251,6 +321,45 @@ class ReduceEngine:
             return
         self._early.setdefault((frame.group, frame.rev), []).append(frame)
         self._early_bytes += size
+
+    # non-blocking mode
+
+    def _on_prescatter(self, frame: Frame) -> None:
+        if not 0 <= frame.sender < self.n or frame.sender == self.me:
+            raise ReduceError(f"pre-scattered part from invalid sender {frame.sender}")
+        if frame.block != self.me:
+            raise ReduceError(f"pre-scattered part for aggregator {frame.block} reached {self.me}")
+        if len(frame.payload) % DTYPE.itemsize:
+            raise ReduceError("pre-scattered part is not whole float32 values")
+        values = self._values(frame, len(frame.payload) // DTYPE.itemsize)
+        pre = self._pre.get(frame.sender)
+        if pre is None or (pre.epoch, pre.iteration) != (frame.rev, frame.part):
+            pre = self._pre[frame.sender] = _Pre(frame.rev, frame.part)  # a newer offer
+        pre.parts[frame.offset] = values
+        for g in self._groups.values():
+            self._use_prescattered(g, frame.sender)
+
+    def _use_prescattered(self, g: _Group, sender: int) -> None:
+        """Count ``sender``'s pre-scattered parts that ``g``'s plan says it will not resend."""
+        a = g.assign
+        pre = self._pre.get(sender)
+        if not g.covered or pre is None or sender not in a.members or a.split_epoch != pre.epoch:
+            return
+        if a.iterations[a.members.index(sender)] != pre.iteration:
+            return
+        weight = np.float32(a.weights[a.members.index(sender)])
+        for k, st in g.routes.items():
+            if st.route.root != self.me or sender not in st.expect:
+                continue
+            for start in st.parts:
+                values = pre.parts.get(start)
+                acc = st.acc.get(start)
+                if (self.me, start) not in g.covered or values is None:
+                    continue
+                if acc is not None and sender in acc.contributors:
+                    continue
+                length = self._part_len(g, st, start)
+                self._add(g, k, st, start, sender, values[:length] * weight)
 
     def _part_len(self, g: _Group, st: _RouteState, start: int) -> int:
         if start not in range(st.route.start, st.route.stop, g.assign.part_elems):
@@ -318,6 +427,10 @@ class ReduceEngine:
 
     def _pass_up(self, g: _Group, k: int, st: _RouteState, start: int) -> None:
         total = st.acc[start].total
+        if st.parent is not None and (st.parent, start) in g.covered and st.parent == \
+                st.route.root and not st.route.children_up(self.me):
+            del st.acc[start]  # pre-scattered already: the aggregator uses that copy
+            return
         if st.parent is not None:
             self._send_to(g, st.parent, self._frame(FrameKind.SCATTER, g, k, start, total))
             del st.acc[start]  # a non-root node is done with this part

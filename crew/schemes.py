@@ -77,6 +77,28 @@ class GroupPlan:
         })
 
 
+def _star(scheme: str, plan: planner.Plan, members: tuple[int, ...], pipelined: bool,
+          n: int, total: int) -> GroupPlan:
+    segments = [(s.worker, s.start, s.stop) for s in plan.segments]
+    return GroupPlan(scheme, members, tuple(star_routes(segments, members)), pipelined,
+                     plan.predicted_s, n, total)
+
+
+def plan_group_nonblocking(
+    scheme: str,
+    bw: np.ndarray,
+    members: Sequence[int],
+    size: int,
+    sent: np.ndarray,
+    a2a: planner.Plan,
+    active: Sequence[int] | None = None,
+) -> GroupPlan:
+    """CREW's non-blocking re-solve (``planner.solve_p2a_nonblocking``) as star routes."""
+    members = tuple(members)
+    plan = planner.solve_p2a_nonblocking(bw, members, size, sent, active=active, a2a=a2a)
+    return _star(scheme, plan, members, scheme == "crew", bw.shape[0], size // 4)
+
+
 def plan_group(
     scheme: str,
     bw: np.ndarray,
@@ -100,9 +122,7 @@ def plan_group(
         else:
             plan = planner.solve_p2p(bw, members, size)
             pipelined = False
-        segments = [(s.worker, s.start, s.stop) for s in plan.segments]
-        return GroupPlan(scheme, members, tuple(star_routes(segments, members)), pipelined,
-                         plan.predicted_s, n, total)
+        return _star(scheme, plan, members, pipelined, n, total)
     if scheme in ROUTE_SCHEMES:
         from crew import baselines
 

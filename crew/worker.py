@@ -28,6 +28,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,8 +36,8 @@ import numpy as np
 
 from crew import protocol as proto
 from crew.config import RunConfig
-from crew.frames import Frame, FrameCodec, FrameError, control_body, control_frame
-from crew.reduce import ReduceEngine, ReduceError
+from crew.frames import Frame, FrameCodec, FrameError, FrameKind, control_body, control_frame
+from crew.reduce import ReduceEngine, ReduceError, covered_parts, prescatter_frames
 from crew.transport import FlowOrder, FrameStream, Transport
 from crew.verify import check_vector, project
 
@@ -88,6 +89,7 @@ class Worker:
         )
         self.control: FrameStream | None = None
         self.rejected = 0
+        self.split: proto.Split | None = None  # non-blocking mode: the current a2a split
 
     def _make_trainer(self):  # noqa: ANN202 - torch types stay out of this module's imports
         from crew.datasets import Partition, load_split, shard
@@ -195,6 +197,11 @@ class Worker:
                 if member:
                     self.my_group = msg.group
             self.engine.assign(msg, vector)
+            if member:
+                keep = covered_parts(msg) if msg.rev == 0 else frozenset()
+                self._cancel_prescatter(lambda f: (f.block, f.offset) not in keep)
+        elif isinstance(msg, proto.Split):
+            self.split = msg
         elif isinstance(msg, proto.Commit | proto.Abandon):
             with self._lock:
                 mine = msg.group == self.my_group and not self.bench
@@ -214,6 +221,20 @@ class Worker:
             raise proto.ProtocolError(f"type: {msg.TYPE!r} is not for workers")
 
     # -- the three ways a worker spends its time ---------------------------------------------
+
+    def _prescatter(self, vector: np.ndarray, iteration: int) -> int:
+        """Non-blocking mode: start sending the a2a split before the group exists."""
+        split = self.split
+        if not self.cfg.nonblocking or split is None or not split.segments:
+            return -1
+        for dst, frame in prescatter_frames(self.me, self.cfg.run_num, vector, split.segments,
+                                            split.epoch, iteration, self.cfg.part_elems):
+            self.transport.send(dst, frame)
+        return split.epoch
+
+    def _cancel_prescatter(self, also: Callable[[Frame], bool]) -> None:
+        """Drop this worker's queued pre-scattered parts that the group will not use."""
+        self.transport.cancel(lambda f: f.kind == FrameKind.PRESCATTER and also(f))
 
     def _wait_for_group(self) -> None:
         """Block until the group this worker joined commits or is abandoned."""
@@ -237,6 +258,7 @@ class Worker:
             with self._lock:
                 self.my_group = None
                 self._vector_offered = None
+            self._cancel_prescatter(lambda f: True)
             return
 
     def _local_iteration(self, last_eval: float) -> float:
@@ -264,7 +286,8 @@ class Worker:
             offered = self._vector()
             with self._lock:
                 self._vector_offered = offered
-            self._tell(proto.Ready(self.me, self.iteration, project(self.check, offered)))
+            epoch = self._prescatter(offered, self.iteration)
+            self._tell(proto.Ready(self.me, self.iteration, project(self.check, offered), epoch))
             self._wait_for_group()
 
     def _gloo(self):  # noqa: ANN202 - crew.gloo imports torch lazily
@@ -321,7 +344,7 @@ class Worker:
                 # Offer the fixed vector once; the coordinator drives groups from its trace.
                 with self._lock:
                     self._vector_offered = self.base_vector
-                self._tell(proto.Ready(self.me, 0, project(self.check, self.base_vector)))
+                self._tell(proto.Ready(self.me, 0, project(self.check, self.base_vector), -1))
                 self.stop_event.wait()
             elif gloo:
                 self._train_gloo()

@@ -55,6 +55,7 @@ class RunOptions:
     staleness: bool = False
     part_bytes: int = 1 << 20
     flow_order: str = "fcfs"
+    nonblocking: bool = False
     lr: float = 0.05
     batch_size: int = 32
     local_steps: int = 1
@@ -249,6 +250,7 @@ class LabRun:
             staleness=o.staleness,
             part_bytes=o.part_bytes,
             flow_order=o.flow_order,
+            nonblocking=o.nonblocking,
             stall_timeout_s=o.stall_timeout_s,
             heartbeat_timeout_s=o.heartbeat_timeout_s,
             extra=dict(o.extra),

@@ -11,7 +11,13 @@ import pytest
 from crew import planner
 from crew.frames import Frame, FrameCodec, FrameKind
 from crew.protocol import Assign
-from crew.reduce import ReduceEngine, ReduceError, validate_assign
+from crew.reduce import (
+    ReduceEngine,
+    ReduceError,
+    covered_parts,
+    prescatter_frames,
+    validate_assign,
+)
 from crew.routes import Route, star_routes
 from crew.transport import Transport
 
@@ -87,7 +93,7 @@ def _assign_routes(routes, total, group, members, weights, rev=0, part_elems=100
     return Assign(
         group=group, rev=rev, scheme="test", members=list(members), weights=list(weights),
         routes=[r.to_list() for r in routes], pipelined=pipelined, total=total,
-        part_elems=part_elems,
+        part_elems=part_elems, prescatter=[], iterations=[0] * len(members), split_epoch=-1,
     )
 
 
@@ -266,3 +272,68 @@ def test_all_to_all_routes_without_broadcast(cluster: Cluster) -> None:
     results = _run_group(cluster, _assign_routes(routes, total, 31, members, (1 / 3,) * 3), v)
     for m in members:
         np.testing.assert_allclose(results[m], np.full(total, 2.0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("sent_fraction", [0.0, 0.5, 1.0])
+def test_nonblocking_reuses_prescattered_parts_and_stays_exact(
+    cluster: Cluster, sent_fraction: float
+) -> None:
+    """Members pre-scatter along the a2a split, then the re-solved plan reuses what fits.
+
+    Two groups are in flight at once, both pre-scattered, so parked parts of one group must not
+    leak into the other."""
+    rng = np.random.default_rng(7)
+    total = 6000
+    part = 500
+    bw = _bw(cluster.n, seed=4)
+    a2a = planner.solve_a2a(bw, total * 4)
+    split = [[s.worker, s.start, s.stop] for s in a2a.segments]
+    groups = {41: (0, 2), 42: (1, 3)}
+    vectors = {m: rng.standard_normal(total).astype(np.float32) for g in groups.values()
+               for m in g}
+    iteration = {m: 10 + m for m in vectors}
+    scatter_counts = {m: 0 for m in vectors}
+    for m, v in vectors.items():
+        for dst, frame in prescatter_frames(m, RUN, v, split, 3, iteration[m], part):
+            cluster.transports[m].send(dst, frame)
+    assigns = {}
+    for gid, members in groups.items():
+        sent = np.zeros_like(bw)
+        for g in members:
+            sent[g] = np.array(a2a.elems) * 4 * sent_fraction
+        plan = planner.solve_p2a_nonblocking(bw, members, total * 4, sent, a2a=a2a)
+        segs = [(s.worker, s.start, s.stop) for s in plan.segments]
+        a = Assign(group=gid, rev=0, scheme="crew", members=list(members),
+                   weights=[0.5, 0.5], routes=[r.to_list() for r in star_routes(segs, members)],
+                   pipelined=True, total=total, part_elems=part, prescatter=split,
+                   iterations=[iteration[m] for m in members], split_epoch=3)
+        assigns[gid] = a
+        if sent_fraction == 1.0:
+            assert covered_parts(a), "a plan equal to the split must reuse parts"
+    # Count what members still send as SCATTER after the assignment.
+    for m in vectors:
+        original = cluster.engines[m]._send
+
+        def counting(dst, frame, m=m, original=original):
+            if frame.kind == FrameKind.SCATTER and frame.sender == m:
+                scatter_counts[m] += 1
+            original(dst, frame)
+
+        cluster.engines[m]._send = counting
+    for gid, a in assigns.items():
+        nodes = set(a.members).union(*(Route.from_list(r).nodes() for r in a.routes))
+        for w in sorted(nodes):
+            cluster.engines[w].assign(a, vectors.get(w) if w in a.members else None)
+    for gid, members in groups.items():
+        expected = (vectors[members[0]] + vectors[members[1]]) * np.float32(0.5)
+        for m in members:
+            assert cluster.event(m, gid).wait(WAIT_S), f"member {m} of group {gid} never done"
+            np.testing.assert_allclose(cluster.engines[m].finish(gid), expected, rtol=1e-5)
+    if sent_fraction == 1.0:
+        covered = {gid: covered_parts(a) for gid, a in assigns.items()}
+        for gid, members in groups.items():
+            for m in members:
+                parts = sum(len(range(r[0], r[1], part)) for r in assigns[gid].routes
+                            if r[2] != m)
+                reused = sum(1 for agg, _ in covered[gid] if agg != m)
+                assert scatter_counts[m] == parts - reused

@@ -1,0 +1,1057 @@
+"""Benchmark every scheme on one emulated network: ``sudo python -m lab.bench ...``.
+
+What is measured
+----------------
+One seeded **trace** of K groups (each p distinct workers drawn with
+``random.Random(seed).sample``) is replayed by every partial-reduce scheme on the *same*
+``LabNetwork``: the coordinator runs the trace's groups one at a time, each as soon as the
+previous one ended, among numpy-only workers that offer a fixed random vector of M bytes
+(``crew.worker`` benchmark mode). One op = one group's reduce; its time is
+``ended_at - started_at`` of its ``groups`` row, i.e. from the coordinator's Assign to the last
+member's HaveAll, as the coordinator saw it (control messages travel the unshaped management
+network, so this adds a few milliseconds at most).
+
+Per scheme (``results.json`` → ``schemes.<name>``):
+
+``op_times_s``
+    the times of the completed ops, in trace order;
+``bound_s``
+    the fluid lower bound of each completed op (``crew.planner.lower_bound`` on the topology's
+    capacity matrix with every worker active): no scheme can beat it;
+``median_s``, ``p90_s``
+    median and 90th percentile of ``op_times_s`` (linear interpolation between order statistics,
+    as ``numpy.percentile``);
+``median_over_bound``
+    the median over ops of ``op_time / bound`` (per op, because groups differ, so bounds differ);
+``correct``
+    all K ops completed, none abandoned, and each result passed the coordinator's projection
+    check (``verify_err`` < ``crew.verify.CHECK_TOLERANCE``, i.e. the members ended with the
+    weighted average of what they offered);
+``link_bytes``
+    bytes each directed link "i->j" carried during the scheme's ops, **measured**: the
+    difference of the sender interface's cumulative tx counter (``link_samples``, 1 Hz) between
+    the last sample at or before the first op started and the first sample at or after the last
+    op ended. It counts frames as HTB let them out (TCP/IP headers and ACKs included, ~5% over
+    payload) and, at 1 Hz, up to a second of whatever else moved around the ops (for Gloo: its
+    rendezvous and barriers);
+``planned_link_bytes``
+    the same, as the plans say: the sum over completed ops of ``crew.routes.link_load`` of the
+    final plan (payload only; empty for Gloo, which has no plan).
+
+**Gloo** (``gloo``) is not a partial reduce: its workers run K timed
+``torch.distributed.all_reduce`` ops among *all* n workers (``crew.gloo``), the trace is not
+used, and worker 0 reports each op as a ``groups`` row. Its ``bound_s`` is
+``lower_bound(bw, all n workers, M)`` and ``correct`` means only that every op completed: its
+result is torch's and is verified separately by ``tests/test_gloo.py``. Compare it with the
+partial-reduce schemes knowing that it averages n vectors, not p.
+
+Training (``--train``)
+----------------------
+Per scheme, a normal lab run (real torch workers training on the digits set) on the same
+network for ``--duration`` seconds after the first worker reports an iteration. Reported in
+``train.json``: rounds per worker per minute (completed groups a worker was a member of, per
+minute of training, averaged over workers), and the time from the first reported iteration
+until the mean of every worker's latest held-out accuracy first reaches ``--target-accuracy``.
+
+Wall-clock figures from this 2-core machine are distorted when other labs run at the same
+time; the benchmark lists the ones it saw (``other_labs_seen``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import random
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from crew import planner
+from crew.routes import Route, link_load
+from crew.rundb import connect
+from crew.schemes import GROUP_SCHEMES
+from crew.verify import CHECK_TOLERANCE
+from lab.cleanup import ROOT_NAME_PREFIX, root_link_names
+from lab.mesh import LabNetwork
+from lab.preflight import Capabilities, PreflightError, check, describe
+from lab.runner import LabRun, RunOptions, free_mgmt_subnet
+from lab.topology import Impairment, TopologyError, TopologySpec, load_topology
+
+log = logging.getLogger(__name__)
+console = Console(stderr=True)
+
+GLOO = "gloo"
+ALL_SCHEMES: tuple[str, ...] = (*GROUP_SCHEMES, GLOO)
+# Start-up allowance before the first op: n numpy-only workers import and register in well
+# under a minute on 2 cores; Gloo workers import torch (about 20 s for eight) and rendezvous.
+STARTUP_NUMPY_S = 60.0
+STARTUP_TORCH_S = 180.0
+POLL_S = 0.5
+# After the last op, wait for the link monitor's next 1 Hz sample, so the ops are bracketed.
+LAST_SAMPLE_WAIT_S = 3.0
+REAP_TIMEOUT_S = 10.0
+MB = 1_000_000
+
+EXIT_OK = 0
+EXIT_SCHEME_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_PREFLIGHT = 3
+
+
+class BenchError(ValueError):
+    """A benchmark option is invalid; ``field`` names the command-line flag."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class SchemeFailed(RuntimeError):
+    """A scheme's lab run failed or timed out; the message says which process and why."""
+
+
+# -- pure parts: schemes, trace, statistics, results from a run database ----------------------
+
+
+def parse_schemes(text: str) -> tuple[str, ...]:
+    """``"all"`` or a comma-separated list of scheme names, in the given order, no repeats."""
+    if text.strip() == "all":
+        return ALL_SCHEMES
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names:
+        raise BenchError("--schemes", "empty; give scheme names or 'all'")
+    unknown = [s for s in names if s not in ALL_SCHEMES]
+    if unknown:
+        raise BenchError(
+            "--schemes", f"unknown {', '.join(unknown)}; known: {', '.join(ALL_SCHEMES)} or 'all'"
+        )
+    dup = sorted({s for s in names if names.count(s) > 1})
+    if dup:
+        raise BenchError("--schemes", f"repeated {', '.join(dup)}")
+    return tuple(names)
+
+
+def make_trace(n: int, p: int, ops: int, seed: int) -> list[list[int]]:
+    """K = ``ops`` groups of ``p`` distinct workers of ``range(n)``, each sorted; deterministic."""
+    if not 2 <= p <= n:
+        raise BenchError("--p", f"must be between 2 and n={n}, got {p}")
+    if ops < 0:
+        raise BenchError("--ops", f"must be >= 0, got {ops}")
+    rng = random.Random(seed)
+    return [sorted(rng.sample(range(n), p)) for _ in range(ops)]
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100) with linear interpolation; None for no values."""
+    if not values:
+        return None
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+@dataclass(frozen=True)
+class SchemeResult:
+    """One scheme's op benchmark; the fields are ``results.json``'s (module docstring)."""
+
+    op_times_s: tuple[float, ...] = ()
+    bound_s: tuple[float | None, ...] = ()
+    median_s: float | None = None
+    p90_s: float | None = None
+    median_over_bound: float | None = None
+    predicted_s: tuple[float | None, ...] = ()
+    correct: bool = False
+    completed: int = 0
+    abandoned: int = 0
+    revisions: int = 0
+    max_verify_err: float | None = None
+    link_bytes: dict[str, int] = field(default_factory=dict)
+    planned_link_bytes: dict[str, int] = field(default_factory=dict)
+    startup_s: float | None = None  # lab entered -> first op started
+    wall_s: float | None = None  # lab entered -> lab left
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _counter(conn: Any, src: int, dst: int, t: float, *, at_or_before: bool) -> int:
+    """The link's tx counter at the last sample <= t (or first >= t); falls back to the
+    earliest (latest) sample when there is none on that side of t."""
+    cond, order = ("t<=?", "DESC") if at_or_before else ("t>=?", "ASC")
+    fallback = "ASC" if at_or_before else "DESC"
+    base = "SELECT tx_bytes FROM link_samples WHERE src=? AND dst=?"
+    row = conn.execute(f"{base} AND {cond} ORDER BY t {order} LIMIT 1", (src, dst, t)).fetchone()
+    if row is None:
+        row = conn.execute(f"{base} ORDER BY t {fallback} LIMIT 1", (src, dst)).fetchone()
+    return int(row["tx_bytes"])
+
+
+def measured_link_bytes(conn: Any, start: float, end: float) -> dict[str, int]:
+    """Bytes per link "i->j" from ``link_samples``: the counter at the first sample >= ``end``
+    minus the counter at the last sample <= ``start``. Links with no samples are absent."""
+    out: dict[str, int] = {}
+    links = conn.execute("SELECT DISTINCT src, dst FROM link_samples ORDER BY src, dst").fetchall()
+    for row in links:
+        src, dst = int(row["src"]), int(row["dst"])
+        moved = _counter(conn, src, dst, end, at_or_before=False) - _counter(
+            conn, src, dst, start, at_or_before=True
+        )
+        out[f"{src}->{dst}"] = max(0, moved)
+    return out
+
+
+def planned_link_bytes(plans: Sequence[str], n: int) -> dict[str, int]:
+    """Sum of ``link_load`` over the plans (JSON as in ``groups.plan``); only links used."""
+    total = np.zeros((n, n))
+    for raw in plans:
+        routes = [Route.from_list(r) for r in json.loads(raw)["routes"]]
+        total += link_load(routes, n)
+    return {
+        f"{i}->{j}": int(total[i, j])
+        for i in range(n)
+        for j in range(n)
+        if i != j and total[i, j] > 0
+    }
+
+
+def op_results(
+    db_path: Path,
+    *,
+    ops: int,
+    gloo: bool,
+    bw: np.ndarray,
+    size_bytes: int,
+    entered_at: float | None = None,
+    left_at: float | None = None,
+) -> SchemeResult:
+    """A scheme's :class:`SchemeResult` from its run database alone (read-only).
+
+    Group schemes: the rows of the trace's groups. Gloo: the op rows worker 0 reported, with the
+    bound of an all-reduce among all n workers. ``correct`` is False unless exactly ``ops`` ops
+    completed (see the module docstring for the rest).
+    """
+    n = bw.shape[0]
+    conn = connect(db_path, readonly=True)
+    try:
+        rows = conn.execute(
+            "SELECT id, status, started_at, ended_at, bound_s, predicted_s, verify_err,"
+            " revisions, plan FROM groups ORDER BY started_at, id"
+        ).fetchall()
+        done = [r for r in rows if r["status"] == "completed" and r["started_at"] is not None]
+        times = [float(r["ended_at"] - r["started_at"]) for r in done]
+        if gloo:
+            bound = planner.lower_bound(bw, list(range(n)), size_bytes)
+            bounds: list[float | None] = [bound] * len(done)
+        else:
+            bounds = [r["bound_s"] for r in done]
+        ratios = [t / b for t, b in zip(times, bounds, strict=True) if b and math.isfinite(b)]
+        errs = [r["verify_err"] for r in done]
+        abandoned = sum(1 for r in rows if r["status"] == "abandoned")
+        if gloo:
+            correct = len(done) == ops and abandoned == 0
+        else:
+            # A NULL check (none made) or NaN fails, as does any error at the tolerance.
+            correct = (
+                len(done) == ops
+                and abandoned == 0
+                and all(e is not None and e < CHECK_TOLERANCE for e in errs)
+            )
+        if done:
+            first = min(r["started_at"] for r in done)
+            last = max(r["ended_at"] for r in done)
+            measured = measured_link_bytes(conn, first, last)
+        else:
+            first, measured = None, {}
+        plans = [r["plan"] for r in done if r["plan"]]
+        return SchemeResult(
+            op_times_s=tuple(times),
+            bound_s=tuple(bounds),
+            median_s=percentile(times, 50),
+            p90_s=percentile(times, 90),
+            median_over_bound=percentile(ratios, 50),
+            predicted_s=tuple(r["predicted_s"] for r in done),
+            correct=correct,
+            completed=len(done),
+            abandoned=abandoned,
+            revisions=sum(int(r["revisions"] or 0) for r in rows),
+            max_verify_err=max((e for e in errs if e is not None), default=None),
+            link_bytes=measured,
+            planned_link_bytes=planned_link_bytes(plans, n),
+            startup_s=(first - entered_at) if first is not None and entered_at else None,
+            wall_s=(left_at - entered_at) if entered_at and left_at else None,
+        )
+    finally:
+        conn.close()
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """One scheme's training run (``train.json``; module docstring)."""
+
+    training_s: float | None = None  # first reported iteration -> end of the run
+    rounds_per_worker_per_min: float | None = None
+    rounds_per_worker: dict[str, int] = field(default_factory=dict)
+    final_accuracy: float | None = None
+    time_to_target_s: float | None = None
+    target_accuracy: float = 0.85
+    groups_completed: int = 0
+    groups_abandoned: int = 0
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def train_results(
+    db_path: Path, *, n: int, target: float, ended_at: float | None = None
+) -> TrainResult:
+    """Training figures from a run database (read-only).
+
+    The clock starts at the first ``iterations`` row (so torch's import time does not count) and
+    ends at ``ended_at`` (default: the run's ``meta.ended_at``, else the last iteration).
+    Time to target: the first iteration row after which every one of the n workers has
+    reported an accuracy and the mean of their latest accuracies is >= ``target``.
+    """
+    conn = connect(db_path, readonly=True)
+    try:
+        its = conn.execute("SELECT t, worker, accuracy FROM iterations ORDER BY t").fetchall()
+        if not its:
+            return TrainResult(target_accuracy=target, error="no worker reported an iteration")
+        t0 = float(its[0]["t"])
+        meta = {r["key"]: r["value"] for r in conn.execute("SELECT key, value FROM meta")}
+        end = ended_at or float(meta.get("ended_at", its[-1]["t"]))
+        latest: dict[int, float] = {}
+        reached: float | None = None
+        for r in its:
+            if r["accuracy"] is None:
+                continue
+            latest[r["worker"]] = float(r["accuracy"])
+            if reached is None and len(latest) == n and sum(latest.values()) / n >= target:
+                reached = float(r["t"]) - t0
+        groups = conn.execute("SELECT members, status FROM groups").fetchall()
+        rounds = {str(i): 0 for i in range(n)}
+        for g in groups:
+            if g["status"] == "completed":
+                for m in json.loads(g["members"]):
+                    rounds[str(m)] = rounds.get(str(m), 0) + 1
+        minutes = max(end - t0, 1e-9) / 60.0
+        return TrainResult(
+            training_s=end - t0,
+            rounds_per_worker_per_min=sum(rounds.values()) / n / minutes,
+            rounds_per_worker=rounds,
+            final_accuracy=(sum(latest.values()) / len(latest)) if latest else None,
+            time_to_target_s=reached,
+            target_accuracy=target,
+            groups_completed=sum(1 for g in groups if g["status"] == "completed"),
+            groups_abandoned=sum(1 for g in groups if g["status"] == "abandoned"),
+        )
+    finally:
+        conn.close()
+
+
+# -- the lab side -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """The benchmark's options, validated (see ``build_parser`` for each)."""
+
+    topology: TopologySpec
+    schemes: tuple[str, ...]
+    p: int
+    size_bytes: int
+    ops: int
+    seed: int
+    timeout_per_op_s: float
+    out: Path
+    train: bool = False
+    duration_s: float = 60.0
+    target_accuracy: float = 0.85
+    allow_missing: frozenset[Impairment] = frozenset()
+
+    @property
+    def size_elems(self) -> int:
+        return self.size_bytes // 4
+
+
+def other_labs(own_tag: str | None = None) -> list[str]:
+    """Tags of the labs whose management bridge (``crw<tag>br``) is in the root namespace."""
+    try:
+        names = root_link_names()
+    except (OSError, subprocess.CalledProcessError):
+        return []
+    tags = {
+        n[len(ROOT_NAME_PREFIX) : -2]
+        for n in names
+        if n.startswith(ROOT_NAME_PREFIX) and n.endswith("br")
+    }
+    return sorted(tags - {own_tag})
+
+
+def _log_tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])
+
+
+def _check_alive(lab: LabRun) -> None:
+    """Raise SchemeFailed when the coordinator or a worker has exited: none may before stop."""
+    lab.poll()
+    if lab.coordinator is not None and lab.coordinator.poll() is not None:
+        tail = _log_tail(lab.run_dir / "logs" / "coordinator.log")
+        raise SchemeFailed(f"coordinator exited with code {lab.coordinator.returncode}: {tail}")
+    for i, code in sorted(lab.exit_codes.items()):
+        tail = _log_tail(lab.run_dir / "logs" / f"w{i}.log")
+        raise SchemeFailed(f"worker {i} exited with code {code}: {tail}")
+
+
+def _reap(lab: LabRun) -> None:
+    """Stop what the LabRun left running on the shared network, so the next scheme starts clean.
+
+    ``LabRun`` waits for its processes but, when the network is the caller's, does not kill
+    those that outlive the wait (an owned network's teardown would). We hold their handles, so
+    we end them by pid.
+    """
+    net = lab.net
+    for i, proc in lab.workers.items():
+        if net is not None:
+            try:
+                net.stop_process(proc, timeout=REAP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                log.error("worker %d (pid %d) survived SIGKILL", i, proc.pid)
+    coord = lab.coordinator
+    if coord is not None and coord.poll() is None:
+        log.warning("coordinator pid %d still runs after the lab stopped; killing it", coord.pid)
+        try:
+            os.killpg(coord.pid, signal.SIGKILL)  # its own session (start_new_session)
+            coord.wait(REAP_TIMEOUT_S)
+        except (ProcessLookupError, subprocess.TimeoutExpired) as exc:
+            log.error("could not end coordinator pid %d: %s", coord.pid, exc)
+
+
+def _db_scalar(lab: LabRun, sql: str) -> Any:
+    assert lab.db is not None
+    return lab.db.query(sql)[0][0]
+
+
+def run_ops(
+    net: LabNetwork,
+    caps: Capabilities,
+    spec: BenchSpec,
+    scheme: str,
+    trace: list[list[int]],
+    progress: Progress,
+    index: int,
+) -> SchemeResult:
+    """Replay the trace (or K Gloo ops) with one scheme; never raises for a scheme's failure."""
+    gloo = scheme == GLOO
+    run_dir = spec.out / scheme
+    k = spec.ops
+    task = progress.add_task(f"{index}/{len(spec.schemes)} {scheme}", total=k, status="starting")
+    opts = RunOptions(
+        scheme=scheme,
+        p=spec.p,
+        seed=spec.seed,
+        dashboard=False,
+        log_level="WARNING",
+        extra={"bench": True, "size_elems": spec.size_elems, "trace": trace, "ops": k},
+    )
+    startup = STARTUP_TORCH_S if gloo else STARTUP_NUMPY_S
+    budget = startup + spec.timeout_per_op_s * k
+    error: str | None = None
+    entered = time.time()
+    lab = LabRun(spec.topology, caps, opts, run_dir, net=net)
+    try:
+        with lab:
+            progress.update(task, status="running")
+            deadline = time.monotonic() + budget
+            ended = 0
+            while ended < k:
+                if time.monotonic() > deadline:
+                    raise SchemeFailed(
+                        f"timed out after {budget:.0f} s ({startup:.0f} s start-up + "
+                        f"{spec.timeout_per_op_s:g} s x {k} ops) with {ended}/{k} ops ended"
+                    )
+                _check_alive(lab)
+                ended = int(
+                    _db_scalar(
+                        lab,
+                        "SELECT COUNT(*) FROM groups WHERE status IN ('completed', 'abandoned')",
+                    )
+                    or 0
+                )
+                progress.update(task, completed=ended)
+                if ended < k:
+                    time.sleep(POLL_S)
+            last_end = float(_db_scalar(lab, "SELECT MAX(ended_at) FROM groups") or 0.0)
+            wait_until = time.monotonic() + LAST_SAMPLE_WAIT_S
+            while time.monotonic() < wait_until:
+                if float(_db_scalar(lab, "SELECT MAX(t) FROM link_samples") or 0.0) >= last_end:
+                    break
+                time.sleep(0.2)
+            progress.update(task, status="stopping")
+    except SchemeFailed as exc:
+        error = str(exc)
+    except Exception as exc:  # a scheme that cannot even start must not stop the benchmark
+        log.exception("scheme %s failed", scheme)
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        _reap(lab)
+    left = time.time()
+    try:
+        result = op_results(
+            run_dir / "lab.db",
+            ops=k,
+            gloo=gloo,
+            bw=spec.topology.bw_matrix(),
+            size_bytes=spec.size_elems * 4,
+            entered_at=entered,
+            left_at=left,
+        )
+    except Exception as exc:  # no database (the lab never started): report what we know
+        result = SchemeResult(
+            wall_s=left - entered, error=f"no results: {type(exc).__name__}: {exc}"
+        )
+    if error is not None:
+        result = replace(
+            result,
+            correct=False,
+            error=error if result.error is None else f"{error}; {result.error}",
+        )
+    elif not result.correct:
+        result = replace(
+            result,
+            error=(
+                f"{result.completed}/{k} ops completed, {result.abandoned} abandoned, largest "
+                f"check error {result.max_verify_err}"
+            ),
+        )
+    progress.update(task, status="[green]ok" if result.correct else "[red]FAILED")
+    return result
+
+
+def run_training(
+    net: LabNetwork,
+    caps: Capabilities,
+    spec: BenchSpec,
+    scheme: str,
+    progress: Progress,
+    index: int,
+) -> TrainResult:
+    """A normal (training) lab run of one scheme for ``spec.duration_s`` of training."""
+    run_dir = spec.out / "train" / scheme
+    total = int(math.ceil(spec.duration_s))
+    task = progress.add_task(
+        f"train {index}/{len(spec.schemes)} {scheme}", total=total, status="starting"
+    )
+    opts = RunOptions(scheme=scheme, p=spec.p, seed=spec.seed, dashboard=False, log_level="WARNING")
+    error: str | None = None
+    ended_at: float | None = None
+    lab = LabRun(spec.topology, caps, opts, run_dir, net=net)
+    try:
+        with lab:
+            deadline = time.monotonic() + STARTUP_TORCH_S
+            while not _db_scalar(lab, "SELECT COUNT(*) FROM iterations"):
+                if time.monotonic() > deadline:
+                    raise SchemeFailed(f"no iteration within {STARTUP_TORCH_S:.0f} s of start")
+                _check_alive(lab)
+                time.sleep(POLL_S)
+            progress.update(task, status="training")
+            started = time.monotonic()
+            while (elapsed := time.monotonic() - started) < spec.duration_s:
+                _check_alive(lab)
+                progress.update(task, completed=min(total, int(elapsed)))
+                time.sleep(POLL_S)
+            ended_at = time.time()
+            progress.update(task, completed=total, status="stopping")
+    except SchemeFailed as exc:
+        error = str(exc)
+    except Exception as exc:
+        log.exception("training with %s failed", scheme)
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        _reap(lab)
+    try:
+        result = train_results(
+            run_dir / "lab.db", n=spec.topology.n, target=spec.target_accuracy, ended_at=ended_at
+        )
+    except Exception as exc:
+        result = TrainResult(
+            target_accuracy=spec.target_accuracy, error=f"no results: {type(exc).__name__}: {exc}"
+        )
+    if error is not None:
+        result = replace(result, error=error)
+    progress.update(task, status="[green]ok" if result.error is None else "[red]FAILED")
+    return result
+
+
+# -- reporting --------------------------------------------------------------------------------
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def results_table(schemes: dict[str, dict[str, Any]], title: str, ops: int) -> Table:
+    """Scheme, median, p90, median/bound, median relative to the best correct scheme, correct."""
+    medians = [r["median_s"] for r in schemes.values() if r["correct"] and r["median_s"]]
+    best = min(medians) if medians else None
+    t = Table(title=title, caption="vs best: median over the fastest correct scheme's median")
+    for col in ("scheme", "median s", "p90 s", "median/bound", "vs best", "ops", "correct"):
+        t.add_column(col, justify="left" if col == "scheme" else "right")
+    for name, r in schemes.items():
+        vs = r["median_s"] / best if best and r["median_s"] is not None else None
+        ok = "[green]yes" if r["correct"] else "[red]no"
+        t.add_row(
+            name,
+            _fmt(r["median_s"]),
+            _fmt(r["p90_s"]),
+            _fmt(r["median_over_bound"], ".2f"),
+            _fmt(vs, ".2f"),
+            f"{r['completed']}/{ops}",
+            ok,
+        )
+    return t
+
+
+def error_lines(schemes: dict[str, dict[str, Any]], limit: int = 400) -> list[str]:
+    """One line per scheme that failed: its name and (the start of) its error."""
+    out = []
+    for name, r in schemes.items():
+        if r["error"]:
+            err = " ".join(str(r["error"]).split())
+            out.append(f"{name}: {err[:limit]}{'...' if len(err) > limit else ''}")
+    return out
+
+
+def train_table(results: dict[str, dict[str, Any]], target: float) -> Table:
+    t = Table(title="training")
+    for col in ("scheme", "rounds/worker/min", "final accuracy", f"time to {target:g} s", "error"):
+        t.add_column(col, justify="left" if col in ("scheme", "error") else "right")
+    for name, r in results.items():
+        t.add_row(
+            name,
+            _fmt(r["rounds_per_worker_per_min"], ".1f"),
+            _fmt(r["final_accuracy"]),
+            _fmt(r["time_to_target_s"], ".1f"),
+            r["error"] or "",
+        )
+    return t
+
+
+def build_figures(results: dict[str, Any]) -> dict[str, Any]:
+    """Plotly figures: op-time distribution per scheme, and per-link bytes per scheme (MB)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    schemes = results["schemes"]
+    n = results["n"]
+    times = go.Figure()
+    for name, r in schemes.items():
+        if r["op_times_s"]:
+            times.add_trace(
+                go.Box(
+                    y=r["op_times_s"],
+                    name=name,
+                    boxpoints="all",
+                    jitter=0.4,
+                    pointpos=0,
+                    hovertext=[f"op {i}" for i in range(len(r["op_times_s"]))],
+                )
+            )
+    # Each scheme's own median bound (Gloo's is for all n workers, the others' for p).
+    marked = [
+        (s, percentile([b for b in r["bound_s"] if b is not None], 50))
+        for s, r in schemes.items()
+        if r["op_times_s"]
+    ]
+    marked = [(s, b) for s, b in marked if b is not None]
+    if marked:
+        times.add_trace(
+            go.Scatter(
+                x=[s for s, _ in marked],
+                y=[b for _, b in marked],
+                mode="markers",
+                name="lower bound (median)",
+                marker={
+                    "symbol": "line-ew-open",
+                    "size": 40,
+                    "color": "black",
+                    "line": {"width": 2},
+                },
+                hovertemplate="%{x}: median lower bound %{y:.3f} s<extra></extra>",
+            )
+        )
+    times.update_layout(
+        title=f"op time per scheme: {results['topology']}, p={results['p']}, "
+        f"{results['size_bytes'] / MB:g} MB, {results['ops']} ops (black bar: median lower "
+        "bound)",
+        yaxis_title="op time (s)",
+        yaxis_rangemode="tozero",
+        showlegend=False,
+        template="plotly_white",
+    )
+
+    names = [s for s, r in schemes.items() if r["link_bytes"]]
+    cols = min(4, max(1, len(names)))
+    rows = max(1, math.ceil(len(names) / cols))
+    links = make_subplots(
+        rows=rows,
+        cols=cols,
+        subplot_titles=names or ["no data"],
+        horizontal_spacing=0.04,
+        vertical_spacing=0.1,
+    )
+    zmax = max((v for s in names for v in schemes[s]["link_bytes"].values()), default=1) / MB
+    for k, name in enumerate(names):
+        z = np.full((n, n), np.nan)
+        for key, b in schemes[name]["link_bytes"].items():
+            src, dst = (int(x) for x in key.split("->"))
+            z[src, dst] = b / MB
+        links.add_trace(
+            go.Heatmap(
+                z=z,
+                x=[f"w{j}" for j in range(n)],
+                y=[f"w{i}" for i in range(n)],
+                coloraxis="coloraxis",
+                hovertemplate="%{y} → %{x}: %{z:.2f} MB<extra>" + name + "</extra>",
+            ),
+            row=k // cols + 1,
+            col=k % cols + 1,
+        )
+    links.update_yaxes(autorange="reversed")
+    links.update_layout(
+        title="bytes per directed link during the ops (row = sender, column = receiver), MB",
+        coloraxis={"colorscale": "Viridis", "cmin": 0, "cmax": zmax, "colorbar": {"title": "MB"}},
+        height=320 * rows + 80,
+        width=max(600, 300 * cols + 120),
+        template="plotly_white",
+    )
+    return {"op-times": times, "link-bytes": links}
+
+
+def write_figures(figures: dict[str, Any], out: Path) -> list[str]:
+    """Write all figures into ``plots.html``, and each as ``<name>.png`` when kaleido and a
+    Chromium work.
+
+    Returns notes for the user (what was written, or why no PNG). The HTML embeds plotly.js
+    once, so it opens offline.
+    """
+    notes: list[str] = []
+    parts = [
+        fig.to_html(full_html=False, include_plotlyjs=(k == 0))
+        for k, fig in enumerate(figures.values())
+    ]
+    html = out / "plots.html"
+    html.write_text(
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>lab.bench</title>"
+        "</head><body>" + "\n".join(parts) + "</body></html>"
+    )
+    notes.append(f"plots: {html}")
+    # kaleido 1.x drives a Chromium through choreographer; point it at Debian's.
+    if "BROWSER_PATH" not in os.environ and Path("/usr/bin/chromium").exists():
+        os.environ["BROWSER_PATH"] = "/usr/bin/chromium"
+    try:
+        for name, fig in figures.items():
+            fig.write_image(out / f"{name}.png", scale=2)
+        notes.append(f"PNG: {', '.join(str(out / f'{n}.png') for n in figures)}")
+    except Exception as exc:  # kaleido missing, or no browser it can start: HTML only
+        notes.append(f"no PNG (HTML only): {type(exc).__name__}: {str(exc)[:200]}")
+    return notes
+
+
+# -- command line -----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m lab.bench",
+        description="Benchmark partial-reduce schemes (and Gloo) on one emulated network: the "
+        "same seeded trace of groups for every scheme, with op times, ratios to the "
+        "fluid lower bound, result checks and per-link bytes. Needs root.",
+        epilog="Writes DIR/results.json, DIR/plots.html, DIR/op-times.png, DIR/link-bytes.png "
+        "(when kaleido can drive /usr/bin/chromium), one "
+        "run folder per scheme (DIR/<scheme>/lab.db and logs), and with --train "
+        "DIR/train.json and DIR/train/<scheme>/. Details: the docstring of lab/bench.py.",
+    )
+    p.add_argument("--topology", type=Path, required=True, help="topology YAML to emulate")
+    p.add_argument(
+        "--schemes",
+        default="all",
+        help=f"comma-separated schemes to run, in this order, or 'all' for every one "
+        f"including gloo (default all): {', '.join(ALL_SCHEMES)}",
+    )
+    p.add_argument(
+        "--p",
+        type=int,
+        default=4,
+        help="group size: workers per trace group, 2..n (default 4); gloo always averages all n",
+    )
+    p.add_argument(
+        "--size-mb",
+        type=float,
+        default=8.0,
+        help="vector each worker offers, in MB of float32 (1 MB = 10^6 bytes, "
+        "rounded down to whole floats; default 8)",
+    )
+    p.add_argument(
+        "--ops",
+        type=int,
+        default=10,
+        help="ops per scheme: groups in the trace, or Gloo all-reduces (default 10; "
+        "0 skips the op benchmark, for --train alone)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="folder for results, plots and the schemes' run folders",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete run folders of an earlier benchmark in --out instead of refusing",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the trace and of the workers' vectors and training (default 0)",
+    )
+    p.add_argument(
+        "--timeout-per-op",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="a scheme fails when its K ops take longer than S x K seconds plus a "
+        f"start-up allowance ({STARTUP_NUMPY_S:.0f} s; gloo {STARTUP_TORCH_S:.0f}"
+        " s, it imports torch); default 60",
+    )
+    p.add_argument(
+        "--train",
+        action="store_true",
+        help="also train a model with each scheme (real torch workers) and report "
+        "rounds per worker per minute and time to --target-accuracy",
+    )
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="with --train: seconds of training per scheme, counted from the first "
+        "reported iteration (default 60)",
+    )
+    p.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=0.85,
+        help="with --train: held-out accuracy whose first reaching (mean of every "
+        "worker's latest) is timed (default 0.85)",
+    )
+    p.add_argument(
+        "--allow-missing",
+        action="append",
+        default=[],
+        choices=[i.value for i in Impairment],
+        help="run even though the kernel cannot emulate this impairment the topology "
+        "asks for (repeatable)",
+    )
+    p.add_argument("--log-level", default="WARNING", help="log level of the benchmark itself")
+    return p
+
+
+def spec_from_args(args: argparse.Namespace) -> BenchSpec:
+    """Validate the command line into a :class:`BenchSpec`; raises BenchError or TopologyError."""
+    topo = load_topology(args.topology)
+    schemes = parse_schemes(args.schemes)
+    if not 2 <= args.p <= topo.n:
+        raise BenchError(
+            "--p", f"must be between 2 and n={topo.n} (workers in {topo.name!r}), got {args.p}"
+        )
+    if not (math.isfinite(args.size_mb) and args.size_mb > 0):
+        raise BenchError("--size-mb", f"must be positive, got {args.size_mb}")
+    size_elems = int(args.size_mb * MB) // 4
+    if size_elems < 1:
+        raise BenchError("--size-mb", f"must be at least 4 bytes, got {args.size_mb} MB")
+    if args.ops < 0 or (args.ops == 0 and not args.train):
+        raise BenchError("--ops", f"must be >= 1 (0 only with --train), got {args.ops}")
+    if not (math.isfinite(args.timeout_per_op) and args.timeout_per_op > 0):
+        raise BenchError("--timeout-per-op", f"must be positive, got {args.timeout_per_op}")
+    if args.train and not (math.isfinite(args.duration) and args.duration > 0):
+        raise BenchError("--duration", f"must be positive, got {args.duration}")
+    if not 0 < args.target_accuracy <= 1:
+        raise BenchError("--target-accuracy", f"must be in (0, 1], got {args.target_accuracy}")
+    return BenchSpec(
+        topology=topo,
+        schemes=schemes,
+        p=args.p,
+        size_bytes=size_elems * 4,
+        ops=args.ops,
+        seed=args.seed,
+        timeout_per_op_s=args.timeout_per_op,
+        out=args.out,
+        train=args.train,
+        duration_s=args.duration,
+        target_accuracy=args.target_accuracy,
+        allow_missing=frozenset(Impairment(v) for v in args.allow_missing),
+    )
+
+
+def _prepare_out(spec: BenchSpec, overwrite: bool) -> None:
+    """Make --out; refuse (or with --overwrite, delete) run folders of an earlier benchmark,
+    since a run database is appended to, which would mix two benchmarks' ops."""
+    folders = [spec.out / s for s in spec.schemes] if spec.ops else []
+    if spec.train:
+        folders += [spec.out / "train" / s for s in spec.schemes]
+    existing = [f for f in folders if f.exists()]
+    if existing and not overwrite:
+        raise BenchError(
+            "--out",
+            f"{existing[0]} exists from an earlier benchmark; choose "
+            f"another --out or pass --overwrite",
+        )
+    for f in existing:
+        shutil.rmtree(f)
+    spec.out.mkdir(parents=True, exist_ok=True)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=console,
+    )
+
+
+def run_benchmark(spec: BenchSpec) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Build one network, run every scheme on it (and train, if asked); write the JSON files.
+
+    Returns (results, train results or None). The network is torn down whatever happens.
+    """
+    caps = check(spec.topology, spec.allow_missing)
+    console.print(describe(caps, spec.topology))
+    topo = spec.topology
+    trace = make_trace(topo.n, spec.p, spec.ops, spec.seed)
+    tag = secrets.token_hex(2)
+    seen = set(other_labs(tag))
+    started = time.time()
+    results: dict[str, Any] = {
+        "topology": topo.name,
+        "n": topo.n,
+        "p": spec.p,
+        "size_bytes": spec.size_bytes,
+        "ops": spec.ops,
+        "seed": spec.seed,
+        "trace": trace,
+        "started_at": started,
+        "wall_s": None,
+        "lab_tag": tag,
+        "other_labs_seen": sorted(seen),
+        "schemes": {},
+    }
+    train: dict[str, Any] | None = None
+    with LabNetwork(topo, tag=tag, capabilities=caps, mgmt_subnet=free_mgmt_subnet()) as net:
+        with _progress() as progress:
+            if spec.ops:
+                for i, scheme in enumerate(spec.schemes, 1):
+                    res = run_ops(net, caps, spec, scheme, trace, progress, i)
+                    seen |= set(other_labs(tag))
+                    results["schemes"][scheme] = res.to_dict()
+                    results["other_labs_seen"] = sorted(seen)
+                    results["wall_s"] = time.time() - started
+                    _write_json(spec.out / "results.json", results)
+            if spec.train:
+                train = {
+                    "topology": topo.name,
+                    "p": spec.p,
+                    "seed": spec.seed,
+                    "duration_s": spec.duration_s,
+                    "target_accuracy": spec.target_accuracy,
+                    "schemes": {},
+                }
+                for i, scheme in enumerate(spec.schemes, 1):
+                    tr = run_training(net, caps, spec, scheme, progress, i)
+                    seen |= set(other_labs(tag))
+                    train["schemes"][scheme] = tr.to_dict()
+                    train["other_labs_seen"] = sorted(seen)
+                    _write_json(spec.out / "train.json", train)
+    results["wall_s"] = time.time() - started
+    results["other_labs_seen"] = sorted(seen)
+    if spec.ops:
+        _write_json(spec.out / "results.json", results)
+    return results, train
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level,
+        format="%(name)s: %(message)s",
+        handlers=[RichHandler(console=console, show_path=False)],
+    )
+    try:
+        spec = spec_from_args(args)
+        _prepare_out(spec, args.overwrite)
+    except (BenchError, TopologyError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return EXIT_BAD_INPUT
+    # SIGTERM ends the benchmark as Ctrl-C does: through the context managers' cleanup.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        results, train = run_benchmark(spec)
+    except PreflightError as exc:
+        console.print(f"[red]{exc}[/red]")
+        return EXIT_PREFLIGHT
+    failed = False
+    if spec.ops:
+        title = (
+            f"{results['topology']}: p={spec.p}, {spec.size_bytes / MB:g} MB, "
+            f"{spec.ops} ops, seed {spec.seed} (wall {results['wall_s']:.0f} s)"
+        )
+        console.print(results_table(results["schemes"], title, spec.ops))
+        for line in error_lines(results["schemes"]):
+            console.print(f"[red]failed[/red] {line}", highlight=False)
+        failed |= not all(r["correct"] for r in results["schemes"].values())
+        for note in write_figures(build_figures(results), spec.out):
+            console.print(note)
+        console.print(f"results: {spec.out / 'results.json'}")
+    if train is not None:
+        console.print(train_table(train["schemes"], spec.target_accuracy))
+        failed |= any(r["error"] for r in train["schemes"].values())
+        console.print(f"training results: {spec.out / 'train.json'}")
+    if results["other_labs_seen"]:
+        console.print(
+            f"[yellow]note:[/yellow] other labs ran on this machine meanwhile "
+            f"({', '.join(results['other_labs_seen'])}): timings are distorted"
+        )
+    return EXIT_SCHEME_FAILED if failed else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""CREW on a real lab: correctness with groups in flight, and failover under faults.
+
+Every completed group's result is checked by the coordinator (``crew.verify``): each member
+reports the projection of what it received, and ``groups.verify_err`` is its relative
+deviation from the weighted average of the members' offered vectors.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from lab import commands as cmds
+from lab.preflight import check
+from lab.runner import REPO, LabRun, RunOptions
+from lab.topology import load_topology
+
+pytestmark = pytest.mark.root
+
+FOUR = REPO / "tests" / "data" / "topologies" / "four.yaml"
+SMALL = REPO / "topologies" / "small.yaml"
+START_WAIT_S = 120.0
+FAULT_WAIT_S = 90.0
+
+
+def _opts(**kw) -> RunOptions:
+    base = dict(p=2, width=256, depth=2, dashboard=False, part_bytes=64 << 10,
+                log_level="WARNING", stall_timeout_s=3.0, scheme="crew")
+    base.update(kw)
+    return RunOptions(**base)
+
+
+def _rows(lab: LabRun, sql: str, params=()) -> list:
+    assert lab.db is not None
+    return lab.db.query(sql, params)
+
+
+def _wait(lab: LabRun, predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lab.poll()
+        if predicate():
+            return
+        time.sleep(0.5)
+    logs = "\n".join(f"--- {p.name}\n" + p.read_text()[-1500:]
+                     for p in sorted((lab.run_dir / "logs").glob("*")))
+    pytest.fail(f"timed out waiting for {what}\n{logs}")
+
+
+def _completed(lab: LabRun, since: float = 0.0) -> list:
+    return _rows(lab, "SELECT * FROM groups WHERE status='completed' AND formed_at >= ?",
+                 (since,))
+
+
+def _assert_exact(groups) -> None:
+    for g in groups:
+        assert g["verify_err"] is not None and g["verify_err"] < 1e-3, (
+            f"group {g['id']} averaged wrongly: relative error {g['verify_err']}")
+
+
+@pytest.mark.parametrize("nonblocking", [False, True])
+def test_groups_in_flight_are_exact(tmp_path: Path, nonblocking: bool) -> None:
+    topo = load_topology(FOUR)
+    with LabRun(topo, check(topo), _opts(nonblocking=nonblocking), tmp_path / "run",
+                state_dir=tmp_path / "state") as lab:
+        def overlapping() -> bool:
+            done = _completed(lab)
+            return any(a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"]
+                       for a, b in itertools.combinations(done, 2))
+
+        _wait(lab, lambda: len(_completed(lab)) >= 12 and overlapping(), START_WAIT_S,
+              "two groups in flight at once")
+        done = _completed(lab)
+    _assert_exact(done)
+    assert all(len(set(json.loads(g["members"]))) == 2 for g in done)
+
+
+@pytest.mark.parametrize("phase,link", [("scatter", (0, 2)), ("broadcast", (2, 0))])
+def test_link_cut_fails_over_and_results_stay_exact(tmp_path: Path, phase: str, link) -> None:
+    """Worker 2 is slowed so it is rarely a member but always aggregates a block under CREW:
+    then 0->2 carries 0's scatter to 2 and 2->0 carries 2's broadcast to 0.
+
+    A one-way cut is an iptables drop at the receiver. TCP needs both directions, so the cut
+    also starves the reverse connection of ACKs, and whichever sender times out first reports
+    its link: the failover may be triggered by either direction. What must hold: groups are
+    re-planned and complete with exact results, none hangs, and no completed plan routes over
+    the dead link."""
+    topo = load_topology(SMALL)
+    src, dst = link
+    with LabRun(topo, check(topo), _opts(), tmp_path / "run",
+                state_dir=tmp_path / "state") as lab:
+        _wait(lab, lambda: len(_completed(lab)) >= 2, START_WAIT_S, "first groups")
+        cmds.submit(lab.db_path, cmds.SlowWorker(worker=2, factor=50.0))
+        _wait(lab, lambda: len(_completed(lab, time.time() - 5)) >= 2, FAULT_WAIT_S,
+              "groups after the slow-down")
+        cut_at = time.time()
+        cmds.submit(lab.db_path, cmds.CutLink(src=src, dst=dst))
+        _wait(lab, lambda: bool(_rows(
+            lab, "SELECT id FROM events WHERE kind='recovery' AND (message LIKE ?"
+                 " OR message LIKE ?)",
+            (f"%link {src}->{dst} failed during%", f"%link {dst}->{src} failed during%"))),
+            FAULT_WAIT_S, f"failover of a group cut during {phase}")
+        _wait(lab, lambda: len(_completed(lab, cut_at)) >= 4, FAULT_WAIT_S,
+              "groups completing after the cut")
+        revised = _rows(lab, "SELECT * FROM groups WHERE revisions > 0 AND status='completed'")
+        after = _completed(lab, cut_at)
+        open_long = _rows(lab, "SELECT id FROM groups WHERE status='open' AND started_at < ?",
+                          (time.time() - 60,))
+    assert revised, "no group completed after a re-plan"
+    _assert_exact(revised + after)
+    assert not open_long, "a group hung"
+    for g in after:  # the planner no longer routes over the dead link
+        plan = json.loads(g["plan"])
+        edges = {tuple(e) for r in plan["routes"] for e in r[3] + r[4]}
+        assert (src, dst) not in edges
+
+
+def test_worker_killed_mid_reduce_survivors_complete(tmp_path: Path) -> None:
+    topo = load_topology(FOUR)
+    with LabRun(topo, check(topo), _opts(p=3), tmp_path / "run",
+                state_dir=tmp_path / "state") as lab:
+        _wait(lab, lambda: len(_completed(lab)) >= 3, START_WAIT_S, "first groups")
+        # Kill a worker while it is a member of an open group.
+        _wait(lab, lambda: bool(_rows(lab, "SELECT id FROM groups WHERE status='open'")), 30,
+              "an open group")
+        victim_group = _rows(lab, "SELECT id, members FROM groups WHERE status='open'"
+                                  " ORDER BY id DESC LIMIT 1")[0]
+        victim = json.loads(victim_group["members"])[0]
+        cmds.submit(lab.db_path, cmds.KillWorker(worker=victim))
+        killed_at = time.time()
+        _wait(lab, lambda: len(_completed(lab, killed_at)) >= 3, FAULT_WAIT_S,
+              "groups after the kill")
+        g = _rows(lab, "SELECT * FROM groups WHERE id=?", (victim_group["id"],))[0]
+        after = _completed(lab, killed_at)
+    assert g["status"] in ("completed", "abandoned")
+    if g["status"] == "completed" and g["revisions"] > 0:
+        assert victim not in json.loads(g["members"]), "survivors' average kept the dead worker"
+    _assert_exact([x for x in [g] if x["status"] == "completed"] + after)
+    assert all(victim not in json.loads(x["members"]) for x in after)
