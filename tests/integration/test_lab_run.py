@@ -146,3 +146,24 @@ def test_killed_worker_leaves_survivors_training_and_nothing_behind(tmp_path: Pa
     assert dead and dead[0]["state"] == "dead"
     # No group was left open: each ended completed or explicitly abandoned.
     assert not _query(db, "SELECT id FROM groups WHERE status='open'")
+
+
+@pytest.mark.parametrize("scheme", ["crew-paper", "ps", "ring", "a2a", "blink", "blink-pipe",
+                                    "topoadopt", "gloo"])
+def test_every_scheme_trains_in_the_lab(tmp_path: Path, scheme: str) -> None:
+    """Each scheme runs with real training: groups (or Gloo all-reduces) complete, exactly."""
+    topo = load_topology(SMALL)
+    with LabRun(topo, check(topo), _opts(scheme=scheme), tmp_path / "run",
+                state_dir=tmp_path / "state") as lab:
+        db = lab.db_path
+        _wait_for(lab, lambda: _completed(db) >= 3, FIRST_GROUP_WAIT_S, "three completed groups")
+        pids, tag = _lab_pids(lab), lab.tag
+    _assert_nothing_left(tag, pids, tmp_path / "state")
+    groups = _query(db, "SELECT * FROM groups WHERE status='completed'")
+    assert all(g["scheme"] == scheme for g in groups)
+    if scheme == "gloo":  # synchronous all-reduce of everyone, checked by tests/test_gloo.py
+        assert all(len(json.loads(g["members"])) == topo.n for g in groups)
+    else:
+        assert all(g["verify_err"] is not None and g["verify_err"] < 1e-3 for g in groups)
+        plan = json.loads(groups[0]["plan"])
+        assert plan["scheme"] == scheme
