@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -75,9 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", type=Path, default=None,
                    help="play a fault scenario (YAML timeline, see scenarios/) during the run")
     p.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
-    p.add_argument("--dashboard-host", default="127.0.0.1",
-                   help="address the dashboard binds (default 127.0.0.1; anything else "
-                        "exposes controls that change the network)")
+    p.add_argument("--dashboard-host",
+                   default=os.environ.get("CREW_LAB_DASHBOARD_HOST", "127.0.0.1"),
+                   help="address the dashboard binds (default 127.0.0.1, or "
+                        "$CREW_LAB_DASHBOARD_HOST, which the Vagrant VM sets to 0.0.0.0 for its "
+                        "port forward; anything beyond loopback exposes controls that change "
+                        "the network)")
     p.add_argument("--dashboard-port", type=int, default=8501, help="dashboard port (8501)")
     p.add_argument("--summary-json", type=Path, default=None,
                    help="also write the end-of-run summary to this JSON file")

@@ -10,6 +10,9 @@
 #   LAB_TORCH_INDEX   extra pip index for torch (the Vagrant VM points it at the CPU-only build;
 #                     without it, pip takes torch==2.13.0 from its usual sources)
 #   LAB_LINK_PYTHON   set to 0 to leave /usr/local/bin/python alone (default 1)
+#   LAB_DASHBOARD_HOST  default address the dashboard binds when started through that link
+#                     (the Vagrant VM sets 0.0.0.0 so its port forward, bound to the host's
+#                     127.0.0.1 only, reaches it)
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,9 +32,13 @@ DEB_PACKAGES=(
     kmod             # modprobe, to load sch_htb / sch_netem where they are modules
     procps
     python3 python3-venv python3-dev
-    chromium         # the dashboard's end-to-end test drives Debian's chromium
     ca-certificates
 )
+# The dashboard's end-to-end test drives Debian's chromium. Ubuntu ships it only as a snap,
+# which a provisioning script should not pull in: there the browser test is skipped.
+if ! grep -qi ubuntu /etc/os-release 2>/dev/null; then
+    DEB_PACKAGES+=(chromium)
+fi
 log "installing Debian packages: ${DEB_PACKAGES[*]}"
 export DEBIAN_FRONTEND=noninteractive
 missing=()
@@ -85,9 +92,14 @@ fi
 # symlink) so it also runs from outside the repo with the lab on the path.
 if [[ "${LAB_LINK_PYTHON:-1}" == 1 ]]; then
     if [[ ! -e /usr/local/bin/python || -L /usr/local/bin/python || "$(head -c 200 /usr/local/bin/python 2>/dev/null)" == *"CREW Lab"* ]]; then
+        dash_env=""
+        if [[ -n "${LAB_DASHBOARD_HOST:-}" ]]; then
+            dash_env="export CREW_LAB_DASHBOARD_HOST=${LAB_DASHBOARD_HOST}"
+        fi
         cat > /usr/local/bin/python <<WRAP
 #!/bin/sh
 # CREW Lab: run the lab's interpreter ($VENV) so that 'sudo python -m lab.run' works.
+$dash_env
 exec "$VENV/bin/python" "\$@"
 WRAP
         chmod 755 /usr/local/bin/python
