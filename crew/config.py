@@ -33,6 +33,10 @@ class Scheme(enum.Enum):
         return tuple(s.value for s in cls)
 
 
+MIN_AUTO_PART_BYTES = 64 << 10
+MAX_AUTO_PART_BYTES = 1 << 20
+
+
 class ConfigError(ValueError):
     """A run configuration is malformed; the message names the field."""
 
@@ -63,10 +67,11 @@ class RunConfig:
     eval_every_s: float = 2.0
     staleness: bool = False
     # data plane
-    part_bytes: int = 1 << 20
+    part_bytes: int = 0  # 0: automatic, see part_elems_for
     max_payload: int = 4 << 20
     flow_order: str = "fcfs"
     nonblocking: bool = False
+    committed_capacity: bool = True  # plan new groups on capacity left by groups in flight
     stall_timeout_s: float = 8.0
     # control plane
     heartbeat_s: float = 1.0
@@ -85,14 +90,22 @@ class RunConfig:
             raise ConfigError(f"identities: need {self.n} addresses, got {len(self.identities)}")
         if len(self.bw_mbit) != self.n or any(len(r) != self.n for r in self.bw_mbit):
             raise ConfigError(f"bw_mbit: must be {self.n}x{self.n}")
-        if self.part_bytes <= 0 or self.part_bytes % 4:
-            raise ConfigError(f"part_bytes: must be a positive multiple of 4, got {self.part_bytes}")
+        if self.part_bytes < 0 or self.part_bytes % 4:
+            raise ConfigError(f"part_bytes: must be 0 (automatic) or a positive multiple of 4,"
+                              f" got {self.part_bytes}")
         if self.part_bytes > self.max_payload:
             raise ConfigError("part_bytes: must not exceed max_payload")
 
-    @property
-    def part_elems(self) -> int:
-        return self.part_bytes // 4
+    def part_elems_for(self, size_elems: int) -> int:
+        """Elements per part: as configured, or automatically about a quarter of a block.
+
+        Parts must be small against a block for aggregation and broadcast to overlap: with
+        n blocks of a vector, four parts per block, but no smaller than 64 KiB (per-frame
+        costs) and no larger than 1 MiB."""
+        if self.part_bytes:
+            return self.part_bytes // 4
+        quarter_block = size_elems // (4 * self.n)
+        return max(MIN_AUTO_PART_BYTES // 4, min(MAX_AUTO_PART_BYTES // 4, quarter_block))
 
     def secret(self) -> bytes:
         return Path(self.secret_path).read_bytes()

@@ -72,6 +72,7 @@ class OpenGroup:
     bytes_sent: int = 0
     prescatter: list[list[int]] = field(default_factory=list)  # rev 0 of a non-blocking group
     split_epoch: int = -1
+    rev_started: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -268,18 +269,41 @@ class Coordinator:
         self.split_epoch += 1
         segments = [] if split is None else [[s.worker, s.start, s.stop] for s in split.segments]
         for w in list(self.worker_conn):
-            self._send(w, proto.Split(self.split_epoch, segments))
+            self._send(w, proto.Split(self.split_epoch, segments,
+                                      self.cfg.part_elems_for(self.size_elems)))
 
     # -- groups ------------------------------------------------------------------------------
 
     def _alive(self) -> list[int]:
         return sorted(w for w in self.former.alive() if w in self.worker_conn)
 
-    def _plan(self, members: tuple[int, ...], scheme: str) -> tuple[GroupPlan, float]:
+    def _planning_bw(self, now: float) -> np.ndarray:
+        """Capacity as a new group will find it: minus what groups in flight still send.
+
+        Each open group is assumed to be ``elapsed / predicted`` done, so the bytes its plan
+        still puts on each link are committed over the longest remaining predicted time
+        (``planner.residual_capacity``). A heuristic, not a bound: the lower bound is always
+        computed on the full matrix."""
+        if not self.cfg.committed_capacity or not self.open:
+            return self.bw
+        committed = np.zeros_like(self.bw)
+        horizon = 0.0
+        for og in self.open.values():
+            predicted = max(og.plan.predicted_s, 1e-3)
+            left = max(0.0, 1.0 - (now - og.rev_started) / predicted)
+            committed += og.plan.link_bytes() * left
+            horizon = max(horizon, predicted * left)
+        if horizon <= 0.0:
+            return self.bw
+        return planner.residual_capacity(self.bw, committed, horizon)
+
+    def _plan(self, members: tuple[int, ...], scheme: str,
+              now: float | None = None) -> tuple[GroupPlan, float]:
         assert self.size_elems is not None
         size = self.size_elems * 4
         active = self._alive()
-        plan = plan_group(scheme, self.bw, members, size, active=active, seed=self.cfg.seed)
+        bw = self._planning_bw(time.time() if now is None else now)
+        plan = plan_group(scheme, bw, members, size, active=active, seed=self.cfg.seed)
         bound = planner.lower_bound(self.bw, members, size, active=active)
         return plan, bound
 
@@ -313,7 +337,7 @@ class Coordinator:
     def _start_group(self, group: Group, now: float) -> None:
         try:
             nonblocking = self._plan_nonblocking(group.members, now)
-            plan, bound = nonblocking or self._plan(group.members, self.scheme)
+            plan, bound = nonblocking or self._plan(group.members, self.scheme, now)
         except planner.PlanError as exc:
             self.db.execute(
                 "INSERT INTO groups (id, scheme, members, weights, formed_at, status, reason,"
@@ -359,12 +383,13 @@ class Coordinator:
             group=og.group.id, rev=og.rev, scheme=og.scheme, members=list(og.members),
             weights=list(og.weights), routes=[r.to_list() for r in og.plan.routes],
             pipelined=og.plan.pipelined, total=self.size_elems,
-            part_elems=self.cfg.part_elems,
+            part_elems=self.cfg.part_elems_for(self.size_elems),
             prescatter=og.prescatter if og.rev == 0 else [],
             iterations=[og.group.iterations[og.group.members.index(m)] for m in og.members],
             split_epoch=og.split_epoch,
         )
         og.participants = og.plan.participants()
+        og.rev_started = now
         og.have_all = set()
         og.result_projs = {}
         og.deadline = now + max(self.cfg.group_timeout_min_s, DEADLINE_FACTOR * og.plan.predicted_s)

@@ -152,6 +152,7 @@ class Split(Message):
     TYPE: ClassVar[str] = "split"
     epoch: int
     segments: list[list[int]]
+    part_elems: int
 
 
 @dataclass(frozen=True)

@@ -228,7 +228,7 @@ class Worker:
         if not self.cfg.nonblocking or split is None or not split.segments:
             return -1
         for dst, frame in prescatter_frames(self.me, self.cfg.run_num, vector, split.segments,
-                                            split.epoch, iteration, self.cfg.part_elems):
+                                            split.epoch, iteration, split.part_elems):
             self.transport.send(dst, frame)
         return split.epoch
 

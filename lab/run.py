@@ -61,12 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how the training set is split among workers (default iid)")
     p.add_argument("--staleness", action="store_true",
                    help="weight members by 0.9^staleness instead of equally")
-    p.add_argument("--part-kb", type=int, default=1024,
-                   help="size of the parts blocks travel in, KiB (default 1024)")
+    p.add_argument("--part-kb", type=int, default=0,
+                   help="size of the parts blocks travel in, KiB (default 0: automatic, a "
+                        "quarter of a block, between 64 KiB and 1 MiB)")
     p.add_argument("--nonblocking", action="store_true",
                    help="a ready worker starts scattering with the a2a split before its group "
                         "exists; the group's plan is re-solved around what was sent "
                         "(crew and crew-paper only)")
+    p.add_argument("--no-committed-capacity", action="store_true",
+                   help="plan each group on the full capacity matrix, ignoring what groups "
+                        "already in flight still send (the paper's behaviour)")
     p.add_argument("--flow-order", choices=["fcfs", "egf", "fair"], default="fcfs",
                    help="how a sender orders frames of concurrent groups (default fcfs)")
     p.add_argument("--allow-missing", action="append", default=[],
@@ -167,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = RunOptions(
         p=args.p, scheme=args.scheme, seed=args.seed, width=args.width, depth=args.depth,
         partition=args.partition, staleness=args.staleness, part_bytes=args.part_kb * 1024,
-        flow_order=args.flow_order, nonblocking=args.nonblocking, dashboard=not args.no_dashboard,
+        flow_order=args.flow_order, nonblocking=args.nonblocking,
+        committed_capacity=not args.no_committed_capacity, dashboard=not args.no_dashboard,
         dashboard_host=args.dashboard_host, dashboard_port=args.dashboard_port,
         allow_missing=allow, log_level=args.log_level,
     )

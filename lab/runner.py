@@ -53,9 +53,10 @@ class RunOptions:
     depth: int = 3
     partition: str = "iid"
     staleness: bool = False
-    part_bytes: int = 1 << 20
+    part_bytes: int = 0  # 0: automatic (RunConfig.part_elems_for)
     flow_order: str = "fcfs"
     nonblocking: bool = False
+    committed_capacity: bool = True
     lr: float = 0.05
     batch_size: int = 32
     local_steps: int = 1
@@ -251,6 +252,7 @@ class LabRun:
             part_bytes=o.part_bytes,
             flow_order=o.flow_order,
             nonblocking=o.nonblocking,
+            committed_capacity=o.committed_capacity,
             stall_timeout_s=o.stall_timeout_s,
             heartbeat_timeout_s=o.heartbeat_timeout_s,
             extra=dict(o.extra),

@@ -170,6 +170,27 @@ class Scenario:
     steps: tuple[Step, ...]
     source: Path | None = None
 
+    def scaled(self, factor: float) -> Scenario:
+        """The same steps with every ``at`` time multiplied by ``factor``.
+
+        Order, ties and targets are unchanged (scaling is monotone), and ``after_groups``
+        triggers are left alone: a count is no clock. Used to replay a shipped timeline, written
+        for minutes-long runs, in a CI-sized run; a fault then lasts ``factor`` times as long,
+        while the system's own reaction times (stall and heartbeat timeouts, a restart's torch
+        import) do not scale, so a shortened fault may end before it is noticed.
+        """
+        if isinstance(factor, bool) or not isinstance(factor, int | float):
+            raise TypeError(f"factor: must be a number, got {_describe(factor)}")
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"factor: must be finite and > 0, got {factor}")
+        steps = tuple(
+            dataclasses.replace(s, trigger=Trigger(TriggerKind.AT, s.trigger.value * factor))
+            if s.trigger.kind is TriggerKind.AT
+            else s
+            for s in self.steps
+        )
+        return dataclasses.replace(self, steps=steps)
+
     def timeline(self) -> str:
         """The expanded timeline, one step a line, in firing order within each trigger kind."""
         lines = [f"scenario {self.name!r} for n={self.n}: {len(self.steps)} steps"]
@@ -289,12 +310,15 @@ def load_scenario(
     *,
     limits: LabLimits | None = None,
     rates: np.ndarray | Sequence[Sequence[float]] | None = None,
+    time_scale: float = 1.0,
 ) -> Scenario:
     """Read, validate and expand a scenario file for a lab of ``n`` workers.
 
     ``limits`` (default ``LabLimits(n=n)``: rate changes only, the default schemes) is what the
     lab can do; ``rates`` is the topology's n×n capacity matrix in Mbit/s
     (``TopologySpec.bw_matrix()``), needed only by ``scale_link`` and chaos ``rate`` faults.
+    ``time_scale`` multiplies every ``at`` time after expansion (``Scenario.scaled``), so
+    macros draw exactly the timeline of the file and only the clock is compressed.
     Raises ScenarioError.
     """
     p = Path(path)
@@ -313,7 +337,8 @@ def load_scenario(
         raise ScenarioError(p, _DOC, f"YAML error: {e}") from None
     if data is None:
         raise ScenarioError(p, _DOC, "file is empty (no YAML document)")
-    return parse_scenario(data, n, limits=limits, rates=rates, source=p)
+    scenario = parse_scenario(data, n, limits=limits, rates=rates, source=p)
+    return scenario if time_scale == 1.0 else scenario.scaled(time_scale)
 
 
 def parse_scenario(
