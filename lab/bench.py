@@ -53,6 +53,14 @@ network for ``--duration`` seconds after the first worker reports an iteration. 
 minute of training, averaged over workers), and the time from the first reported iteration
 until the mean of every worker's latest held-out accuracy first reaches ``--target-accuracy``.
 
+Outputs
+-------
+``DIR/results.json`` (rewritten after every scheme, so a crash keeps what was measured), a
+terminal table, ``DIR/plots.html`` (op-time box plots with each scheme's median bound; measured
+MB per op on every link as heat maps; plotly.js embedded, opens offline), the same figures as
+PNG when kaleido can drive a Chromium (``BROWSER_PATH``, default ``/usr/bin/chromium``), and
+one run folder per scheme, ``DIR/<scheme>/`` (``lab.db``, config, logs) to dig into.
+
 Wall-clock figures from this 2-core machine are distorted when other labs run at the same
 time; the benchmark lists the ones it saw (``other_labs_seen``).
 """

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -376,19 +377,21 @@ class LabRun:
                 try:
                     proc.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    log.warning("pid %d did not stop in time; it will be killed", proc.pid)
+                    log.warning("pid %d did not stop in time; killing it", proc.pid)
+            # Whatever ignored the request is ended here, by its recorded pid: a shared network
+            # (a benchmark's) outlives this run, so its teardown cannot be relied on.
+            for proc in self.workers.values():
+                if proc.poll() is None and self.net is not None:
+                    self.net.stop_process(proc, timeout=3.0)
+            for proc in (self.coordinator, self.dashboard):
+                if proc is not None and proc.poll() is None:
+                    _end_group(proc)
             if self.faults is not None:
                 self.faults.close()
             if self.monitor is not None:
                 self.monitor.stop()
             if self._admin is not None:
                 self._admin.close()
-            if self.dashboard is not None and self.dashboard.poll() is None:
-                self.dashboard.terminate()
-                try:
-                    self.dashboard.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self.dashboard.kill()
             self._forget_root(self.coordinator)
             self._forget_root(self.dashboard)
         finally:
@@ -402,6 +405,20 @@ class LabRun:
                 self.db = None
             for fh in self._logs:
                 fh.close()
+
+
+def _end_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+    """SIGTERM the process group this lab started, then SIGKILL it after ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def summarize(db_path: Path) -> dict[str, Any]:

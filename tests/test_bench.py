@@ -244,7 +244,8 @@ def test_train_results(tmp_path: Path) -> None:
     groups = [
         dict(members=[0, 1], start=101.0, end=102.0),
         dict(members=[1, 2], start=102.0, end=103.0),
-        dict(members=[0, 2], start=103.0, status="abandoned"),
+        dict(members=[0, 2], start=103.0, end=104.0, status="abandoned"),
+        dict(members=[0, 2], start=129.0, end=131.0),  # ended after the run's end: not counted
     ]
     db = _db(tmp_path, groups, iterations=iterations, meta={"ended_at": "130.0"})
     r = bench.train_results(db, n=3, target=0.85)
@@ -256,6 +257,7 @@ def test_train_results(tmp_path: Path) -> None:
     assert (r.groups_completed, r.groups_abandoned) == (2, 1)
     assert bench.train_results(db, n=3, target=0.95).time_to_target_s is None
     assert bench.train_results(db, n=3, target=0.85, ended_at=160.0).training_s == 60.0
+    assert bench.train_results(db, n=3, target=0.85, ended_at=160.0).rounds_per_worker["0"] == 2
 
 
 def test_train_results_without_iterations(tmp_path: Path) -> None:
@@ -289,8 +291,10 @@ def test_figures(tmp_path: Path) -> None:
     assert [b.name for b in boxes] == ["preduce"]  # a scheme without ops has no box
     assert list(boxes[0].y) == [1.0, 2.0, 3.0, 4.0]
     (heat,) = links.data
-    z = np.array(heat.z, dtype=float)
-    assert z[0, 1] == 2.0 and z[1, 0] == 0.5 and math.isnan(z[2, 0])
+    per_op = np.array(heat.customdata, dtype=float)  # MB per op, shown on hover
+    assert per_op[0, 1] == 0.5 and per_op[1, 0] == 0.125 and math.isnan(per_op[2, 0])
+    z = np.array(heat.z, dtype=float)  # the colour: log10 of it
+    assert z[0, 1] == pytest.approx(math.log10(0.5)) and math.isnan(z[2, 0])
 
 
 def test_table_and_errors(tmp_path: Path) -> None:

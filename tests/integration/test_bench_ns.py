@@ -1,0 +1,79 @@
+"""End to end: ``lab.bench`` on the 3-worker topology, a few tiny ops per scheme.
+
+Checks what the benchmark wrote (every scheme correct, K positive op times with their bounds,
+per-link bytes) and that its network is gone afterwards. No timing assertions.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lab import bench
+from lab.cleanup import ROOT_NAME_PREFIX, root_link_names
+from lab.runner import REPO
+
+pytestmark = pytest.mark.root
+
+SMALL = REPO / "topologies" / "small.yaml"
+OPS = 3
+SIZE_MB = 0.25
+
+
+def _schemes() -> list[str]:
+    schemes = ["crew", "preduce", "ps"]
+    if (REPO / "crew" / "gloo.py").exists():
+        schemes.append("gloo")
+    return schemes
+
+
+def test_bench_small(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    schemes = _schemes()
+    rc = bench.main(
+        [
+            "--topology",
+            str(SMALL),
+            "--schemes",
+            ",".join(schemes),
+            "--p",
+            "2",
+            "--size-mb",
+            str(SIZE_MB),
+            "--ops",
+            str(OPS),
+            "--out",
+            str(out),
+            "--timeout-per-op",
+            "30",
+        ]
+    )
+    results = json.loads((out / "results.json").read_text())
+    errors = {s: r["error"] for s, r in results.get("schemes", {}).items() if r["error"]}
+    assert rc == 0, f"benchmark failed: {errors}"
+    assert not [
+        n for n in root_link_names() if n.startswith(ROOT_NAME_PREFIX + results["lab_tag"])
+    ], "network left behind"
+
+    assert results["topology"] == "small" and results["p"] == 2 and results["ops"] == OPS
+    assert results["size_bytes"] == int(SIZE_MB * 1e6)
+    assert results["trace"] == bench.make_trace(3, 2, OPS, 0)
+    assert list(results["schemes"]) == schemes
+    for name, r in results["schemes"].items():
+        assert r["correct"] and r["error"] is None, name
+        assert len(r["op_times_s"]) == OPS and all(t > 0 for t in r["op_times_s"]), name
+        assert len(r["bound_s"]) == OPS and all(b > 0 for b in r["bound_s"]), name
+        assert r["median_s"] > 0 and r["p90_s"] >= r["median_s"], name
+        assert r["median_over_bound"] > 0, name
+        # Every op moves at least the vector once over some link.
+        assert sum(r["link_bytes"].values()) >= OPS * results["size_bytes"], name
+        if name != "gloo":
+            assert all(e < 1e-3 for e in [r["max_verify_err"]]), name
+            # Measured bytes cover what the plans sent (headers only add).
+            for link, planned in r["planned_link_bytes"].items():
+                assert r["link_bytes"][link] >= planned, (name, link)
+    assert (out / "plots.html").stat().st_size > 0
+    for name in schemes:
+        assert (out / name / "lab.db").exists()
