@@ -72,6 +72,7 @@ class RunConfig:
     flow_order: str = "fcfs"
     nonblocking: bool = False
     committed_capacity: bool = True  # plan new groups on capacity left by groups in flight
+    capacity: str = "configured"  # the planner's truth: "configured" rates or "measured" ones
     stall_timeout_s: float = 8.0
     # control plane
     heartbeat_s: float = 1.0
@@ -93,6 +94,8 @@ class RunConfig:
         if self.part_bytes < 0 or self.part_bytes % 4:
             raise ConfigError(f"part_bytes: must be 0 (automatic) or a positive multiple of 4,"
                               f" got {self.part_bytes}")
+        if self.capacity not in ("configured", "measured"):
+            raise ConfigError(f"capacity: 'configured' or 'measured', got {self.capacity!r}")
         if self.part_bytes > self.max_payload:
             raise ConfigError("part_bytes: must not exceed max_payload")
 

@@ -54,7 +54,10 @@ log = logging.getLogger("crew.coordinator")
 TICK_S = 0.25
 MAX_REVISIONS = 8
 DEADLINE_FACTOR = 10.0  # a revision may take this many times its predicted time
-RETRY_LINK_S = 20.0  # a failed link is tried again after this, doubling on each failure
+RETRY_LINK_S = 20.0
+EWMA = 0.3  # weight of a new rate measurement
+DRIFT = 0.25  # relative change of a link's estimate that makes the planner use it
+TCP_GOODPUT = 0.95  # payload share of the frames HTB counts (DESIGN.md §4)  # a failed link is tried again after this, doubling on each failure
 
 
 @dataclass
@@ -110,6 +113,7 @@ class Coordinator:
         self.split_epoch = -1
         self.ready_at: dict[int, tuple[float, int]] = {}  # worker -> (time, split epoch used)
         self.configured_bw = bw.copy()
+        self.estimated_bw = bw.copy()  # online estimates, used with capacity="measured"
         self.failed_links: dict[tuple[int, int], tuple[float, int]] = {}  # -> (retry at, tries)
         self.stop_event = threading.Event()
         self._next_conn = 0
@@ -230,6 +234,8 @@ class Coordinator:
             self._have_all(msg, now)
         elif isinstance(msg, proto.LinkFailed):
             self._link_failed(msg.src, msg.dst, msg.reason, now)
+        elif isinstance(msg, proto.LinkRates):
+            self._link_rates(msg, now)
         elif isinstance(msg, proto.Rejected):
             self.db.event("security", f"worker {worker} rejected a frame from {msg.peer}:"
                           f" {msg.reason}", level="warning", worker=worker,
@@ -496,11 +502,36 @@ class Coordinator:
                 phase = og.plan.phase_of(src, dst)
                 self._revise(og, now, f"link {src}->{dst} failed during {phase}")
 
+    def _link_rates(self, msg: proto.LinkRates, now: float) -> None:
+        """Fold measured arrival rates into the estimates; re-plan on drift ("measured" mode).
+
+        A link's estimate is an exponential average of its bursts' rates, scaled up by the
+        TCP/IP overhead so it is comparable to the configured (frame-level) rate. When it
+        differs from what the planner uses by more than DRIFT, the planner switches to it."""
+        dst = msg.worker
+        for src_f, nbytes, seconds in msg.samples:
+            src = int(src_f)
+            if not 0 <= src < self.cfg.n or src == dst or seconds <= 0 or nbytes <= 0:
+                continue
+            mbit = nbytes * 8 / seconds / 1e6 / TCP_GOODPUT
+            old = self.estimated_bw[src, dst]
+            self.estimated_bw[src, dst] = est = (1 - EWMA) * old + EWMA * mbit
+            planned = self.bw[src, dst]
+            if self.cfg.capacity != "measured" or planned <= 0:
+                continue  # a failed link waits for its retry, whatever it measured
+            if abs(est - planned) > DRIFT * planned:
+                self.bw[src, dst] = est
+                self.db.event("capacity", f"link {src}->{dst} measured {est:.1f} Mbit/s, "
+                              f"planned {planned:.1f}: re-planning with the measurement",
+                              data={"src": src, "dst": dst, "mbit": est, "was": planned})
+                self._update_split()
+
     def _retry_links(self, now: float) -> None:
         retried = [link for link, (at, _) in self.failed_links.items()
                    if at <= now and self.bw[link] == 0.0]
         for src, dst in retried:
             self.bw[src, dst] = self.configured_bw[src, dst]
+            self.estimated_bw[src, dst] = self.configured_bw[src, dst]
             self.db.event("recovery", f"retrying link {src}->{dst} in new plans",
                           data={"src": src, "dst": dst})
         if retried:
@@ -565,6 +596,7 @@ class Coordinator:
         elif msg.op == "set_link":
             src, dst, rate = int(args["src"]), int(args["dst"]), float(args["rate_mbit"])
             self.bw[src, dst] = self.configured_bw[src, dst] = max(rate, 0.0)
+            self.estimated_bw[src, dst] = max(rate, 0.0)
             self.failed_links.pop((src, dst), None)
             self._update_split()
         elif msg.op == "slow_worker":

@@ -8,7 +8,7 @@ so a bad message is dropped with a warning instead of crashing the receiver.
 Who sends what::
 
     worker -> coordinator   Register, Heartbeat, Ready, Metrics, HaveAll, LinkFailed,
-                            Rejected, OpTime
+                            LinkRates, Rejected, OpTime
     coordinator -> worker   Assign, Split, Commit, Abandon, SetSlowdown, Stop
     lab -> coordinator      Admin (set_p, set_scheme, set_link, stop)
 """
@@ -95,6 +95,15 @@ class LinkFailed(Message):
     src: int
     dst: int
     reason: str
+
+
+@dataclass(frozen=True)
+class LinkRates(Message):
+    """Measured arrival rates into this worker: ``[src, bytes, seconds]`` per link src -> it."""
+
+    TYPE: ClassVar[str] = "link_rates"
+    worker: int
+    samples: list[list[float]]
 
 
 @dataclass(frozen=True)
@@ -203,6 +212,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Metrics,
         HaveAll,
         LinkFailed,
+        LinkRates,
         Rejected,
         OpTime,
         Assign,

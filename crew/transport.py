@@ -329,6 +329,43 @@ class _Link:
         self.thread: threading.Thread | None = None
 
 
+class ArrivalRate:
+    """The rate frames arrive at from one peer while it is sending back to back.
+
+    Arrivals closer than ``gap_s`` apart form a burst; a burst's rate is the bytes after its
+    first frame over the time from its first to its last frame, so the time the first frame
+    waited in queues does not count. Only bursts of at least ``min_bytes`` are kept: a short
+    one says more about socket buffers than about the link."""
+
+    def __init__(self, gap_s: float = 0.05, min_bytes: int = 256 << 10):
+        self.gap_s = gap_s
+        self.min_bytes = min_bytes
+        self._first = self._last = -1.0
+        self._bytes = 0  # after the first frame of the current burst
+        self._done_bytes = 0
+        self._done_s = 0.0
+
+    def add(self, now: float, nbytes: int) -> None:
+        if self._last < 0 or now - self._last > self.gap_s:
+            self._close_burst()
+            self._first = now
+            self._bytes = 0
+        else:
+            self._bytes += nbytes
+        self._last = now
+
+    def _close_burst(self) -> None:
+        if self._bytes >= self.min_bytes and self._last > self._first:
+            self._done_bytes += self._bytes
+            self._done_s += self._last - self._first
+
+    def take(self) -> tuple[int, float]:
+        """Bytes and seconds of the bursts completed since the last call."""
+        out = (self._done_bytes, self._done_s)
+        self._done_bytes, self._done_s = 0, 0.0
+        return out
+
+
 class Transport:
     """Peer-to-peer frame transport of one worker. See the module docstring for the model."""
 
@@ -372,6 +409,7 @@ class Transport:
         self._rejected: collections.Counter[str] = collections.Counter()
         self._handler_errors = 0
         self._send_failures = 0
+        self._arrivals: dict[int, ArrivalRate] = {}
 
         host, port = listen
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -494,6 +532,12 @@ class Transport:
                 link.queued_bytes -= sum(wire_size(f) for f in removed)
                 count += len(removed)
         return count
+
+    def arrival_rates(self) -> dict[int, tuple[int, float]]:
+        """Per peer, bytes and seconds of back-to-back arrivals since the last call; the ratio
+        estimates the capacity of the link peer -> here (see ArrivalRate)."""
+        with self._lock:
+            return {peer: r.take() for peer, r in self._arrivals.items()}
 
     def queued_bytes(self, dst: int) -> int:
         """Wire bytes queued for ``dst``, including the frame being sent."""
@@ -762,8 +806,10 @@ class Transport:
         """Frames after the handshake, until the connection ends (exceptions propagate)."""
         while not self._closing.is_set():
             frame = stream.recv()
+            now = time.monotonic()
             with self._lock:
                 self._bytes_received[peer] += wire_size(frame)
+                self._arrivals.setdefault(peer, ArrivalRate()).add(now, wire_size(frame))
                 if frame.kind is not FrameKind.HELLO:
                     self._frames_received += 1
             if frame.kind is not FrameKind.HELLO:  # a repeated HELLO carries nothing

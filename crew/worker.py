@@ -170,6 +170,10 @@ class Worker:
     def _heartbeats(self) -> None:
         while not self.stop_event.wait(self.cfg.heartbeat_s):
             self._tell(proto.Heartbeat(self.me, self.iteration))
+            samples = [[float(src), float(b), s]
+                       for src, (b, s) in self.transport.arrival_rates().items() if s > 0]
+            if samples:
+                self._tell(proto.LinkRates(self.me, samples))
 
     def _control_reader(self) -> None:
         assert self.control is not None

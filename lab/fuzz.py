@@ -279,8 +279,13 @@ class CaseGenerator:
                 other = codec.encode_bytes(self.frame())
                 data = splice(wire, other, rng.randrange(1, len(wire)),
                               rng.randrange(1, len(other)))
-                if data in (wire, other):  # glued back into a whole valid frame: not a mutation
-                    data = data[:-1]
+                # The glue can rebuild a whole valid frame at the start (the cut fell in the
+                # last bytes of one and the other continued them by chance): then that frame
+                # is rightly accepted, and anything after it is the next frame's problem.
+                for whole_frame, enc in ((frame, wire), (codec.decode(other), other)):
+                    if data.startswith(enc):
+                        after = TrailingData if len(data) > len(enc) else whole_frame
+                        return Case(m, data, whole_frame, after)
             case Mutation.RANDOM:
                 data = rng.randbytes(rng.choice([rng.randrange(HEADER_SIZE + 1),
                                                  rng.randrange(HEADER_SIZE, 2048)]))
@@ -570,7 +575,8 @@ def hostile_message(mode: AttackMode, rng: random.Random, max_payload: int) -> b
         # run, claiming to be worker 0 (an id the target accepts in a HELLO).
         codec = FrameCodec(rng.randbytes(32), rng.randrange(_U32 + 1))
         kind = rng.choice([FrameKind.HELLO, FrameKind.SCATTER, FrameKind.CONTROL])
-        payload = b"" if kind is FrameKind.HELLO else rng.randbytes(rng.randrange(1, 4096))
+        size = rng.randrange(1, min(4096, max_payload) + 1)  # within the limit: must fail the MAC
+        payload = b"" if kind is FrameKind.HELLO else rng.randbytes(size)
         return codec.encode_bytes(Frame(kind, 0, codec.run, payload=payload))
     if mode is AttackMode.GARBAGE:
         return rng.randbytes(rng.randrange(1, 2048))

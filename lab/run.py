@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a ready worker starts scattering with the a2a split before its group "
                         "exists; the group's plan is re-solved around what was sent "
                         "(crew and crew-paper only)")
+    p.add_argument("--capacity", choices=["configured", "measured"], default="configured",
+                   help="what the planner believes about link rates: the topology's "
+                        "configured rates, or rates measured online from arriving data "
+                        "(re-planning when a link drifts by more than 25%%)")
     p.add_argument("--no-committed-capacity", action="store_true",
                    help="plan each group on the full capacity matrix, ignoring what groups "
                         "already in flight still send (the paper's behaviour)")
@@ -172,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         p=args.p, scheme=args.scheme, seed=args.seed, width=args.width, depth=args.depth,
         partition=args.partition, staleness=args.staleness, part_bytes=args.part_kb * 1024,
         flow_order=args.flow_order, nonblocking=args.nonblocking,
-        committed_capacity=not args.no_committed_capacity, dashboard=not args.no_dashboard,
+        committed_capacity=not args.no_committed_capacity, capacity=args.capacity,
+        dashboard=not args.no_dashboard,
         dashboard_host=args.dashboard_host, dashboard_port=args.dashboard_port,
         allow_missing=allow, log_level=args.log_level,
     )

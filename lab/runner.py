@@ -58,6 +58,7 @@ class RunOptions:
     flow_order: str = "fcfs"
     nonblocking: bool = False
     committed_capacity: bool = True
+    capacity: str = "configured"
     lr: float = 0.05
     batch_size: int = 32
     local_steps: int = 1
@@ -254,6 +255,7 @@ class LabRun:
             flow_order=o.flow_order,
             nonblocking=o.nonblocking,
             committed_capacity=o.committed_capacity,
+            capacity=o.capacity,
             stall_timeout_s=o.stall_timeout_s,
             heartbeat_timeout_s=o.heartbeat_timeout_s,
             extra=dict(o.extra),

@@ -141,3 +141,27 @@ def test_worker_killed_mid_reduce_survivors_complete(tmp_path: Path) -> None:
         assert victim not in json.loads(g["members"]), "survivors' average kept the dead worker"
     _assert_exact([x for x in [g] if x["status"] == "completed"] + after)
     assert all(victim not in json.loads(x["members"]) for x in after)
+
+
+def test_measured_capacity_replans_when_contention_eats_a_link(tmp_path: Path) -> None:
+    """With --capacity measured, a background flow on a busy link lowers its measured rate
+    below the configured one, and the coordinator switches the planner to the measurement."""
+    topo = load_topology(SMALL)
+    with LabRun(topo, check(topo), _opts(capacity="measured", width=640, depth=3),
+                tmp_path / "run", state_dir=tmp_path / "state") as lab:
+        _wait(lab, lambda: len(_completed(lab)) >= 3, START_WAIT_S, "first groups")
+        src, dst = max(((lk.src, lk.dst) for lk in topo.links),
+                       key=lambda sd: topo.link(*sd).rate_mbit)
+        rate = topo.link(src, dst).rate_mbit
+        cmds.submit(lab.db_path, cmds.StartContention(src=src, dst=dst, rate_mbit=rate))
+        _wait(lab, lambda: bool(_rows(
+            lab, "SELECT id FROM events WHERE kind='capacity' AND message LIKE ?",
+            (f"link {src}->{dst} measured%",))), FAULT_WAIT_S, "a re-plan on measured capacity")
+        event = _rows(lab, "SELECT data FROM events WHERE kind='capacity' AND message LIKE ?",
+                      (f"link {src}->{dst} measured%",))[0]
+        after = time.time()
+        _wait(lab, lambda: len(_completed(lab, after)) >= 2, FAULT_WAIT_S, "groups after it")
+        done = _completed(lab, after)
+    measured = json.loads(event["data"])
+    assert measured["mbit"] < 0.75 * rate
+    _assert_exact(done)
