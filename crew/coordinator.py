@@ -72,7 +72,7 @@ class OpenGroup:
     deadline: float
     have_all: set[int] = field(default_factory=set)
     result_projs: dict[int, float] = field(default_factory=dict)
-    bytes_sent: int = 0
+    bytes_moved: int = 0  # what the plans of all its revisions put on the links
     prescatter: list[list[int]] = field(default_factory=list)  # rev 0 of a non-blocking group
     split_epoch: int = -1
     rev_started: float = 0.0
@@ -395,6 +395,7 @@ class Coordinator:
             split_epoch=og.split_epoch,
         )
         og.participants = og.plan.participants()
+        og.bytes_moved += int(og.plan.link_bytes().sum())
         og.rev_started = now
         og.have_all = set()
         og.result_projs = {}
@@ -408,7 +409,6 @@ class Coordinator:
             return  # a late report from a superseded revision
         og.have_all.add(msg.worker)
         og.result_projs[msg.worker] = msg.proj
-        og.bytes_sent += msg.bytes_sent
         if og.have_all >= set(og.members):
             self._finish(og, now, committed=True, reason="")
 
@@ -432,7 +432,7 @@ class Coordinator:
         self.db.execute(
             "UPDATE groups SET ended_at=?, status=?, bytes=?, reason=?, members=?, weights=?,"
             " plan=?, revisions=?, verify_err=? WHERE id=?",
-            (now, "completed" if committed else "abandoned", og.bytes_sent, reason or None,
+            (now, "completed" if committed else "abandoned", og.bytes_moved, reason or None,
              json.dumps(og.members), json.dumps(og.weights), og.plan.to_json(), og.rev, err,
              gid),
         )

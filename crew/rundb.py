@@ -20,7 +20,8 @@ Schema (see ``SCHEMA``):
 ``groups(id, scheme, members, weights, formed_at, started_at, ended_at, status, bytes,
 predicted_s, bound_s, plan, reason, revisions, verify_err)``
     every group; ``members``/``weights``/``plan`` are JSON; ``status`` is one of
-    ``open``, ``completed``, ``abandoned``; ``revisions`` counts re-plans after faults;
+    ``open``, ``completed``, ``abandoned``; ``bytes`` is what the plans of all its revisions
+    put on the links (payload, without headers); ``revisions`` counts re-plans after faults;
     ``verify_err`` is the relative error of the result check (``crew.verify``), NULL when
     the group did not complete.
 ``group_members(group_id, worker, iteration, staleness, weight)``
