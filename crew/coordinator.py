@@ -575,8 +575,8 @@ class Coordinator:
             "INSERT INTO groups (scheme, members, weights, formed_at, started_at, ended_at,"
             " status, bytes) VALUES (?,?,?,?,?,?, 'completed', ?)",
             (self.scheme, json.dumps(members), json.dumps([1 / self.cfg.n] * self.cfg.n),
-             msg.started, msg.started, msg.ended, msg.nbytes),
-        )
+             msg.started, msg.started, msg.ended, 2 * (self.cfg.n - 1) * msg.nbytes),
+        )  # Gloo's ring all-reduce: each of n ranks sends 2(n-1)/n of the vector
 
     # -- the lab's requests ------------------------------------------------------------------
 
