@@ -20,6 +20,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from crew import rundb
 from lab import commands as cmds
 from lab.mesh import LabError
 
@@ -42,10 +43,11 @@ class FaultInjector:
         self.flows: dict[tuple[int, int], tuple[subprocess.Popen[bytes], ...]] = {}
 
     def _limits(self) -> cmds.LabLimits:
-        assert self.lab.db is not None
-        conn = self.lab.db._conn  # the lab's own writer connection; reads are consistent
-        with self.lab.db._lock:
+        conn = rundb.connect(self.lab.db_path, readonly=True)
+        try:
             return cmds.load_limits(conn)
+        finally:
+            conn.close()
 
     def apply_pending(self) -> int:
         """Apply every pending command in order; return how many were handled."""

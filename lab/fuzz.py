@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import collections
 import enum
+import errno
 import json
 import logging
 import random
@@ -80,6 +81,7 @@ _LENGTH_AT = 36  # byte offset of the length field in the header
 _VERSION_AT = 4
 _KIND_AT = 5
 VALID = "valid"  # outcome name of an accepted frame
+_DROPPED_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN})
 
 
 class Mutation(enum.Enum):
@@ -624,11 +626,11 @@ def _deliver(sock: socket.socket, msg: bytes, wait_s: float, report: AttackRepor
         sock.sendall(msg)
         report.bytes_sent += len(msg)
         sock.shutdown(socket.SHUT_WR)  # EOF: a short message is a truncation, not a stall
-    except ConnectionResetError:
-        return "reset"
-    except BrokenPipeError:
-        return "reset"  # the peer closed and reset before we finished writing
     except OSError as e:
+        # The peer rejected the message before we finished writing it, and closing with
+        # unread data made its kernel reset the connection.
+        if e.errno in _DROPPED_ERRNOS:
+            return "reset"
         log.warning("send failed: %s", e)
         return "send_failed"
     deadline = time.monotonic() + wait_s
@@ -641,8 +643,11 @@ def _deliver(sock: socket.socket, msg: bytes, wait_s: float, report: AttackRepor
             data = sock.recv(4096)
         except TimeoutError:
             return "kept_open"
-        except ConnectionResetError:
-            return "reset"
+        except OSError as e:
+            if e.errno in _DROPPED_ERRNOS:
+                return "reset"
+            log.warning("receive failed: %s", e)
+            return "recv_failed"
         if not data:
             return "closed"
         return "answered"  # a worker never writes on an inbound data connection

@@ -139,6 +139,7 @@ class LabRun:
         self._logs: list[IO[bytes]] = []
         self.started_at = 0.0
         self.exit_codes: dict[int, int] = {}
+        self._coordinator_gone = False
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -359,11 +360,11 @@ class LabRun:
                 self.exit_codes[i] = code
                 self.db.event("fault", f"worker {i} exited with code {code}",
                               level="warning" if code else "info", worker=i)
-        if self.coordinator is not None and self.coordinator.poll() is not None:
-            if "coordinator" not in getattr(self, "_noted", set()):
-                self._noted = {"coordinator"}
-                self.db.event("fault", f"coordinator exited with code {self.coordinator.returncode}",
-                              level="error")
+        coord = self.coordinator
+        if coord is not None and coord.poll() is not None and not self._coordinator_gone:
+            self._coordinator_gone = True  # the lab accepts it as a single point of failure
+            self.db.event("fault", f"coordinator exited with code {coord.returncode}",
+                          level="error")
 
     def _stop(self) -> None:
         try:
