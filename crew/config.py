@@ -86,14 +86,18 @@ class RunConfig:
         if not 1 <= self.p <= self.n:
             raise ConfigError(f"p: must be between 1 and n={self.n}, got {self.p}")
         if self.scheme not in Scheme.names():
-            raise ConfigError(f"scheme: unknown {self.scheme!r}; known: {', '.join(Scheme.names())}")
+            raise ConfigError(
+                f"scheme: unknown {self.scheme!r}; known: {', '.join(Scheme.names())}"
+            )
         if len(self.identities) != self.n:
             raise ConfigError(f"identities: need {self.n} addresses, got {len(self.identities)}")
         if len(self.bw_mbit) != self.n or any(len(r) != self.n for r in self.bw_mbit):
             raise ConfigError(f"bw_mbit: must be {self.n}x{self.n}")
         if self.part_bytes < 0 or self.part_bytes % 4:
-            raise ConfigError(f"part_bytes: must be 0 (automatic) or a positive multiple of 4,"
-                              f" got {self.part_bytes}")
+            raise ConfigError(
+                f"part_bytes: must be 0 (automatic) or a positive multiple of 4,"
+                f" got {self.part_bytes}"
+            )
         if self.capacity not in ("configured", "measured"):
             raise ConfigError(f"capacity: 'configured' or 'measured', got {self.capacity!r}")
         if self.part_bytes > self.max_payload:

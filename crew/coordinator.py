@@ -106,7 +106,8 @@ class Coordinator:
         # Benchmark mode: groups come from a fixed trace, one at a time, not from readiness.
         trace = cfg.extra.get("trace")
         self.trace: list[tuple[int, ...]] | None = (
-            [tuple(int(m) for m in g) for g in trace] if trace is not None else None)
+            [tuple(int(m) for m in g) for g in trace] if trace is not None else None
+        )
         self.trace_next = 0
         # Non-blocking mode: the a2a split ready workers scatter with before their group forms.
         self.split: planner.Plan | None = None
@@ -199,8 +200,9 @@ class Coordinator:
                     self._worker_lost(worker, now, "control connection closed")
             return
         if ev.kind == "rejected":
-            self.db.event("security", f"connection {ev.conn} sent a frame that failed checks",
-                          level="warning")
+            self.db.event(
+                "security", f"connection {ev.conn} sent a frame that failed checks", level="warning"
+            )
             return
         msg = ev.msg
         if isinstance(msg, proto.Admin):
@@ -237,9 +239,13 @@ class Coordinator:
         elif isinstance(msg, proto.LinkRates):
             self._link_rates(msg, now)
         elif isinstance(msg, proto.Rejected):
-            self.db.event("security", f"worker {worker} rejected a frame from {msg.peer}:"
-                          f" {msg.reason}", level="warning", worker=worker,
-                          data={"peer": msg.peer, "reason": msg.reason})
+            self.db.event(
+                "security",
+                f"worker {worker} rejected a frame from {msg.peer}: {msg.reason}",
+                level="warning",
+                worker=worker,
+                data={"peer": msg.peer, "reason": msg.reason},
+            )
         elif isinstance(msg, proto.OpTime):
             self._op_time(msg)
         else:
@@ -258,8 +264,9 @@ class Coordinator:
         self.worker_conn[msg.worker] = conn
         self.former.join(msg.worker, now)
         self.db.set_worker_status(msg.worker, "training", iteration=msg.iteration, pid=msg.pid)
-        self.db.event("worker", f"worker {msg.worker} registered (pid {msg.pid})",
-                      worker=msg.worker)
+        self.db.event(
+            "worker", f"worker {msg.worker} registered (pid {msg.pid})", worker=msg.worker
+        )
         self._update_split()
 
     def _update_split(self) -> None:
@@ -275,8 +282,9 @@ class Coordinator:
         self.split_epoch += 1
         segments = [] if split is None else [[s.worker, s.start, s.stop] for s in split.segments]
         for w in list(self.worker_conn):
-            self._send(w, proto.Split(self.split_epoch, segments,
-                                      self.cfg.part_elems_for(self.size_elems)))
+            self._send(
+                w, proto.Split(self.split_epoch, segments, self.cfg.part_elems_for(self.size_elems))
+            )
 
     # -- groups ------------------------------------------------------------------------------
 
@@ -303,8 +311,9 @@ class Coordinator:
             return self.bw
         return planner.residual_capacity(self.bw, committed, horizon)
 
-    def _plan(self, members: tuple[int, ...], scheme: str,
-              now: float | None = None) -> tuple[GroupPlan, float]:
+    def _plan(
+        self, members: tuple[int, ...], scheme: str, now: float | None = None
+    ) -> tuple[GroupPlan, float]:
         assert self.size_elems is not None
         size = self.size_elems * 4
         active = self._alive()
@@ -322,8 +331,12 @@ class Coordinator:
         member became ready and the link's rate. The estimate only steers the split: which
         parts are really reused is decided from the plan alone (``crew.reduce.covered_parts``).
         """
-        if (not self.cfg.nonblocking or self.split is None or self.trace is not None
-                or self.scheme not in ("crew", "crew-paper")):
+        if (
+            not self.cfg.nonblocking
+            or self.split is None
+            or self.trace is not None
+            or self.scheme not in ("crew", "crew-paper")
+        ):
             return None
         if any(self.ready_at.get(m, (0.0, -1))[1] != self.split_epoch for m in members):
             return None  # someone scattered with an older split: plan normally
@@ -336,8 +349,9 @@ class Coordinator:
             rate = np.where(np.isfinite(self.bw[g]), self.bw[g], 0.0) * 1e6 / 8
             sent[g] = np.minimum(a2a_bytes, elapsed * rate)
         active = self._alive()
-        plan = plan_group_nonblocking(self.scheme, self.bw, members, size, sent, self.split,
-                                      active=active)
+        plan = plan_group_nonblocking(
+            self.scheme, self.bw, members, size, sent, self.split, active=active
+        )
         return plan, planner.lower_bound(self.bw, members, size, active=active)
 
     def _start_group(self, group: Group, now: float) -> None:
@@ -348,8 +362,15 @@ class Coordinator:
             self.db.execute(
                 "INSERT INTO groups (id, scheme, members, weights, formed_at, status, reason,"
                 " ended_at) VALUES (?,?,?,?,?, 'abandoned', ?, ?)",
-                (group.id, self.scheme, json.dumps(group.members), json.dumps(group.weights),
-                 group.formed_at, f"no plan: {exc}", now),
+                (
+                    group.id,
+                    self.scheme,
+                    json.dumps(group.members),
+                    json.dumps(group.weights),
+                    group.formed_at,
+                    f"no plan: {exc}",
+                    now,
+                ),
             )
             if self.trace is None:
                 self.former.abandon(group.id, now)
@@ -357,8 +378,14 @@ class Coordinator:
                 self._send(m, proto.Abandon(group.id, f"no plan: {exc}"))
             return
         og = OpenGroup(
-            group=group, scheme=self.scheme, rev=0, members=group.members,
-            weights=group.weights, plan=plan, participants=set(), deadline=0.0,
+            group=group,
+            scheme=self.scheme,
+            rev=0,
+            members=group.members,
+            weights=group.weights,
+            plan=plan,
+            participants=set(),
+            deadline=0.0,
         )
         if nonblocking is not None:
             assert self.split is not None
@@ -368,8 +395,17 @@ class Coordinator:
         self.db.execute(
             "INSERT INTO groups (id, scheme, members, weights, formed_at, started_at, status,"
             " predicted_s, bound_s, plan) VALUES (?,?,?,?,?,?, 'open', ?,?,?)",
-            (group.id, self.scheme, json.dumps(group.members), json.dumps(group.weights),
-             group.formed_at, now, plan.predicted_s, bound, plan.to_json()),
+            (
+                group.id,
+                self.scheme,
+                json.dumps(group.members),
+                json.dumps(group.weights),
+                group.formed_at,
+                now,
+                plan.predicted_s,
+                bound,
+                plan.to_json(),
+            ),
         )
         self.db.executemany(
             "INSERT INTO group_members (group_id, worker, iteration, staleness, weight)"
@@ -386,9 +422,14 @@ class Coordinator:
     def _assign(self, og: OpenGroup, now: float) -> None:
         assert self.size_elems is not None
         msg = proto.Assign(
-            group=og.group.id, rev=og.rev, scheme=og.scheme, members=list(og.members),
-            weights=list(og.weights), routes=[r.to_list() for r in og.plan.routes],
-            pipelined=og.plan.pipelined, total=self.size_elems,
+            group=og.group.id,
+            rev=og.rev,
+            scheme=og.scheme,
+            members=list(og.members),
+            weights=list(og.weights),
+            routes=[r.to_list() for r in og.plan.routes],
+            pipelined=og.plan.pipelined,
+            total=self.size_elems,
             part_elems=self.cfg.part_elems_for(self.size_elems),
             prescatter=og.prescatter if og.rev == 0 else [],
             iterations=[og.group.iterations[og.group.members.index(m)] for m in og.members],
@@ -424,17 +465,33 @@ class Coordinator:
                 self.former.abandon(gid, now)
         err = None
         if committed:
-            err = relative_error([og.result_projs[m] for m in og.members], og.weights,
-                                 [self.offered_proj.get(m, float("nan")) for m in og.members])
+            err = relative_error(
+                [og.result_projs[m] for m in og.members],
+                og.weights,
+                [self.offered_proj.get(m, float("nan")) for m in og.members],
+            )
             if not err <= CHECK_TOLERANCE:  # also catches NaN
-                self.db.event("error", f"group {gid} result check failed: relative error {err}",
-                              level="error", data={"group": gid})
+                self.db.event(
+                    "error",
+                    f"group {gid} result check failed: relative error {err}",
+                    level="error",
+                    data={"group": gid},
+                )
         self.db.execute(
             "UPDATE groups SET ended_at=?, status=?, bytes=?, reason=?, members=?, weights=?,"
             " plan=?, revisions=?, verify_err=? WHERE id=?",
-            (now, "completed" if committed else "abandoned", og.bytes_moved, reason or None,
-             json.dumps(og.members), json.dumps(og.weights), og.plan.to_json(), og.rev, err,
-             gid),
+            (
+                now,
+                "completed" if committed else "abandoned",
+                og.bytes_moved,
+                reason or None,
+                json.dumps(og.members),
+                json.dumps(og.weights),
+                og.plan.to_json(),
+                og.rev,
+                err,
+                gid,
+            ),
         )
         if set(og.members) != set(og.group.members):
             dropped = sorted(set(og.group.members) - set(og.members))
@@ -447,8 +504,12 @@ class Coordinator:
             if m in self.worker_conn:
                 self.db.set_worker_status(m, "training", group_id=None)
         if not committed:
-            self.db.event("group", f"group {gid} abandoned: {reason}", level="warning",
-                          data={"group": gid, "members": list(og.members)})
+            self.db.event(
+                "group",
+                f"group {gid} abandoned: {reason}",
+                level="warning",
+                data={"group": gid, "members": list(og.members)},
+            )
 
     def _revise(self, og: OpenGroup, now: float, why: str) -> None:
         if og.rev + 1 >= MAX_REVISIONS:
@@ -461,8 +522,11 @@ class Coordinator:
             return
         og.rev += 1
         og.plan = plan
-        self.db.event("recovery", f"group {og.group.id} revision {og.rev}: {why}",
-                      data={"group": og.group.id, "rev": og.rev})
+        self.db.event(
+            "recovery",
+            f"group {og.group.id} revision {og.rev}: {why}",
+            data={"group": og.group.id, "rev": og.rev},
+        )
         self._assign(og, now)
 
     def _worker_lost(self, worker: int, now: float, why: str) -> None:
@@ -494,8 +558,12 @@ class Coordinator:
             tries = self.failed_links.get((src, dst), (0.0, 0))[1] + 1
             self.failed_links[(src, dst)] = (now + RETRY_LINK_S * 2 ** (tries - 1), tries)
             self.bw[src, dst] = 0.0
-            self.db.event("fault", f"link {src}->{dst} failed: {reason}", level="warning",
-                          data={"src": src, "dst": dst})
+            self.db.event(
+                "fault",
+                f"link {src}->{dst} failed: {reason}",
+                level="warning",
+                data={"src": src, "dst": dst},
+            )
             self._update_split()
         for og in list(self.open.values()):
             if og.plan.uses(src, dst):
@@ -521,19 +589,28 @@ class Coordinator:
                 continue  # a failed link waits for its retry, whatever it measured
             if abs(est - planned) > DRIFT * planned:
                 self.bw[src, dst] = est
-                self.db.event("capacity", f"link {src}->{dst} measured {est:.1f} Mbit/s, "
-                              f"planned {planned:.1f}: re-planning with the measurement",
-                              data={"src": src, "dst": dst, "mbit": est, "was": planned})
+                self.db.event(
+                    "capacity",
+                    f"link {src}->{dst} measured {est:.1f} Mbit/s, "
+                    f"planned {planned:.1f}: re-planning with the measurement",
+                    data={"src": src, "dst": dst, "mbit": est, "was": planned},
+                )
                 self._update_split()
 
     def _retry_links(self, now: float) -> None:
-        retried = [link for link, (at, _) in self.failed_links.items()
-                   if at <= now and self.bw[link] == 0.0]
+        retried = [
+            link
+            for link, (at, _) in self.failed_links.items()
+            if at <= now and self.bw[link] == 0.0
+        ]
         for src, dst in retried:
             self.bw[src, dst] = self.configured_bw[src, dst]
             self.estimated_bw[src, dst] = self.configured_bw[src, dst]
-            self.db.event("recovery", f"retrying link {src}->{dst} in new plans",
-                          data={"src": src, "dst": dst})
+            self.db.event(
+                "recovery",
+                f"retrying link {src}->{dst} in new plans",
+                data={"src": src, "dst": dst},
+            )
         if retried:
             self._update_split()
 
@@ -562,8 +639,13 @@ class Coordinator:
         members = self.trace[self.trace_next]
         self.trace_next += 1
         weights = tuple(1.0 / len(members) for _ in members)
-        group = Group(id=self.trace_next, members=members, iterations=(0,) * len(members),
-                      weights=weights, formed_at=now)
+        group = Group(
+            id=self.trace_next,
+            members=members,
+            iterations=(0,) * len(members),
+            weights=weights,
+            formed_at=now,
+        )
         self._start_group(group, now)
         if self.trace_next == len(self.trace):
             self.db.set_meta({"trace_started_all": "1"})
@@ -574,8 +656,15 @@ class Coordinator:
         self.db.execute(
             "INSERT INTO groups (scheme, members, weights, formed_at, started_at, ended_at,"
             " status, bytes) VALUES (?,?,?,?,?,?, 'completed', ?)",
-            (self.scheme, json.dumps(members), json.dumps([1 / self.cfg.n] * self.cfg.n),
-             msg.started, msg.started, msg.ended, 2 * (self.cfg.n - 1) * msg.nbytes),
+            (
+                self.scheme,
+                json.dumps(members),
+                json.dumps([1 / self.cfg.n] * self.cfg.n),
+                msg.started,
+                msg.started,
+                msg.ended,
+                2 * (self.cfg.n - 1) * msg.nbytes,
+            ),
         )  # Gloo's ring all-reduce: each of n ranks sends 2(n-1)/n of the vector
 
     # -- the lab's requests ------------------------------------------------------------------
@@ -625,8 +714,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", required=True, help="the run database (SQLite)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s coord %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s coord %(levelname)s %(name)s: %(message)s"
+    )
     cfg = RunConfig.load(args.config)
     db = RunDB(args.db)
     coord = Coordinator(cfg, db, cfg.coordinator_host, cfg.coordinator_port)

@@ -80,8 +80,15 @@ def part_starts(route: Route, part_elems: int) -> list[int]:
     return list(range(route.start, route.stop, part_elems))
 
 
-def prescatter_frames(me: int, run: int, vector: np.ndarray, segments: list[list[int]],
-                      epoch: int, iteration: int, part_elems: int) -> list[tuple[int, Frame]]:
+def prescatter_frames(
+    me: int,
+    run: int,
+    vector: np.ndarray,
+    segments: list[list[int]],
+    epoch: int,
+    iteration: int,
+    part_elems: int,
+) -> list[tuple[int, Frame]]:
     """Non-blocking mode: the unweighted parts a ready member sends along the a2a split.
 
     ``part`` carries the offered iteration and ``rev`` the split's epoch, so an aggregator can
@@ -92,9 +99,21 @@ def prescatter_frames(me: int, run: int, vector: np.ndarray, segments: list[list
             continue
         for s in range(start, stop, part_elems):
             e = min(s + part_elems, stop)
-            out.append((agg, Frame(kind=FrameKind.PRESCATTER, sender=me, run=run, rev=epoch,
-                                   block=agg, part=iteration, offset=s,
-                                   payload=np.ascontiguousarray(vector[s:e]).tobytes())))
+            out.append(
+                (
+                    agg,
+                    Frame(
+                        kind=FrameKind.PRESCATTER,
+                        sender=me,
+                        run=run,
+                        rev=epoch,
+                        block=agg,
+                        part=iteration,
+                        offset=s,
+                        payload=np.ascontiguousarray(vector[s:e]).tobytes(),
+                    ),
+                )
+            )
     return out
 
 
@@ -215,8 +234,10 @@ class ReduceEngine:
                 if held is None:
                     raise ReduceError(f"group {assign.group}: member {self.me} has no vector")
                 if held.size != assign.total:
-                    raise ReduceError(f"group {assign.group}: vector has {held.size} elements,"
-                                      f" plan covers {assign.total}")
+                    raise ReduceError(
+                        f"group {assign.group}: vector has {held.size} elements,"
+                        f" plan covers {assign.total}"
+                    )
             g = _Group(assign=assign, routes={}, member=member, covered=covered_parts(assign))
             for k, r in enumerate(routes):
                 on_route = self.me in r.nodes()
@@ -226,8 +247,11 @@ class ReduceEngine:
                 if member:
                     expect.add(self.me)
                 st = _RouteState(
-                    route=r, parts=part_starts(r, assign.part_elems), expect=frozenset(expect),
-                    parent=r.parent(self.me), down=r.children_down(self.me),
+                    route=r,
+                    parts=part_starts(r, assign.part_elems),
+                    expect=frozenset(expect),
+                    parent=r.parent(self.me),
+                    down=r.children_down(self.me),
                     receiver=self.me in r.receivers(),
                 )
                 g.routes[k] = st
@@ -287,8 +311,9 @@ class ReduceEngine:
                 self._on_prescatter(frame)
             except ReduceError as exc:
                 self.dropped_frames += 1
-                log.warning("worker %d: dropped pre-scattered part from %d: %s", self.me,
-                            frame.sender, exc)
+                log.warning(
+                    "worker %d: dropped pre-scattered part from %d: %s", self.me, frame.sender, exc
+                )
             return
         if frame.group in self._finished:
             return
@@ -316,8 +341,9 @@ class ReduceEngine:
         size = len(frame.payload)
         if self._early_bytes + size > EARLY_FRAME_BUDGET:
             self.dropped_frames += 1
-            log.warning("worker %d: dropped early frame of group %d (budget full)",
-                        self.me, frame.group)
+            log.warning(
+                "worker %d: dropped early frame of group %d (budget full)", self.me, frame.group
+            )
             return
         self._early.setdefault((frame.group, frame.rev), []).append(frame)
         self._early_bytes += size
@@ -363,24 +389,34 @@ class ReduceEngine:
 
     def _part_len(self, g: _Group, st: _RouteState, start: int) -> int:
         if start not in range(st.route.start, st.route.stop, g.assign.part_elems):
-            raise ReduceError(f"offset {start} is not a part of route [{st.route.start},"
-                              f" {st.route.stop})")
+            raise ReduceError(
+                f"offset {start} is not a part of route [{st.route.start}, {st.route.stop})"
+            )
         return min(start + g.assign.part_elems, st.route.stop) - start
 
     def _values(self, frame: Frame, length: int) -> np.ndarray:
         if len(frame.payload) != length * DTYPE.itemsize:
-            raise ReduceError(f"part at {frame.offset}: {len(frame.payload)} bytes, expected"
-                              f" {length * DTYPE.itemsize}")
+            raise ReduceError(
+                f"part at {frame.offset}: {len(frame.payload)} bytes, expected"
+                f" {length * DTYPE.itemsize}"
+            )
         values = np.frombuffer(frame.payload, dtype=DTYPE)
         if not np.all(np.isfinite(values)):
             raise ReduceError(f"part at {frame.offset}: non-finite values")
         return values
 
     def _frame(self, kind: FrameKind, g: _Group, k: int, start: int, values: np.ndarray) -> Frame:
-        return Frame(kind=kind, sender=self.me, run=self.run, group=g.assign.group,
-                     rev=g.assign.rev, block=k,
-                     part=(start - g.routes[k].route.start) // g.assign.part_elems,
-                     offset=start, payload=np.ascontiguousarray(values, dtype=DTYPE).tobytes())
+        return Frame(
+            kind=kind,
+            sender=self.me,
+            run=self.run,
+            group=g.assign.group,
+            rev=g.assign.rev,
+            block=k,
+            part=(start - g.routes[k].route.start) // g.assign.part_elems,
+            offset=start,
+            payload=np.ascontiguousarray(values, dtype=DTYPE).tobytes(),
+        )
 
     def _send_to(self, g: _Group, dst: int, frame: Frame) -> None:
         g.bytes_sent += len(frame.payload)
@@ -401,13 +437,15 @@ class ReduceEngine:
 
     def _on_up(self, g: _Group, st: _RouteState, frame: Frame) -> None:
         if frame.sender not in st.expect or frame.sender == self.me:
-            raise ReduceError(f"worker {frame.sender} is no child of {self.me} on route"
-                              f" {frame.block}")
+            raise ReduceError(
+                f"worker {frame.sender} is no child of {self.me} on route {frame.block}"
+            )
         length = self._part_len(g, st, frame.offset)
         self._add(g, frame.block, st, frame.offset, frame.sender, self._values(frame, length))
 
-    def _add(self, g: _Group, k: int, st: _RouteState, start: int, who: int,
-             values: np.ndarray) -> None:
+    def _add(
+        self, g: _Group, k: int, st: _RouteState, start: int, who: int, values: np.ndarray
+    ) -> None:
         acc = st.acc.get(start)
         if acc is None:
             acc = st.acc[start] = _Acc(np.zeros(values.size, dtype=DTYPE))
@@ -427,8 +465,12 @@ class ReduceEngine:
 
     def _pass_up(self, g: _Group, k: int, st: _RouteState, start: int) -> None:
         total = st.acc[start].total
-        if st.parent is not None and (st.parent, start) in g.covered and st.parent == \
-                st.route.root and not st.route.children_up(self.me):
+        if (
+            st.parent is not None
+            and (st.parent, start) in g.covered
+            and st.parent == st.route.root
+            and not st.route.children_up(self.me)
+        ):
             del st.acc[start]  # pre-scattered already: the aggregator uses that copy
             return
         if st.parent is not None:
@@ -442,13 +484,14 @@ class ReduceEngine:
     def _on_down(self, g: _Group, st: _RouteState, frame: Frame) -> None:
         parent = next((p for p, c in st.route.down if c == self.me), None)
         if frame.sender != parent:
-            raise ReduceError(f"result from {frame.sender}, but {self.me}'s broadcast parent on"
-                              f" route {frame.block} is {parent}")
+            raise ReduceError(
+                f"result from {frame.sender}, but {self.me}'s broadcast parent on"
+                f" route {frame.block} is {parent}"
+            )
         length = self._part_len(g, st, frame.offset)
         self._deliver(g, frame.block, st, frame.offset, self._values(frame, length))
 
-    def _deliver(self, g: _Group, k: int, st: _RouteState, start: int,
-                 values: np.ndarray) -> None:
+    def _deliver(self, g: _Group, k: int, st: _RouteState, start: int, values: np.ndarray) -> None:
         if (k, start) in g.received:
             return
         g.received.add((k, start))
@@ -463,8 +506,9 @@ class ReduceEngine:
                 if len(st.held_down) == len(st.parts):
                     for s in st.parts:
                         for child in st.down:
-                            self._send_to(g, child, self._frame(
-                                FrameKind.RESULT, g, k, s, st.held_down[s]))
+                            self._send_to(
+                                g, child, self._frame(FrameKind.RESULT, g, k, s, st.held_down[s])
+                            )
                     st.held_down.clear()
         self._check_done(g)
 

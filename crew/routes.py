@@ -69,16 +69,25 @@ class Route:
         return {self.root} | {c for _, c in self.down}
 
     def to_list(self) -> list[Any]:
-        return [self.start, self.stop, self.root, [list(e) for e in self.up],
-                [list(e) for e in self.down]]
+        return [
+            self.start,
+            self.stop,
+            self.root,
+            [list(e) for e in self.up],
+            [list(e) for e in self.down],
+        ]
 
     @classmethod
     def from_list(cls, raw: Sequence[Any]) -> Route:
         try:
             start, stop, root, up, down = raw
-            return cls(int(start), int(stop), int(root),
-                       tuple((int(a), int(b)) for a, b in up),
-                       tuple((int(a), int(b)) for a, b in down))
+            return cls(
+                int(start),
+                int(stop),
+                int(root),
+                tuple((int(a), int(b)) for a, b in up),
+                tuple((int(a), int(b)) for a, b in down),
+            )
         except (TypeError, ValueError) as exc:
             raise RouteError(f"route {raw!r}: malformed ({exc})") from None
 
@@ -138,8 +147,10 @@ def validate_routes(routes: Sequence[Route], members: Sequence[int], n: int, tot
         pos = 0
         for start, stop in sorted(spans):
             if start != pos:
-                raise RouteError(f"member {m}: receives [{start}, {stop}) but needs {pos} next"
-                                 " (a gap or an overlap)")
+                raise RouteError(
+                    f"member {m}: receives [{start}, {stop}) but needs {pos} next"
+                    " (a gap or an overlap)"
+                )
             pos = stop
         if pos != total:
             raise RouteError(f"member {m}: receives {pos} of {total} elements")
@@ -150,8 +161,11 @@ def star_routes(segments: Iterable[tuple[int, int, int]], members: Sequence[int]
     out = []
     for agg, start, stop in segments:
         others = [m for m in members if m != agg]
-        out.append(Route(start, stop, agg, tuple((m, agg) for m in others),
-                         tuple((agg, m) for m in others)))
+        out.append(
+            Route(
+                start, stop, agg, tuple((m, agg) for m in others), tuple((agg, m) for m in others)
+            )
+        )
     return out
 
 

@@ -70,18 +70,31 @@ class GroupPlan:
         return link_load(self.routes, self.n)
 
     def to_json(self) -> str:
-        return json.dumps({
-            "scheme": self.scheme, "members": list(self.members), "elems": self.elems,
-            "pipelined": self.pipelined, "predicted_s": self.predicted_s,
-            "routes": [r.to_list() for r in self.routes],
-        })
+        return json.dumps(
+            {
+                "scheme": self.scheme,
+                "members": list(self.members),
+                "elems": self.elems,
+                "pipelined": self.pipelined,
+                "predicted_s": self.predicted_s,
+                "routes": [r.to_list() for r in self.routes],
+            }
+        )
 
 
-def _star(scheme: str, plan: planner.Plan, members: tuple[int, ...], pipelined: bool,
-          n: int, total: int) -> GroupPlan:
+def _star(
+    scheme: str, plan: planner.Plan, members: tuple[int, ...], pipelined: bool, n: int, total: int
+) -> GroupPlan:
     segments = [(s.worker, s.start, s.stop) for s in plan.segments]
-    return GroupPlan(scheme, members, tuple(star_routes(segments, members)), pipelined,
-                     plan.predicted_s, n, total)
+    return GroupPlan(
+        scheme,
+        members,
+        tuple(star_routes(segments, members)),
+        pipelined,
+        plan.predicted_s,
+        n,
+        total,
+    )
 
 
 def plan_group_nonblocking(
@@ -127,7 +140,7 @@ def plan_group(
         from crew import baselines
 
         rp = baselines.plan_for(scheme, bw, members, size, active=active, seed=seed)
-        return GroupPlan(scheme, members, tuple(rp.routes), rp.pipelined, rp.predicted_s, n,
-                         total)
-    raise planner.PlanError("scheme", f"{scheme!r} is not planned per group; known: "
-                            f"{', '.join(GROUP_SCHEMES)}")
+        return GroupPlan(scheme, members, tuple(rp.routes), rp.pipelined, rp.predicted_s, n, total)
+    raise planner.PlanError(
+        "scheme", f"{scheme!r} is not planned per group; known: {', '.join(GROUP_SCHEMES)}"
+    )

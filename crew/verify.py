@@ -26,8 +26,9 @@ def project(check: np.ndarray, vector: np.ndarray) -> float:
     return float(np.dot(check.astype(np.float64), vector.astype(np.float64)))
 
 
-def relative_error(result_projs: Sequence[float], weights: Sequence[float],
-                   member_projs: Sequence[float]) -> float:
+def relative_error(
+    result_projs: Sequence[float], weights: Sequence[float], member_projs: Sequence[float]
+) -> float:
     """Worst relative deviation of the members' result projections from the expected one."""
     expected = sum(w * p for w, p in zip(weights, member_projs, strict=True))
     scale = sum(abs(w * p) for w, p in zip(weights, member_projs, strict=True)) + 1e-9

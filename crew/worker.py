@@ -108,8 +108,9 @@ class Worker:
         )
         if self.checkpoint.exists():
             trainer.load(self.checkpoint)
-            log.info("worker %d: resumed from %s at iteration %d", me, self.checkpoint,
-                     trainer.iteration)
+            log.info(
+                "worker %d: resumed from %s at iteration %d", me, self.checkpoint, trainer.iteration
+            )
         spec = cfg.stragglers[me] if me < len(cfg.stragglers) else None
         self.delay = ComputeDelay(get_profile(spec) if spec else None, seed=cfg.seed * 1000 + me)
         return trainer
@@ -142,8 +143,14 @@ class Worker:
         self._tell(proto.HaveAll(self.me, group, rev, bytes_sent, proj))
 
     def _send_failed(self, dst: int, err: BaseException, unsent: list[Frame]) -> None:
-        log.warning("worker %d: link %d->%d failed (%s); %d frames unsent",
-                    self.me, self.me, dst, err, len(unsent))
+        log.warning(
+            "worker %d: link %d->%d failed (%s); %d frames unsent",
+            self.me,
+            self.me,
+            dst,
+            err,
+            len(unsent),
+        )
         self._tell(proto.LinkFailed(self.me, self.me, dst, str(err)[:200]))
 
     def _rejected(self, peer: tuple[str, int], err: FrameError) -> None:
@@ -170,8 +177,11 @@ class Worker:
     def _heartbeats(self) -> None:
         while not self.stop_event.wait(self.cfg.heartbeat_s):
             self._tell(proto.Heartbeat(self.me, self.iteration))
-            samples = [[float(src), float(b), s]
-                       for src, (b, s) in self.transport.arrival_rates().items() if s > 0]
+            samples = [
+                [float(src), float(b), s]
+                for src, (b, s) in self.transport.arrival_rates().items()
+                if s > 0
+            ]
             if samples:
                 self._tell(proto.LinkRates(self.me, samples))
 
@@ -231,8 +241,15 @@ class Worker:
         split = self.split
         if not self.cfg.nonblocking or split is None or not split.segments:
             return -1
-        for dst, frame in prescatter_frames(self.me, self.cfg.run_num, vector, split.segments,
-                                            split.epoch, iteration, split.part_elems):
+        for dst, frame in prescatter_frames(
+            self.me,
+            self.cfg.run_num,
+            vector,
+            split.segments,
+            split.epoch,
+            iteration,
+            split.part_elems,
+        ):
             self.transport.send(dst, frame)
         return split.epoch
 
@@ -251,14 +268,21 @@ class Worker:
             result = self.engine.finish(out.group)
             if out.committed:
                 if result is None:
-                    log.error("worker %d: commit of group %d without a full result; keeping"
-                              " own model", self.me, out.group)
+                    log.error(
+                        "worker %d: commit of group %d without a full result; keeping own model",
+                        self.me,
+                        out.group,
+                    )
                 else:
                     self.trainer.set_vector(result)
                     self.trainer.save(self.checkpoint)
             else:
-                log.info("worker %d: group %d abandoned (%s); keeping own model",
-                         self.me, out.group, out.reason)
+                log.info(
+                    "worker %d: group %d abandoned (%s); keeping own model",
+                    self.me,
+                    out.group,
+                    out.reason,
+                )
             with self._lock:
                 self.my_group = None
                 self._vector_offered = None
@@ -297,9 +321,15 @@ class Worker:
     def _gloo(self):  # noqa: ANN202 - crew.gloo imports torch lazily
         from crew.gloo import GlooAllReduce, GlooSpec
 
-        return GlooAllReduce(GlooSpec(
-            rank=self.me, world=self.cfg.n, addresses=self.cfg.identities,
-            store_port=self.cfg.data_port + 1, timeout_s=self.cfg.group_timeout_min_s * 4))
+        return GlooAllReduce(
+            GlooSpec(
+                rank=self.me,
+                world=self.cfg.n,
+                addresses=self.cfg.identities,
+                store_port=self.cfg.data_port + 1,
+                timeout_s=self.cfg.group_timeout_min_s * 4,
+            )
+        )
 
     def _train_gloo(self) -> None:
         """Synchronous data parallel: every iteration, all n average through Gloo."""
@@ -314,8 +344,9 @@ class Worker:
                 self.trainer.set_vector(averaged)
                 op += 1
                 if self.me == 0:
-                    self._tell(proto.OpTime(self.me, op, started, time.time(),
-                                            int(averaged.nbytes)))
+                    self._tell(
+                        proto.OpTime(self.me, op, started, time.time(), int(averaged.nbytes))
+                    )
 
     def _bench_gloo(self) -> None:
         ops = int(self.cfg.extra.get("ops", 10))

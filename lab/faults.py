@@ -64,14 +64,23 @@ class FaultInjector:
             except (cmds.CommandError, FaultError, LabError) as exc:
                 db.execute(
                     "UPDATE commands SET status='rejected', reason=?, applied_at=? WHERE id=?",
-                    (str(exc), time.time(), row["id"]))
-                db.event("command", f"command #{row['id']} {row['kind']} rejected: {exc}",
-                         level="warning")
+                    (str(exc), time.time(), row["id"]),
+                )
+                db.event(
+                    "command",
+                    f"command #{row['id']} {row['kind']} rejected: {exc}",
+                    level="warning",
+                )
                 continue
-            db.execute("UPDATE commands SET status='applied', reason=?, applied_at=? WHERE id=?",
-                       (outcome, time.time(), row["id"]))
-            db.event("fault" if row["kind"] not in ("set_p", "set_scheme") else "command",
-                     f"{outcome} (command #{row['id']})", data={"command": row["kind"]})
+            db.execute(
+                "UPDATE commands SET status='applied', reason=?, applied_at=? WHERE id=?",
+                (outcome, time.time(), row["id"]),
+            )
+            db.event(
+                "fault" if row["kind"] not in ("set_p", "set_scheme") else "command",
+                f"{outcome} (command #{row['id']})",
+                data={"command": row["kind"]},
+            )
         return len(rows)
 
     def apply(self, command: cmds.Command) -> str:
@@ -127,7 +136,8 @@ class FaultInjector:
         assert self.lab.db is not None
         self.lab.db.execute(
             "INSERT INTO link_state (t, src, dst, rate_mbit, up, reason) VALUES (?,?,?,?,?,?)",
-            (time.time(), i, j, rate, int(up), reason))
+            (time.time(), i, j, rate, int(up), reason),
+        )
 
     def _start_flow(self, s: int, d: int, rate: float) -> None:
         net = self.lab.net
@@ -137,13 +147,31 @@ class FaultInjector:
         port = CONTENTION_BASE_PORT + s * net.n + d
         addr = f"{net.identity_address(d)}:{port}"
         seconds = str(CONTENTION_MAX_S)
-        sink = net.popen(d, [sys.executable, "-m", "lab.flows", "sink", "--bind", addr,
-                             "--seconds", seconds], label=f"flow-sink {s}->{d}",
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        source = net.popen(s, [sys.executable, "-m", "lab.flows", "source", "--to", addr,
-                               "--rate-mbit", str(rate), "--seconds", seconds],
-                           label=f"flow-source {s}->{d}",
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        sink = net.popen(
+            d,
+            [sys.executable, "-m", "lab.flows", "sink", "--bind", addr, "--seconds", seconds],
+            label=f"flow-sink {s}->{d}",
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        source = net.popen(
+            s,
+            [
+                sys.executable,
+                "-m",
+                "lab.flows",
+                "source",
+                "--to",
+                addr,
+                "--rate-mbit",
+                str(rate),
+                "--seconds",
+                seconds,
+            ],
+            label=f"flow-source {s}->{d}",
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.flows[(s, d)] = (source, sink)
 
     def _stop_flow(self, s: int, d: int) -> None:

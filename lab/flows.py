@@ -78,8 +78,11 @@ def source(to: tuple[str, int], rate_mbit: float, seconds: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab.flows", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m lab.flows",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="role", required=True)
     s = sub.add_parser("sink", help="receive and discard")
     s.add_argument("--bind", type=parse_addr, required=True, help="ADDR:PORT to listen on")

@@ -40,59 +40,122 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--topology", type=Path, default=REPO / "topologies" / "default.yaml",
-                   help="topology YAML (default: topologies/default.yaml)")
-    p.add_argument("--p", type=int, default=3,
-                   help="group size: the first p ready workers average together (default 3)")
-    p.add_argument("--scheme", choices=Scheme.names(), default=Scheme.CREW.value,
-                   help="how a group averages: crew (all active workers aggregate, p2a LP) or "
-                        "preduce (members only, the original partial reduce); default crew")
-    p.add_argument("--duration", type=float, default=None, metavar="SECONDS",
-                   help="stop after this many seconds (default: run until Ctrl-C)")
-    p.add_argument("--run-dir", type=Path, default=None,
-                   help="folder for this run's database, config and logs "
-                        "(default: runs/<run-id>)")
+    p.add_argument(
+        "--topology",
+        type=Path,
+        default=REPO / "topologies" / "default.yaml",
+        help="topology YAML (default: topologies/default.yaml)",
+    )
+    p.add_argument(
+        "--p",
+        type=int,
+        default=3,
+        help="group size: the first p ready workers average together (default 3)",
+    )
+    p.add_argument(
+        "--scheme",
+        choices=Scheme.names(),
+        default=Scheme.CREW.value,
+        help="how a group averages: crew (all active workers aggregate, p2a LP) or "
+        "preduce (members only, the original partial reduce); default crew",
+    )
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop after this many seconds (default: run until Ctrl-C)",
+    )
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="folder for this run's database, config and logs (default: runs/<run-id>)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for data, model and stragglers")
-    p.add_argument("--width", type=int, default=640,
-                   help="hidden width of the MLP; sets the model size the network carries "
-                        "(default 640: 3.5 MB)")
+    p.add_argument(
+        "--width",
+        type=int,
+        default=640,
+        help="hidden width of the MLP; sets the model size the network carries "
+        "(default 640: 3.5 MB)",
+    )
     p.add_argument("--depth", type=int, default=3, help="hidden layers of the MLP (default 3)")
-    p.add_argument("--partition", choices=["iid", "non-iid"], default="iid",
-                   help="how the training set is split among workers (default iid)")
-    p.add_argument("--staleness", action="store_true",
-                   help="weight members by 0.9^staleness instead of equally")
-    p.add_argument("--part-kb", type=int, default=0,
-                   help="size of the parts blocks travel in, KiB (default 0: automatic, a "
-                        "quarter of a block, between 64 KiB and 1 MiB)")
-    p.add_argument("--nonblocking", action="store_true",
-                   help="a ready worker starts scattering with the a2a split before its group "
-                        "exists; the group's plan is re-solved around what was sent "
-                        "(crew and crew-paper only)")
-    p.add_argument("--capacity", choices=["configured", "measured"], default="configured",
-                   help="what the planner believes about link rates: the topology's "
-                        "configured rates, or rates measured online from arriving data "
-                        "(re-planning when a link drifts by more than 25%%)")
-    p.add_argument("--no-committed-capacity", action="store_true",
-                   help="plan each group on the full capacity matrix, ignoring what groups "
-                        "already in flight still send (the paper's behaviour)")
-    p.add_argument("--flow-order", choices=["fcfs", "egf", "fair"], default="fcfs",
-                   help="how a sender orders frames of concurrent groups (default fcfs)")
-    p.add_argument("--allow-missing", action="append", default=[],
-                   choices=[i.value for i in Impairment],
-                   help="run even though the kernel cannot emulate this impairment that the "
-                        "topology asks for (repeatable); without it such a run refuses to start")
-    p.add_argument("--scenario", type=Path, default=None,
-                   help="play a fault scenario (YAML timeline, see scenarios/) during the run")
+    p.add_argument(
+        "--partition",
+        choices=["iid", "non-iid"],
+        default="iid",
+        help="how the training set is split among workers (default iid)",
+    )
+    p.add_argument(
+        "--staleness",
+        action="store_true",
+        help="weight members by 0.9^staleness instead of equally",
+    )
+    p.add_argument(
+        "--part-kb",
+        type=int,
+        default=0,
+        help="size of the parts blocks travel in, KiB (default 0: automatic, a "
+        "quarter of a block, between 64 KiB and 1 MiB)",
+    )
+    p.add_argument(
+        "--nonblocking",
+        action="store_true",
+        help="a ready worker starts scattering with the a2a split before its group "
+        "exists; the group's plan is re-solved around what was sent "
+        "(crew and crew-paper only)",
+    )
+    p.add_argument(
+        "--capacity",
+        choices=["configured", "measured"],
+        default="configured",
+        help="what the planner believes about link rates: the topology's "
+        "configured rates, or rates measured online from arriving data "
+        "(re-planning when a link drifts by more than 25%%)",
+    )
+    p.add_argument(
+        "--no-committed-capacity",
+        action="store_true",
+        help="plan each group on the full capacity matrix, ignoring what groups "
+        "already in flight still send (the paper's behaviour)",
+    )
+    p.add_argument(
+        "--flow-order",
+        choices=["fcfs", "egf", "fair"],
+        default="fcfs",
+        help="how a sender orders frames of concurrent groups (default fcfs)",
+    )
+    p.add_argument(
+        "--allow-missing",
+        action="append",
+        default=[],
+        choices=[i.value for i in Impairment],
+        help="run even though the kernel cannot emulate this impairment that the "
+        "topology asks for (repeatable); without it such a run refuses to start",
+    )
+    p.add_argument(
+        "--scenario",
+        type=Path,
+        default=None,
+        help="play a fault scenario (YAML timeline, see scenarios/) during the run",
+    )
     p.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
-    p.add_argument("--dashboard-host",
-                   default=os.environ.get("CREW_LAB_DASHBOARD_HOST", "127.0.0.1"),
-                   help="address the dashboard binds (default 127.0.0.1, or "
-                        "$CREW_LAB_DASHBOARD_HOST, which the Vagrant VM sets to 0.0.0.0 for its "
-                        "port forward; anything beyond loopback exposes controls that change "
-                        "the network)")
+    p.add_argument(
+        "--dashboard-host",
+        default=os.environ.get("CREW_LAB_DASHBOARD_HOST", "127.0.0.1"),
+        help="address the dashboard binds (default 127.0.0.1, or "
+        "$CREW_LAB_DASHBOARD_HOST, which the Vagrant VM sets to 0.0.0.0 for its "
+        "port forward; anything beyond loopback exposes controls that change "
+        "the network)",
+    )
     p.add_argument("--dashboard-port", type=int, default=8501, help="dashboard port (8501)")
-    p.add_argument("--summary-json", type=Path, default=None,
-                   help="also write the end-of-run summary to this JSON file")
+    p.add_argument(
+        "--summary-json",
+        type=Path,
+        default=None,
+        help="also write the end-of-run summary to this JSON file",
+    )
     p.add_argument("--log-level", default="INFO", help="log level of lab, coordinator, workers")
     return p
 
@@ -101,11 +164,14 @@ def progress_table(lab: LabRun, started: float, duration: float | None) -> Table
     assert lab.db is not None
     rows = lab.db.query(
         "SELECT COUNT(*) AS c, SUM(status='completed') AS done, SUM(status='abandoned') AS ab,"
-        " SUM(status='open') AS open FROM groups")
+        " SUM(status='open') AS open FROM groups"
+    )
     g = rows[0]
     acc = lab.db.query(
         "SELECT worker, accuracy, iteration FROM iterations WHERE accuracy IS NOT NULL"
-        " AND t > ? ORDER BY t DESC LIMIT ?", (time.time() - 30, lab.topo.n * 4))
+        " AND t > ? ORDER BY t DESC LIMIT ?",
+        (time.time() - 30, lab.topo.n * 4),
+    )
     latest: dict[int, float] = {}
     for r in acc:
         latest.setdefault(r["worker"], r["accuracy"])
@@ -114,8 +180,9 @@ def progress_table(lab: LabRun, started: float, duration: float | None) -> Table
     when = f"{elapsed:.0f} s" + (f" / {duration:.0f} s" if duration else " (Ctrl-C stops)")
     table.add_row("elapsed", when)
     table.add_row("scheme, p", f"{lab.opts.scheme}, p={lab.opts.p}")
-    table.add_row("groups", f"{g['done'] or 0} completed, {g['open'] or 0} open, "
-                            f"{g['ab'] or 0} abandoned")
+    table.add_row(
+        "groups", f"{g['done'] or 0} completed, {g['open'] or 0} open, {g['ab'] or 0} abandoned"
+    )
     if latest:
         mean = sum(latest.values()) / len(latest)
         table.add_row("held-out accuracy", f"{mean:.3f} (mean of {len(latest)} workers)")
@@ -129,12 +196,23 @@ def print_summary(summary: dict) -> None:
     t = Table(title="summary")
     t.add_column("what")
     t.add_column("value")
-    for key in ("run_id", "scheme", "p", "duration_s", "groups_completed", "groups_abandoned",
-                "median_group_s", "median_over_bound", "final_accuracy", "db"):
+    for key in (
+        "run_id",
+        "scheme",
+        "p",
+        "duration_s",
+        "groups_completed",
+        "groups_abandoned",
+        "median_group_s",
+        "median_over_bound",
+        "final_accuracy",
+        "db",
+    ):
         v = summary.get(key)
         t.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
-    t.add_row("rounds per worker", " ".join(f"w{k}:{v}"
-                                            for k, v in summary["rounds_per_worker"].items()))
+    t.add_row(
+        "rounds per worker", " ".join(f"w{k}:{v}" for k, v in summary["rounds_per_worker"].items())
+    )
     busiest = sorted(summary["link_bytes"].items(), key=lambda kv: -kv[1])[:5]
     t.add_row("busiest links", ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in busiest))
     console.print(t)
@@ -142,16 +220,19 @@ def print_summary(summary: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: "
-                        "%(message)s")
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         topo = load_topology(args.topology)
     except TopologyError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return EXIT_BAD_INPUT
     if not 1 <= args.p <= topo.n:
-        console.print(f"[red]error:[/red] --p: must be between 1 and {topo.n} "
-                      f"(the topology has {topo.n} workers), got {args.p}")
+        console.print(
+            f"[red]error:[/red] --p: must be between 1 and {topo.n} "
+            f"(the topology has {topo.n} workers), got {args.p}"
+        )
         return EXIT_BAD_INPUT
     if args.duration is not None and args.duration <= 0:
         console.print("[red]error:[/red] --duration: must be positive")
@@ -166,20 +247,31 @@ def main(argv: list[str] | None = None) -> int:
     scenario = None
     if args.scenario is not None:
         try:
-            scenario = load_scenario(args.scenario, topo.n, limits=lab_limits(topo, caps),
-                                     rates=topo.bw_matrix())
+            scenario = load_scenario(
+                args.scenario, topo.n, limits=lab_limits(topo, caps), rates=topo.bw_matrix()
+            )
         except ScenarioError as exc:
             console.print(f"[red]error:[/red] {exc}")
             return EXIT_BAD_INPUT
         console.print(scenario.timeline())
     opts = RunOptions(
-        p=args.p, scheme=args.scheme, seed=args.seed, width=args.width, depth=args.depth,
-        partition=args.partition, staleness=args.staleness, part_bytes=args.part_kb * 1024,
-        flow_order=args.flow_order, nonblocking=args.nonblocking,
-        committed_capacity=not args.no_committed_capacity, capacity=args.capacity,
+        p=args.p,
+        scheme=args.scheme,
+        seed=args.seed,
+        width=args.width,
+        depth=args.depth,
+        partition=args.partition,
+        staleness=args.staleness,
+        part_bytes=args.part_kb * 1024,
+        flow_order=args.flow_order,
+        nonblocking=args.nonblocking,
+        committed_capacity=not args.no_committed_capacity,
+        capacity=args.capacity,
         dashboard=not args.no_dashboard,
-        dashboard_host=args.dashboard_host, dashboard_port=args.dashboard_port,
-        allow_missing=allow, log_level=args.log_level,
+        dashboard_host=args.dashboard_host,
+        dashboard_port=args.dashboard_port,
+        allow_missing=allow,
+        log_level=args.log_level,
     )
     run_dir = args.run_dir or (REPO / "runs" / new_run_id())
     # SIGTERM ends the run as Ctrl-C does: through the context manager's cleanup.
@@ -189,8 +281,12 @@ def main(argv: list[str] | None = None) -> int:
         with LabRun(topo, caps, opts, run_dir, scenario=scenario) as lab:
             if lab.dashboard is not None:
                 console.print(f"dashboard: [bold]{lab.dashboard_url}[/bold]")
-            with Live(progress_table(lab, started, args.duration), console=console,
-                      refresh_per_second=2, transient=False) as live:
+            with Live(
+                progress_table(lab, started, args.duration),
+                console=console,
+                refresh_per_second=2,
+                transient=False,
+            ) as live:
                 while args.duration is None or time.time() - started < args.duration:
                     lab.poll()
                     live.update(progress_table(lab, started, args.duration))

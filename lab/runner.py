@@ -83,14 +83,18 @@ def lab_impairments(caps: Capabilities) -> set[str]:
 
 
 def lab_limits(topo: TopologySpec, caps: Capabilities) -> cmds.LabLimits:
-    return cmds.LabLimits(n=topo.n, schemes=tuple(s for s in Scheme.names() if s != "gloo"),
-                          impairments=frozenset(lab_impairments(caps)))
+    return cmds.LabLimits(
+        n=topo.n,
+        schemes=tuple(s for s in Scheme.names() if s != "gloo"),
+        impairments=frozenset(lab_impairments(caps)),
+    )
 
 
 def free_mgmt_subnet() -> str:
     """A management subnet no other lab on this machine uses, so labs can run side by side."""
-    out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        ["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True
+    ).stdout
     for third in range(255, 239, -1):
         if f" 198.19.{third}.254/" not in out:
             return f"198.19.{third}.0/24"
@@ -173,8 +177,10 @@ class LabRun:
         self.cfg = self._write_config()
         self.db.executemany(
             "INSERT OR REPLACE INTO workers (id, name, cloud, address) VALUES (?,?,?,?)",
-            [(w.index, w.name, w.cloud, self.net.identity_address(w.index))
-             for w in self.topo.workers],
+            [
+                (w.index, w.name, w.cloud, self.net.identity_address(w.index))
+                for w in self.topo.workers
+            ],
         )
         self.db.executemany(
             "UPDATE links SET intf=? WHERE src=? AND dst=?",
@@ -190,31 +196,39 @@ class LabRun:
             self.player = ScenarioPlayer(self.scenario, self.db_path, self.started_at)
         if self.opts.dashboard:
             self._start_dashboard()
-        self.db.event("start", f"lab started: {self.topo.n} workers, scheme {self.opts.scheme},"
-                      f" p={self.opts.p}")
+        self.db.event(
+            "start",
+            f"lab started: {self.topo.n} workers, scheme {self.opts.scheme}, p={self.opts.p}",
+        )
 
     def _record_run(self) -> None:
         assert self.db is not None
         o = self.opts
-        self.db.set_meta({
-            "run_id": self.run_id,
-            "started_at": str(self.started_at),
-            "scheme": o.scheme,
-            "p": str(o.p),
-            "n": str(self.topo.n),
-            "topology_name": self.topo.name,
-            "topology": json.dumps(self.topo.to_dict()),
-            "schemes": json.dumps([s for s in Scheme.names() if s != "gloo"]),
-            "impairments": json.dumps(sorted(self._impairments())),
-            "capabilities": describe(self.caps, self.topo),
-            "options": json.dumps({k: v for k, v in o.__dict__.items() if k != "allow_missing"}
-                                  | {"allow_missing": sorted(i.value for i in o.allow_missing)}),
-        })
+        self.db.set_meta(
+            {
+                "run_id": self.run_id,
+                "started_at": str(self.started_at),
+                "scheme": o.scheme,
+                "p": str(o.p),
+                "n": str(self.topo.n),
+                "topology_name": self.topo.name,
+                "topology": json.dumps(self.topo.to_dict()),
+                "schemes": json.dumps([s for s in Scheme.names() if s != "gloo"]),
+                "impairments": json.dumps(sorted(self._impairments())),
+                "capabilities": describe(self.caps, self.topo),
+                "options": json.dumps(
+                    {k: v for k, v in o.__dict__.items() if k != "allow_missing"}
+                    | {"allow_missing": sorted(i.value for i in o.allow_missing)}
+                ),
+            }
+        )
         self.db.executemany(
             "INSERT OR REPLACE INTO links (src, dst, rate_mbit, delay_ms, jitter_ms, loss_pct)"
             " VALUES (?,?,?,?,?,?)",
-            [(lk.src, lk.dst, lk.rate_mbit, lk.delay_ms, lk.jitter_ms, lk.loss_pct)
-             for lk in self.topo.links],
+            [
+                (lk.src, lk.dst, lk.rate_mbit, lk.delay_ms, lk.jitter_ms, lk.loss_pct)
+                for lk in self.topo.links
+            ],
         )
 
     def _impairments(self) -> set[str]:
@@ -273,10 +287,21 @@ class LabRun:
         assert self.net is not None
         out = self._log_file("coordinator")
         self.coordinator = subprocess.Popen(
-            [sys.executable, "-m", "crew.coordinator", "--config",
-             str(self.run_dir / "config.json"), "--db", str(self.db_path),
-             "--log-level", self.opts.log_level],
-            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "crew.coordinator",
+                "--config",
+                str(self.run_dir / "config.json"),
+                "--db",
+                str(self.db_path),
+                "--log-level",
+                self.opts.log_level,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            start_new_session=True,
         )
         self._record_root(self.coordinator, "coordinator")
 
@@ -286,9 +311,21 @@ class LabRun:
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         proc = self.net.popen(
             i,
-            [sys.executable, "-m", "crew.worker", "--config", str(self.run_dir / "config.json"),
-             "--id", str(i), "--log-level", self.opts.log_level],
-            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env,
+            [
+                sys.executable,
+                "-m",
+                "crew.worker",
+                "--config",
+                str(self.run_dir / "config.json"),
+                "--id",
+                str(i),
+                "--log-level",
+                self.opts.log_level,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=env,
         )
         self.workers[i] = proc
 
@@ -306,12 +343,25 @@ class LabRun:
         if self.opts.dashboard_host not in ("127.0.0.1", "localhost", "::1"):
             log.warning(
                 "the dashboard listens on %s, beyond loopback: anyone who reaches it can cut "
-                "links and kill workers of this lab", self.opts.dashboard_host)
+                "links and kill workers of this lab",
+                self.opts.dashboard_host,
+            )
         out = self._log_file("dashboard")
         self.dashboard = subprocess.Popen(
-            [sys.executable, "-m", "dashboard", str(self.run_dir),
-             "--host", self.opts.dashboard_host, "--port", str(self.opts.dashboard_port)],
-            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "dashboard",
+                str(self.run_dir),
+                "--host",
+                self.opts.dashboard_host,
+                "--port",
+                str(self.opts.dashboard_port),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            start_new_session=True,
         )
         self._record_root(self.dashboard, "dashboard")
 
@@ -336,7 +386,8 @@ class LabRun:
             if self._admin is None:
                 codec = FrameCodec(self.cfg.secret(), self.cfg.run_num)
                 self._admin = FrameStream.connect(
-                    (self.cfg.coordinator_host, self.cfg.coordinator_port), codec, timeout=5.0)
+                    (self.cfg.coordinator_host, self.cfg.coordinator_port), codec, timeout=5.0
+                )
             try:
                 self._admin.send(control_frame(COORDINATOR, self.cfg.run_num, msg.to_dict()))
                 return
@@ -358,13 +409,18 @@ class LabRun:
             code = proc.poll()
             if code is not None and i not in self.exit_codes:
                 self.exit_codes[i] = code
-                self.db.event("fault", f"worker {i} exited with code {code}",
-                              level="warning" if code else "info", worker=i)
+                self.db.event(
+                    "fault",
+                    f"worker {i} exited with code {code}",
+                    level="warning" if code else "info",
+                    worker=i,
+                )
         coord = self.coordinator
         if coord is not None and coord.poll() is not None and not self._coordinator_gone:
             self._coordinator_gone = True  # the lab accepts it as a single point of failure
-            self.db.event("fault", f"coordinator exited with code {coord.returncode}",
-                          level="error")
+            self.db.event(
+                "fault", f"coordinator exited with code {coord.returncode}", level="error"
+            )
 
     def _stop(self) -> None:
         try:
@@ -441,8 +497,9 @@ def summarize(db_path: Path) -> dict[str, Any]:
             for m in json.loads(g["members"]):
                 rounds[str(m)] = rounds.get(str(m), 0) + 1
         durations = sorted(g["ended_at"] - g["started_at"] for g in completed if g["started_at"])
-        ratios = sorted((g["ended_at"] - g["started_at"]) / g["bound_s"]
-                        for g in completed if g["bound_s"])
+        ratios = sorted(
+            (g["ended_at"] - g["started_at"]) / g["bound_s"] for g in completed if g["bound_s"]
+        )
         acc = {}
         for r in conn.execute(
             "SELECT worker, accuracy FROM iterations i1 WHERE accuracy IS NOT NULL AND t = ("

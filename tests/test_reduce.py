@@ -81,19 +81,38 @@ def cluster() -> Iterator[Cluster]:
         c.close()
 
 
-def _assign(plan: planner.Plan, group: int, members, weights, rev=0, part_elems=1000,
-            pipelined=True) -> Assign:
+def _assign(
+    plan: planner.Plan, group: int, members, weights, rev=0, part_elems=1000, pipelined=True
+) -> Assign:
     segments = [(s.worker, s.start, s.stop) for s in plan.segments]
-    return _assign_routes(star_routes(segments, members), plan.total_elems, group, members,
-                          weights, rev, part_elems, pipelined)
+    return _assign_routes(
+        star_routes(segments, members),
+        plan.total_elems,
+        group,
+        members,
+        weights,
+        rev,
+        part_elems,
+        pipelined,
+    )
 
 
-def _assign_routes(routes, total, group, members, weights, rev=0, part_elems=1000,
-                   pipelined=True) -> Assign:
+def _assign_routes(
+    routes, total, group, members, weights, rev=0, part_elems=1000, pipelined=True
+) -> Assign:
     return Assign(
-        group=group, rev=rev, scheme="test", members=list(members), weights=list(weights),
-        routes=[r.to_list() for r in routes], pipelined=pipelined, total=total,
-        part_elems=part_elems, prescatter=[], iterations=[0] * len(members), split_epoch=-1,
+        group=group,
+        rev=rev,
+        scheme="test",
+        members=list(members),
+        weights=list(weights),
+        routes=[r.to_list() for r in routes],
+        pipelined=pipelined,
+        total=total,
+        part_elems=part_elems,
+        prescatter=[],
+        iterations=[0] * len(members),
+        split_epoch=-1,
     )
 
 
@@ -134,8 +153,7 @@ def test_members_end_with_weighted_average(cluster: Cluster, kind: str, pipeline
         assert set(plan.aggregators) <= set(members)
     vectors = {m: rng.standard_normal(total).astype(np.float32) for m in members}
     expected = sum(np.float32(w) * vectors[m] for m, w in zip(members, weights, strict=True))
-    results = _run_group(cluster, _assign(plan, 1, members, weights, pipelined=pipelined),
-                         vectors)
+    results = _run_group(cluster, _assign(plan, 1, members, weights, pipelined=pipelined), vectors)
     for m in members:
         np.testing.assert_allclose(results[m], expected, rtol=1e-5, atol=1e-6)
 
@@ -195,23 +213,43 @@ def test_single_member_group_keeps_its_vector(cluster: Cluster) -> None:
 def test_forged_and_duplicate_frames_are_dropped_not_counted() -> None:
     sent: list[tuple[int, Frame]] = []
     eng = ReduceEngine(1, 3, RUN, lambda d, f: sent.append((d, f)), lambda *a: None)
-    a = _assign_routes(star_routes([(1, 0, 4)], [0, 2]), 4, 1, [0, 2], [0.5, 0.5],
-                       part_elems=4)
+    a = _assign_routes(star_routes([(1, 0, 4)], [0, 2]), 4, 1, [0, 2], [0.5, 0.5], part_elems=4)
     eng.assign(a)
-    good = Frame(FrameKind.SCATTER, 0, RUN, group=1, rev=0, offset=0,
-                 payload=np.ones(4, np.float32).tobytes())
+    good = Frame(
+        FrameKind.SCATTER,
+        0,
+        RUN,
+        group=1,
+        rev=0,
+        offset=0,
+        payload=np.ones(4, np.float32).tobytes(),
+    )
     eng.on_frame(good)
     eng.on_frame(good)  # duplicate from the same member: must not be summed twice
-    eng.on_frame(Frame(FrameKind.SCATTER, 1, RUN, group=1, offset=0,
-                       payload=np.ones(4, np.float32).tobytes()))  # not a member
-    eng.on_frame(Frame(FrameKind.SCATTER, 2, RUN, group=1, offset=0,
-                       payload=np.ones(3, np.float32).tobytes()))  # wrong length
+    eng.on_frame(
+        Frame(
+            FrameKind.SCATTER, 1, RUN, group=1, offset=0, payload=np.ones(4, np.float32).tobytes()
+        )
+    )  # not a member
+    eng.on_frame(
+        Frame(
+            FrameKind.SCATTER, 2, RUN, group=1, offset=0, payload=np.ones(3, np.float32).tobytes()
+        )
+    )  # wrong length
     nan = np.array([1, np.nan, 1, 1], np.float32).tobytes()
     eng.on_frame(Frame(FrameKind.SCATTER, 2, RUN, group=1, offset=0, payload=nan))
     assert eng.dropped_frames == 4
     assert sent == []  # the part is not complete: nothing broadcast
-    eng.on_frame(Frame(FrameKind.SCATTER, 2, RUN, group=1, offset=0,
-                       payload=(2 * np.ones(4, np.float32)).tobytes()))
+    eng.on_frame(
+        Frame(
+            FrameKind.SCATTER,
+            2,
+            RUN,
+            group=1,
+            offset=0,
+            payload=(2 * np.ones(4, np.float32)).tobytes(),
+        )
+    )
     assert sorted(d for d, _ in sent) == [0, 2]
     np.testing.assert_array_equal(np.frombuffer(sent[0][1].payload, np.float32), [3, 3, 3, 3])
 
@@ -220,11 +258,20 @@ def test_frames_before_their_assignment_are_parked_and_replayed() -> None:
     sent: list[tuple[int, Frame]] = []
     eng = ReduceEngine(2, 3, RUN, lambda d, f: sent.append((d, f)), lambda *a: None)
     for sender in (0, 1):
-        eng.on_frame(Frame(FrameKind.SCATTER, sender, RUN, group=3, offset=0,
-                           payload=np.full(2, sender + 1, np.float32).tobytes()))
+        eng.on_frame(
+            Frame(
+                FrameKind.SCATTER,
+                sender,
+                RUN,
+                group=3,
+                offset=0,
+                payload=np.full(2, sender + 1, np.float32).tobytes(),
+            )
+        )
     assert sent == []
-    eng.assign(_assign_routes(star_routes([(2, 0, 2)], [0, 1]), 2, 3, [0, 1], [0.5, 0.5],
-                              part_elems=2))
+    eng.assign(
+        _assign_routes(star_routes([(2, 0, 2)], [0, 1]), 2, 3, [0, 1], [0.5, 0.5], part_elems=2)
+    )
     assert sorted(d for d, _ in sent) == [0, 1]
 
 
@@ -252,11 +299,17 @@ def test_trees_with_relays_and_paths(cluster: Cluster, pipelined: bool) -> None:
         # [0, 1000): reduce along 1 -> 2 -> 0, broadcast 0 -> 1 -> 2
         Route(0, 1000, 0, up=((1, 2), (2, 0)), down=((0, 1), (1, 2))),
         # [1000, 3000): through relay 4 (no member): 0 -> 4 -> 3 (root), 1 -> 3, 2 -> 4
-        Route(1000, 3000, 3, up=((0, 4), (2, 4), (4, 3), (1, 3)),
-              down=((3, 4), (4, 0), (4, 2), (3, 1))),
+        Route(
+            1000,
+            3000,
+            3,
+            up=((0, 4), (2, 4), (4, 3), (1, 3)),
+            down=((3, 4), (4, 0), (4, 2), (3, 1)),
+        ),
     ]
-    a = _assign_routes(routes, total, 21, members, (0.25, 0.25, 0.5), part_elems=300,
-                       pipelined=pipelined)
+    a = _assign_routes(
+        routes, total, 21, members, (0.25, 0.25, 0.5), part_elems=300, pipelined=pipelined
+    )
     results = _run_group(cluster, a, v)
     expected = 0.25 * v[0] + 0.25 * v[1] + 0.5 * v[2]
     for m in members:
@@ -267,8 +320,9 @@ def test_all_to_all_routes_without_broadcast(cluster: Cluster) -> None:
     members = (1, 2, 3)
     total = 500
     v = {m: np.full(total, m, np.float32) for m in members}
-    routes = [Route(0, total, m, up=tuple((o, m) for o in members if o != m), down=())
-              for m in members]
+    routes = [
+        Route(0, total, m, up=tuple((o, m) for o in members if o != m), down=()) for m in members
+    ]
     results = _run_group(cluster, _assign_routes(routes, total, 31, members, (1 / 3,) * 3), v)
     for m in members:
         np.testing.assert_allclose(results[m], np.full(total, 2.0), rtol=1e-6)
@@ -289,8 +343,7 @@ def test_nonblocking_reuses_prescattered_parts_and_stays_exact(
     a2a = planner.solve_a2a(bw, total * 4)
     split = [[s.worker, s.start, s.stop] for s in a2a.segments]
     groups = {41: (0, 2), 42: (1, 3)}
-    vectors = {m: rng.standard_normal(total).astype(np.float32) for g in groups.values()
-               for m in g}
+    vectors = {m: rng.standard_normal(total).astype(np.float32) for g in groups.values() for m in g}
     iteration = {m: 10 + m for m in vectors}
     scatter_counts = {m: 0 for m in vectors}
     for m, v in vectors.items():
@@ -303,10 +356,20 @@ def test_nonblocking_reuses_prescattered_parts_and_stays_exact(
             sent[g] = np.array(a2a.elems) * 4 * sent_fraction
         plan = planner.solve_p2a_nonblocking(bw, members, total * 4, sent, a2a=a2a)
         segs = [(s.worker, s.start, s.stop) for s in plan.segments]
-        a = Assign(group=gid, rev=0, scheme="crew", members=list(members),
-                   weights=[0.5, 0.5], routes=[r.to_list() for r in star_routes(segs, members)],
-                   pipelined=True, total=total, part_elems=part, prescatter=split,
-                   iterations=[iteration[m] for m in members], split_epoch=3)
+        a = Assign(
+            group=gid,
+            rev=0,
+            scheme="crew",
+            members=list(members),
+            weights=[0.5, 0.5],
+            routes=[r.to_list() for r in star_routes(segs, members)],
+            pipelined=True,
+            total=total,
+            part_elems=part,
+            prescatter=split,
+            iterations=[iteration[m] for m in members],
+            split_epoch=3,
+        )
         assigns[gid] = a
         if sent_fraction == 1.0:
             assert covered_parts(a), "a plan equal to the split must reuse parts"
@@ -333,7 +396,6 @@ def test_nonblocking_reuses_prescattered_parts_and_stays_exact(
         covered = {gid: covered_parts(a) for gid, a in assigns.items()}
         for gid, members in groups.items():
             for m in members:
-                parts = sum(len(range(r[0], r[1], part)) for r in assigns[gid].routes
-                            if r[2] != m)
+                parts = sum(len(range(r[0], r[1], part)) for r in assigns[gid].routes if r[2] != m)
                 reused = sum(1 for agg, _ in covered[gid] if agg != m)
                 assert scatter_counts[m] == parts - reused

@@ -28,8 +28,16 @@ FAULT_WAIT_S = 90.0
 
 
 def _opts(**kw) -> RunOptions:
-    base = dict(p=2, width=256, depth=2, dashboard=False, part_bytes=64 << 10,
-                log_level="WARNING", stall_timeout_s=3.0, scheme="crew")
+    base = dict(
+        p=2,
+        width=256,
+        depth=2,
+        dashboard=False,
+        part_bytes=64 << 10,
+        log_level="WARNING",
+        stall_timeout_s=3.0,
+        scheme="crew",
+    )
     base.update(kw)
     return RunOptions(**base)
 
@@ -46,34 +54,47 @@ def _wait(lab: LabRun, predicate, timeout: float, what: str) -> None:
         if predicate():
             return
         time.sleep(0.5)
-    logs = "\n".join(f"--- {p.name}\n" + p.read_text()[-1500:]
-                     for p in sorted((lab.run_dir / "logs").glob("*")))
+    logs = "\n".join(
+        f"--- {p.name}\n" + p.read_text()[-1500:] for p in sorted((lab.run_dir / "logs").glob("*"))
+    )
     pytest.fail(f"timed out waiting for {what}\n{logs}")
 
 
 def _completed(lab: LabRun, since: float = 0.0) -> list:
-    return _rows(lab, "SELECT * FROM groups WHERE status='completed' AND formed_at >= ?",
-                 (since,))
+    return _rows(lab, "SELECT * FROM groups WHERE status='completed' AND formed_at >= ?", (since,))
 
 
 def _assert_exact(groups) -> None:
     for g in groups:
         assert g["verify_err"] is not None and g["verify_err"] < 1e-3, (
-            f"group {g['id']} averaged wrongly: relative error {g['verify_err']}")
+            f"group {g['id']} averaged wrongly: relative error {g['verify_err']}"
+        )
 
 
 @pytest.mark.parametrize("nonblocking", [False, True])
 def test_groups_in_flight_are_exact(tmp_path: Path, nonblocking: bool) -> None:
     topo = load_topology(FOUR)
-    with LabRun(topo, check(topo), _opts(nonblocking=nonblocking), tmp_path / "run",
-                state_dir=tmp_path / "state") as lab:
+    with LabRun(
+        topo,
+        check(topo),
+        _opts(nonblocking=nonblocking),
+        tmp_path / "run",
+        state_dir=tmp_path / "state",
+    ) as lab:
+
         def overlapping() -> bool:
             done = _completed(lab)
-            return any(a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"]
-                       for a, b in itertools.combinations(done, 2))
+            return any(
+                a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"]
+                for a, b in itertools.combinations(done, 2)
+            )
 
-        _wait(lab, lambda: len(_completed(lab)) >= 12 and overlapping(), START_WAIT_S,
-              "two groups in flight at once")
+        _wait(
+            lab,
+            lambda: len(_completed(lab)) >= 12 and overlapping(),
+            START_WAIT_S,
+            "two groups in flight at once",
+        )
         done = _completed(lab)
     _assert_exact(done)
     assert all(len(set(json.loads(g["members"]))) == 2 for g in done)
@@ -91,25 +112,41 @@ def test_link_cut_fails_over_and_results_stay_exact(tmp_path: Path, phase: str, 
     the dead link."""
     topo = load_topology(SMALL)
     src, dst = link
-    with LabRun(topo, check(topo), _opts(), tmp_path / "run",
-                state_dir=tmp_path / "state") as lab:
+    with LabRun(topo, check(topo), _opts(), tmp_path / "run", state_dir=tmp_path / "state") as lab:
         _wait(lab, lambda: len(_completed(lab)) >= 2, START_WAIT_S, "first groups")
         cmds.submit(lab.db_path, cmds.SlowWorker(worker=2, factor=50.0))
-        _wait(lab, lambda: len(_completed(lab, time.time() - 5)) >= 2, FAULT_WAIT_S,
-              "groups after the slow-down")
+        _wait(
+            lab,
+            lambda: len(_completed(lab, time.time() - 5)) >= 2,
+            FAULT_WAIT_S,
+            "groups after the slow-down",
+        )
         cut_at = time.time()
         cmds.submit(lab.db_path, cmds.CutLink(src=src, dst=dst))
-        _wait(lab, lambda: bool(_rows(
-            lab, "SELECT id FROM events WHERE kind='recovery' AND (message LIKE ?"
-                 " OR message LIKE ?)",
-            (f"%link {src}->{dst} failed during%", f"%link {dst}->{src} failed during%"))),
-            FAULT_WAIT_S, f"failover of a group cut during {phase}")
-        _wait(lab, lambda: len(_completed(lab, cut_at)) >= 4, FAULT_WAIT_S,
-              "groups completing after the cut")
+        _wait(
+            lab,
+            lambda: bool(
+                _rows(
+                    lab,
+                    "SELECT id FROM events WHERE kind='recovery' AND (message LIKE ?"
+                    " OR message LIKE ?)",
+                    (f"%link {src}->{dst} failed during%", f"%link {dst}->{src} failed during%"),
+                )
+            ),
+            FAULT_WAIT_S,
+            f"failover of a group cut during {phase}",
+        )
+        _wait(
+            lab,
+            lambda: len(_completed(lab, cut_at)) >= 4,
+            FAULT_WAIT_S,
+            "groups completing after the cut",
+        )
         revised = _rows(lab, "SELECT * FROM groups WHERE revisions > 0 AND status='completed'")
         after = _completed(lab, cut_at)
-        open_long = _rows(lab, "SELECT id FROM groups WHERE status='open' AND started_at < ?",
-                          (time.time() - 60,))
+        open_long = _rows(
+            lab, "SELECT id FROM groups WHERE status='open' AND started_at < ?", (time.time() - 60,)
+        )
     assert revised, "no group completed after a re-plan"
     _assert_exact(revised + after)
     assert not open_long, "a group hung"
@@ -121,19 +158,26 @@ def test_link_cut_fails_over_and_results_stay_exact(tmp_path: Path, phase: str, 
 
 def test_worker_killed_mid_reduce_survivors_complete(tmp_path: Path) -> None:
     topo = load_topology(FOUR)
-    with LabRun(topo, check(topo), _opts(p=3), tmp_path / "run",
-                state_dir=tmp_path / "state") as lab:
+    with LabRun(
+        topo, check(topo), _opts(p=3), tmp_path / "run", state_dir=tmp_path / "state"
+    ) as lab:
         _wait(lab, lambda: len(_completed(lab)) >= 3, START_WAIT_S, "first groups")
         # Kill a worker while it is a member of an open group.
-        _wait(lab, lambda: bool(_rows(lab, "SELECT id FROM groups WHERE status='open'")), 30,
-              "an open group")
-        victim_group = _rows(lab, "SELECT id, members FROM groups WHERE status='open'"
-                                  " ORDER BY id DESC LIMIT 1")[0]
+        _wait(
+            lab,
+            lambda: bool(_rows(lab, "SELECT id FROM groups WHERE status='open'")),
+            30,
+            "an open group",
+        )
+        victim_group = _rows(
+            lab, "SELECT id, members FROM groups WHERE status='open' ORDER BY id DESC LIMIT 1"
+        )[0]
         victim = json.loads(victim_group["members"])[0]
         cmds.submit(lab.db_path, cmds.KillWorker(worker=victim))
         killed_at = time.time()
-        _wait(lab, lambda: len(_completed(lab, killed_at)) >= 3, FAULT_WAIT_S,
-              "groups after the kill")
+        _wait(
+            lab, lambda: len(_completed(lab, killed_at)) >= 3, FAULT_WAIT_S, "groups after the kill"
+        )
         g = _rows(lab, "SELECT * FROM groups WHERE id=?", (victim_group["id"],))[0]
         after = _completed(lab, killed_at)
     assert g["status"] in ("completed", "abandoned")
@@ -147,18 +191,36 @@ def test_measured_capacity_replans_when_contention_eats_a_link(tmp_path: Path) -
     """With --capacity measured, a background flow on a busy link lowers its measured rate
     below the configured one, and the coordinator switches the planner to the measurement."""
     topo = load_topology(SMALL)
-    with LabRun(topo, check(topo), _opts(capacity="measured", width=640, depth=3),
-                tmp_path / "run", state_dir=tmp_path / "state") as lab:
+    with LabRun(
+        topo,
+        check(topo),
+        _opts(capacity="measured", width=640, depth=3),
+        tmp_path / "run",
+        state_dir=tmp_path / "state",
+    ) as lab:
         _wait(lab, lambda: len(_completed(lab)) >= 3, START_WAIT_S, "first groups")
-        src, dst = max(((lk.src, lk.dst) for lk in topo.links),
-                       key=lambda sd: topo.link(*sd).rate_mbit)
+        src, dst = max(
+            ((lk.src, lk.dst) for lk in topo.links), key=lambda sd: topo.link(*sd).rate_mbit
+        )
         rate = topo.link(src, dst).rate_mbit
         cmds.submit(lab.db_path, cmds.StartContention(src=src, dst=dst, rate_mbit=rate))
-        _wait(lab, lambda: bool(_rows(
-            lab, "SELECT id FROM events WHERE kind='capacity' AND message LIKE ?",
-            (f"link {src}->{dst} measured%",))), FAULT_WAIT_S, "a re-plan on measured capacity")
-        event = _rows(lab, "SELECT data FROM events WHERE kind='capacity' AND message LIKE ?",
-                      (f"link {src}->{dst} measured%",))[0]
+        _wait(
+            lab,
+            lambda: bool(
+                _rows(
+                    lab,
+                    "SELECT id FROM events WHERE kind='capacity' AND message LIKE ?",
+                    (f"link {src}->{dst} measured%",),
+                )
+            ),
+            FAULT_WAIT_S,
+            "a re-plan on measured capacity",
+        )
+        event = _rows(
+            lab,
+            "SELECT data FROM events WHERE kind='capacity' AND message LIKE ?",
+            (f"link {src}->{dst} measured%",),
+        )[0]
         after = time.time()
         _wait(lab, lambda: len(_completed(lab, after)) >= 2, FAULT_WAIT_S, "groups after it")
         done = _completed(lab, after)

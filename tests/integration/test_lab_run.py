@@ -27,8 +27,7 @@ FIRST_GROUP_WAIT_S = 120.0  # eight... here three torch imports on two cores tak
 
 
 def _opts(**kw) -> RunOptions:
-    base = dict(p=2, width=128, depth=2, dashboard=False, part_bytes=64 << 10,
-                log_level="WARNING")
+    base = dict(p=2, width=128, depth=2, dashboard=False, part_bytes=64 << 10, log_level="WARNING")
     base.update(kw)
     return RunOptions(**base)
 
@@ -105,8 +104,10 @@ def test_run_trains_in_groups_of_p_and_records_everything(tmp_path: Path, scheme
         if scheme == "preduce":
             assert aggregators <= set(members)
     # Links that carried data were sampled and show bytes.
-    moved = _query(db, "SELECT src, dst, MAX(tx_bytes) - MIN(tx_bytes) AS b FROM link_samples"
-                       " GROUP BY src, dst")
+    moved = _query(
+        db,
+        "SELECT src, dst, MAX(tx_bytes) - MIN(tx_bytes) AS b FROM link_samples GROUP BY src, dst",
+    )
     assert moved and max(r["b"] for r in moved) > 100_000
     summary = summarize(db)
     assert summary["groups_completed"] == len(groups)
@@ -122,8 +123,7 @@ def test_killed_worker_leaves_survivors_training_and_nothing_behind(tmp_path: Pa
     topo = load_topology(SMALL)
     caps = check(topo)
     state_dir = tmp_path / "state"
-    with LabRun(topo, caps, _opts(scheme="crew"), tmp_path / "run",
-                state_dir=state_dir) as lab:
+    with LabRun(topo, caps, _opts(scheme="crew"), tmp_path / "run", state_dir=state_dir) as lab:
         db = lab.db_path
         _wait_for(lab, lambda: _completed(db) >= 2, FIRST_GROUP_WAIT_S, "two completed groups")
         cmds.submit(db, cmds.KillWorker(worker=2))
@@ -131,16 +131,26 @@ def test_killed_worker_leaves_survivors_training_and_nothing_behind(tmp_path: Pa
         killed_at = time.time()
         _wait_for(
             lab,
-            lambda: _query(db, "SELECT COUNT(*) FROM groups WHERE status='completed'"
-                               " AND formed_at > ?", (killed_at + 1,))[0][0] >= 3,
-            90, "three groups completed after the kill",
+            lambda: (
+                _query(
+                    db,
+                    "SELECT COUNT(*) FROM groups WHERE status='completed' AND formed_at > ?",
+                    (killed_at + 1,),
+                )[0][0]
+                >= 3
+            ),
+            90,
+            "three groups completed after the kill",
         )
         pids, tag = _lab_pids(lab), lab.tag
     _assert_nothing_left(tag, pids, state_dir)
     status = _query(db, "SELECT status, reason FROM commands")
     assert [r["status"] for r in status] == ["applied"]
-    late = _query(db, "SELECT members FROM groups WHERE status='completed' AND formed_at > ?",
-                  (killed_at + 1,))
+    late = _query(
+        db,
+        "SELECT members FROM groups WHERE status='completed' AND formed_at > ?",
+        (killed_at + 1,),
+    )
     assert all(2 not in json.loads(g["members"]) for g in late)
     dead = _query(db, "SELECT state FROM worker_status WHERE worker=2")
     assert dead and dead[0]["state"] == "dead"
@@ -148,13 +158,15 @@ def test_killed_worker_leaves_survivors_training_and_nothing_behind(tmp_path: Pa
     assert not _query(db, "SELECT id FROM groups WHERE status='open'")
 
 
-@pytest.mark.parametrize("scheme", ["crew-paper", "ps", "ring", "a2a", "blink", "blink-pipe",
-                                    "topoadopt", "gloo"])
+@pytest.mark.parametrize(
+    "scheme", ["crew-paper", "ps", "ring", "a2a", "blink", "blink-pipe", "topoadopt", "gloo"]
+)
 def test_every_scheme_trains_in_the_lab(tmp_path: Path, scheme: str) -> None:
     """Each scheme runs with real training: groups (or Gloo all-reduces) complete, exactly."""
     topo = load_topology(SMALL)
-    with LabRun(topo, check(topo), _opts(scheme=scheme), tmp_path / "run",
-                state_dir=tmp_path / "state") as lab:
+    with LabRun(
+        topo, check(topo), _opts(scheme=scheme), tmp_path / "run", state_dir=tmp_path / "state"
+    ) as lab:
         db = lab.db_path
         _wait_for(lab, lambda: _completed(db) >= 3, FIRST_GROUP_WAIT_S, "three completed groups")
         pids, tag = _lab_pids(lab), lab.tag
