@@ -54,10 +54,10 @@ log = logging.getLogger("crew.coordinator")
 TICK_S = 0.25
 MAX_REVISIONS = 8
 DEADLINE_FACTOR = 10.0  # a revision may take this many times its predicted time
-RETRY_LINK_S = 20.0
+RETRY_LINK_S = 20.0  # a failed link is tried again after this, doubling on each failure
 EWMA = 0.3  # weight of a new rate measurement
 DRIFT = 0.25  # relative change of a link's estimate that makes the planner use it
-TCP_GOODPUT = 0.95  # payload share of the frames HTB counts (DESIGN.md §4)  # a failed link is tried again after this, doubling on each failure
+TCP_GOODPUT = 0.95  # payload share of the frames HTB counts (DESIGN.md §4)
 
 
 @dataclass

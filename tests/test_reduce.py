@@ -383,7 +383,7 @@ def test_nonblocking_reuses_prescattered_parts_and_stays_exact(
             original(dst, frame)
 
         cluster.engines[m]._send = counting
-    for gid, a in assigns.items():
+    for a in assigns.values():
         nodes = set(a.members).union(*(Route.from_list(r).nodes() for r in a.routes))
         for w in sorted(nodes):
             cluster.engines[w].assign(a, vectors.get(w) if w in a.members else None)
