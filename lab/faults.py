@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONTENTION_BASE_PORT = 7800
+ADMIN_RETRY_S = 30.0  # how long a command may wait for the coordinator to be reachable
 CONTENTION_MAX_S = 24 * 3600.0  # flows end by themselves at the latest after a day
 
 
@@ -53,7 +54,7 @@ class FaultInjector:
         """Apply every pending command in order; return how many were handled."""
         db = self.lab.db
         assert db is not None
-        rows = db.query("SELECT id, kind, args FROM commands WHERE status='pending' ORDER BY id")
+        rows = db.query("SELECT id, t, kind, args FROM commands WHERE status='pending' ORDER BY id")
         if not rows:
             return 0
         limits = self._limits()
@@ -61,6 +62,18 @@ class FaultInjector:
             try:
                 command = cmds.parse_row(row, limits)
                 outcome = self.apply(command)
+            except OSError as exc:
+                # The coordinator may not listen yet (start-up) or be restarting: try again on
+                # the next poll, and give up on the command after a while.
+                if time.time() - row["t"] < ADMIN_RETRY_S:
+                    log.info("command #%d waits for the coordinator: %s", row["id"], exc)
+                    break  # keep the order: later commands wait too
+                exc = FaultError(f"coordinator unreachable for {ADMIN_RETRY_S:.0f} s: {exc}")
+                db.execute(
+                    "UPDATE commands SET status='rejected', reason=?, applied_at=? WHERE id=?",
+                    (str(exc), time.time(), row["id"]),
+                )
+                continue
             except (cmds.CommandError, FaultError, LabError) as exc:
                 db.execute(
                     "UPDATE commands SET status='rejected', reason=?, applied_at=? WHERE id=?",

@@ -158,24 +158,54 @@ def test_killed_worker_leaves_survivors_training_and_nothing_behind(tmp_path: Pa
     assert not _query(db, "SELECT id FROM groups WHERE status='open'")
 
 
-@pytest.mark.parametrize(
-    "scheme", ["crew-paper", "ps", "ring", "a2a", "blink", "blink-pipe", "topoadopt", "gloo"]
-)
-def test_every_scheme_trains_in_the_lab(tmp_path: Path, scheme: str) -> None:
-    """Each scheme runs with real training: groups (or Gloo all-reduces) complete, exactly."""
+ROUTE_SCHEMES = ["crew-paper", "ps", "ring", "a2a", "blink", "blink-pipe", "topoadopt"]
+
+
+def test_every_group_scheme_trains_in_one_lab(tmp_path: Path) -> None:
+    """One lab, the scheme switched by the dashboard's command for groups formed from then
+    on: each scheme's groups complete with exact averages."""
     topo = load_topology(SMALL)
     with LabRun(
-        topo, check(topo), _opts(scheme=scheme), tmp_path / "run", state_dir=tmp_path / "state"
+        topo, check(topo), _opts(scheme="crew"), tmp_path / "run", state_dir=tmp_path / "state"
     ) as lab:
         db = lab.db_path
-        _wait_for(lab, lambda: _completed(db) >= 3, FIRST_GROUP_WAIT_S, "three completed groups")
+        for scheme in ROUTE_SCHEMES:
+            cmds.submit(db, cmds.SetScheme(scheme=scheme))
+
+            def done(scheme: str = scheme) -> bool:
+                return (
+                    _query(
+                        db,
+                        "SELECT COUNT(*) FROM groups WHERE status='completed' AND scheme=?",
+                        (scheme,),
+                    )[0][0]
+                    >= 2
+                )
+
+            _wait_for(lab, done, FIRST_GROUP_WAIT_S, f"two completed {scheme} groups")
+        pids, tag = _lab_pids(lab), lab.tag
+    _assert_nothing_left(tag, pids, tmp_path / "state")
+    for scheme in ROUTE_SCHEMES:
+        groups = _query(db, "SELECT * FROM groups WHERE status='completed' AND scheme=?", (scheme,))
+        assert len(groups) >= 2
+        assert all(g["verify_err"] is not None and g["verify_err"] < 1e-3 for g in groups)
+        assert all(json.loads(g["plan"])["scheme"] == scheme for g in groups)
+    applied = _query(db, "SELECT status FROM commands")
+    assert [r["status"] for r in applied] == ["applied"] * len(ROUTE_SCHEMES)
+
+
+def test_gloo_trains_with_synchronous_all_reduce(tmp_path: Path) -> None:
+    """Gloo: every iteration, all n workers all-reduce (no partial groups)."""
+    topo = load_topology(SMALL)
+    with LabRun(
+        topo, check(topo), _opts(scheme="gloo"), tmp_path / "run", state_dir=tmp_path / "state"
+    ) as lab:
+        db = lab.db_path
+        _wait_for(lab, lambda: _completed(db) >= 3, FIRST_GROUP_WAIT_S, "three all-reduces")
         pids, tag = _lab_pids(lab), lab.tag
     _assert_nothing_left(tag, pids, tmp_path / "state")
     groups = _query(db, "SELECT * FROM groups WHERE status='completed'")
-    assert all(g["scheme"] == scheme for g in groups)
-    if scheme == "gloo":  # synchronous all-reduce of everyone, checked by tests/test_gloo.py
-        assert all(len(json.loads(g["members"])) == topo.n for g in groups)
-    else:
-        assert all(g["verify_err"] is not None and g["verify_err"] < 1e-3 for g in groups)
-        plan = json.loads(groups[0]["plan"])
-        assert plan["scheme"] == scheme
+    assert all(g["scheme"] == "gloo" for g in groups)
+    assert all(len(json.loads(g["members"])) == topo.n for g in groups)
+    iterations = _query(db, "SELECT worker, MAX(iteration) AS it FROM iterations GROUP BY worker")
+    assert len(iterations) == topo.n  # everyone trains, in lock step
