@@ -995,3 +995,29 @@ def lower_bound(
     if f_min <= 0:
         return math.inf
     return size * 8 / 1e6 / f_min
+
+
+def two_hop(bw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Capacities improved by one relay hop, and which relay achieves each.
+
+    ``out[i][j] = max(bw[i][j], max_r min(bw[i][r], bw[r][j]))``; ``relay[i][j]`` is that r, or
+    -1 where the direct link is at least as fast. Dead links (0) are never relays.
+
+    Cost model and its limit: a relayed transfer i -> r -> j streams, so it runs at the slower
+    of its two hops. The LP that plans on ``out`` does not know the hops are shared with r's own
+    traffic, so it is optimistic wherever it relays; that is why ``crew-relay`` is a scheme to
+    measure against ``crew``, not the default.
+    """
+    w = _check_bw(bw)
+    n = w.shape[0]
+    out = w.copy()
+    relay = np.full((n, n), -1, dtype=np.int64)
+    for r in range(n):
+        via = np.minimum(w[:, r][:, None], w[r, :][None, :])  # i -> r -> j
+        via[r, :] = 0.0
+        via[:, r] = 0.0
+        better = via > out
+        np.fill_diagonal(better, False)
+        out = np.where(better, via, out)
+        relay = np.where(better, r, relay)
+    return out, relay

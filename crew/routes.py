@@ -22,7 +22,7 @@ complete at a node; otherwise a node waits for the whole range before passing an
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,6 +167,43 @@ def star_routes(segments: Iterable[tuple[int, int, int]], members: Sequence[int]
             )
         )
     return out
+
+
+def relayed_star_routes(
+    segments: Iterable[tuple[int, int, int]], members: Sequence[int], relay: np.ndarray
+) -> list[Route]:
+    """Stars as ``star_routes``, except that a member whose link to (from) the aggregator is
+    slower than a one-relay path (``relay[a][b] >= 0``, from ``planner.two_hop``) goes through
+    that relay. One hop only: a member serves as a relay only if it reaches the aggregator
+    directly itself, and a non-member relay hangs directly under the aggregator."""
+    out = []
+    for agg, start, stop in segments:
+        up = _one_hop_tree(agg, members, lambda m, a=agg: int(relay[m][a]))
+        down = _one_hop_tree(agg, members, lambda m, a=agg: int(relay[a][m]))
+        out.append(
+            Route(
+                start,
+                stop,
+                agg,
+                tuple(sorted(up.items())),
+                tuple(sorted((p, c) for c, p in down.items())),
+            )
+        )
+    return out
+
+
+def _one_hop_tree(agg: int, members: Sequence[int], hop: Callable[[int], int]) -> dict[int, int]:
+    """child -> parent: every member under ``agg``, or under its relay ``hop(m)`` if any."""
+    others = [m for m in members if m != agg]
+    via = {m: hop(m) for m in others}
+    via = {m: r for m, r in via.items() if r >= 0 and r != agg}
+    tree = {m: agg for m in others}
+    for m, r in via.items():
+        if r in via:
+            continue  # that member is relayed itself: no chains
+        tree[m] = r
+        tree.setdefault(r, agg)
+    return tree
 
 
 def link_load(routes: Iterable[Route], n: int, elem_bytes: int = 4) -> np.ndarray:

@@ -8,6 +8,8 @@ scheme         plan
 =============  ===========================================================================
 crew           every active worker aggregates a block; block sizes from the pipelined LP
                (per-link load, ``planner.solve_pipelined``); parts stream through
+crew-relay     as crew, planned on capacities improved by one relay hop, and routed through
+               those relays (``planner.two_hop``); measured against crew, not the default
 crew-paper     the paper's form: p2a LP minimising X + Y; each block stored and forwarded
 preduce        the original partial reduce: members only (p2p LP), stored and forwarded
 ps, ring, a2a, blink, blink-pipe, topoadopt
@@ -25,9 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from crew import planner
-from crew.routes import Route, link_load, star_routes
+from crew.routes import Route, link_load, relayed_star_routes, star_routes
 
-STAR_SCHEMES = ("crew", "crew-paper", "preduce")
+STAR_SCHEMES = ("crew", "crew-paper", "preduce", "crew-relay")
 ROUTE_SCHEMES = ("ps", "ring", "a2a", "blink", "blink-pipe", "topoadopt")
 ALL_SCHEMES = (*STAR_SCHEMES, *ROUTE_SCHEMES, "gloo")
 GROUP_SCHEMES = STAR_SCHEMES + ROUTE_SCHEMES  # planned per group by the coordinator
@@ -129,6 +131,12 @@ def plan_group(
         if scheme == "crew":
             plan = planner.solve_pipelined(bw, members, size, active=active)
             pipelined = True
+        elif scheme == "crew-relay":
+            better, relay = planner.two_hop(bw)
+            plan = planner.solve_pipelined(better, members, size, active=active)
+            segments = [(s.worker, s.start, s.stop) for s in plan.segments]
+            routes = relayed_star_routes(segments, members, relay)
+            return GroupPlan(scheme, members, tuple(routes), True, plan.predicted_s, n, total)
         elif scheme == "crew-paper":
             plan = planner.solve_p2a(bw, members, size, active=active)
             pipelined = False

@@ -491,3 +491,14 @@ def test_plan_built_from_numpy_ints_serialises() -> None:
     assert Plan.from_json(plan.to_json()) == plan
     assert plan.group == (1, 0) and plan.elems == (2, 3)
     assert plan.bytes_of(1) == 12 and plan.aggregators == (0, 1)
+
+
+def test_two_hop_finds_faster_relays_and_never_uses_dead_links() -> None:
+    from crew.planner import two_hop
+
+    bw = np.array([[np.inf, 10.0, 80.0], [50.0, np.inf, 0.0], [70.0, 60.0, np.inf]])
+    better, relay = two_hop(bw)
+    assert better[0, 1] == 60.0 and relay[0, 1] == 2  # 0 -> 2 -> 1: min(80, 60)
+    assert better[1, 2] == 50.0 and relay[1, 2] == 0  # dead direct link: 1 -> 0 -> 2
+    assert better[2, 0] == 70.0 and relay[2, 0] == -1  # direct is best
+    assert np.all(np.isinf(np.diag(better)))

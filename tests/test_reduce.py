@@ -18,7 +18,7 @@ from crew.reduce import (
     prescatter_frames,
     validate_assign,
 )
-from crew.routes import Route, star_routes
+from crew.routes import Route, relayed_star_routes, star_routes
 from crew.transport import Transport
 
 RUN = 7
@@ -399,3 +399,26 @@ def test_nonblocking_reuses_prescattered_parts_and_stays_exact(
                 parts = sum(len(range(r[0], r[1], part)) for r in assigns[gid].routes if r[2] != m)
                 reused = sum(1 for agg, _ in covered[gid] if agg != m)
                 assert scatter_counts[m] == parts - reused
+
+
+def test_relayed_stars_compute_the_average(cluster: Cluster) -> None:
+    """crew-relay: slow direct links are replaced by one-relay paths; results stay exact."""
+    rng = np.random.default_rng(11)
+    bw = np.full((cluster.n, cluster.n), 100.0)
+    np.fill_diagonal(bw, np.inf)
+    bw[0, 3] = bw[3, 0] = 5.0  # member 0 <-> aggregator 3: relaying via anyone is faster
+    better, relay = planner.two_hop(bw)
+    assert better[0, 3] == 100.0 and relay[0, 3] >= 0
+    members = (0, 1, 2)
+    total = 4000
+    plan = planner.solve_pipelined(better, members, total * 4)
+    segments = [(s.worker, s.start, s.stop) for s in plan.segments]
+    routes = relayed_star_routes(segments, members, relay)
+    to3 = next(r for r in routes if r.root == 3)
+    assert (0, 3) not in to3.up and (3, 0) not in to3.down
+    v = {m: rng.standard_normal(total).astype(np.float32) for m in members}
+    a = _assign_routes(routes, total, 51, members, (0.2, 0.3, 0.5), part_elems=400)
+    results = _run_group(cluster, a, v)
+    expected = 0.2 * v[0] + 0.3 * v[1] + 0.5 * v[2]
+    for m in members:
+        np.testing.assert_allclose(results[m], expected, rtol=1e-5, atol=1e-6)
