@@ -10,9 +10,14 @@ nothing but ``commands`` rows, through ``lab.commands.submit``; the lab applies 
 command goes through ``lab.commands.parse_command`` first, so a refused one shows its reason
 and writes nothing.
 
-While the run is live each panel is its own fragment that re-runs every second or two, so a
-refresh re-queries only that panel. A finished run (``meta.ended_at`` set) gets a replay slider
-instead, and every panel shows the run as it was at the chosen time.
+Every panel is on one page, in a fixed grid (network, utilisation, groups, plans and training,
+events), so a click in the sidebar and its effect are in view together, and a screenshot shows
+the whole run. While the run is live each panel is its own fragment that re-runs every one to
+ten seconds, so a refresh re-queries and redraws only that panel; plans and training change
+slowly and refresh least often, which keeps the page's CPU share small beside the workers.
+
+A finished run (``meta.ended_at`` set) gets a replay slider instead, and every panel shows
+the run as it was at the chosen time.
 """
 
 from __future__ import annotations
@@ -42,15 +47,19 @@ from lab import commands as lc  # noqa: E402
 log = logging.getLogger(__name__)
 
 RUN_ENV = "CREW_LAB_RUN"
-PANEL_REFRESH_S = 2.0
+# Each refresh costs about 0.3 s of server and as much of browser CPU for the charts (measured
+# with 8 workers on 2 cores); 3 s keeps the page live at a third of a core in all.
+PANEL_REFRESH_S = 3.0
+SLOW_PANEL_REFRESH_S = 10.0  # plans and training: a few new points a minute
 STATUS_REFRESH_S = 1.0
 LATEST_HORIZON_S = 5.0  # a link without a sample this recent is idle (or its monitor stalled)
 TOP_K_LINKS = 5
 WINDOW_CHOICES_MIN = (1, 2, 5, 10, 30)
 TIMELINE_WINDOW_S = 120.0
-TIMELINE_MAX_GROUPS = 60
+TIMELINE_MAX_GROUPS = 30  # a bar each: more would make the page scroll for groups alone
 PLAN_LIMIT = 20
 EVENT_LIMIT = 200
+EVENT_LOG_HEIGHT_PX = 320
 COMMAND_LIMIT = 10
 
 
@@ -130,7 +139,7 @@ class Page:
             if self.live and not info.live:
                 st.rerun(scope="app")  # the run just ended: switch to replay
             t = self.asof()
-            cols = st.columns([2, 3, 1.2, 0.6, 1, 1])
+            cols = st.columns([3.2, 1.6, 1, 0.5, 0.9, 1])
             cols[0].metric("Run", info.run_id)
             cols[1].metric("Topology", info.topology)
             cols[2].metric("Scheme", info.scheme)
@@ -190,7 +199,8 @@ class Page:
         @_fragment(self.live)
         def utilisation_panel() -> None:
             t = self.asof()
-            minutes = st.select_slider(
+            left, right = st.columns([3, 2])
+            minutes = left.select_slider(
                 "Window (minutes)", WINDOW_CHOICES_MIN, value=5, key="util_window_min"
             )
             start = max(self.t0 - 1.0, t - 60.0 * minutes)
@@ -202,21 +212,23 @@ class Page:
             labels = [
                 figures.link_label(s, d) for s, d in zip(links["src"], links["dst"], strict=True)
             ]
-            chosen = st.multiselect(
-                "Links",
-                labels,
-                default=figures.busiest_links(series, TOP_K_LINKS),
-                key="util_links",
-            )
-            st.plotly_chart(
-                figures.utilisation_timeseries(series, chosen, self.t0),
-                key="util_timeseries",
-            )
-            st.markdown("**Utilisation matrix now** (row sends to column)")
-            st.plotly_chart(
-                figures.utilisation_heatmap(self.link_view(t), self.workers),
-                key="util_heatmap",
-            )
+            with left:
+                chosen = st.multiselect(
+                    "Links",
+                    labels,
+                    default=figures.busiest_links(series, TOP_K_LINKS),
+                    key="util_links",
+                )
+                st.plotly_chart(
+                    figures.utilisation_timeseries(series, chosen, self.t0),
+                    key="util_timeseries",
+                )
+            with right:
+                st.markdown("**Utilisation matrix now** (row sends to column)")
+                st.plotly_chart(
+                    figures.utilisation_heatmap(self.link_view(t), self.workers),
+                    key="util_heatmap",
+                )
 
         utilisation_panel()
 
@@ -228,8 +240,8 @@ class Page:
             t = self.asof()
             groups = queries.groups(self.conn, t - TIMELINE_WINDOW_S, t)
             open_g = groups[groups["status"] == "open"]
-            left, right = st.columns(2)
-            with left:
+            charts, tables = st.columns([3, 2])
+            with tables:
                 st.markdown("**Open groups**")
                 if open_g.empty:
                     st.caption("none")
@@ -245,7 +257,6 @@ class Page:
                         ),
                         hide_index=True,
                     )
-            with right:
                 st.markdown("**Workers**")
                 if not self.live:
                     st.caption("worker states are recorded live only; replay shows groups.")
@@ -272,24 +283,28 @@ class Page:
                         hide_index=True,
                     )
             shown = groups.sort_values("id").tail(TIMELINE_MAX_GROUPS)
-            st.markdown(f"**Group timeline** (last {TIMELINE_WINDOW_S:.0f} s)")
-            st.plotly_chart(
-                figures.group_timeline(shown, self.t0, t),
-                key="group_timeline",
-            )
-            st.plotly_chart(
-                figures.rounds_and_staleness(
-                    queries.completed_memberships(self.conn, t), self.workers
-                ),
-                key="rounds_staleness",
-            )
+            with charts:
+                st.markdown(
+                    f"**Group timeline** (newest {len(shown)} groups"
+                    f" of the last {TIMELINE_WINDOW_S:.0f} s)"
+                )
+                st.plotly_chart(
+                    figures.group_timeline(shown, self.t0, t),
+                    key="group_timeline",
+                )
+                st.plotly_chart(
+                    figures.rounds_and_staleness(
+                        queries.completed_memberships(self.conn, t), self.workers
+                    ),
+                    key="rounds_staleness",
+                )
 
         groups_panel()
 
     # -- plans --------------------------------------------------------------------------------
 
     def plans(self) -> None:
-        @_fragment(self.live)
+        @_fragment(self.live, SLOW_PANEL_REFRESH_S)
         def plans_panel() -> None:
             t = self.asof()
             plans = queries.latest_plans(self.conn, t, PLAN_LIMIT)
@@ -330,7 +345,7 @@ class Page:
     # -- training -----------------------------------------------------------------------------
 
     def training(self) -> None:
-        @_fragment(self.live)
+        @_fragment(self.live, SLOW_PANEL_REFRESH_S)
         def training_panel() -> None:
             t = self.asof()
             iters = _cache("iterations", queries.iteration_cache).read(self.conn, self.t0 - 1.0, t)
@@ -369,6 +384,7 @@ class Page:
                     }
                 ),
                 hide_index=True,
+                height=EVENT_LOG_HEIGHT_PX,
                 key="event_log",
             )
 
@@ -544,18 +560,21 @@ def main() -> None:
             page.replay_slider()
         page.command_log()
     page.header()
-    tabs = st.tabs(["Network", "Groups", "Plans", "Training", "Events"])
-    with tabs[0]:
-        page.network()
-        page.utilisation()
-    with tabs[1]:
-        page.groups()
-    with tabs[2]:
+    st.subheader("Network")
+    page.network()
+    st.subheader("Link utilisation")
+    page.utilisation()
+    st.subheader("Groups")
+    page.groups()
+    plans, training = st.columns(2)
+    with plans:
+        st.subheader("Plans")
         page.plans()
-    with tabs[3]:
+    with training:
+        st.subheader("Training")
         page.training()
-    with tabs[4]:
-        page.event_log()
+    st.subheader("Events")
+    page.event_log()
 
 
 main()

@@ -258,14 +258,16 @@ class CaseGenerator:
                 data = truncate(wire, rng.randrange(len(wire)))
             case Mutation.LENGTH_LIE:
                 true_len = frame.nbytes
-                lie = rng.choice([rng.randrange(limit + 1), true_len + 1, max(0, true_len - 1),
-                                  0, limit])
+                lie = rng.choice(
+                    [rng.randrange(limit + 1), true_len + 1, max(0, true_len - 1), 0, limit]
+                )
                 if lie == true_len:
                     lie = (true_len + 1) if true_len < limit else true_len - 1
                 data = with_length(wire, lie)
             case Mutation.HUGE_LENGTH:
-                data = with_length(wire, rng.choice([limit + 1, _U32, rng.randrange(limit + 1,
-                                                                                    _U32 + 1)]))
+                data = with_length(
+                    wire, rng.choice([limit + 1, _U32, rng.randrange(limit + 1, _U32 + 1)])
+                )
             case Mutation.WRONG_RUN:
                 data = self.foreign_run.encode_bytes(self.frame(run=self.foreign_run.run))
             case Mutation.WRONG_MAC:
@@ -279,8 +281,9 @@ class CaseGenerator:
                 data = with_byte(wire, _KIND_AT, rng.choice(_UNKNOWN_KINDS))
             case Mutation.SPLICE:
                 other = codec.encode_bytes(self.frame())
-                data = splice(wire, other, rng.randrange(1, len(wire)),
-                              rng.randrange(1, len(other)))
+                data = splice(
+                    wire, other, rng.randrange(1, len(wire)), rng.randrange(1, len(other))
+                )
                 # The glue can rebuild a whole valid frame at the start (the cut fell in the
                 # last bytes of one and the other continued them by chance): then that frame
                 # is rightly accepted, and anything after it is the next frame's problem.
@@ -289,8 +292,9 @@ class CaseGenerator:
                         after = TrailingData if len(data) > len(enc) else whole_frame
                         return Case(m, data, whole_frame, after)
             case Mutation.RANDOM:
-                data = rng.randbytes(rng.choice([rng.randrange(HEADER_SIZE + 1),
-                                                 rng.randrange(HEADER_SIZE, 2048)]))
+                data = rng.randbytes(
+                    rng.choice([rng.randrange(HEADER_SIZE + 1), rng.randrange(HEADER_SIZE, 2048)])
+                )
             case Mutation.MAGIC_PREFIX:
                 data = MAGIC + bytes([VERSION]) + rng.randbytes(rng.randrange(0, 2048))
         stream, whole = _EXPECT_STREAM[m], _EXPECT_WHOLE[m]
@@ -344,7 +348,14 @@ def memory_bound(codec: FrameCodec) -> int:
 
 def same_frame(a: Frame, b: Frame) -> bool:
     return (a.kind, a.sender, a.run, a.group, a.rev, a.block, a.part, a.offset) == (
-        b.kind, b.sender, b.run, b.group, b.rev, b.block, b.part, b.offset
+        b.kind,
+        b.sender,
+        b.run,
+        b.group,
+        b.rev,
+        b.block,
+        b.part,
+        b.offset,
     ) and bytes(a.payload) == bytes(b.payload)
 
 
@@ -492,8 +503,14 @@ def run_fuzz(
         raise ValueError(f"inputs={inputs} must be >= 0")
     codec, secret = make_codec(seed, max_payload)
     traced = inputs if traced_inputs is None else min(traced_inputs, inputs)
-    report = FuzzReport(inputs, seed, max_payload, read_bound=read_bound(codec),
-                        memory_bound=memory_bound(codec), traced_inputs=traced)
+    report = FuzzReport(
+        inputs,
+        seed,
+        max_payload,
+        read_bound=read_bound(codec),
+        memory_bound=memory_bound(codec),
+        traced_inputs=traced,
+    )
     busy = 0.0
     for case in cases(codec, secret, seed, inputs):
         t0 = time.perf_counter()
@@ -508,8 +525,10 @@ def run_fuzz(
             tracemalloc.start()
         try:
             for case in cases(codec, secret, seed, traced):
-                for res, which in ((check_stream(codec, case, trace=True), "read_frame"),
-                                   (check_whole(codec, case, trace=True), "decode")):
+                for res, which in (
+                    (check_stream(codec, case, trace=True), "read_frame"),
+                    (check_whole(codec, case, trace=True), "decode"),
+                ):
                     if res.peak_bytes is not None:
                         report.peak_bytes = max(report.peak_bytes, res.peak_bytes)
                     if res.violation is not None and "peaked" in res.violation:
@@ -522,19 +541,25 @@ def run_fuzz(
 
 def print_report(report: FuzzReport, out: TextIO | None = None) -> None:
     w = (out or sys.stdout).write
-    w(f"fuzzed {report.inputs} inputs (seed {report.seed}, max_payload {report.max_payload})"
-      f" in {report.elapsed_s:.2f} s of decoding: {report.inputs_per_s:,.0f} inputs/s"
-      f" (each through read_frame and decode)\n")
+    w(
+        f"fuzzed {report.inputs} inputs (seed {report.seed}, max_payload {report.max_payload})"
+        f" in {report.elapsed_s:.2f} s of decoding: {report.inputs_per_s:,.0f} inputs/s"
+        f" (each through read_frame and decode)\n"
+    )
     w("outcomes:\n")
     for k, v in sorted(report.outcomes.items()):
         w(f"  {k:<28} {v:>9}\n")
     w("per mutation:\n")
     for m, c in sorted(report.by_mutation.items()):
         w(f"  {m:<14} " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())) + "\n")
-    w(f"largest read request {report.max_request} B, largest per frame "
-      f"{report.max_total_request} B (bound {report.read_bound} B)\n")
-    w(f"tracemalloc peak per decode {report.peak_bytes} B over {report.traced_inputs} inputs "
-      f"(bound {report.memory_bound} B)\n")
+    w(
+        f"largest read request {report.max_request} B, largest per frame "
+        f"{report.max_total_request} B (bound {report.read_bound} B)\n"
+    )
+    w(
+        f"tracemalloc peak per decode {report.peak_bytes} B over {report.traced_inputs} inputs "
+        f"(bound {report.memory_bound} B)\n"
+    )
     w(f"violations: {report.violations}\n")
     for e in report.examples:
         w(f"  {e}\n")
@@ -565,9 +590,14 @@ class AttackReport:
         return self.ended["closed"] + self.ended["reset"]
 
     def to_dict(self) -> dict[str, object]:
-        return {"target": self.target, "mode": self.mode, "sent": dict(self.sent),
-                "ended": dict(self.ended), "dropped": self.dropped,
-                "bytes_sent": self.bytes_sent}
+        return {
+            "target": self.target,
+            "mode": self.mode,
+            "sent": dict(self.sent),
+            "ended": dict(self.ended),
+            "dropped": self.dropped,
+            "bytes_sent": self.bytes_sent,
+        }
 
 
 def hostile_message(mode: AttackMode, rng: random.Random, max_payload: int) -> bytes:
@@ -679,26 +709,52 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fuzz benchmark of the frame decoder, or (subcommand attack) a hostile "
         "peer for a running lab. See the module docstring.",
     )
-    p.add_argument("--frames", type=_positive_int, default=DEFAULT_FRAMES,
-                   help=f"inputs to generate (default {DEFAULT_FRAMES})")
+    p.add_argument(
+        "--frames",
+        type=_positive_int,
+        default=DEFAULT_FRAMES,
+        help=f"inputs to generate (default {DEFAULT_FRAMES})",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the input stream (default 0)")
-    p.add_argument("--max-payload", type=_positive_int, default=DEFAULT_FUZZ_MAX_PAYLOAD,
-                   help=f"the codec's payload limit (default {DEFAULT_FUZZ_MAX_PAYLOAD})")
-    p.add_argument("--traced", type=int, default=None, metavar="N",
-                   help="inputs to repeat under tracemalloc (default: all)")
+    p.add_argument(
+        "--max-payload",
+        type=_positive_int,
+        default=DEFAULT_FUZZ_MAX_PAYLOAD,
+        help=f"the codec's payload limit (default {DEFAULT_FUZZ_MAX_PAYLOAD})",
+    )
+    p.add_argument(
+        "--traced",
+        type=int,
+        default=None,
+        metavar="N",
+        help="inputs to repeat under tracemalloc (default: all)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     sub = p.add_subparsers(dest="command")
     a = sub.add_parser("attack", help="send hostile connections to a worker's data port")
     a.add_argument("--to", type=_addr, required=True, metavar="ADDR:PORT")
-    a.add_argument("--frames", dest="attack_frames", type=_positive_int, default=30,
-                   help="connections to open, one hostile message each (default 30)")
+    a.add_argument(
+        "--frames",
+        dest="attack_frames",
+        type=_positive_int,
+        default=30,
+        help="connections to open, one hostile message each (default 30)",
+    )
     a.add_argument("--mode", choices=[m.value for m in AttackMode], default="mixed")
     a.add_argument("--seed", dest="attack_seed", type=int, default=0)
-    a.add_argument("--max-payload", dest="attack_max_payload", type=_positive_int,
-                   default=DEFAULT_MAX_PAYLOAD,
-                   help="the target's payload limit, for oversized headers (default 4 MiB)")
-    a.add_argument("--wait", type=float, default=10.0,
-                   help="seconds to wait for the target to drop each connection (default 10)")
+    a.add_argument(
+        "--max-payload",
+        dest="attack_max_payload",
+        type=_positive_int,
+        default=DEFAULT_MAX_PAYLOAD,
+        help="the target's payload limit, for oversized headers (default 4 MiB)",
+    )
+    a.add_argument(
+        "--wait",
+        type=float,
+        default=10.0,
+        help="seconds to wait for the target to drop each connection (default 10)",
+    )
     return p
 
 
@@ -707,9 +763,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "attack":
         host, port = args.to
-        report = attack(host, port, args.attack_frames, AttackMode(args.mode),
-                        seed=args.attack_seed, max_payload=args.attack_max_payload,
-                        wait_s=args.wait)
+        report = attack(
+            host,
+            port,
+            args.attack_frames,
+            AttackMode(args.mode),
+            seed=args.attack_seed,
+            max_payload=args.attack_max_payload,
+            wait_s=args.wait,
+        )
         print(json.dumps(report.to_dict()), flush=True)
         return 0 if report.dropped == args.attack_frames else 1
     fuzz = run_fuzz(args.frames, args.seed, args.max_payload, args.traced)

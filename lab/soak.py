@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.5
 PROGRESS_EVERY_S = 30.0
+SETTLE_S = 45.0  # a (re)started worker's RSS counts for growth from this long after it appeared
 LAB_RULE_COMMENTS = ("crew-cut", "crew-loss")
 # Commands that start a fault; their undo counterparts (restart, restore, stop, factor 1,
 # the configured rate) are not faults.
@@ -110,6 +111,7 @@ class SoakReport:
     minutes: float
     seed: int
     topology: str
+    cooldown_s: float = 0.0
     groups_completed: int = 0
     groups_abandoned: int = 0
     rounds_per_worker: dict[str, int] = field(default_factory=dict)
@@ -121,6 +123,10 @@ class SoakReport:
     next_done: LatencyStats | None = None
     first_new: LatencyStats | None = None
     unrecovered: list[str] = field(default_factory=list)
+    recoveries: list[str] = field(default_factory=list)  # per fault: what, and both latencies
+    groups_in_cooldown: int = 0  # completed once every fault was undone: must be > 0
+    longest_gap_s: float = 0.0  # longest time without a completed group after the warm-up
+    longest_gap_from_s: float = 0.0  # when that gap began, seconds since the lab started
     fds_before: int = 0
     fds_after: int = 0
     fds_leaked: list[str] = field(default_factory=list)
@@ -146,7 +152,12 @@ class SoakReport:
 
     @property
     def ok(self) -> bool:
-        return self.error is None and self.leaks == 0 and bool(self.audit_ok)
+        return (
+            self.error is None
+            and self.leaks == 0
+            and bool(self.audit_ok)
+            and self.groups_in_cooldown > 0
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"leaks": self.leaks, "ok": self.ok}
@@ -163,8 +174,9 @@ def chaos_scenario(topo: TopologySpec, opts: SoakOptions, limits: Any) -> Scenar
         "description": f"soak: a chaos fault every {opts.every_s:g} s from "
         f"{opts.warmup_s:g} s to {until:g} s",
         "seed": opts.seed,
-        "steps": [{"at": opts.warmup_s, "do": "chaos",
-                   "args": {"until": until, "every": opts.every_s}}],
+        "steps": [
+            {"at": opts.warmup_s, "do": "chaos", "args": {"until": until, "every": opts.every_s}}
+        ],
     }
     return parse_scenario(doc, topo.n, limits=limits, rates=topo.bw_matrix())
 
@@ -197,9 +209,10 @@ def processes_naming(text: str) -> list[str]:
     """Live processes whose command line contains ``text`` (for reporting only; never used to
     signal anything)."""
     needle = text.encode()
+    mine = _ancestors()  # e.g. a `timeout` wrapper whose arguments name the run directory
     out = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+        if not entry.name.isdigit() or int(entry.name) in mine:
             continue
         try:
             cmd = (entry / "cmdline").read_bytes()
@@ -211,9 +224,25 @@ def processes_naming(text: str) -> list[str]:
     return out
 
 
+def _ancestors() -> set[int]:
+    """This process and its parents, up to init (bounded by the process tree depth)."""
+    out, pid = set(), os.getpid()
+    for _ in range(1024):
+        if pid <= 1 or pid in out:
+            break
+        out.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return out
+
+
 def root_interfaces(prefix: str) -> list[str]:
-    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        ["ip", "-o", "link", "show"], capture_output=True, text=True, check=True
+    ).stdout
     names = []
     for line in out.splitlines():
         parts = line.split(":", 2)
@@ -234,17 +263,19 @@ def namespace_rules(lab: LabRun) -> list[str]:
         except shaping.ShapingError as exc:
             left.append(f"host {i}: cannot list rules: {exc}")
             continue
-        left += [f"host {i}: {r}" for r in text.splitlines()
-                 if any(c in r for c in LAB_RULE_COMMENTS)]
+        left += [
+            f"host {i}: {r}" for r in text.splitlines() if any(c in r for c in LAB_RULE_COMMENTS)
+        ]
     return left
 
 
 class Sampler:
     """Remembers every process the lab recorded, and samples RSS over time."""
 
-    def __init__(self, lab: LabRun, after: float) -> None:
+    def __init__(self, lab: LabRun, after: float, settle_s: float = SETTLE_S) -> None:
         self.lab = lab
         self.after = after  # samples from this wall-clock time on count for growth
+        self.settle_s = settle_s  # ... and from this long after a process was first seen
         self.records: dict[int, ProcRecord] = {}
         self.series: dict[str, list[tuple[float, float]]] = {}
 
@@ -265,8 +296,7 @@ class Sampler:
         procs: list[tuple[str, int | str]] = [("lab", "self")]
         if self.lab.coordinator is not None:
             procs.append(("coordinator", self.lab.coordinator.pid))
-        procs += [(f"w{i}", p.pid) for i, p in sorted(self.lab.workers.items())
-                  if p.poll() is None]
+        procs += [(f"w{i}", p.pid) for i, p in sorted(self.lab.workers.items()) if p.poll() is None]
         for name, pid in procs:
             mb = rss_mb(pid)
             if mb is not None:
@@ -274,14 +304,20 @@ class Sampler:
                 self.series.setdefault(key, []).append((now, mb))
 
     def growth(self) -> dict[str, dict[str, float]]:
-        """Per process: first sample after the warm-up, last sample, growth (MB)."""
+        """Per process: first sample after the warm-up (and after the process settled:
+        a worker imports torch and loads its data first), last sample, growth (MB)."""
         out: dict[str, dict[str, float]] = {}
         for key, points in sorted(self.series.items()):
-            pts = [p for p in points if p[0] >= self.after] or points[-1:]
+            since = max(self.after, points[0][0] + self.settle_s)
+            pts = [p for p in points if p[0] >= since] or points[-1:]
             first, last = pts[0], pts[-1]
-            out[key] = {"first_mb": round(first[1], 1), "last_mb": round(last[1], 1),
-                        "growth_mb": round(last[1] - first[1], 1),
-                        "span_s": round(last[0] - first[0], 0), "samples": len(pts)}
+            out[key] = {
+                "first_mb": round(first[1], 1),
+                "last_mb": round(last[1], 1),
+                "growth_mb": round(last[1] - first[1], 1),
+                "span_s": round(last[0] - first[0], 0),
+                "samples": len(pts),
+            }
         return out
 
 
@@ -299,23 +335,30 @@ def _is_fault_start(kind: str, args: dict[str, Any], rates: dict[tuple[int, int]
     return False
 
 
-def analyse_db(db_path: Path, report: SoakReport) -> None:
-    """Groups, faults and recovery latencies, from the run database alone."""
+def analyse_db(db_path: Path, report: SoakReport, opts: SoakOptions) -> None:
+    """Groups, faults, recovery latencies and liveness, from the run database alone."""
     conn = rundb.connect(db_path, readonly=True)
     try:
-        rates = {(r["src"], r["dst"]): float(r["rate_mbit"])
-                 for r in conn.execute("SELECT src, dst, rate_mbit FROM links")}
-        groups = conn.execute("SELECT id, formed_at, ended_at FROM groups"
-                              " WHERE status='completed' ORDER BY ended_at").fetchall()
-        commands = conn.execute("SELECT id, kind, args, status, reason, applied_at FROM commands"
-                                " ORDER BY id").fetchall()
-        report.recovery_events = int(conn.execute(
-            "SELECT COUNT(*) FROM events WHERE kind='recovery'").fetchone()[0])
+        rates = {
+            (r["src"], r["dst"]): float(r["rate_mbit"])
+            for r in conn.execute("SELECT src, dst, rate_mbit FROM links")
+        }
+        groups = conn.execute(
+            "SELECT id, formed_at, ended_at FROM groups WHERE status='completed' ORDER BY ended_at"
+        ).fetchall()
+        commands = conn.execute(
+            "SELECT id, kind, args, status, reason, applied_at FROM commands ORDER BY id"
+        ).fetchall()
+        report.recovery_events = int(
+            conn.execute("SELECT COUNT(*) FROM events WHERE kind='recovery'").fetchone()[0]
+        )
         run_end = conn.execute("SELECT value FROM meta WHERE key='ended_at'").fetchone()
+        started = float(conn.execute("SELECT value FROM meta WHERE key='started_at'").fetchone()[0])
     finally:
         conn.close()
     end = float(run_end[0]) if run_end else time.time()
     ends = [(float(g["ended_at"]), float(g["formed_at"])) for g in groups]
+    _liveness(report, [e for e, _ in ends], started, end, opts)
     next_done, first_new = [], []
     by_kind: dict[str, int] = {}
     for c in commands:
@@ -333,13 +376,36 @@ def analyse_db(db_path: Path, report: SoakReport) -> None:
             next_done.append(min(done) - t)
         if new:
             first_new.append(min(new) - t)
-        else:
+        report.recoveries.append(
+            f"#{c['id']} {c['kind']} {c['args']}: next_done "
+            f"{f'{min(done) - t:.1f} s' if done else 'never'}, first_new "
+            f"{f'{min(new) - t:.1f} s' if new else 'never'}"
+        )
+        if not new:
             report.unrecovered.append(
-                f"#{c['id']} {c['kind']} {c['args']} at {t - end:+.0f} s before the end")
+                f"#{c['id']} {c['kind']} {c['args']} at {t - end:+.0f} s before the end"
+            )
     report.faults_injected = sum(by_kind.values())
     report.faults_by_kind = by_kind
     report.next_done = LatencyStats.of(next_done)
     report.first_new = LatencyStats.of(first_new)
+
+
+def _liveness(
+    report: SoakReport, ended: list[float], started: float, end: float, opts: SoakOptions
+) -> None:
+    """Groups completed in the cool-down, and the longest stretch with none after warm-up."""
+    stop = min(end, started + opts.minutes * 60)
+    report.groups_in_cooldown = sum(1 for e in ended if e >= stop - opts.cooldown_s)
+    marks = (
+        [started + opts.warmup_s]
+        + sorted(e for e in ended if started + opts.warmup_s < e <= stop)
+        + [stop]
+    )
+    gaps = [(b - a, a) for a, b in zip(marks, marks[1:], strict=False)]
+    gap, at = max(gaps) if gaps else (0.0, started)
+    report.longest_gap_s = round(gap, 1)
+    report.longest_gap_from_s = round(at - started, 1)
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -350,15 +416,24 @@ def run_soak(opts: SoakOptions) -> SoakReport:
     caps = check(topo)
     scenario = chaos_scenario(topo, opts, lab_limits(topo, caps))
     run_dir = opts.run_dir or (REPO / "runs" / f"soak-{new_run_id()}")
-    ropts = RunOptions(p=opts.p, width=opts.width, seed=opts.seed, dashboard=False,
-                       log_level="WARNING")
+    ropts = RunOptions(
+        p=opts.p, width=opts.width, seed=opts.seed, dashboard=False, log_level="WARNING"
+    )
     fds_before = open_fds()
     lab = LabRun(topo, caps, ropts, run_dir, scenario=scenario)
     rates = {(lk.src, lk.dst): lk.rate_mbit for lk in topo.links}
-    planned = sum(_is_fault_start(s.command.KIND.value, asdict(s.command), rates)
-                  for s in scenario.steps)
-    report = SoakReport(str(run_dir), lab.tag, opts.minutes, opts.seed, topo.name,
-                        faults_planned=planned)
+    planned = sum(
+        _is_fault_start(s.command.KIND.value, asdict(s.command), rates) for s in scenario.steps
+    )
+    report = SoakReport(
+        str(run_dir),
+        lab.tag,
+        opts.minutes,
+        opts.seed,
+        topo.name,
+        opts.cooldown_s,
+        faults_planned=planned,
+    )
     report.fds_before = len(fds_before)
     sampler: Sampler | None = None
     state_path: Path | None = None
@@ -394,12 +469,16 @@ def run_soak(opts: SoakOptions) -> SoakReport:
         report.error = f"{type(exc).__name__}: {exc}"
     fds_after = open_fds()
     report.fds_after = len(fds_after)
-    report.fds_leaked = sorted(f"{fd} -> {target}" for fd, target in fds_after.items()
-                               if fds_before.get(fd) != target)
+    report.fds_leaked = sorted(
+        f"{fd} -> {target}" for fd, target in fds_after.items() if fds_before.get(fd) != target
+    )
     if sampler is not None:
         report.procs_recorded = len(sampler.records)
-        report.procs_alive = [f"{r.pid} ({r.kind} {r.label})" for r in sampler.records.values()
-                              if is_same_process(r.pid, r.start_time)]
+        report.procs_alive = [
+            f"{r.pid} ({r.kind} {r.label})"
+            for r in sampler.records.values()
+            if is_same_process(r.pid, r.start_time)
+        ]
         report.rss_mb = sampler.growth()
     report.procs_alive += processes_naming(str(run_dir))
     report.interfaces_left = root_interfaces(f"crw{lab.tag}")
@@ -409,7 +488,7 @@ def run_soak(opts: SoakOptions) -> SoakReport:
         report.groups_completed = summary["groups_completed"]
         report.groups_abandoned = summary["groups_abandoned"]
         report.rounds_per_worker = summary["rounds_per_worker"]
-        analyse_db(lab.db_path, report)
+        analyse_db(lab.db_path, report, opts)
         result = audit(run_dir)
         report.audit_ok = result.ok
         report.audit_violations = [f"{c.name}: {c.detail}" for c in result.violations]
@@ -418,11 +497,16 @@ def run_soak(opts: SoakOptions) -> SoakReport:
 
 def _progress(lab: LabRun, elapsed: float) -> None:
     assert lab.db is not None
-    g = lab.db.query("SELECT SUM(status='completed') AS done, SUM(status='abandoned') AS ab"
-                     " FROM groups")[0]
+    g = lab.db.query(
+        "SELECT SUM(status='completed') AS done, SUM(status='abandoned') AS ab FROM groups"
+    )[0]
     c = lab.db.query("SELECT COUNT(*) AS n FROM commands WHERE status='applied'")[0]
-    print(f"[soak {elapsed:6.0f} s] groups completed {g['done'] or 0}, abandoned {g['ab'] or 0};"
-          f" commands applied {c['n']}", file=sys.stderr, flush=True)
+    print(
+        f"[soak {elapsed:6.0f} s] groups completed {g['done'] or 0}, abandoned {g['ab'] or 0};"
+        f" commands applied {c['n']}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def print_report(r: SoakReport) -> None:
@@ -441,6 +525,9 @@ def print_report(r: SoakReport) -> None:
         f"fault -> next completed group: {lat(r.next_done)}",
         f"fault -> first group formed after it completes: {lat(r.first_new)}",
         f"faults with no group formed and completed after them: {len(r.unrecovered)}",
+        f"liveness: {r.groups_in_cooldown} groups completed in the {r.cooldown_s:g} s cool-down"
+        f" (all faults undone); longest gap without a completed group {r.longest_gap_s} s,"
+        f" from t={r.longest_gap_from_s} s",
         f"leaks: fds {r.fds_before} before, {r.fds_after} after ({len(r.fds_leaked)} new); "
         f"processes alive {len(r.procs_alive)} of {r.procs_recorded} recorded; "
         f"interfaces crw{r.tag}* {len(r.interfaces_left)}; state file "
@@ -449,17 +536,24 @@ def print_report(r: SoakReport) -> None:
         "memory (RSS MB, first after warm-up -> last):",
     ]
     for key, m in r.rss_mb.items():
-        lines.append(f"  {key:<22} {m['first_mb']:>7.1f} -> {m['last_mb']:>7.1f}"
-                     f"  ({m['growth_mb']:+.1f} over {m['span_s']:.0f} s, {m['samples']} samples)")
+        lines.append(
+            f"  {key:<22} {m['first_mb']:>7.1f} -> {m['last_mb']:>7.1f}"
+            f"  ({m['growth_mb']:+.1f} over {m['span_s']:.0f} s, {m['samples']} samples)"
+        )
     lines.append(f"audit: {'ok' if r.audit_ok else 'VIOLATIONS' if r.audit_ok is False else 'n/a'}")
     lines += [f"  {v}" for v in r.audit_violations]
-    for title, items in (("rejected commands", r.commands_rejected), ("unrecovered",
-                         r.unrecovered), ("leaked fds", r.fds_leaked), ("live processes",
-                         r.procs_alive), ("interfaces", r.interfaces_left),
-                         ("iptables rules", r.ns_rules_left)):
+    for title, items in (
+        ("per fault", r.recoveries),
+        ("rejected commands", r.commands_rejected),
+        ("unrecovered", r.unrecovered),
+        ("leaked fds", r.fds_leaked),
+        ("live processes", r.procs_alive),
+        ("interfaces", r.interfaces_left),
+        ("iptables rules", r.ns_rules_left),
+    ):
         if items:
             lines.append(f"{title}:")
-            lines += [f"  {x}" for x in items[:20]]
+            lines += [f"  {x}" for x in items[:60]]
     if r.error:
         lines.append(f"ERROR: {r.error}")
     lines.append(f"verdict: {'ok' if r.ok else 'PROBLEMS'} ({r.leaks} leaks)")
@@ -467,16 +561,26 @@ def print_report(r: SoakReport) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lab.soak", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m lab.soak",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--minutes", type=float, default=10.0, help="run length (default 10)")
-    p.add_argument("--topology", default="default",
-                   help="a topology name under topologies/ or a YAML path (default: default)")
+    p.add_argument(
+        "--topology",
+        default="default",
+        help="a topology name under topologies/ or a YAML path (default: default)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the fault timeline and the run")
     p.add_argument("--every", type=float, default=15.0, help="seconds between faults (15)")
     p.add_argument("--warmup", type=float, default=60.0, help="seconds before the first fault")
-    p.add_argument("--cooldown", type=float, default=60.0,
-                   help="fault-free seconds at the end, all faults undone (60)")
+    p.add_argument(
+        "--cooldown",
+        type=float,
+        default=60.0,
+        help="fault-free seconds at the end, all faults undone (60)",
+    )
     p.add_argument("--sample-every", type=float, default=15.0, help="RSS sampling period (15)")
     p.add_argument("--p", type=int, default=3, help="group size (default 3)")
     p.add_argument("--width", type=int, default=640, help="MLP width (default 640)")
@@ -494,13 +598,22 @@ def _topology_path(name: str) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: "
-                        "%(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
-        opts = SoakOptions(minutes=args.minutes, topology=_topology_path(args.topology),
-                           seed=args.seed, every_s=args.every, warmup_s=args.warmup,
-                           cooldown_s=args.cooldown, sample_every_s=args.sample_every, p=args.p,
-                           width=args.width, run_dir=args.run_dir)
+        opts = SoakOptions(
+            minutes=args.minutes,
+            topology=_topology_path(args.topology),
+            seed=args.seed,
+            every_s=args.every,
+            warmup_s=args.warmup,
+            cooldown_s=args.cooldown,
+            sample_every_s=args.sample_every,
+            p=args.p,
+            width=args.width,
+            run_dir=args.run_dir,
+        )
         report = run_soak(opts)
     except (ValueError, TopologyError, ScenarioError, PreflightError) as exc:
         print(f"error: {exc}", file=sys.stderr)

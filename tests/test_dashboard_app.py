@@ -79,7 +79,16 @@ def test_live_page_renders_every_panel(live_db):
     assert links.loc["1→2", "state"] == "DOWN"
     assert "ready now: w2" in [c.value for c in at.caption]
     assert any("g4" in t for t in table_texts(at.main.table))  # the open group
-    assert len(at.tabs) == 5
+    # One page, every panel in view: no tabs to hide the event log behind.
+    assert not at.tabs
+    assert [h.value for h in at.subheader] == [
+        "Network",
+        "Link utilisation",
+        "Groups",
+        "Plans",
+        "Training",
+        "Events",
+    ]
     assert at.multiselect(key="util_links").value[0] == "0→2"  # busiest first
     assert at.number_input(key="set_link_delay").disabled  # no netem in this run
     assert not at.number_input(key="set_link_loss").disabled
