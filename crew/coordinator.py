@@ -262,6 +262,7 @@ class Coordinator:
         if old is not None and old != conn:
             self._worker_lost(msg.worker, now, "re-registered on a new connection")
         self.worker_conn[msg.worker] = conn
+        self._forget_link_failures(msg.worker)
         self.former.join(msg.worker, now)
         self.db.set_worker_status(msg.worker, "training", iteration=msg.iteration, pid=msg.pid)
         self.db.event(
@@ -375,7 +376,7 @@ class Coordinator:
             if self.trace is None:
                 self.former.abandon(group.id, now)
             for m in group.members:
-                self._send(m, proto.Abandon(group.id, f"no plan: {exc}"))
+                self._send(m, proto.Abandon(group.id, f"no plan: {exc}", list(group.members)))
             return
         og = OpenGroup(
             group=group,
@@ -457,7 +458,9 @@ class Coordinator:
         gid = og.group.id
         del self.open[gid]
         for w in sorted(og.participants | set(og.group.members)):
-            self._send(w, proto.Commit(gid, og.rev) if committed else proto.Abandon(gid, reason))
+            self._send(
+                w, proto.Commit(gid, og.rev) if committed else proto.Abandon(gid, reason, [])
+            )
         if self.trace is None:
             if committed:
                 self.former.complete(gid, now)
@@ -596,6 +599,15 @@ class Coordinator:
                     data={"src": src, "dst": dst, "mbit": est, "was": planned},
                 )
                 self._update_split()
+
+    def _forget_link_failures(self, worker: int) -> None:
+        """A (re)started worker is a new process: failures of links to or from its predecessor
+        (peers' connections to it were reset when it died) say nothing about its links."""
+        for src, dst in list(self.failed_links):
+            if worker in (src, dst):
+                del self.failed_links[(src, dst)]
+                self.bw[src, dst] = self.configured_bw[src, dst]
+                self.estimated_bw[src, dst] = self.configured_bw[src, dst]
 
     def _retry_links(self, now: float) -> None:
         retried = [

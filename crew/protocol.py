@@ -180,6 +180,9 @@ class Abandon(Message):
     TYPE: ClassVar[str] = "abandon"
     group: int
     reason: str
+    # Set when the group is given up before its Assign went out (no plan): its members are
+    # waiting for it without knowing its id, and recognise it by this list.
+    members: list[int]
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import collections
 import enum
+import errno
 import heapq
 import itertools
 import logging
+import os
 import select
 import socket
 import threading
@@ -127,6 +129,21 @@ def _tune(sock: socket.socket, stall_timeout: float | None) -> None:
             ms = max(1000, int(stall_timeout * 1000))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, ms)
     sock.settimeout(stall_timeout)
+
+
+# errno values that mean the peer's process, not the path to it, went away.
+_PEER_RESTARTED = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
+
+
+def _pending_error(stream: FrameStream | None) -> OSError | None:
+    """The error the kernel recorded on an idle connection (SO_ERROR), if any."""
+    if stream is None:
+        return None
+    try:
+        code = stream.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    except OSError as e:  # closed under us
+        return e
+    return OSError(code, f"idle connection failed: {os.strerror(code)}") if code else None
 
 
 class FrameStream:
@@ -641,6 +658,20 @@ class Transport:
                     link.inflight = link.queue.pop()
                     return link.inflight
                 link.cond.wait(_WAIT_POLL_S)
+                # Frames already handed to the kernel may never be acknowledged (a cut link):
+                # TCP_USER_TIMEOUT then aborts the socket, but only a send would notice, and an
+                # idle sender never sends again. Report the abort now, so the group re-plans in
+                # about stall_timeout instead of waiting for its deadline.
+                err = _pending_error(link.stream)
+                if err is not None and err.errno in _PEER_RESTARTED:
+                    # The peer process went away (a reset, not silence): the link itself may be
+                    # fine. Drop the connection; the next send reconnects, and only a failed
+                    # reconnect counts as a link failure.
+                    stale, link.stream = link.stream, None
+                    if stale is not None:
+                        stale.close()
+                elif err is not None:
+                    return err
             return None
 
     def _sender_loop(self, link: _Link) -> None:
@@ -653,7 +684,18 @@ class Transport:
                 continue
             try:
                 stream = link.stream or self._connect(link)
-                n = stream.send(item)
+                try:
+                    n = stream.send(item)
+                except OSError as e:
+                    if e.errno not in _PEER_RESTARTED or link.failure is not None:
+                        raise
+                    # A reset on a connection that worked: the peer restarted. Retry once on a
+                    # new connection before calling the link failed.
+                    with link.cond:
+                        link.stream = None
+                    stream.close()
+                    stream = self._connect(link)
+                    n = stream.send(item)
             except (OSError, FrameError) as e:
                 if self._closing.is_set():
                     return

@@ -218,6 +218,13 @@ class Worker:
             self.split = msg
         elif isinstance(msg, proto.Commit | proto.Abandon):
             with self._lock:
+                if (
+                    isinstance(msg, proto.Abandon)
+                    and self.me in msg.members
+                    and self.my_group is None
+                    and self._vector_offered is not None
+                ):
+                    self.my_group = msg.group  # given up before its Assign reached us
                 mine = msg.group == self.my_group and not self.bench
             if mine:
                 committed = isinstance(msg, proto.Commit)

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -160,6 +161,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+DASHBOARD_WAIT_S = 20.0
+
+
+def wait_for_port(host: str, port: int, timeout: float) -> bool:
+    """Whether something accepts connections on host:port within ``timeout`` seconds."""
+    target = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((target, port), timeout=1.0):
+                return True
+        except OSError:
+            time.sleep(0.25)
+    return False
+
+
 def progress_table(lab: LabRun, started: float, duration: float | None) -> Table:
     assert lab.db is not None
     rows = lab.db.query(
@@ -280,7 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with LabRun(topo, caps, opts, run_dir, scenario=scenario) as lab:
             if lab.dashboard is not None:
-                console.print(f"dashboard: [bold]{lab.dashboard_url}[/bold]")
+                if wait_for_port(args.dashboard_host, args.dashboard_port, DASHBOARD_WAIT_S):
+                    console.print(f"dashboard: [bold]{lab.dashboard_url}[/bold]")
+                else:
+                    console.print(
+                        f"[yellow]the dashboard does not answer on {lab.dashboard_url}"
+                        f" yet; see {lab.run_dir / 'logs' / 'dashboard.log'}[/yellow]"
+                    )
             with Live(
                 progress_table(lab, started, args.duration),
                 console=console,

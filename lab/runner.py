@@ -9,6 +9,7 @@ it directly.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ from lab.topology import Impairment, TopologySpec
 log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parent.parent
+MGMT_LOCK = Path("/run/crew-lab.mgmt.lock")  # machine-wide, whatever a lab's state dir
 COORDINATOR_PORT = 7700
 DATA_PORT = 7701
 STOP_GRACE_S = 15.0
@@ -166,14 +168,24 @@ class LabRun:
         self.db = RunDB(self.db_path)
         self.started_at = time.time()
         self._record_run()
+        if self.opts.dashboard:
+            # First, so the page answers while the network and the workers start.
+            self._start_dashboard()
         net_kw: dict[str, Any] = {"tag": self.tag, "capabilities": self.caps}
         if self.state_dir:
             net_kw["state_dir"] = self.state_dir
         if self._own_net:
-            net_kw["mgmt_subnet"] = free_mgmt_subnet()
-            self.net = LabNetwork(self.topo, **net_kw)
-            self.net.__enter__()
+            MGMT_LOCK.parent.mkdir(parents=True, exist_ok=True)
+            with open(MGMT_LOCK, "a") as lock:
+                # Labs starting at once must not pick the same management subnet: the choice
+                # holds only once the bridge has its address.
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                net_kw["mgmt_subnet"] = free_mgmt_subnet()
+                self.net = LabNetwork(self.topo, **net_kw)
+                self.net.__enter__()
         assert self.net is not None
+        if self.dashboard is not None:
+            self._record_root(self.dashboard, "dashboard")
         self.cfg = self._write_config()
         self.db.executemany(
             "INSERT OR REPLACE INTO workers (id, name, cloud, address) VALUES (?,?,?,?)",
@@ -194,8 +206,6 @@ class LabRun:
         self.faults = FaultInjector(self)
         if self.scenario is not None:
             self.player = ScenarioPlayer(self.scenario, self.db_path, self.started_at)
-        if self.opts.dashboard:
-            self._start_dashboard()
         self.db.event(
             "start",
             f"lab started: {self.topo.n} workers, scheme {self.opts.scheme}, p={self.opts.p}",
@@ -309,6 +319,8 @@ class LabRun:
         assert self.net is not None
         out = self._log_file(f"w{i}")
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        # Eight workers saturate two cores; a lower priority keeps the coordinator, the monitor
+        # and the dashboard responsive (all workers alike, so none is favoured).
         proc = self.net.popen(
             i,
             [
@@ -326,6 +338,7 @@ class LabRun:
             stderr=subprocess.STDOUT,
             cwd=REPO,
             env=env,
+            preexec_fn=_lower_priority,
         )
         self.workers[i] = proc
 
@@ -339,7 +352,6 @@ class LabRun:
         self.exit_codes[i] = proc.returncode if proc.returncode is not None else -9
 
     def _start_dashboard(self) -> None:
-        assert self.net is not None
         if self.opts.dashboard_host not in ("127.0.0.1", "localhost", "::1"):
             log.warning(
                 "the dashboard listens on %s, beyond loopback: anyone who reaches it can cut "
@@ -363,7 +375,6 @@ class LabRun:
             cwd=REPO,
             start_new_session=True,
         )
-        self._record_root(self.dashboard, "dashboard")
 
     def _record_root(self, proc: subprocess.Popen[bytes], kind: str) -> None:
         """Record a root-namespace process in the lab's state file, for leftover cleanup."""
@@ -464,6 +475,13 @@ class LabRun:
                 self.db = None
             for fh in self._logs:
                 fh.close()
+
+
+WORKER_NICENESS = 5
+
+
+def _lower_priority() -> None:
+    os.nice(WORKER_NICENESS)
 
 
 def _end_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:

@@ -1,0 +1,619 @@
+"""The reliability suite: what a real lab survives, scenario by scenario.
+
+Each shipped scenario (``scenarios/*.yaml``) is played on a small lab, as ``lab.run
+--scenario`` would play it: the same expanded steps through ``ScenarioPlayer`` into the
+``commands`` table and the lab's fault injector. Only the clock differs. The shipped
+timelines assume a lab that needs 20-30 s to come up and run for minutes; here the player's
+clock starts once the lab has completed its first groups, and every ``at`` is multiplied by
+``Case.scale`` (``Scenario.scaled``). Order, targets and ties are those of the file.
+
+For every scenario, whatever it injected:
+
+* every command was applied (none rejected), and after each one at least one group that
+  formed after it completed: the lab keeps training through every fault and every undo;
+* every completed group averaged exactly (``verify_err`` < 1e-3, see ``crew.verify``);
+* no group is left open once the lab has stopped, and ``lab.audit`` passes on the finished
+  run (no lost update, no overlapping or hung group, consistent records);
+
+plus a check that the scenario hit what it aims at (a failover for a cut, the rejoin of a
+restarted worker, ...). Observed recovery times are printed (run with ``-s`` to see them);
+they are figures, never assertions.
+
+Two more tests cover the lab's own processes: the lab SIGKILLed mid-run and cleaned up by the
+next one, and the coordinator, the lab's single point of failure, killed mid-run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lab import audit as lab_audit
+from lab.cleanup import (
+    DEFAULT_STATE_DIR,
+    ROOT_NAME_PREFIX,
+    CleanupReport,
+    LabState,
+    StateError,
+    is_same_process,
+    remove_recorded,
+    root_link_names,
+)
+from lab.preflight import check
+from lab.runner import REPO, LabRun, RunOptions, lab_limits
+from lab.scenario import Scenario, ScenarioPlayer, load_scenario
+from lab.topology import load_topology
+
+pytestmark = pytest.mark.root
+
+FOUR = REPO / "tests" / "data" / "topologies" / "four.yaml"
+SMALL = REPO / "topologies" / "small.yaml"
+DEFAULT = REPO / "topologies" / "default.yaml"
+SCENARIOS = REPO / "scenarios"
+
+WARM_GROUPS = 2  # the scenario clock starts once this many groups have completed
+WARM_WAIT_S = 240.0  # torch imports on 2 shared cores; eight workers take the longest
+SETTLE_WAIT_S = 150.0  # after the last step: time for every fault to be followed by a group
+EXACT = 1e-3  # verify_err below this: the group's average was right
+RETRY_LINK_S = 20.0  # crew.coordinator.RETRY_LINK_S: a failed link re-enters plans after this
+STOP_WAIT_S = 60.0
+POLL_S = 0.5
+
+
+def _opts(**kw) -> RunOptions:
+    base = dict(
+        p=2,
+        width=256,
+        depth=2,
+        dashboard=False,
+        part_bytes=64 << 10,
+        log_level="WARNING",
+        stall_timeout_s=3.0,
+        scheme="crew",
+    )
+    base.update(kw)
+    return RunOptions(**base)
+
+
+def _rows(db: Path, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+    conn.row_factory = sqlite3.Row
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def _logs(run_dir: Path, tail: int = 1500) -> str:
+    return "\n".join(
+        f"--- {p.name}\n" + p.read_text(errors="replace")[-tail:]
+        for p in sorted((run_dir / "logs").glob("*"))
+    )
+
+
+def _wait(lab: LabRun, predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lab.poll()
+        if predicate():
+            return
+        time.sleep(POLL_S)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}\n{_logs(lab.run_dir)}")
+
+
+def _completed(db: Path, since: float = 0.0) -> list[sqlite3.Row]:
+    return _rows(
+        db,
+        "SELECT * FROM groups WHERE status='completed' AND formed_at >= ? ORDER BY formed_at",
+        (since,),
+    )
+
+
+def _members(g: sqlite3.Row) -> list[int]:
+    return json.loads(g["members"])
+
+
+def _edges(g: sqlite3.Row) -> set[tuple[int, int]]:
+    plan = json.loads(g["plan"])
+    return {(int(a), int(b)) for r in plan["routes"] for a, b in r[3] + r[4]}
+
+
+def _gone(pid: int, start_time: int | None = None) -> bool:
+    """The process ended (a zombie counts: it runs nothing and holds nothing)."""
+    if start_time is not None:
+        return not is_same_process(pid, start_time)
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
+def _tag_links(tag: str) -> list[str]:
+    return sorted(n for n in root_link_names() if n.startswith(ROOT_NAME_PREFIX + tag))
+
+
+# -- the scenarios -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    """A shipped scenario, the lab it runs on here, and how much its clock is compressed."""
+
+    file: str
+    topology: Path
+    scale: float
+    p: int = 2
+
+
+CASES = [
+    Case("worker-crash", FOUR, 0.25),
+    Case("worker-crash-and-rejoin", FOUR, 0.25),
+    Case("link-cut-during-scatter", SMALL, 0.25),
+    Case("link-cut-during-broadcast", SMALL, 0.25),
+    Case("bandwidth-drop", SMALL, 0.25),
+    Case("contention", SMALL, 0.25),
+    Case("random-link-failures", DEFAULT, 0.25, p=3),  # needs n >= 7
+    Case("chaos", SMALL, 0.25),
+]
+
+
+def test_every_shipped_scenario_has_a_case() -> None:
+    assert sorted(c.file for c in CASES) == sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
+
+
+def _applied(db: Path) -> list[sqlite3.Row]:
+    return _rows(db, "SELECT * FROM commands WHERE status='applied' ORDER BY id")
+
+
+def _unanswered(db: Path) -> list[sqlite3.Row]:
+    """Applied commands with no completed group formed after them yet."""
+    newest = _rows(db, "SELECT MAX(formed_at) AS t FROM groups WHERE status='completed'")[0]["t"]
+    return [c for c in _applied(db) if newest is None or newest < c["applied_at"]]
+
+
+def _fault_target(kind: str, args: dict) -> tuple[str, object] | None:
+    if kind == "kill_worker":
+        return ("worker", args["worker"])
+    if kind == "cut_link":
+        return ("link", (args["src"], args["dst"]))
+    return None
+
+
+def _recovery_report(db: Path, name: str) -> list[str]:
+    """Per applied command: when the next group formed after it completed, and for a kill or a
+    cut, when the coordinator noticed and when the first group without the dead part ended."""
+    lines = [f"scenario {name}: seconds from each command to what followed"]
+    groups = _completed(db)
+    events = _rows(db, "SELECT t, kind, message FROM events ORDER BY t")
+    for c in _applied(db):
+        # From submission: the injector acts in the same poll, and applied_at is stamped only
+        # once a kill has been reaped, by when the coordinator may already have reacted.
+        t0 = c["t"]
+        after = [g for g in groups if g["formed_at"] >= c["applied_at"]]
+        nxt = f"{after[0]['ended_at'] - t0:6.1f}" if after else "  none"
+        line = f"  #{c['id']:<3} {c['reason']:<36} next group {nxt}"
+        target = _fault_target(c["kind"], json.loads(c["args"]))
+        if target is not None:
+            kind, what = target
+            if kind == "worker":
+                noticed = [
+                    e for e in events if e["t"] >= t0 and f"worker {what} lost" in e["message"]
+                ]
+                clean = [g for g in after if what not in _members(g)]
+            else:
+                s, d = what  # a one-way cut may be reported by either direction (TCP's ACKs)
+                noticed = [
+                    e
+                    for e in events
+                    if e["t"] >= t0
+                    and e["kind"] == "fault"
+                    and (
+                        f"link {s}->{d} failed" in e["message"]
+                        or f"link {d}->{s} failed" in e["message"]
+                    )
+                ]
+                clean = [g for g in after if (s, d) not in _edges(g)]
+            seen = f"{noticed[0]['t'] - t0:6.1f}" if noticed else "     -"
+            ok = f"{clean[0]['ended_at'] - t0:6.1f}" if clean else "  none"
+            line += f", noticed {seen}, first group without it {ok}"
+        lines.append(line)
+    revised = [g for g in groups if g["revisions"]]
+    abandoned = _rows(db, "SELECT id, reason FROM groups WHERE status='abandoned'")
+    lines.append(
+        f"  {len(groups)} completed ({len(revised)} after a re-plan),"
+        f" {len(abandoned)} abandoned: "
+        + "; ".join(f"#{a['id']} {a['reason']}" for a in abandoned[:6])
+    )
+    return lines
+
+
+def _scenario_specific(case: Case, lab: LabRun, sc: Scenario) -> Callable[[], bool]:
+    """What must also have happened before the run may end (the scenario hit its target)."""
+    db = lab.db_path
+
+    def applied(kind: str) -> list[sqlite3.Row]:
+        return [c for c in _applied(db) if c["kind"] == kind]
+
+    if case.file == "worker-crash-and-rejoin":
+
+        def rejoined() -> bool:
+            restart = applied("restart_worker")
+            return bool(restart) and any(
+                1 in _members(g) for g in _completed(db, restart[0]["applied_at"])
+            )
+
+        return rejoined
+    if case.file.startswith("link-cut"):
+        cut = next(s.command for s in sc.steps if s.command.KIND.value == "cut_link")
+
+        def failed_over() -> bool:
+            return bool(
+                _rows(
+                    db,
+                    "SELECT id FROM events WHERE kind='recovery' AND"
+                    " (message LIKE ? OR message LIKE ?)",
+                    (
+                        f"%link {cut.src}->{cut.dst} failed during%",
+                        f"%link {cut.dst}->{cut.src} failed during%",
+                    ),
+                )
+            )
+
+        return failed_over
+    if case.file == "random-link-failures":
+        return lambda: bool(
+            _rows(
+                db, "SELECT id FROM events WHERE kind='recovery' AND message LIKE '%failed during%'"
+            )
+        )
+    return lambda: True
+
+
+def _check_scenario_after(case: Case, db: Path, sc: Scenario, extra: dict) -> None:
+    applied = _applied(db)
+    if case.file == "worker-crash":
+        kill = applied[0]
+        assert kill["kind"] == "kill_worker"
+        later = _completed(db, kill["applied_at"])
+        assert later and all(1 not in _members(g) for g in later), "a dead worker was averaged"
+        assert _rows(db, "SELECT state FROM worker_status WHERE worker=1")[0]["state"] == "dead"
+        assert extra["exit_codes"].get(1) == -signal.SIGKILL
+    elif case.file == "worker-crash-and-rejoin":
+        kill, restart = applied[0], applied[1]
+        assert (kill["kind"], restart["kind"]) == ("kill_worker", "restart_worker")
+        down = _rows(
+            db,
+            "SELECT * FROM groups WHERE status='completed' AND formed_at >= ? AND formed_at < ?",
+            (kill["applied_at"] + 1.0, restart["applied_at"]),
+        )
+        assert all(1 not in _members(g) for g in down), "a dead worker was averaged"
+        # The new process resumed from the model of one of its committed groups (the newest it
+        # saved), not from scratch: its first reported iteration continues that count.
+        committed = {
+            r["iteration"]
+            for r in _rows(
+                db,
+                "SELECT gm.iteration FROM group_members gm JOIN groups g ON g.id = gm.group_id"
+                " WHERE gm.worker=1 AND g.status='completed' AND g.formed_at < ?",
+                (kill["applied_at"],),
+            )
+        }
+        first = _rows(
+            db,
+            "SELECT MIN(iteration) AS k FROM iterations WHERE worker=1 AND t > ?",
+            (restart["applied_at"],),
+        )[0]["k"]
+        assert committed, "worker 1 never committed a group before it was killed"
+        assert first is not None and first - 1 in committed, (
+            f"worker 1 restarted at iteration {first}, not after a committed group {committed}"
+        )
+    elif case.file.startswith("link-cut"):
+        # Once the coordinator has declared the cut link dead, no group is planned over it until
+        # the link is restored (or the coordinator's retry timer puts it back in plans).
+        cut = next(c for c in applied if c["kind"] == "cut_link")
+        restore = next(c for c in applied if c["kind"] == "restore_link")
+        a = json.loads(cut["args"])
+        s, d = a["src"], a["dst"]
+        failed = _rows(
+            db,
+            "SELECT t FROM events WHERE kind='fault' AND message LIKE ? AND t >= ? ORDER BY t",
+            (f"link {s}->{d} failed%", cut["applied_at"]),
+        )
+        if failed:
+            t0 = failed[0]["t"]
+            t1 = min(restore["applied_at"], t0 + RETRY_LINK_S)
+            during = [g for g in _completed(db, t0) if g["formed_at"] < t1]
+            assert all((s, d) not in _edges(g) for g in during), "a plan used a dead link"
+    elif case.file == "bandwidth-drop":
+        rates = [
+            r["rate_mbit"]
+            for r in _rows(db, "SELECT rate_mbit FROM link_state WHERE src=1 AND dst=2 ORDER BY id")
+        ]
+        configured = _rows(db, "SELECT rate_mbit FROM links WHERE src=1 AND dst=2")[0][0]
+        assert rates == [pytest.approx(configured * 0.1, abs=1e-3), pytest.approx(configured)]
+    elif case.file == "contention":
+        assert len(extra["flows"]) == 4, "the two contention flows (source, sink) did not start"
+        assert all(p.poll() is not None for p in extra["flows"]), "a contention flow still runs"
+    elif case.file == "random-link-failures":
+        cut = _rows(db, "SELECT src, dst, up FROM link_state")
+        assert len(cut) == 20 and not any(r["up"] for r in cut)
+        assert len({(r["src"], r["dst"]) for r in cut}) == 20
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.file for c in CASES])
+def test_shipped_scenario(tmp_path: Path, case: Case) -> None:
+    topo = load_topology(case.topology)
+    caps = check(topo)
+    sc = load_scenario(
+        SCENARIOS / f"{case.file}.yaml",
+        topo.n,
+        limits=lab_limits(topo, caps),
+        rates=topo.bw_matrix(),
+        time_scale=case.scale,
+    )
+    run_dir = tmp_path / "run"
+    extra: dict = {"flows": []}
+    with LabRun(topo, caps, _opts(p=case.p), run_dir, state_dir=tmp_path / "state") as lab:
+        db = lab.db_path
+        _wait(lab, lambda: len(_completed(db)) >= WARM_GROUPS, WARM_WAIT_S, "the first groups")
+        # LabRun plays lab.player on every poll; it is attached now so the clock starts warm.
+        lab.player = ScenarioPlayer(sc, db, start_time=time.time())
+        player = lab.player
+        hit = _scenario_specific(case, lab, sc)
+        last = max(s.trigger.value for s in sc.steps)
+
+        def settled() -> bool:
+            if lab.faults is not None:  # remember contention flows to check they stop
+                for procs in lab.faults.flows.values():
+                    extra["flows"] += [p for p in procs if p not in extra["flows"]]
+            return (
+                player.done
+                and not _rows(db, "SELECT id FROM commands WHERE status='pending'")
+                and not _unanswered(db)
+                and hit()
+            )
+
+        _wait(
+            lab,
+            settled,
+            last + SETTLE_WAIT_S,
+            f"every step of {case.file} applied and followed by a completed group",
+        )
+        extra["exit_codes"] = dict(lab.exit_codes)
+    print("\n" + "\n".join(_recovery_report(db, case.file)))
+
+    commands = _rows(db, "SELECT kind, status, reason FROM commands ORDER BY id")
+    assert len(commands) == len(sc.steps)
+    assert all(c["status"] == "applied" for c in commands), [dict(c) for c in commands]
+    done = _completed(db)
+    bad = [
+        (g["id"], g["verify_err"])
+        for g in done
+        if g["verify_err"] is None or not g["verify_err"] < EXACT
+    ]
+    assert not bad, f"groups averaged wrongly: {bad}"
+    assert not _rows(db, "SELECT id FROM groups WHERE status='open'"), "a group was left open"
+    _check_scenario_after(case, db, sc, extra)
+    report = lab_audit.audit(run_dir)
+    assert report.ok, [(c.name, c.detail) for c in report.violations]
+
+
+# -- the lab process killed and started again --------------------------------------------------
+
+
+def _lab_argv(run_dir: Path, duration: float) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "lab.run",
+        "--topology",
+        str(SMALL),
+        "--p",
+        "2",
+        "--width",
+        "256",
+        "--depth",
+        "2",
+        "--part-kb",
+        "64",
+        "--no-dashboard",
+        "--duration",
+        str(duration),
+        "--run-dir",
+        str(run_dir),
+        "--log-level",
+        "WARNING",
+    ]
+
+
+def _state_of(owner_pid: int) -> LabState | None:
+    """The state file (in the default state dir: lab.run has no option for another) whose
+    owner is ``owner_pid``."""
+    for path in sorted(DEFAULT_STATE_DIR.glob("*.json")):
+        try:
+            st = LabState.load(path)
+        except StateError:
+            continue
+        if st.owner.pid == owner_pid:
+            return st
+    return None
+
+
+def _wait_proc(
+    proc: subprocess.Popen, predicate: Callable[[], bool], timeout: float, what: str, log: Path
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc.poll() is not None:
+            pytest.fail(
+                f"lab.run exited ({proc.returncode}) before {what}\n"
+                f"{log.read_text(errors='replace')[-3000:]}"
+            )
+        time.sleep(POLL_S)
+    pytest.fail(f"timed out waiting for {what}\n{log.read_text(errors='replace')[-3000:]}")
+
+
+def _db_completed(db: Path) -> int:
+    if not db.is_file():
+        return 0
+    try:
+        return _rows(db, "SELECT COUNT(*) FROM groups WHERE status='completed'")[0][0]
+    except sqlite3.OperationalError:  # the schema is not there yet
+        return 0
+
+
+def _remove_dead_lab(state: LabState | None) -> None:
+    """Remove what a lab recorded, once its owner is gone (a failed test's safety net)."""
+    if state is None or not state.path.exists() or state.owner_alive():
+        return
+    try:
+        fresh = LabState.load(state.path)
+    except StateError:
+        return
+    remove_recorded(fresh, CleanupReport())
+    fresh.remove_file()
+
+
+def _end(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)  # lab.run treats it as Ctrl-C: a full teardown
+    try:
+        proc.wait(STOP_WAIT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_sigkilled_lab_is_cleaned_up_by_the_next_run(tmp_path: Path) -> None:
+    first = second = None
+    st1 = st2 = None
+    log1, log2 = tmp_path / "first.log", tmp_path / "second.log"
+    try:
+        with open(log1, "wb") as out:
+            first = subprocess.Popen(
+                _lab_argv(tmp_path / "run1", 120), cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+            )
+        db1 = tmp_path / "run1" / "lab.db"
+        _wait_proc(
+            first, lambda: _db_completed(db1) >= 2, WARM_WAIT_S, "the first lab's groups", log1
+        )
+        st1 = _state_of(first.pid)
+        assert st1 is not None, "the first lab wrote no state file"
+        first.send_signal(signal.SIGKILL)  # its own pid only: everything it started lives on
+        first.wait(10)
+        st1 = LabState.load(st1.path)  # as the lab last saved it
+        procs1 = [p for p in st1.procs if is_same_process(p.pid, p.start_time)]
+        kinds = {p.kind for p in procs1}
+        # The test means something only if the dead lab really left things behind: the host
+        # shells die with their parent (their stdin closes), its coordinator and workers do not.
+        assert {"coordinator", "proc"} <= kinds, kinds
+        assert _tag_links(st1.tag), "the dead lab's interfaces are already gone"
+
+        with open(log2, "wb") as out:
+            second = subprocess.Popen(
+                _lab_argv(tmp_path / "run2", 180), cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+            )
+        db2 = tmp_path / "run2" / "lab.db"
+        _wait_proc(
+            second, lambda: _db_completed(db2) >= 2, WARM_WAIT_S, "the second lab's groups", log2
+        )
+        st2 = _state_of(second.pid)
+        assert st2 is not None
+        # The second lab removed the first's leftovers before it built its own network.
+        assert all(_gone(p.pid, p.start_time) for p in procs1), "the dead lab's processes live"
+        assert not _tag_links(st1.tag), _tag_links(st1.tag)
+        assert not st1.path.exists(), "the dead lab's state file was not removed"
+        events = _rows(db2, "SELECT message FROM events")
+        assert events
+        st2 = LabState.load(st2.path)
+        procs2 = list(st2.procs)
+        _end(second)
+        assert second.returncode == 0, log2.read_text(errors="replace")[-3000:]
+        assert all(_gone(p.pid, p.start_time) for p in procs2), "the second lab left processes"
+        assert not _tag_links(st2.tag), _tag_links(st2.tag)
+        assert not st2.path.exists(), "the second lab's state file was not removed"
+        assert _rows(db2, "SELECT value FROM meta WHERE key='ended_at'"), "no clean end"
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        _remove_dead_lab(st1)
+        _remove_dead_lab(st2)
+
+
+# -- the coordinator: the lab's single point of failure ----------------------------------------
+
+
+def test_coordinator_killed_workers_stop_with_models_saved(tmp_path: Path) -> None:
+    """The lab accepts the coordinator as a single point of failure: without it no group can
+    form or commit. What it guarantees is a clean stop: each worker notices the lost control
+    connection, stops on its own and saves its model, so no local update is lost, and the
+    teardown still removes everything."""
+    topo = load_topology(FOUR)
+    state_dir = tmp_path / "state"
+    run_dir = tmp_path / "run"
+    with LabRun(topo, check(topo), _opts(), run_dir, state_dir=state_dir) as lab:
+        db = lab.db_path
+
+        # Warm: every worker has averaged at least once, so each has a model worth keeping.
+        def every_worker_averaged() -> bool:
+            seen = {m for g in _completed(db) for m in _members(g)}
+            return seen == set(range(topo.n))
+
+        _wait(lab, every_worker_averaged, WARM_WAIT_S, "every worker in a completed group")
+        assert lab.coordinator is not None
+        coord_pid = lab.coordinator.pid
+        os.kill(coord_pid, signal.SIGKILL)
+        _wait(
+            lab,
+            lambda: len(lab.exit_codes) == topo.n,
+            STOP_WAIT_S,
+            "every worker to stop on its own",
+        )
+        codes = dict(lab.exit_codes)
+        pids = [p.pid for p in lab.workers.values()] + [coord_pid]
+        tag = lab.tag
+        open_at_kill = {r["id"] for r in _rows(db, "SELECT id FROM groups WHERE status='open'")}
+    assert codes == dict.fromkeys(range(topo.n), 0), f"workers did not stop cleanly: {codes}"
+    reported = {
+        r["worker"]: r["k"]
+        for r in _rows(db, "SELECT worker, MAX(iteration) AS k FROM iterations GROUP BY worker")
+    }
+    assert set(reported) == set(range(topo.n))
+    for i in range(topo.n):
+        with np.load(run_dir / "checkpoints" / f"w{i}.pt", allow_pickle=False) as ck:
+            assert int(ck["iteration"]) >= reported[i], (
+                f"worker {i} saved iteration {int(ck['iteration'])}, reported {reported[i]}"
+            )
+            assert ck["vector"].size > 0 and np.isfinite(ck["vector"]).all()
+    assert all(_gone(pid) for pid in pids)
+    assert not _tag_links(tag)
+    assert not list(state_dir.glob("*.json")), "the lab's state file was not removed"
+    # Nobody is left to close the groups that were open when it died: the audit says so, and
+    # nothing else. Every local update is averaged or held in a checkpoint.
+    report = lab_audit.audit(run_dir)
+    assert report.check(lab_audit.NO_LOST_UPDATES).ok, report.check(lab_audit.NO_LOST_UPDATES)
+    failed = {c.name for c in report.violations}
+    assert failed == ({lab_audit.GROUPS_ENDED} if open_at_kill else set()), [
+        (c.name, c.detail) for c in report.violations
+    ]
+    print(
+        f"\ncoordinator killed: workers exited {codes}; groups left open {sorted(open_at_kill)};"
+        f" audit: {report.check(lab_audit.NO_LOST_UPDATES).detail}"
+    )
