@@ -141,6 +141,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="play a fault scenario (YAML timeline, see scenarios/) during the run",
     )
+    p.add_argument(
+        "--scenario-time-scale",
+        type=float,
+        default=1.0,
+        help="multiply every 'at' time of --scenario by this (e.g. 0.25 for a short "
+        "run); group-count triggers are unchanged",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="where the lab records what it creates, so that a lab that died can be "
+        "cleaned up by the next (default /run/crew-lab)",
+    )
     p.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
     p.add_argument(
         "--dashboard-host",
@@ -265,7 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario is not None:
         try:
             scenario = load_scenario(
-                args.scenario, topo.n, limits=lab_limits(topo, caps), rates=topo.bw_matrix()
+                args.scenario,
+                topo.n,
+                limits=lab_limits(topo, caps),
+                rates=topo.bw_matrix(),
+                time_scale=args.scenario_time_scale,
             )
         except ScenarioError as exc:
             console.print(f"[red]error:[/red] {exc}")
@@ -295,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     started = time.time()
     try:
-        with LabRun(topo, caps, opts, run_dir, scenario=scenario) as lab:
+        with LabRun(topo, caps, opts, run_dir, state_dir=args.state_dir, scenario=scenario) as lab:
             if lab.dashboard is not None:
                 if wait_for_port(args.dashboard_host, args.dashboard_port, DASHBOARD_WAIT_S):
                     console.print(f"dashboard: [bold]{lab.dashboard_url}[/bold]")
