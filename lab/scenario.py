@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import enum
 import logging
 import math
@@ -73,6 +72,7 @@ import yaml
 from crew import rundb
 from lab import commands as cmds
 from lab.commands import Command, CommandError, CommandKind, LabLimits
+from lab.fields import FieldReader, StrictLoader, describe, suggest
 
 log = logging.getLogger(__name__)
 
@@ -209,47 +209,19 @@ class Scenario:
 # -- reading -----------------------------------------------------------------------------------
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys (PyYAML would silently keep the last one)."""
-
-
-def _mapping_no_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
-    out: dict[Any, Any] = {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if key in out:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        out[key] = loader.construct_object(value_node, deep=True)
-    return out
-
-
-_StrictLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_no_duplicates
-)
-
-
-def _describe(value: object) -> str:
-    if value is None:
-        return "null"
-    return f"{type(value).__name__} {value!r}"[:80]
+_StrictLoader = StrictLoader
+_describe = describe
 
 
 def _suggest(key: str, allowed: Sequence[str]) -> str:
-    near = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
-    return f"; did you mean {near[0]!r}?" if near else ""
+    return suggest(key, allowed)
 
 
-class _Reader:
+class _Reader(FieldReader):
     """Typed field readers that raise ScenarioError with the document path attached."""
 
     def __init__(self, source: Path | None) -> None:
-        self.source = source
-
-    def fail(self, field: str, message: str) -> ScenarioError:
-        return ScenarioError(self.source, field, message)
+        super().__init__(source, ScenarioError)
 
     def mapping(
         self, value: object, field: str, allowed: Sequence[str], required: Sequence[str] = ()
@@ -268,29 +240,6 @@ class _Reader:
                 raise self.fail(
                     f"{field}.{key}" if field != _DOC else key, "required key is missing"
                 )
-        return value
-
-    def number(self, value: object, field: str, lo: float, hi: float, *, lo_open: bool) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.fail(field, f"must be a number, got {_describe(value)}")
-        x = float(value)
-        if not math.isfinite(x):
-            raise self.fail(field, f"must be finite, got {value}")
-        if x < lo or (lo_open and x == lo) or x > hi:
-            low = f"> {lo:g}" if lo_open else f">= {lo:g}"
-            raise self.fail(field, f"{value} is out of range (must be {low} and <= {hi:g})")
-        return x
-
-    def integer(self, value: object, field: str, lo: int, hi: int) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(field, f"must be an integer, got {_describe(value)}")
-        if not lo <= value <= hi:
-            raise self.fail(field, f"{value} is out of range (must be {lo}..{hi})")
-        return value
-
-    def boolean(self, value: object, field: str) -> bool:
-        if not isinstance(value, bool):
-            raise self.fail(field, f"must be true or false, got {_describe(value)}")
         return value
 
     def command(

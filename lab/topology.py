@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import enum
 import functools
 import importlib.resources
@@ -38,6 +37,8 @@ from typing import Any
 
 import numpy as np
 import yaml
+
+from lab.fields import FieldReader, StrictLoader, describe, suggest
 
 log = logging.getLogger(__name__)
 
@@ -288,14 +289,11 @@ def split_straggler(value: str) -> tuple[str, float | None]:
 # Parsing
 
 
-class _Checker:
+class _Checker(FieldReader):
     """Typed field readers that raise TopologyError with the document path attached."""
 
     def __init__(self, source: Path | None) -> None:
-        self.source = source
-
-    def fail(self, field: str, message: str) -> TopologyError:
-        return TopologyError(self.source, field, message)
+        super().__init__(source, TopologyError)
 
     def mapping(
         self,
@@ -329,25 +327,6 @@ class _Checker:
                 f"{value!r} is not a valid name (letters, digits, '_', '.', '-'; "
                 "starting with a letter or digit; at most 40 characters)",
             )
-        return value
-
-    def number(self, value: object, field: str, lo: float, hi: float, *, lo_open: bool) -> float:
-        """A finite int/float in [lo, hi] (or (lo, hi] when lo_open); bools are not numbers."""
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.fail(field, f"must be a number, got {_describe(value)}")
-        x = float(value)
-        if not math.isfinite(x):
-            raise self.fail(field, f"must be finite, got {value}")
-        if x < lo or (lo_open and x == lo) or x > hi:
-            low = f"> {lo:g}" if lo_open else f">= {lo:g}"
-            raise self.fail(field, f"{value} is out of range (must be {low} and <= {hi:g})")
-        return x
-
-    def integer(self, value: object, field: str, lo: int, hi: int) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(field, f"must be an integer, got {_describe(value)}")
-        if not lo <= value <= hi:
-            raise self.fail(field, f"{value} is out of range (must be {lo}..{hi})")
         return value
 
     def straggler(self, value: object, field: str) -> str | None:
@@ -404,21 +383,14 @@ _ALIASES = {
 
 
 def _suggest(key: str, allowed: Sequence[str]) -> str:
-    alias = _ALIASES.get(key.lower())
-    if alias in allowed:
-        return f"; did you mean {alias!r}?"
-    near = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
-    return f"; did you mean {near[0]!r}?" if near else ""
+    return suggest(key, allowed, _ALIASES)
 
 
 def _join(field: str, key: str) -> str:
     return f"{field}.{key}" if field else key
 
 
-def _describe(value: object) -> str:
-    if value is None:
-        return "null"
-    return f"{type(value).__name__} {value!r}"[:80]
+_describe = describe
 
 
 def _natural_key(s: str) -> tuple[int, str]:
@@ -663,23 +635,7 @@ def _parse_workers(
 # Loading
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate mapping keys (PyYAML silently keeps the last one)."""
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
-    out: dict[Any, Any] = {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if key in out:
-            mark = key_node.start_mark
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", mark)
-        out[key] = loader.construct_object(value_node, deep=True)
-    return out
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_StrictLoader = StrictLoader
 
 
 def load_topology(path: str | Path) -> TopologySpec:
