@@ -21,6 +21,12 @@ and when something breaks while it is open:
 * no revision completes within its deadline (a multiple of the predicted time, at least
   ``group_timeout_min_s``), or revisions run out: the group is abandoned, its members keep
   their own models and train on. Every outcome is recorded: no group is left hanging.
+
+What the planner sees is ``self.bw``: the configured capacity matrix with failed links at 0
+(retried after ``RETRY_LINK_S``, doubling), with measured rates instead of configured ones under
+``capacity="measured"``, and, for each new group, minus what groups in flight still send
+(``committed_capacity``). The lower bound recorded with each group uses the same matrix
+without that last deduction.
 """
 
 from __future__ import annotations
@@ -80,12 +86,14 @@ class OpenGroup:
 
 @dataclass(frozen=True)
 class _Event:
-    kind: str  # "msg", "closed", "admin"
+    kind: str  # "msg" (a decoded message), "closed" (connection ended), "rejected" (bad frame)
     conn: int
     msg: proto.Message | None = None
 
 
 class Coordinator:
+    """One run's coordinator; ``run()`` serves until stopped (admin "stop", SIGTERM)."""
+
     def __init__(self, cfg: RunConfig, db: RunDB, host: str, port: int):
         self.cfg = cfg
         self.db = db
