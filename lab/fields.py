@@ -36,6 +36,31 @@ def _mapping_no_duplicates(loader: StrictLoader, node: yaml.MappingNode) -> dict
 StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_no_duplicates)
 
 
+def read_yaml(
+    path: Path, error: Callable[[Path | None, str, str], Exception], field: str
+) -> object:
+    """The one YAML document in ``path``; ``error(path, field, message)`` names what is wrong
+    (unreadable, syntax with line and column, duplicate key, empty)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise error(path, field, f"cannot read file: {e}") from None
+    try:
+        data = yaml.load(text, Loader=StrictLoader)  # a SafeLoader subclass
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = e.problem or e.context or "invalid YAML"
+        # Duplicate keys are valid syntax but rejected by our loader's constructor.
+        kind = "error" if isinstance(e, yaml.constructor.ConstructorError) else "syntax error"
+        raise error(path, field, f"YAML {kind} at {at}{problem}") from None
+    except yaml.YAMLError as e:
+        raise error(path, field, f"YAML error: {e}") from None
+    if data is None:
+        raise error(path, field, "file is empty (no YAML document)")
+    return data
+
+
 def describe(value: object) -> str:
     """A short, quoted rendering of a bad value for an error message."""
     if value is None:
@@ -44,7 +69,7 @@ def describe(value: object) -> str:
 
 
 def suggest(key: str, allowed: Sequence[str], aliases: Mapping[str, str] | None = None) -> str:
-    """"; did you mean 'x'?" for a misspelt key, or ""."""
+    """ "; did you mean 'x'?" for a misspelt key, or ""."""
     alias = (aliases or {}).get(key.lower())
     if alias in allowed:
         return f"; did you mean {alias!r}?"

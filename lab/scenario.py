@@ -67,12 +67,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from crew import rundb
 from lab import commands as cmds
 from lab.commands import Command, CommandError, CommandKind, LabLimits
-from lab.fields import FieldReader, StrictLoader, describe, suggest
+from lab.fields import FieldReader, describe, read_yaml, suggest
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +208,6 @@ class Scenario:
 # -- reading -----------------------------------------------------------------------------------
 
 
-_StrictLoader = StrictLoader
 _describe = describe
 
 
@@ -271,21 +269,7 @@ def load_scenario(
     Raises ScenarioError.
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ScenarioError(p, _DOC, f"cannot read file: {e}") from None
-    try:
-        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        kind = "error" if isinstance(e, yaml.constructor.ConstructorError) else "syntax error"
-        raise ScenarioError(p, _DOC, f"YAML {kind} at {at}{e.problem or 'invalid YAML'}") from None
-    except yaml.YAMLError as e:
-        raise ScenarioError(p, _DOC, f"YAML error: {e}") from None
-    if data is None:
-        raise ScenarioError(p, _DOC, "file is empty (no YAML document)")
+    data = read_yaml(p, ScenarioError, _DOC)
     scenario = parse_scenario(data, n, limits=limits, rates=rates, source=p)
     return scenario if time_scale == 1.0 else scenario.scaled(time_scale)
 

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from lab.fields import FieldReader, StrictLoader, describe, suggest
+from lab.fields import FieldReader, describe, read_yaml, suggest
 
 log = logging.getLogger(__name__)
 
@@ -635,29 +635,10 @@ def _parse_workers(
 # Loading
 
 
-_StrictLoader = StrictLoader
-
-
 def load_topology(path: str | Path) -> TopologySpec:
     """Read, validate and resolve a topology YAML file. Raises TopologyError."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise TopologyError(p, _DOC, f"cannot read file: {e}") from None
-    try:
-        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        problem = e.problem or e.context or "invalid YAML"
-        # Duplicate keys are valid syntax but rejected by our loader's constructor.
-        kind = "error" if isinstance(e, yaml.constructor.ConstructorError) else "syntax error"
-        raise TopologyError(p, _DOC, f"YAML {kind} at {at}{problem}") from None
-    except yaml.YAMLError as e:
-        raise TopologyError(p, _DOC, f"YAML error: {e}") from None
-    if data is None:
-        raise TopologyError(p, _DOC, "file is empty (no YAML document)")
+    data = read_yaml(p, TopologyError, _DOC)
     if not isinstance(data, Mapping):
         raise TopologyError(p, _DOC, f"top level must be a mapping, got {_describe(data)}")
     return parse_topology(data, source=p)
