@@ -356,7 +356,7 @@ class Page:
             st.markdown("**Rounds per worker per minute**")
             st.plotly_chart(
                 figures.rounds_per_minute(
-                    queries.completed_memberships(self.conn, t), self.workers, self.t0
+                    queries.completed_memberships(self.conn, t), self.workers, self.t0, now=t
                 ),
                 key="rounds_per_minute",
             )

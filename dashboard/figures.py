@@ -599,13 +599,26 @@ def training_curves(
     return fig
 
 
-def rounds_per_minute(memberships: pd.DataFrame, workers: pd.DataFrame, t0: float) -> go.Figure:
-    """Completed rounds per worker in each minute of the run."""
+def rounds_per_minute(
+    memberships: pd.DataFrame, workers: pd.DataFrame, t0: float, now: float | None = None
+) -> go.Figure:
+    """Completed rounds per worker in each minute of the run.
+
+    With ``now``, the minute still running is scaled to a full minute (a raw count would make
+    every line drop at the right edge), or left out while less than 10 s of it has passed."""
     if memberships.empty:
         return _empty("no completed groups yet")
     names = _names(workers)
     m = memberships.assign(minute=((memberships["ended_at"] - t0) // 60).astype(int))
-    counts = m.groupby(["worker", "minute"]).size().unstack(fill_value=0)
+    counts = m.groupby(["worker", "minute"]).size().unstack(fill_value=0).astype(float)
+    if now is not None:
+        current = int((now - t0) // 60)
+        elapsed = (now - t0) - 60 * current
+        if current in counts.columns:
+            if elapsed < 10.0:
+                counts = counts.drop(columns=current)
+            else:
+                counts[current] = counts[current] * 60.0 / elapsed
     fig = go.Figure()
     for w, row in counts.iterrows():
         fig.add_trace(

@@ -434,3 +434,14 @@ def test_training_curves_per_worker_and_overall(conn, run_db):
     )
     assert sorted(t.name for t in rpm.data) == ["w0", "w1", "w2"]
     assert sum(sum(t.y) for t in rpm.data) == 4
+
+
+def test_rounds_per_minute_scales_the_running_minute() -> None:
+    members = pd.DataFrame({"worker": [0, 0, 0], "ended_at": [10.0, 70.0, 95.0]})
+    workers = pd.DataFrame({"id": [0], "name": ["w0"], "cloud": ["a"], "address": ["x"]})
+    full = figures.rounds_per_minute(members, workers, t0=0.0)
+    assert list(full.data[0].y) == [1, 2]  # raw counts: the running minute looks slow
+    live = figures.rounds_per_minute(members, workers, t0=0.0, now=100.0)
+    assert list(live.data[0].y) == [1, 3]  # 2 rounds in 40 s of minute 1: 3 per minute
+    early = figures.rounds_per_minute(members, workers, t0=0.0, now=65.0)
+    assert list(early.data[0].x) == [0]  # 5 s into minute 1: too early to say
