@@ -237,7 +237,8 @@ class FrameStream:
                 break
             got += k
         view.release()
-        return buf if got == n else buf[:got]
+        del buf[got:]  # in place: a copy would briefly double a truncated maximum-size frame
+        return buf
 
     def shutdown(self) -> None:
         """Wake up threads blocked in recv or send (they get EOF or an error) without
