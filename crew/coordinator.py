@@ -63,6 +63,8 @@ DEADLINE_FACTOR = 10.0  # a revision may take this many times its predicted time
 RETRY_LINK_S = 20.0  # a failed link is tried again after this, doubling on each failure
 EWMA = 0.3  # weight of a new rate measurement
 DRIFT = 0.25  # relative change of a link's estimate that makes the planner use it
+REJECT_WINDOW_S = 5.0  # rejected frames: at most REJECT_EVENTS rows per worker, reason, window
+REJECT_EVENTS = 50
 TCP_GOODPUT = 0.95  # payload share of the frames HTB counts (DESIGN.md §4)
 
 
@@ -124,6 +126,8 @@ class Coordinator:
         self.configured_bw = bw.copy()
         self.estimated_bw = bw.copy()  # online estimates, used with capacity="measured"
         self.failed_links: dict[tuple[int, int], tuple[float, int]] = {}  # -> (retry at, tries)
+        # (worker, reason) -> [window start, seen, suppressed, peers of the suppressed]
+        self.reject_windows: dict[tuple[int, str], list[Any]] = {}
         self.stop_event = threading.Event()
         self._next_conn = 0
         self._conn_lock = threading.Lock()
@@ -247,13 +251,7 @@ class Coordinator:
         elif isinstance(msg, proto.LinkRates):
             self._link_rates(msg, now)
         elif isinstance(msg, proto.Rejected):
-            self.db.event(
-                "security",
-                f"worker {worker} rejected a frame from {msg.peer}: {msg.reason}",
-                level="warning",
-                worker=worker,
-                data={"peer": msg.peer, "reason": msg.reason},
-            )
+            self._rejected(worker, msg, now)
         elif isinstance(msg, proto.OpTime):
             self._op_time(msg)
         else:
@@ -634,7 +632,42 @@ class Coordinator:
         if retried:
             self._update_split()
 
+    def _rejected(self, worker: int, msg: proto.Rejected, now: float) -> None:
+        """One event per rejected frame, up to REJECT_EVENTS per worker and reason in each
+        REJECT_WINDOW_S; beyond that they are counted and written as one summary, so a flood
+        of bad connections cannot become a flood of rows."""
+        key = (worker, msg.reason)
+        window = self.reject_windows.get(key)
+        if window is None or now - window[0] >= REJECT_WINDOW_S:
+            self._flush_rejections(key)
+            window = self.reject_windows[key] = [now, 0, 0, set()]
+        window[1] += 1
+        if window[1] <= REJECT_EVENTS:
+            self._security_event(worker, msg.reason, 1, [msg.peer])
+        else:
+            window[2] += 1
+            window[3].add(msg.peer)
+
+    def _flush_rejections(self, key: tuple[int, str] | None = None) -> None:
+        """Write the summaries of suppressed rejections (of one key, or all)."""
+        for k in [key] if key is not None else list(self.reject_windows):
+            window = self.reject_windows.pop(k, None)
+            if window is not None and window[2]:
+                self._security_event(k[0], k[1], window[2], sorted(window[3]))
+
+    def _security_event(self, worker: int, reason: str, count: int, peers: list[str]) -> None:
+        self.db.event(
+            "security",
+            f"worker {worker} rejected {count} frame(s) ({reason}) from {', '.join(peers)}",
+            level="warning",
+            worker=worker,
+            data={"reason": reason, "count": count, "peers": peers},
+        )
+
     def _tick(self, now: float) -> None:
+        for key, window in list(self.reject_windows.items()):
+            if now - window[0] >= REJECT_WINDOW_S:
+                self._flush_rejections(key)
         self._retry_links(now)
         for worker in self.former.expire(now):
             if worker in self.worker_conn:
@@ -717,6 +750,7 @@ class Coordinator:
 
     def _shutdown(self, reason: str) -> None:
         now = time.time()
+        self._flush_rejections()
         for og in list(self.open.values()):
             self._finish(og, now, committed=False, reason="run stopped")
         for w in list(self.worker_conn):

@@ -82,7 +82,11 @@ def _security(lab: LabRun, since: float) -> Counter[str]:
         "SELECT data FROM events WHERE kind='security' AND worker=? AND t >= ?",
         (VICTIM, since),
     )
-    return Counter(json.loads(r["data"])["reason"] for r in rows)
+    out: Counter[str] = Counter()
+    for r in rows:  # the coordinator batches rejections: one row per reason, with a count
+        data = json.loads(r["data"])
+        out[data["reason"]] += data["count"]
+    return out
 
 
 def _attack(lab: LabRun, mode: str, seed: int) -> dict:
