@@ -37,7 +37,7 @@ import numpy as np
 from crew import protocol as proto
 from crew.config import RunConfig
 from crew.frames import Frame, FrameCodec, FrameError, FrameKind, control_body, control_frame
-from crew.reduce import ReduceEngine, ReduceError, covered_parts, prescatter_frames
+from crew.reduce import ReduceEngine, covered_parts, prescatter_frames
 from crew.transport import FlowOrder, FrameStream, Transport
 from crew.verify import check_vector, project
 
@@ -199,7 +199,7 @@ class Worker:
             try:
                 msg = proto.decode(control_body(frame))
                 self._dispatch(msg)
-            except (FrameError, proto.ProtocolError, ReduceError) as exc:
+            except (FrameError, ValueError) as exc:  # ProtocolError, ReduceError, bad values
                 log.warning("worker %d: ignored control message: %s", self.me, exc)
         self.stop_event.set()
 
