@@ -57,6 +57,7 @@ from crew.planner import (
     _check_size,
     _is_int,
     largest_remainder,
+    plan_json_object,
 )
 from crew.routes import Route, RouteError, link_load, validate_routes
 
@@ -166,13 +167,7 @@ class RoutePlan:
 
     @classmethod
     def from_json(cls, text: str) -> RoutePlan:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PlanError("plan", f"not JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise PlanError("plan", "JSON is not an object")
-        return cls.from_dict(data)
+        return cls.from_dict(plan_json_object(text))
 
 
 @dataclass(frozen=True)

@@ -211,16 +211,21 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PlanError("plan", f"not JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise PlanError("plan", "JSON is not an object")
-        return cls.from_dict(data)
+        return cls.from_dict(plan_json_object(text))
 
 
 # --------------------------------------------------------------------------- input checks
+
+
+def plan_json_object(text: str) -> dict[str, Any]:
+    """The JSON object a serialised plan must be; PlanError("plan") otherwise."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlanError("plan", f"not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise PlanError("plan", "JSON is not an object")
+    return data
 
 
 def _is_int(x: object) -> bool:
