@@ -38,6 +38,11 @@ MIN_AUTO_PART_BYTES = 64 << 10
 MAX_AUTO_PART_BYTES = 1 << 20
 
 
+def run_data_dir(run_dir: str | Path) -> Path:
+    """Where a run keeps its data split (crew.datasets' cache), beside its database."""
+    return Path(run_dir) / "data"
+
+
 class ConfigError(ValueError):
     """A run configuration is malformed; the message names the field."""
 
@@ -117,6 +122,10 @@ class RunConfig:
 
     def secret(self) -> bytes:
         return Path(self.secret_path).read_bytes()
+
+    @property
+    def data_dir(self) -> Path:
+        return run_data_dir(self.run_dir)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

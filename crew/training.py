@@ -14,6 +14,10 @@ Assumptions and choices:
 * Optimiser state (the SGD momentum buffer) stays local on ``set_vector``: averaging replaces
   the weights, not the velocity. It is not checkpointed either; a rejoining worker restarts
   its momentum from zero, which costs a few steps of warm-up and nothing else.
+* The SGD step is written out here (:class:`_SGD`, PyTorch's update rule) rather than taken
+  from ``torch.optim``: every ``torch.optim`` optimiser imports ``torch._dynamo`` (and sympy)
+  on first use, about 1 s of CPU and tens of MB per process, which eight workers starting
+  together on two cores pay for nothing. A test checks it against ``torch.optim.SGD``.
 * ``torch.set_num_threads`` is process-wide: the lab runs one Trainer per worker process, and
   several workers share a couple of cores, so the default is one thread.
 """
@@ -100,6 +104,37 @@ def build_model(cfg: ModelConfig) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+class _SGD:
+    """Minibatch SGD with optional momentum, as ``torch.optim.SGD`` (no dampening, no weight
+    decay, no Nesterov): ``buf = momentum * buf + grad`` (``buf = grad`` on the first step),
+    ``param -= lr * buf``; without momentum, ``param -= lr * grad``."""
+
+    def __init__(self, params: list[nn.Parameter], lr: float, momentum: float) -> None:
+        self.params = params
+        self.lr = lr
+        self.momentum = momentum
+        self._bufs: list[torch.Tensor | None] = [None] * len(params)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for k, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            d = p.grad
+            if self.momentum:
+                buf = self._bufs[k]
+                if buf is None:
+                    buf = self._bufs[k] = d.clone()
+                else:
+                    buf.mul_(self.momentum).add_(d)
+                d = buf
+            p.add_(d, alpha=-self.lr)
+
+
 class Trainer:
     """One worker's model, optimiser and data; steps locally and swaps flat vectors.
 
@@ -125,9 +160,7 @@ class Trainer:
                 f"torch model has {self._num_params} parameters, "
                 f"ModelConfig.num_params says {model_cfg.num_params}"
             )
-        self._opt = torch.optim.SGD(
-            self._model.parameters(), lr=train_cfg.lr, momentum=train_cfg.momentum
-        )
+        self._opt = _SGD(list(self._model.parameters()), train_cfg.lr, train_cfg.momentum)
         self._loss_fn = nn.CrossEntropyLoss()
         # from_numpy needs writable arrays and Shard's are read-only: copy once, up front.
         self._x = torch.from_numpy(np.array(shard.x, dtype=np.float32))
@@ -167,7 +200,7 @@ class Trainer:
         total = 0.0
         for _ in range(self.train_cfg.local_steps):
             xb, yb = self._next_batch()
-            self._opt.zero_grad(set_to_none=True)
+            self._opt.zero_grad()
             loss = self._loss_fn(self._model(xb), yb)
             value = float(loss.item())
             if not math.isfinite(value):

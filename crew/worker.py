@@ -97,7 +97,7 @@ class Worker:
         from crew.training import ModelConfig, TrainConfig, Trainer
 
         cfg, me = self.cfg, self.me
-        train, test = load_split(seed=cfg.seed)
+        train, test = load_split(seed=cfg.seed, cache_dir=cfg.data_dir)
         trainer = Trainer(
             ModelConfig(width=cfg.width, depth=cfg.depth),
             TrainConfig(

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from crew.datasets import DatasetError, Partition, Shard, load_split, shard, shard_indices
+from crew.datasets import (
+    DatasetError,
+    Partition,
+    Shard,
+    load_split,
+    shard,
+    shard_indices,
+    split_cache_path,
+)
 from crew.modelsize import ModelConfig, ModelConfigError
 
 torch = pytest.importorskip("torch")
@@ -214,6 +224,19 @@ def test_training_reaches_high_accuracy(split: tuple[Shard, Shard]) -> None:
     assert np.isfinite(loss)
 
 
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_sgd_step_matches_torch_optim(split: tuple[Shard, Shard], momentum: float) -> None:
+    """Trainer's own SGD must follow torch.optim.SGD's update rule step for step."""
+    cfg = TrainConfig(lr=0.05, batch_size=16, local_steps=3, seed=4, momentum=momentum)
+    ours = Trainer(SMALL, cfg, shard(split[0], 4, 0, Partition.IID, 0), split[1])
+    ref = Trainer(SMALL, cfg, shard(split[0], 4, 0, Partition.IID, 0), split[1])
+    ref._opt = torch.optim.SGD(ref._model.parameters(), lr=cfg.lr, momentum=momentum)
+    for _ in range(5):
+        assert ours.step() == pytest.approx(ref.step(), rel=1e-6)
+    assert np.allclose(ours.get_vector(), ref.get_vector(), rtol=1e-5, atol=1e-6)
+    assert not np.array_equal(ours.get_vector(), _trainer(split, seed=4).get_vector())
+
+
 def test_local_steps_count_as_one_iteration(split: tuple[Shard, Shard]) -> None:
     t = _trainer(split, local_steps=3)
     before = t.get_vector()
@@ -262,3 +285,44 @@ def test_checkpoint_for_other_shape_rejected(split: tuple[Shard, Shard], tmp_pat
     with pytest.raises(CheckpointError, match="cannot read"):
         t.load(tmp_path / "missing.npz")
     assert np.array_equal(t.get_vector(), before) and t.iteration == 0
+
+
+def test_split_cache_gives_the_same_split_without_sklearn(
+    split: tuple[Shard, Shard], tmp_path: Path
+) -> None:
+    made = load_split(seed=0, cache_dir=tmp_path)
+    path = split_cache_path(tmp_path, 0, 0.2)
+    assert path.is_file()
+    code = (
+        "import sys; from crew.datasets import load_split;"
+        f" tr, te = load_split(seed=0, cache_dir={str(tmp_path)!r});"
+        " print(len(tr), len(te), 'sklearn' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == [str(len(split[0])), str(len(split[1])), "False"]
+    for a, b in zip(made, split, strict=True):
+        assert np.array_equal(a.x, b.x) and np.array_equal(a.y, b.y)
+
+
+@pytest.mark.parametrize("damage", [b"", b"not a zip file", b"PK\x03\x04 truncated"])
+def test_unreadable_split_cache_is_made_again(
+    split: tuple[Shard, Shard], tmp_path: Path, damage: bytes
+) -> None:
+    path = split_cache_path(tmp_path, 0, 0.2)
+    path.write_bytes(damage)
+    train, test = load_split(seed=0, cache_dir=tmp_path)
+    assert np.array_equal(train.x, split[0].x) and np.array_equal(test.y, split[1].y)
+    again, _ = load_split(seed=0, cache_dir=tmp_path)  # the remade file reads back
+    assert np.array_equal(again.y, split[0].y)
+
+
+def test_split_cache_with_wrong_arrays_is_made_again(
+    split: tuple[Shard, Shard], tmp_path: Path
+) -> None:
+    path = split_cache_path(tmp_path, 0, 0.2)
+    bad = np.zeros((3, 5), dtype=np.float32)
+    np.savez(path, x_train=bad, y_train=bad, x_test=bad, y_test=bad)
+    train, _ = load_split(seed=0, cache_dir=tmp_path)
+    assert np.array_equal(train.x, split[0].x)
