@@ -332,7 +332,7 @@ class LabRun:
         assert self.net is not None
         out = self._log_file(f"w{i}")
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        # Eight workers saturate two cores; the lowest priority but one keeps the coordinator,
+        # Eight workers saturate two cores; a low priority (nice 10) keeps the coordinator,
         # the monitor and the dashboard responsive (all workers alike, so none is favoured).
         proc = self.net.popen(
             i,
