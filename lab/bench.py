@@ -97,7 +97,14 @@ from crew.schemes import GROUP_SCHEMES
 from crew.verify import CHECK_TOLERANCE
 from lab.cleanup import ROOT_NAME_PREFIX, root_link_names
 from lab.mesh import LabNetwork
-from lab.preflight import Capabilities, PreflightError, check, describe
+from lab.preflight import (
+    Capabilities,
+    PreflightError,
+    add_allow_missing,
+    allowed_missing,
+    check,
+    describe,
+)
 from lab.runner import LabRun, RunOptions, free_mgmt_subnet
 from lab.topology import Impairment, TopologyError, TopologySpec, load_topology
 
@@ -895,14 +902,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --train: held-out accuracy whose first reaching (mean of every "
         "worker's latest) is timed (default 0.85)",
     )
-    p.add_argument(
-        "--allow-missing",
-        action="append",
-        default=[],
-        choices=[i.value for i in Impairment],
-        help="run even though the kernel cannot emulate this impairment the topology "
-        "asks for (repeatable)",
-    )
+    add_allow_missing(p)
     p.add_argument("--log-level", default="WARNING", help="log level of the benchmark itself")
     return p
 
@@ -940,7 +940,7 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         train=args.train,
         duration_s=args.duration,
         target_accuracy=args.target_accuracy,
-        allow_missing=frozenset(Impairment(v) for v in args.allow_missing),
+        allow_missing=allowed_missing(args),
     )
 
 

@@ -247,14 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="OUT",
         help="also write the results as JSON to OUT",
     )
-    p.add_argument(
-        "--allow-missing",
-        action="append",
-        default=[],
-        choices=[i.value for i in Impairment],
-        help="accept an impairment this kernel cannot emulate (loss then uses the "
-        "iptables fallback); repeatable",
-    )
+    preflight.add_allow_missing(p)
     p.add_argument(
         "--state-dir",
         type=Path,
@@ -275,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         report = cleanup_leftovers(args.state_dir)
         if report.cleaned or report.errors:
             console.print(f"[yellow]leftovers:[/yellow] {report.summary()}")
-        cap = preflight.check(topo, frozenset(Impairment(v) for v in args.allow_missing))
+        cap = preflight.check(topo, preflight.allowed_missing(args))
     except (TopologyError, PreflightError) as e:
         console.print(f"[red]{e}[/red]")
         return 2

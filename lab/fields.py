@@ -1,8 +1,8 @@
 """Reading YAML documents field by field, with errors that name the field.
 
-Shared by the topology and scenario loaders: a YAML loader that refuses duplicate keys, and
-typed readers that raise the caller's own error type (``TopologyError``, ``ScenarioError``)
-carrying the file, the dotted field and the problem.
+Shared by the topology and scenario loaders: a YAML loader that refuses duplicate keys, typed
+readers that raise the caller's own error type (``TopologyError``, ``ScenarioError``), and
+``FieldError``, the base of those types, carrying the file, the dotted field and the problem.
 """
 
 from __future__ import annotations
@@ -14,6 +14,21 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+
+class FieldError(ValueError):
+    """A document is invalid at ``field``: a dotted path into it, or ``(document)`` for
+    problems with the file as a whole. Each loader subclasses it to name its kind of document."""
+
+    def __init__(self, path: str | Path | None, field: str, message: str) -> None:
+        self.path = Path(path) if path is not None else None
+        self.field = field
+        self.message = message
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = str(self.path) if self.path is not None else "<data>"
+        return f"{where}: {self.field}: {self.message}"
 
 
 class StrictLoader(yaml.SafeLoader):

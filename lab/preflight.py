@@ -218,6 +218,25 @@ def describe(cap: Capabilities, topology: TopologySpec) -> str:
     return "\n".join(lines)
 
 
+def add_allow_missing(parser: argparse.ArgumentParser) -> None:
+    """Declare ``--allow-missing``, shared by every command that builds or checks a lab; read
+    the parsed value with :func:`allowed_missing`."""
+    parser.add_argument(
+        "--allow-missing",
+        action="append",
+        default=[],
+        choices=[i.value for i in Impairment],
+        help="accept that the kernel cannot emulate this impairment the topology asks for "
+        "(loss then uses the iptables fallback when available, delay and jitter are not "
+        "emulated); repeatable. Without it such a topology is refused",
+    )
+
+
+def allowed_missing(args: argparse.Namespace) -> frozenset[Impairment]:
+    """The impairments ``--allow-missing`` (see :func:`add_allow_missing`) accepts as missing."""
+    return frozenset(Impairment(v) for v in args.allow_missing)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m lab.preflight",
@@ -230,19 +249,11 @@ def main(argv: list[str] | None = None) -> int:
         default=Path("topologies/default.yaml"),
         help="topology YAML to check (default: %(default)s)",
     )
-    parser.add_argument(
-        "--allow-missing",
-        action="append",
-        default=[],
-        choices=[i.value for i in Impairment],
-        help="accept this impairment being missing (loss then uses the "
-        "iptables fallback when available); repeatable",
-    )
+    add_allow_missing(parser)
     args = parser.parse_args(argv)
     topo = load_topology(args.topology)
-    allow = frozenset(Impairment(v) for v in args.allow_missing)
     try:
-        cap = check(topo, allow)
+        cap = check(topo, allowed_missing(args))
     except PreflightError as e:
         print(e, file=sys.stderr)
         return 1

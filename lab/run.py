@@ -23,10 +23,10 @@ from rich.live import Live
 from rich.table import Table
 
 from crew.config import Scheme
-from lab.preflight import PreflightError, check, describe
+from lab.preflight import PreflightError, add_allow_missing, allowed_missing, check, describe
 from lab.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id, summarize
 from lab.scenario import ScenarioError, load_scenario
-from lab.topology import Impairment, TopologyError, load_topology
+from lab.topology import TopologyError, load_topology
 
 log = logging.getLogger("lab.run")
 console = Console(stderr=True)
@@ -127,14 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="fcfs",
         help="how a sender orders frames of concurrent groups (default fcfs)",
     )
-    p.add_argument(
-        "--allow-missing",
-        action="append",
-        default=[],
-        choices=[i.value for i in Impairment],
-        help="run even though the kernel cannot emulate this impairment that the "
-        "topology asks for (repeatable); without it such a run refuses to start",
-    )
+    add_allow_missing(p)
     p.add_argument(
         "--scenario",
         type=Path,
@@ -268,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.duration is not None and args.duration <= 0:
         console.print("[red]error:[/red] --duration: must be positive")
         return EXIT_BAD_INPUT
-    allow = frozenset(Impairment(v) for v in args.allow_missing)
+    allow = allowed_missing(args)
     try:
         caps = check(topo, allow)
     except PreflightError as exc:

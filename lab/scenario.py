@@ -71,7 +71,7 @@ import numpy as np
 from crew import rundb
 from lab import commands as cmds
 from lab.commands import Command, CommandError, CommandKind, LabLimits
-from lab.fields import FieldReader, describe, read_yaml, suggest
+from lab.fields import FieldError, FieldReader, describe, read_yaml, suggest
 
 log = logging.getLogger(__name__)
 
@@ -110,22 +110,9 @@ _RANDOM_MACROS = frozenset({Macro.FAIL_RANDOM_LINKS, Macro.CHAOS})
 _DO_NAMES = tuple(k.value for k in CommandKind) + tuple(m.value for m in Macro)
 
 
-class ScenarioError(ValueError):
-    """A scenario file or mapping is invalid.
-
-    ``field`` is a dotted path into the document (``steps[3].args.dst``), or ``(document)``
-    for problems with the file as a whole.
-    """
-
-    def __init__(self, path: str | Path | None, field: str, message: str) -> None:
-        self.path = Path(path) if path is not None else None
-        self.field = field
-        self.message = message
-        super().__init__(str(self))
-
-    def __str__(self) -> str:
-        where = str(self.path) if self.path is not None else "<data>"
-        return f"{where}: {self.field}: {self.message}"
+class ScenarioError(FieldError):
+    """A scenario file or mapping is invalid; ``field`` is a dotted path into the document
+    (``steps[3].args.dst``), or ``(document)`` for problems with the file as a whole."""
 
 
 class TriggerKind(enum.Enum):
@@ -179,7 +166,7 @@ class Scenario:
         import) do not scale, so a shortened fault may end before it is noticed.
         """
         if isinstance(factor, bool) or not isinstance(factor, int | float):
-            raise TypeError(f"factor: must be a number, got {_describe(factor)}")
+            raise TypeError(f"factor: must be a number, got {describe(factor)}")
         if not (math.isfinite(factor) and factor > 0):
             raise ValueError(f"factor: must be finite and > 0, got {factor}")
         steps = tuple(
@@ -208,13 +195,6 @@ class Scenario:
 # -- reading -----------------------------------------------------------------------------------
 
 
-_describe = describe
-
-
-def _suggest(key: str, allowed: Sequence[str]) -> str:
-    return suggest(key, allowed)
-
-
 class _Reader(FieldReader):
     """Typed field readers that raise ScenarioError with the document path attached."""
 
@@ -225,12 +205,12 @@ class _Reader(FieldReader):
         self, value: object, field: str, allowed: Sequence[str], required: Sequence[str] = ()
     ) -> Mapping[str, Any]:
         if not isinstance(value, Mapping):
-            raise self.fail(field, f"must be a mapping, got {_describe(value)}")
+            raise self.fail(field, f"must be a mapping, got {describe(value)}")
         for key in value:
             if not isinstance(key, str) or key not in allowed:
                 raise self.fail(
                     f"{field}.{key}" if field != _DOC else str(key),
-                    f"unknown key {key!r}{_suggest(str(key), allowed)} "
+                    f"unknown key {key!r}{suggest(str(key), allowed)} "
                     f"(valid keys: {', '.join(allowed)})",
                 )
         for key in required:
@@ -296,18 +276,18 @@ def parse_scenario(
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise r.fail(
             "name",
-            f"{_describe(name)} is not a valid name (letters, digits, '_', '.', '-'; "
+            f"{describe(name)} is not a valid name (letters, digits, '_', '.', '-'; "
             "starting with a letter or digit; at most 80 characters)",
         )
     description = doc.get("description", "")
     if description is None:
         description = ""
     if not isinstance(description, str):
-        raise r.fail("description", f"must be a string, got {_describe(description)}")
+        raise r.fail("description", f"must be a string, got {describe(description)}")
     seed = None if doc.get("seed") is None else r.integer(doc["seed"], "seed", 0, MAX_SEED)
     raw_steps = doc["steps"]
     if not isinstance(raw_steps, list) or not raw_steps:
-        raise r.fail("steps", f"must be a non-empty list of steps, got {_describe(raw_steps)}")
+        raise r.fail("steps", f"must be a non-empty list of steps, got {describe(raw_steps)}")
 
     ctx = _Context(r, limits, bw, seed)
     keyed: list[tuple[tuple[int, float, int, int], Step]] = []
@@ -353,7 +333,7 @@ class _Context:
         if not isinstance(do, str) or do not in _DO_NAMES:
             raise r.fail(
                 f"{field}.do",
-                f"unknown step {do!r}{_suggest(str(do), _DO_NAMES)} "
+                f"unknown step {do!r}{suggest(str(do), _DO_NAMES)} "
                 f"(commands: {', '.join(k.value for k in CommandKind)}; "
                 f"macros: {', '.join(mc.value for mc in Macro)})",
             )
@@ -361,7 +341,7 @@ class _Context:
         if args is None:
             args = {}
         if not isinstance(args, Mapping):
-            raise r.fail(f"{field}.args", f"must be a mapping, got {_describe(args)}")
+            raise r.fail(f"{field}.args", f"must be a mapping, got {describe(args)}")
         if do in CommandKind._value2member_map_:
             command = r.command(CommandKind(do), args, field, self.limits)
             return [Step(trigger, command, field)]
@@ -565,13 +545,13 @@ class _Context:
             return frozenset(ChaosFault)
         names = [f.value for f in ChaosFault]
         if not isinstance(value, list) or not value:
-            raise self.r.fail(field, f"must be a non-empty list of {names}, got {_describe(value)}")
+            raise self.r.fail(field, f"must be a non-empty list of {names}, got {describe(value)}")
         out = set()
         for i, v in enumerate(value):
             if not isinstance(v, str) or v not in names:
                 raise self.r.fail(
                     f"{field}[{i}]",
-                    f"unknown chaos fault {v!r}{_suggest(str(v), names)} "
+                    f"unknown chaos fault {v!r}{suggest(str(v), names)} "
                     f"(known: {', '.join(names)})",
                 )
             out.add(ChaosFault(v))

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from lab.fields import FieldReader, describe, read_yaml, suggest
+from lab.fields import FieldError, FieldReader, describe, read_yaml, suggest
 
 log = logging.getLogger(__name__)
 
@@ -68,22 +68,9 @@ class Impairment(enum.Enum):
     LOSS = "loss"
 
 
-class TopologyError(ValueError):
-    """A topology file or mapping is invalid.
-
-    ``field`` is a dotted path into the document (``links[3].mbit.forward``), or
-    ``(document)`` for problems with the file as a whole.
-    """
-
-    def __init__(self, path: str | Path | None, field: str, message: str) -> None:
-        self.path = Path(path) if path is not None else None
-        self.field = field
-        self.message = message
-        super().__init__(str(self))
-
-    def __str__(self) -> str:
-        where = str(self.path) if self.path is not None else "<data>"
-        return f"{where}: {self.field}: {self.message}"
+class TopologyError(FieldError):
+    """A topology file or mapping is invalid; ``field`` is a dotted path into the document
+    (``links[3].mbit.forward``), or ``(document)`` for problems with the file as a whole."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,14 +290,14 @@ class _Checker(FieldReader):
         required: Sequence[str] = (),
     ) -> Mapping[str, Any]:
         if not isinstance(value, Mapping):
-            raise self.fail(field, f"must be a mapping, got {_describe(value)}")
+            raise self.fail(field, f"must be a mapping, got {describe(value)}")
         for key in value:
             if not isinstance(key, str):
                 raise self.fail(field, f"key {key!r} is not a string")
             if key not in allowed:
                 raise self.fail(
                     _join(field, key),
-                    f"unknown key {key!r}{_suggest(key, allowed)} "
+                    f"unknown key {key!r}{suggest(key, allowed, _ALIASES)} "
                     f"(valid keys: {', '.join(allowed)})",
                 )
         for key in required:
@@ -320,7 +307,7 @@ class _Checker(FieldReader):
 
     def string(self, value: object, field: str, *, pattern: re.Pattern[str] | None = None) -> str:
         if not isinstance(value, str):
-            raise self.fail(field, f"must be a string, got {_describe(value)}")
+            raise self.fail(field, f"must be a string, got {describe(value)}")
         if pattern is not None and not pattern.fullmatch(value):
             raise self.fail(
                 field,
@@ -382,15 +369,8 @@ _ALIASES = {
 }
 
 
-def _suggest(key: str, allowed: Sequence[str]) -> str:
-    return suggest(key, allowed, _ALIASES)
-
-
 def _join(field: str, key: str) -> str:
     return f"{field}.{key}" if field else key
-
-
-_describe = describe
 
 
 def _natural_key(s: str) -> tuple[int, str]:
@@ -443,7 +423,7 @@ def parse_topology(data: Mapping[str, Any], source: Path | None = None) -> Topol
     """
     c = _Checker(source)
     if not isinstance(data, Mapping):
-        raise c.fail(_DOC, f"top level must be a mapping, got {_describe(data)}")
+        raise c.fail(_DOC, f"top level must be a mapping, got {describe(data)}")
     top = c.mapping(data, "", _TOP_KEYS, required=("name", "clouds"))
     readers = _value_readers(c)
 
@@ -511,7 +491,7 @@ def parse_topology(data: Mapping[str, Any], source: Path | None = None) -> Topol
 
 def _parse_clouds(c: _Checker, value: object) -> tuple[CloudSpec, ...]:
     if not isinstance(value, list):
-        raise c.fail("clouds", f"must be a list of clouds, got {_describe(value)}")
+        raise c.fail("clouds", f"must be a list of clouds, got {describe(value)}")
     if not value:
         raise c.fail("clouds", "needs at least one cloud")
     clouds: list[CloudSpec] = []
@@ -549,7 +529,7 @@ def _parse_links(
     if value is None:
         return {}
     if not isinstance(value, list):
-        raise c.fail("links", f"must be a list of links, got {_describe(value)}")
+        raise c.fail("links", f"must be a list of links, got {describe(value)}")
     known = set(names)
     pairs: dict[tuple[str, str], _LinkValues] = {}
     where: dict[frozenset[str], int] = {}
@@ -559,7 +539,7 @@ def _parse_links(
         between = m["between"]
         if not (isinstance(between, list) and len(between) == 2):
             raise c.fail(
-                f"{field}.between", f"must be a list of two cloud names, got {_describe(between)}"
+                f"{field}.between", f"must be a list of two cloud names, got {describe(between)}"
             )
         a = c.string(between[0], f"{field}.between[0]")
         b = c.string(between[1], f"{field}.between[1]")
@@ -567,7 +547,8 @@ def _parse_links(
             if cname not in known:
                 raise c.fail(
                     f"{field}.between[{idx}]",
-                    f"unknown cloud {cname!r}{_suggest(cname, names)} (clouds: {', '.join(names)})",
+                    f"unknown cloud {cname!r}{suggest(cname, names, _ALIASES)}"
+                    f" (clouds: {', '.join(names)})",
                 )
         if a == b:
             raise c.fail(
@@ -608,7 +589,7 @@ def _parse_workers(
         return tuple(base)
     if not isinstance(value, Mapping):
         raise c.fail(
-            "workers", f"must be a mapping of worker name to overrides, got {_describe(value)}"
+            "workers", f"must be a mapping of worker name to overrides, got {describe(value)}"
         )
     for wname, override in value.items():
         field = f"workers.{wname}"
@@ -640,7 +621,7 @@ def load_topology(path: str | Path) -> TopologySpec:
     p = Path(path)
     data = read_yaml(p, TopologyError, _DOC)
     if not isinstance(data, Mapping):
-        raise TopologyError(p, _DOC, f"top level must be a mapping, got {_describe(data)}")
+        raise TopologyError(p, _DOC, f"top level must be a mapping, got {describe(data)}")
     return parse_topology(data, source=p)
 
 

@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from labkit import completed_groups, rows, small_opts, wait_until
 
 from lab import commands as cmds
 from lab.preflight import check
-from lab.runner import REPO, LabRun, RunOptions
+from lab.runner import REPO, LabRun
 from lab.topology import load_topology
 
 pytestmark = pytest.mark.root
@@ -25,43 +26,6 @@ FOUR = REPO / "tests" / "data" / "topologies" / "four.yaml"
 SMALL = REPO / "topologies" / "small.yaml"
 START_WAIT_S = 120.0
 FAULT_WAIT_S = 90.0
-
-
-def _opts(**kw) -> RunOptions:
-    base = dict(
-        p=2,
-        width=256,
-        depth=2,
-        dashboard=False,
-        part_bytes=64 << 10,
-        log_level="WARNING",
-        stall_timeout_s=3.0,
-        scheme="crew",
-    )
-    base.update(kw)
-    return RunOptions(**base)
-
-
-def _rows(lab: LabRun, sql: str, params=()) -> list:
-    assert lab.db is not None
-    return lab.db.query(sql, params)
-
-
-def _wait(lab: LabRun, predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        lab.poll()
-        if predicate():
-            return
-        time.sleep(0.5)
-    logs = "\n".join(
-        f"--- {p.name}\n" + p.read_text()[-1500:] for p in sorted((lab.run_dir / "logs").glob("*"))
-    )
-    pytest.fail(f"timed out waiting for {what}\n{logs}")
-
-
-def _completed(lab: LabRun, since: float = 0.0) -> list:
-    return _rows(lab, "SELECT * FROM groups WHERE status='completed' AND formed_at >= ?", (since,))
 
 
 def _assert_exact(groups) -> None:
@@ -77,25 +41,26 @@ def test_groups_in_flight_are_exact(tmp_path: Path, nonblocking: bool) -> None:
     with LabRun(
         topo,
         check(topo),
-        _opts(nonblocking=nonblocking),
+        small_opts(nonblocking=nonblocking),
         tmp_path / "run",
         state_dir=tmp_path / "state",
     ) as lab:
+        db = lab.db_path
 
         def overlapping() -> bool:
-            done = _completed(lab)
+            done = completed_groups(db)
             return any(
                 a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"]
                 for a, b in itertools.combinations(done, 2)
             )
 
-        _wait(
+        wait_until(
             lab,
-            lambda: len(_completed(lab)) >= 12 and overlapping(),
+            lambda: len(completed_groups(db)) >= 12 and overlapping(),
             START_WAIT_S,
             "two groups in flight at once",
         )
-        done = _completed(lab)
+        done = completed_groups(db)
     _assert_exact(done)
     assert all(len(set(json.loads(g["members"]))) == 2 for g in done)
 
@@ -112,22 +77,25 @@ def test_link_cut_fails_over_and_results_stay_exact(tmp_path: Path, phase: str, 
     the dead link."""
     topo = load_topology(SMALL)
     src, dst = link
-    with LabRun(topo, check(topo), _opts(), tmp_path / "run", state_dir=tmp_path / "state") as lab:
-        _wait(lab, lambda: len(_completed(lab)) >= 2, START_WAIT_S, "first groups")
-        cmds.submit(lab.db_path, cmds.SlowWorker(worker=2, factor=50.0))
-        _wait(
+    with LabRun(
+        topo, check(topo), small_opts(), tmp_path / "run", state_dir=tmp_path / "state"
+    ) as lab:
+        db = lab.db_path
+        wait_until(lab, lambda: len(completed_groups(db)) >= 2, START_WAIT_S, "first groups")
+        cmds.submit(db, cmds.SlowWorker(worker=2, factor=50.0))
+        wait_until(
             lab,
-            lambda: len(_completed(lab, time.time() - 5)) >= 2,
+            lambda: len(completed_groups(db, time.time() - 5)) >= 2,
             FAULT_WAIT_S,
             "groups after the slow-down",
         )
         cut_at = time.time()
-        cmds.submit(lab.db_path, cmds.CutLink(src=src, dst=dst))
-        _wait(
+        cmds.submit(db, cmds.CutLink(src=src, dst=dst))
+        wait_until(
             lab,
             lambda: bool(
-                _rows(
-                    lab,
+                rows(
+                    db,
                     "SELECT id FROM events WHERE kind='recovery' AND (message LIKE ?"
                     " OR message LIKE ?)",
                     (f"%link {src}->{dst} failed during%", f"%link {dst}->{src} failed during%"),
@@ -136,16 +104,16 @@ def test_link_cut_fails_over_and_results_stay_exact(tmp_path: Path, phase: str, 
             FAULT_WAIT_S,
             f"failover of a group cut during {phase}",
         )
-        _wait(
+        wait_until(
             lab,
-            lambda: len(_completed(lab, cut_at)) >= 4,
+            lambda: len(completed_groups(db, cut_at)) >= 4,
             FAULT_WAIT_S,
             "groups completing after the cut",
         )
-        revised = _rows(lab, "SELECT * FROM groups WHERE revisions > 0 AND status='completed'")
-        after = _completed(lab, cut_at)
-        open_long = _rows(
-            lab, "SELECT id FROM groups WHERE status='open' AND started_at < ?", (time.time() - 60,)
+        revised = rows(db, "SELECT * FROM groups WHERE revisions > 0 AND status='completed'")
+        after = completed_groups(db, cut_at)
+        open_long = rows(
+            db, "SELECT id FROM groups WHERE status='open' AND started_at < ?", (time.time() - 60,)
         )
     assert revised, "no group completed after a re-plan"
     _assert_exact(revised + after)
@@ -159,27 +127,31 @@ def test_link_cut_fails_over_and_results_stay_exact(tmp_path: Path, phase: str, 
 def test_worker_killed_mid_reduce_survivors_complete(tmp_path: Path) -> None:
     topo = load_topology(FOUR)
     with LabRun(
-        topo, check(topo), _opts(p=3), tmp_path / "run", state_dir=tmp_path / "state"
+        topo, check(topo), small_opts(p=3), tmp_path / "run", state_dir=tmp_path / "state"
     ) as lab:
-        _wait(lab, lambda: len(_completed(lab)) >= 3, START_WAIT_S, "first groups")
+        db = lab.db_path
+        wait_until(lab, lambda: len(completed_groups(db)) >= 3, START_WAIT_S, "first groups")
         # Kill a worker while it is a member of an open group.
-        _wait(
+        wait_until(
             lab,
-            lambda: bool(_rows(lab, "SELECT id FROM groups WHERE status='open'")),
+            lambda: bool(rows(db, "SELECT id FROM groups WHERE status='open'")),
             30,
             "an open group",
         )
-        victim_group = _rows(
-            lab, "SELECT id, members FROM groups WHERE status='open' ORDER BY id DESC LIMIT 1"
+        victim_group = rows(
+            db, "SELECT id, members FROM groups WHERE status='open' ORDER BY id DESC LIMIT 1"
         )[0]
         victim = json.loads(victim_group["members"])[0]
-        cmds.submit(lab.db_path, cmds.KillWorker(worker=victim))
+        cmds.submit(db, cmds.KillWorker(worker=victim))
         killed_at = time.time()
-        _wait(
-            lab, lambda: len(_completed(lab, killed_at)) >= 3, FAULT_WAIT_S, "groups after the kill"
+        wait_until(
+            lab,
+            lambda: len(completed_groups(db, killed_at)) >= 3,
+            FAULT_WAIT_S,
+            "groups after the kill",
         )
-        g = _rows(lab, "SELECT * FROM groups WHERE id=?", (victim_group["id"],))[0]
-        after = _completed(lab, killed_at)
+        g = rows(db, "SELECT * FROM groups WHERE id=?", (victim_group["id"],))[0]
+        after = completed_groups(db, killed_at)
     assert g["status"] in ("completed", "abandoned")
     if g["status"] == "completed" and g["revisions"] > 0:
         assert victim not in json.loads(g["members"]), "survivors' average kept the dead worker"
@@ -194,21 +166,22 @@ def test_measured_capacity_replans_when_contention_eats_a_link(tmp_path: Path) -
     with LabRun(
         topo,
         check(topo),
-        _opts(capacity="measured", width=640, depth=3),
+        small_opts(capacity="measured", width=640, depth=3),
         tmp_path / "run",
         state_dir=tmp_path / "state",
     ) as lab:
-        _wait(lab, lambda: len(_completed(lab)) >= 3, START_WAIT_S, "first groups")
+        db = lab.db_path
+        wait_until(lab, lambda: len(completed_groups(db)) >= 3, START_WAIT_S, "first groups")
         src, dst = max(
             ((lk.src, lk.dst) for lk in topo.links), key=lambda sd: topo.link(*sd).rate_mbit
         )
         rate = topo.link(src, dst).rate_mbit
-        cmds.submit(lab.db_path, cmds.StartContention(src=src, dst=dst, rate_mbit=rate))
-        _wait(
+        cmds.submit(db, cmds.StartContention(src=src, dst=dst, rate_mbit=rate))
+        wait_until(
             lab,
             lambda: bool(
-                _rows(
-                    lab,
+                rows(
+                    db,
                     "SELECT id FROM events WHERE kind='capacity' AND message LIKE ?",
                     (f"link {src}->{dst} measured%",),
                 )
@@ -216,14 +189,16 @@ def test_measured_capacity_replans_when_contention_eats_a_link(tmp_path: Path) -
             FAULT_WAIT_S,
             "a re-plan on measured capacity",
         )
-        event = _rows(
-            lab,
+        event = rows(
+            db,
             "SELECT data FROM events WHERE kind='capacity' AND message LIKE ?",
             (f"link {src}->{dst} measured%",),
         )[0]
         after = time.time()
-        _wait(lab, lambda: len(_completed(lab, after)) >= 2, FAULT_WAIT_S, "groups after it")
-        done = _completed(lab, after)
+        wait_until(
+            lab, lambda: len(completed_groups(db, after)) >= 2, FAULT_WAIT_S, "groups after it"
+        )
+        done = completed_groups(db, after)
     measured = json.loads(event["data"])
     assert measured["mbit"] < 0.75 * rate
     _assert_exact(done)

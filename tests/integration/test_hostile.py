@@ -15,14 +15,15 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from labkit import completed_groups, rows, small_opts, wait_until
 
 from crew import rundb
 from lab.preflight import check
-from lab.runner import REPO, LabRun, RunOptions
+from lab.runner import REPO, LabRun
 from lab.topology import load_topology
 
 pytestmark = pytest.mark.root
@@ -39,51 +40,22 @@ K = 15  # hostile connections per attack
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabRun]:
     tmp = tmp_path_factory.mktemp("hostile")
     topo = load_topology(SMALL)
-    opts = RunOptions(
-        p=2,
-        width=256,
-        depth=2,
-        dashboard=False,
-        part_bytes=64 << 10,
-        log_level="WARNING",
-        stall_timeout_s=3.0,
-    )
-    with LabRun(topo, check(topo), opts, tmp / "run", state_dir=tmp / "state") as run:
-        _wait(run, lambda: len(_completed(run)) >= 2, START_WAIT_S, "first groups")
+    with LabRun(topo, check(topo), small_opts(), tmp / "run", state_dir=tmp / "state") as run:
+        wait_until(
+            run, lambda: len(completed_groups(run.db_path)) >= 2, START_WAIT_S, "first groups"
+        )
         yield run
-
-
-def _wait(lab: LabRun, predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        lab.poll()
-        if predicate():
-            return
-        time.sleep(0.5)
-    logs = "\n".join(
-        f"--- {p.name}\n" + p.read_text()[-1500:] for p in sorted((lab.run_dir / "logs").glob("*"))
-    )
-    pytest.fail(f"timed out waiting for {what}\n{logs}")
-
-
-def _rows(lab: LabRun, sql: str, params: tuple = ()) -> list:
-    assert lab.db is not None
-    return lab.db.query(sql, params)
-
-
-def _completed(lab: LabRun, since: float = 0.0) -> list:
-    return _rows(lab, "SELECT * FROM groups WHERE status='completed' AND formed_at >= ?", (since,))
 
 
 def _security(lab: LabRun, since: float) -> Counter[str]:
     """Rejection reasons worker VICTIM reported since ``since``."""
-    rows = _rows(
-        lab,
+    events = rows(
+        lab.db_path,
         "SELECT data FROM events WHERE kind='security' AND worker=? AND t >= ?",
         (VICTIM, since),
     )
     out: Counter[str] = Counter()
-    for r in rows:  # the coordinator batches rejections: one row per reason, with a count
+    for r in events:  # the coordinator batches rejections: one row per reason, with a count
         data = json.loads(r["data"])
         out[data["reason"]] += data["count"]
     return out
@@ -126,16 +98,17 @@ def _attack(lab: LabRun, mode: str, seed: int) -> dict:
 
 def _assert_training_goes_on(lab: LabRun, since: float) -> None:
     """Groups keep completing, worker VICTIM takes part in one, and every result is exact."""
-    _wait(
+    db = lab.db_path
+    wait_until(
         lab,
         lambda: (
-            len(_completed(lab, since)) >= 3
-            and any(VICTIM in json.loads(g["members"]) for g in _completed(lab, since))
+            len(completed_groups(db, since)) >= 3
+            and any(VICTIM in json.loads(g["members"]) for g in completed_groups(db, since))
         ),
         WAIT_S,
         f"groups with worker {VICTIM} after the attack",
     )
-    for g in _completed(lab):
+    for g in completed_groups(db):
         assert g["verify_err"] is not None and g["verify_err"] < 1e-3, (
             f"group {g['id']} averaged wrongly: relative error {g['verify_err']}"
         )
@@ -149,7 +122,7 @@ def test_peer_without_the_secret_is_rejected_and_counted(lab: LabRun) -> None:
     for report in (forged, garbage):
         assert report["dropped"] == K, report  # worker 1 closed every hostile connection
         assert report["ended"].get("answered", 0) == 0 and report["ended"].get("kept_open", 0) == 0
-    _wait(
+    wait_until(
         lab,
         lambda: sum(_security(lab, since).values()) >= 2 * K,
         WAIT_S,
@@ -167,7 +140,7 @@ def test_oversized_frames_are_refused_without_crashing_the_worker(lab: LabRun) -
     pid = lab.workers[VICTIM].pid
     report = _attack(lab, "oversized", seed=3)
     assert report["dropped"] == K, report
-    _wait(
+    wait_until(
         lab,
         lambda: _security(lab, since)["Oversized"] >= K,
         WAIT_S,
@@ -207,7 +180,7 @@ def test_nonsense_commands_are_rejected_and_change_nothing(lab: LabRun) -> None:
     since = time.time()
     pids = {i: p.pid for i, p in lab.workers.items()}
     links_before = {(lk.src, lk.dst): lab.net.link_state(lk.src, lk.dst) for lk in lab.topo.links}
-    link_rows_before = len(_rows(lab, "SELECT id FROM link_state"))
+    link_rows_before = len(rows(lab.db_path, "SELECT id FROM link_state"))
     conn = rundb.connect(lab.db_path)
     try:
         with conn:
@@ -220,26 +193,26 @@ def test_nonsense_commands_are_rejected_and_change_nothing(lab: LabRun) -> None:
             ]
     finally:
         conn.close()
-    _wait(
+    wait_until(
         lab,
-        lambda: not _rows(lab, "SELECT id FROM commands WHERE status='pending'"),
+        lambda: not rows(lab.db_path, "SELECT id FROM commands WHERE status='pending'"),
         WAIT_S,
         "the commands to be handled",
     )
-    rows = {r["id"]: r for r in _rows(lab, "SELECT * FROM commands")}
+    commands = {r["id"]: r for r in rows(lab.db_path, "SELECT * FROM commands")}
     for cid, (kind, args, field) in zip(ids, NONSENSE, strict=True):
-        r = rows[cid]
+        r = commands[cid]
         assert r["status"] == "rejected", (kind, args, r["status"], r["reason"])
         assert r["reason"] and r["reason"].startswith(f"{field}:"), (kind, args, r["reason"])
     # Nothing changed: links, their recorded history, processes, contention flows.
     assert {k: lab.net.link_state(*k) for k in links_before} == links_before
-    assert len(_rows(lab, "SELECT id FROM link_state")) == link_rows_before
+    assert len(rows(lab.db_path, "SELECT id FROM link_state")) == link_rows_before
     assert {i: p.pid for i, p in lab.workers.items()} == pids
     assert all(p.poll() is None for p in lab.workers.values())
     assert lab.faults is not None and lab.faults.flows == {}
-    assert not _rows(lab, "SELECT id FROM events WHERE kind='fault' AND t >= ?", (since,))
-    rejected_events = _rows(
-        lab,
+    assert not rows(lab.db_path, "SELECT id FROM events WHERE kind='fault' AND t >= ?", (since,))
+    rejected_events = rows(
+        lab.db_path,
         "SELECT id FROM events WHERE kind='command' AND t >= ? AND message LIKE '%rejected%'",
         (since,),
     )

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import time
 from pathlib import Path
 
 import pytest
+from labkit import completed_groups, rows, small_opts, wait_until
 
 from lab import commands as cmds
 from lab.cleanup import ROOT_NAME_PREFIX, root_link_names
@@ -26,36 +26,10 @@ SMALL = REPO / "topologies" / "small.yaml"
 FIRST_GROUP_WAIT_S = 120.0  # eight... here three torch imports on two cores take a while
 
 
-def _opts(**kw) -> RunOptions:
-    base = dict(p=2, width=128, depth=2, dashboard=False, part_bytes=64 << 10, log_level="WARNING")
-    base.update(kw)
-    return RunOptions(**base)
-
-
-def _query(db: Path, sql: str, params=()) -> list[sqlite3.Row]:
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
-    conn.row_factory = sqlite3.Row
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
-
-
-def _wait_for(lab: LabRun, predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        lab.poll()
-        if predicate():
-            return
-        time.sleep(0.5)
-    logs = "\n".join(
-        f"--- {p.name}\n" + p.read_text()[-2000:] for p in sorted((lab.run_dir / "logs").glob("*"))
-    )
-    pytest.fail(f"timed out waiting for {what}\n{logs}")
-
-
-def _completed(db: Path) -> int:
-    return _query(db, "SELECT COUNT(*) FROM groups WHERE status='completed'")[0][0]
+def _opts(scheme: str) -> RunOptions:
+    # A narrower model than the fault suites', and the lab's default stall timeout: this suite
+    # tests ordinary runs, not how quickly a stalled link fails over.
+    return small_opts(scheme=scheme, width=128, stall_timeout_s=RunOptions().stall_timeout_s)
 
 
 def _lab_pids(lab: LabRun) -> list[int]:
@@ -86,12 +60,14 @@ def test_run_trains_in_groups_of_p_and_records_everything(tmp_path: Path, scheme
     run_dir = tmp_path / "run"
     with LabRun(topo, caps, _opts(scheme=scheme), run_dir, state_dir=state_dir) as lab:
         db = lab.db_path
-        _wait_for(lab, lambda: _completed(db) >= 6, FIRST_GROUP_WAIT_S, "six completed groups")
+        wait_until(
+            lab, lambda: len(completed_groups(db)) >= 6, FIRST_GROUP_WAIT_S, "six completed groups"
+        )
         time.sleep(2.5)  # let the monitor take samples after the traffic
         pids, tag = _lab_pids(lab), lab.tag
     _assert_nothing_left(tag, pids, state_dir)
 
-    groups = _query(db, "SELECT * FROM groups WHERE status='completed'")
+    groups = completed_groups(db)
     for g in groups:
         members = json.loads(g["members"])
         assert len(members) == 2 and len(set(members)) == 2
@@ -104,7 +80,7 @@ def test_run_trains_in_groups_of_p_and_records_everything(tmp_path: Path, scheme
         if scheme == "preduce":
             assert aggregators <= set(members)
     # Links that carried data were sampled and show bytes.
-    moved = _query(
+    moved = rows(
         db,
         "SELECT src, dst, MAX(tx_bytes) - MIN(tx_bytes) AS b FROM link_samples GROUP BY src, dst",
     )
@@ -113,9 +89,9 @@ def test_run_trains_in_groups_of_p_and_records_everything(tmp_path: Path, scheme
     assert summary["groups_completed"] == len(groups)
     assert sum(summary["rounds_per_worker"].values()) == 2 * len(groups)
     assert all(len(m) for m in summary["link_bytes"])
-    acc = _query(db, "SELECT accuracy FROM iterations WHERE accuracy IS NOT NULL ORDER BY t")
+    acc = rows(db, "SELECT accuracy FROM iterations WHERE accuracy IS NOT NULL ORDER BY t")
     assert acc, "no held-out accuracy was recorded"
-    events = {r["kind"] for r in _query(db, "SELECT kind FROM events")}
+    events = {r["kind"] for r in rows(db, "SELECT kind FROM events")}
     assert {"start", "stop"} <= events
 
 
@@ -125,14 +101,16 @@ def test_killed_worker_leaves_survivors_training_and_nothing_behind(tmp_path: Pa
     state_dir = tmp_path / "state"
     with LabRun(topo, caps, _opts(scheme="crew"), tmp_path / "run", state_dir=state_dir) as lab:
         db = lab.db_path
-        _wait_for(lab, lambda: _completed(db) >= 2, FIRST_GROUP_WAIT_S, "two completed groups")
+        wait_until(
+            lab, lambda: len(completed_groups(db)) >= 2, FIRST_GROUP_WAIT_S, "two completed groups"
+        )
         cmds.submit(db, cmds.KillWorker(worker=2))
-        _wait_for(lab, lambda: lab.exit_codes.get(2) is not None, 30, "worker 2 to die")
+        wait_until(lab, lambda: lab.exit_codes.get(2) is not None, 30, "worker 2 to die")
         killed_at = time.time()
-        _wait_for(
+        wait_until(
             lab,
             lambda: (
-                _query(
+                rows(
                     db,
                     "SELECT COUNT(*) FROM groups WHERE status='completed' AND formed_at > ?",
                     (killed_at + 1,),
@@ -144,18 +122,18 @@ def test_killed_worker_leaves_survivors_training_and_nothing_behind(tmp_path: Pa
         )
         pids, tag = _lab_pids(lab), lab.tag
     _assert_nothing_left(tag, pids, state_dir)
-    status = _query(db, "SELECT status, reason FROM commands")
+    status = rows(db, "SELECT status, reason FROM commands")
     assert [r["status"] for r in status] == ["applied"]
-    late = _query(
+    late = rows(
         db,
         "SELECT members FROM groups WHERE status='completed' AND formed_at > ?",
         (killed_at + 1,),
     )
     assert all(2 not in json.loads(g["members"]) for g in late)
-    dead = _query(db, "SELECT state FROM worker_status WHERE worker=2")
+    dead = rows(db, "SELECT state FROM worker_status WHERE worker=2")
     assert dead and dead[0]["state"] == "dead"
     # No group was left open: each ended completed or explicitly abandoned.
-    assert not _query(db, "SELECT id FROM groups WHERE status='open'")
+    assert not rows(db, "SELECT id FROM groups WHERE status='open'")
 
 
 ROUTE_SCHEMES = ["crew-paper", "ps", "ring", "a2a", "blink", "blink-pipe", "topoadopt"]
@@ -174,7 +152,7 @@ def test_every_group_scheme_trains_in_one_lab(tmp_path: Path) -> None:
 
             def done(scheme: str = scheme) -> bool:
                 return (
-                    _query(
+                    rows(
                         db,
                         "SELECT COUNT(*) FROM groups WHERE status='completed' AND scheme=?",
                         (scheme,),
@@ -182,15 +160,15 @@ def test_every_group_scheme_trains_in_one_lab(tmp_path: Path) -> None:
                     >= 2
                 )
 
-            _wait_for(lab, done, FIRST_GROUP_WAIT_S, f"two completed {scheme} groups")
+            wait_until(lab, done, FIRST_GROUP_WAIT_S, f"two completed {scheme} groups")
         pids, tag = _lab_pids(lab), lab.tag
     _assert_nothing_left(tag, pids, tmp_path / "state")
     for scheme in ROUTE_SCHEMES:
-        groups = _query(db, "SELECT * FROM groups WHERE status='completed' AND scheme=?", (scheme,))
+        groups = rows(db, "SELECT * FROM groups WHERE status='completed' AND scheme=?", (scheme,))
         assert len(groups) >= 2
         assert all(g["verify_err"] is not None and g["verify_err"] < 1e-3 for g in groups)
         assert all(json.loads(g["plan"])["scheme"] == scheme for g in groups)
-    applied = _query(db, "SELECT status FROM commands")
+    applied = rows(db, "SELECT status FROM commands")
     assert [r["status"] for r in applied] == ["applied"] * len(ROUTE_SCHEMES)
 
 
@@ -201,11 +179,13 @@ def test_gloo_trains_with_synchronous_all_reduce(tmp_path: Path) -> None:
         topo, check(topo), _opts(scheme="gloo"), tmp_path / "run", state_dir=tmp_path / "state"
     ) as lab:
         db = lab.db_path
-        _wait_for(lab, lambda: _completed(db) >= 3, FIRST_GROUP_WAIT_S, "three all-reduces")
+        wait_until(
+            lab, lambda: len(completed_groups(db)) >= 3, FIRST_GROUP_WAIT_S, "three all-reduces"
+        )
         pids, tag = _lab_pids(lab), lab.tag
     _assert_nothing_left(tag, pids, tmp_path / "state")
-    groups = _query(db, "SELECT * FROM groups WHERE status='completed'")
+    groups = completed_groups(db)
     assert all(g["scheme"] == "gloo" for g in groups)
     assert all(len(json.loads(g["members"])) == topo.n for g in groups)
-    iterations = _query(db, "SELECT worker, MAX(iteration) AS it FROM iterations GROUP BY worker")
+    iterations = rows(db, "SELECT worker, MAX(iteration) AS it FROM iterations GROUP BY worker")
     assert len(iterations) == topo.n  # everyone trains, in lock step

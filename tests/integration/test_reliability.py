@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from labkit import POLL_S, completed_groups, rows, small_opts, wait_until
 
 from lab import audit as lab_audit
 from lab.cleanup import (
@@ -51,7 +52,7 @@ from lab.cleanup import (
     root_link_names,
 )
 from lab.preflight import check
-from lab.runner import REPO, LabRun, RunOptions, lab_limits
+from lab.runner import REPO, LabRun, lab_limits
 from lab.scenario import Scenario, ScenarioPlayer, load_scenario
 from lab.topology import load_topology
 
@@ -68,56 +69,6 @@ SETTLE_WAIT_S = 150.0  # after the last step: time for every fault to be followe
 EXACT = 1e-3  # verify_err below this: the group's average was right
 RETRY_LINK_S = 20.0  # crew.coordinator.RETRY_LINK_S: a failed link re-enters plans after this
 STOP_WAIT_S = 60.0
-POLL_S = 0.5
-
-
-def _opts(**kw) -> RunOptions:
-    base = dict(
-        p=2,
-        width=256,
-        depth=2,
-        dashboard=False,
-        part_bytes=64 << 10,
-        log_level="WARNING",
-        stall_timeout_s=3.0,
-        scheme="crew",
-    )
-    base.update(kw)
-    return RunOptions(**base)
-
-
-def _rows(db: Path, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
-    conn.row_factory = sqlite3.Row
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
-
-
-def _logs(run_dir: Path, tail: int = 1500) -> str:
-    return "\n".join(
-        f"--- {p.name}\n" + p.read_text(errors="replace")[-tail:]
-        for p in sorted((run_dir / "logs").glob("*"))
-    )
-
-
-def _wait(lab: LabRun, predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        lab.poll()
-        if predicate():
-            return
-        time.sleep(POLL_S)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}\n{_logs(lab.run_dir)}")
-
-
-def _completed(db: Path, since: float = 0.0) -> list[sqlite3.Row]:
-    return _rows(
-        db,
-        "SELECT * FROM groups WHERE status='completed' AND formed_at >= ? ORDER BY formed_at",
-        (since,),
-    )
 
 
 def _members(g: sqlite3.Row) -> list[int]:
@@ -174,12 +125,12 @@ def test_every_shipped_scenario_has_a_case() -> None:
 
 
 def _applied(db: Path) -> list[sqlite3.Row]:
-    return _rows(db, "SELECT * FROM commands WHERE status='applied' ORDER BY id")
+    return rows(db, "SELECT * FROM commands WHERE status='applied' ORDER BY id")
 
 
 def _unanswered(db: Path) -> list[sqlite3.Row]:
     """Applied commands with no completed group formed after them yet."""
-    newest = _rows(db, "SELECT MAX(formed_at) AS t FROM groups WHERE status='completed'")[0]["t"]
+    newest = rows(db, "SELECT MAX(formed_at) AS t FROM groups WHERE status='completed'")[0]["t"]
     return [c for c in _applied(db) if newest is None or newest < c["applied_at"]]
 
 
@@ -195,8 +146,8 @@ def _recovery_report(db: Path, name: str) -> list[str]:
     """Per applied command: when the next group formed after it completed, and for a kill or a
     cut, when the coordinator noticed and when the first group without the dead part ended."""
     lines = [f"scenario {name}: seconds from each command to what followed"]
-    groups = _completed(db)
-    events = _rows(db, "SELECT t, kind, message FROM events ORDER BY t")
+    groups = completed_groups(db)
+    events = rows(db, "SELECT t, kind, message FROM events ORDER BY t")
     for c in _applied(db):
         # From submission: the injector acts in the same poll, and applied_at is stamped only
         # once a kill has been reaped, by when the coordinator may already have reacted.
@@ -230,7 +181,7 @@ def _recovery_report(db: Path, name: str) -> list[str]:
             line += f", noticed {seen}, first group without it {ok}"
         lines.append(line)
     revised = [g for g in groups if g["revisions"]]
-    abandoned = _rows(db, "SELECT id, reason FROM groups WHERE status='abandoned'")
+    abandoned = rows(db, "SELECT id, reason FROM groups WHERE status='abandoned'")
     lines.append(
         f"  {len(groups)} completed ({len(revised)} after a re-plan),"
         f" {len(abandoned)} abandoned: "
@@ -251,7 +202,7 @@ def _scenario_specific(case: Case, lab: LabRun, sc: Scenario) -> Callable[[], bo
         def rejoined() -> bool:
             restart = applied("restart_worker")
             return bool(restart) and any(
-                1 in _members(g) for g in _completed(db, restart[0]["applied_at"])
+                1 in _members(g) for g in completed_groups(db, restart[0]["applied_at"])
             )
 
         return rejoined
@@ -260,7 +211,7 @@ def _scenario_specific(case: Case, lab: LabRun, sc: Scenario) -> Callable[[], bo
 
         def failed_over() -> bool:
             return bool(
-                _rows(
+                rows(
                     db,
                     "SELECT id FROM events WHERE kind='recovery' AND"
                     " (message LIKE ? OR message LIKE ?)",
@@ -274,7 +225,7 @@ def _scenario_specific(case: Case, lab: LabRun, sc: Scenario) -> Callable[[], bo
         return failed_over
     if case.file == "random-link-failures":
         return lambda: bool(
-            _rows(
+            rows(
                 db, "SELECT id FROM events WHERE kind='recovery' AND message LIKE '%failed during%'"
             )
         )
@@ -286,14 +237,14 @@ def _check_scenario_after(case: Case, db: Path, sc: Scenario, extra: dict) -> No
     if case.file == "worker-crash":
         kill = applied[0]
         assert kill["kind"] == "kill_worker"
-        later = _completed(db, kill["applied_at"])
+        later = completed_groups(db, kill["applied_at"])
         assert later and all(1 not in _members(g) for g in later), "a dead worker was averaged"
-        assert _rows(db, "SELECT state FROM worker_status WHERE worker=1")[0]["state"] == "dead"
+        assert rows(db, "SELECT state FROM worker_status WHERE worker=1")[0]["state"] == "dead"
         assert extra["exit_codes"].get(1) == -signal.SIGKILL
     elif case.file == "worker-crash-and-rejoin":
         kill, restart = applied[0], applied[1]
         assert (kill["kind"], restart["kind"]) == ("kill_worker", "restart_worker")
-        down = _rows(
+        down = rows(
             db,
             "SELECT * FROM groups WHERE status='completed' AND formed_at >= ? AND formed_at < ?",
             (kill["applied_at"] + 1.0, restart["applied_at"]),
@@ -303,14 +254,14 @@ def _check_scenario_after(case: Case, db: Path, sc: Scenario, extra: dict) -> No
         # saved), not from scratch: its first reported iteration continues that count.
         committed = {
             r["iteration"]
-            for r in _rows(
+            for r in rows(
                 db,
                 "SELECT gm.iteration FROM group_members gm JOIN groups g ON g.id = gm.group_id"
                 " WHERE gm.worker=1 AND g.status='completed' AND g.formed_at < ?",
                 (kill["applied_at"],),
             )
         }
-        first = _rows(
+        first = rows(
             db,
             "SELECT MIN(iteration) AS k FROM iterations WHERE worker=1 AND t > ?",
             (restart["applied_at"],),
@@ -326,7 +277,7 @@ def _check_scenario_after(case: Case, db: Path, sc: Scenario, extra: dict) -> No
         restore = next(c for c in applied if c["kind"] == "restore_link")
         a = json.loads(cut["args"])
         s, d = a["src"], a["dst"]
-        failed = _rows(
+        failed = rows(
             db,
             "SELECT t FROM events WHERE kind='fault' AND message LIKE ? AND t >= ? ORDER BY t",
             (f"link {s}->{d} failed%", cut["applied_at"]),
@@ -334,20 +285,20 @@ def _check_scenario_after(case: Case, db: Path, sc: Scenario, extra: dict) -> No
         if failed:
             t0 = failed[0]["t"]
             t1 = min(restore["applied_at"], t0 + RETRY_LINK_S)
-            during = [g for g in _completed(db, t0) if g["formed_at"] < t1]
+            during = [g for g in completed_groups(db, t0) if g["formed_at"] < t1]
             assert all((s, d) not in _edges(g) for g in during), "a plan used a dead link"
     elif case.file == "bandwidth-drop":
         rates = [
             r["rate_mbit"]
-            for r in _rows(db, "SELECT rate_mbit FROM link_state WHERE src=1 AND dst=2 ORDER BY id")
+            for r in rows(db, "SELECT rate_mbit FROM link_state WHERE src=1 AND dst=2 ORDER BY id")
         ]
-        configured = _rows(db, "SELECT rate_mbit FROM links WHERE src=1 AND dst=2")[0][0]
+        configured = rows(db, "SELECT rate_mbit FROM links WHERE src=1 AND dst=2")[0][0]
         assert rates == [pytest.approx(configured * 0.1, abs=1e-3), pytest.approx(configured)]
     elif case.file == "contention":
         assert len(extra["flows"]) == 4, "the two contention flows (source, sink) did not start"
         assert all(p.poll() is not None for p in extra["flows"]), "a contention flow still runs"
     elif case.file == "random-link-failures":
-        cut = _rows(db, "SELECT src, dst, up FROM link_state")
+        cut = rows(db, "SELECT src, dst, up FROM link_state")
         assert len(cut) == 20 and not any(r["up"] for r in cut)
         assert len({(r["src"], r["dst"]) for r in cut}) == 20
 
@@ -365,9 +316,11 @@ def test_shipped_scenario(tmp_path: Path, case: Case) -> None:
     )
     run_dir = tmp_path / "run"
     extra: dict = {"flows": []}
-    with LabRun(topo, caps, _opts(p=case.p), run_dir, state_dir=tmp_path / "state") as lab:
+    with LabRun(topo, caps, small_opts(p=case.p), run_dir, state_dir=tmp_path / "state") as lab:
         db = lab.db_path
-        _wait(lab, lambda: len(_completed(db)) >= WARM_GROUPS, WARM_WAIT_S, "the first groups")
+        wait_until(
+            lab, lambda: len(completed_groups(db)) >= WARM_GROUPS, WARM_WAIT_S, "the first groups"
+        )
         # LabRun plays lab.player on every poll; it is attached now so the clock starts warm.
         lab.player = ScenarioPlayer(sc, db, start_time=time.time())
         player = lab.player
@@ -380,12 +333,12 @@ def test_shipped_scenario(tmp_path: Path, case: Case) -> None:
                     extra["flows"] += [p for p in procs if p not in extra["flows"]]
             return (
                 player.done
-                and not _rows(db, "SELECT id FROM commands WHERE status='pending'")
+                and not rows(db, "SELECT id FROM commands WHERE status='pending'")
                 and not _unanswered(db)
                 and hit()
             )
 
-        _wait(
+        wait_until(
             lab,
             settled,
             last + SETTLE_WAIT_S,
@@ -394,17 +347,17 @@ def test_shipped_scenario(tmp_path: Path, case: Case) -> None:
         extra["exit_codes"] = dict(lab.exit_codes)
     print("\n" + "\n".join(_recovery_report(db, case.file)))
 
-    commands = _rows(db, "SELECT kind, status, reason FROM commands ORDER BY id")
+    commands = rows(db, "SELECT kind, status, reason FROM commands ORDER BY id")
     assert len(commands) == len(sc.steps)
     assert all(c["status"] == "applied" for c in commands), [dict(c) for c in commands]
-    done = _completed(db)
+    done = completed_groups(db)
     bad = [
         (g["id"], g["verify_err"])
         for g in done
         if g["verify_err"] is None or not g["verify_err"] < EXACT
     ]
     assert not bad, f"groups averaged wrongly: {bad}"
-    assert not _rows(db, "SELECT id FROM groups WHERE status='open'"), "a group was left open"
+    assert not rows(db, "SELECT id FROM groups WHERE status='open'"), "a group was left open"
     _check_scenario_after(case, db, sc, extra)
     report = lab_audit.audit(run_dir)
     assert report.ok, [(c.name, c.detail) for c in report.violations]
@@ -471,7 +424,7 @@ def _db_completed(db: Path) -> int:
     if not db.is_file():
         return 0
     try:
-        return _rows(db, "SELECT COUNT(*) FROM groups WHERE status='completed'")[0][0]
+        return rows(db, "SELECT COUNT(*) FROM groups WHERE status='completed'")[0][0]
     except sqlite3.OperationalError:  # the schema is not there yet
         return 0
 
@@ -538,7 +491,7 @@ def test_sigkilled_lab_is_cleaned_up_by_the_next_run(tmp_path: Path) -> None:
         assert all(_gone(p.pid, p.start_time) for p in procs1), "the dead lab's processes live"
         assert not _tag_links(st1.tag), _tag_links(st1.tag)
         assert not st1.path.exists(), "the dead lab's state file was not removed"
-        events = _rows(db2, "SELECT message FROM events")
+        events = rows(db2, "SELECT message FROM events")
         assert events
         st2 = LabState.load(st2.path)
         procs2 = list(st2.procs)
@@ -547,7 +500,7 @@ def test_sigkilled_lab_is_cleaned_up_by_the_next_run(tmp_path: Path) -> None:
         assert all(_gone(p.pid, p.start_time) for p in procs2), "the second lab left processes"
         assert not _tag_links(st2.tag), _tag_links(st2.tag)
         assert not st2.path.exists(), "the second lab's state file was not removed"
-        assert _rows(db2, "SELECT value FROM meta WHERE key='ended_at'"), "no clean end"
+        assert rows(db2, "SELECT value FROM meta WHERE key='ended_at'"), "no clean end"
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:
@@ -568,19 +521,19 @@ def test_coordinator_killed_workers_stop_with_models_saved(tmp_path: Path) -> No
     topo = load_topology(FOUR)
     state_dir = tmp_path / "state"
     run_dir = tmp_path / "run"
-    with LabRun(topo, check(topo), _opts(), run_dir, state_dir=state_dir) as lab:
+    with LabRun(topo, check(topo), small_opts(), run_dir, state_dir=state_dir) as lab:
         db = lab.db_path
 
         # Warm: every worker has averaged at least once, so each has a model worth keeping.
         def every_worker_averaged() -> bool:
-            seen = {m for g in _completed(db) for m in _members(g)}
+            seen = {m for g in completed_groups(db) for m in _members(g)}
             return seen == set(range(topo.n))
 
-        _wait(lab, every_worker_averaged, WARM_WAIT_S, "every worker in a completed group")
+        wait_until(lab, every_worker_averaged, WARM_WAIT_S, "every worker in a completed group")
         assert lab.coordinator is not None
         coord_pid = lab.coordinator.pid
         os.kill(coord_pid, signal.SIGKILL)
-        _wait(
+        wait_until(
             lab,
             lambda: len(lab.exit_codes) == topo.n,
             STOP_WAIT_S,
@@ -589,11 +542,11 @@ def test_coordinator_killed_workers_stop_with_models_saved(tmp_path: Path) -> No
         codes = dict(lab.exit_codes)
         pids = [p.pid for p in lab.workers.values()] + [coord_pid]
         tag = lab.tag
-        open_at_kill = {r["id"] for r in _rows(db, "SELECT id FROM groups WHERE status='open'")}
+        open_at_kill = {r["id"] for r in rows(db, "SELECT id FROM groups WHERE status='open'")}
     assert codes == dict.fromkeys(range(topo.n), 0), f"workers did not stop cleanly: {codes}"
     reported = {
         r["worker"]: r["k"]
-        for r in _rows(db, "SELECT worker, MAX(iteration) AS k FROM iterations GROUP BY worker")
+        for r in rows(db, "SELECT worker, MAX(iteration) AS k FROM iterations GROUP BY worker")
     }
     assert set(reported) == set(range(topo.n))
     for i in range(topo.n):

@@ -1,0 +1,88 @@
+"""Helpers shared by the integration tests that run a real lab through ``LabRun``.
+
+The test modules import it as ``labkit``: pytest puts their folder on ``sys.path`` (the default
+``prepend`` import mode; the folder has no ``__init__.py``). It is not collected, since its
+name does not start with ``test_``.
+
+Queries go through their own read-only connection to the run database, never the lab's writer
+connection, so a test reads what the lab and its coordinator have committed and cannot change it.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crew import rundb
+from lab.runner import LabRun, RunOptions
+
+POLL_S = 0.5  # between two polls of a lab; a group takes seconds, so finer polling buys nothing
+LOG_TAIL_CHARS = 2000  # of each process log in a timeout's failure message
+
+
+def small_opts(**overrides: Any) -> RunOptions:
+    """Options for a small, quick lab: groups of two, a small model, 64 KiB parts, no dashboard,
+    and a 3 s stall timeout so that a cut link fails over within a test's patience.
+
+    ``overrides`` are ``RunOptions`` fields that replace these (``small_opts(p=3)``)."""
+    base: dict[str, Any] = dict(
+        p=2,
+        scheme="crew",
+        width=256,
+        depth=2,
+        dashboard=False,
+        part_bytes=64 << 10,
+        log_level="WARNING",
+        stall_timeout_s=3.0,
+    )
+    return RunOptions(**(base | overrides))
+
+
+def log_tails(run_dir: Path, tail: int = LOG_TAIL_CHARS) -> str:
+    """The last ``tail`` characters of every process log of the run in ``run_dir``."""
+    return "\n".join(
+        f"--- {p.name}\n" + p.read_text(errors="replace")[-tail:]
+        for p in sorted((run_dir / "logs").glob("*"))
+    )
+
+
+def wait_until(lab: LabRun, predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``lab`` until ``predicate()`` holds; after ``timeout`` seconds fail the test, naming
+    ``what`` was awaited and showing the tail of every process log.
+
+    ``lab.poll()`` reaps the lab's processes and plays its scenario, so a test that waits must
+    poll rather than sleep."""
+    deadline = time.monotonic() + timeout
+    # Each round sleeps POLL_S, so the deadline ends the loop first; the count is a backstop.
+    for _ in range(math.ceil(timeout / POLL_S) + 1):
+        if time.monotonic() >= deadline:
+            break
+        lab.poll()
+        if predicate():
+            return
+        time.sleep(POLL_S)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}\n{log_tails(lab.run_dir)}")
+
+
+def rows(db: Path, sql: str, params: Sequence[object] = ()) -> list[sqlite3.Row]:
+    """The rows of one read-only query on the run database ``db``."""
+    conn = rundb.connect(db, readonly=True)
+    try:
+        return conn.execute(sql, tuple(params)).fetchall()
+    finally:
+        conn.close()
+
+
+def completed_groups(db: Path, since: float = 0.0) -> list[sqlite3.Row]:
+    """The completed groups formed at or after ``since`` (a Unix time), oldest first."""
+    return rows(
+        db,
+        "SELECT * FROM groups WHERE status='completed' AND formed_at >= ? ORDER BY formed_at",
+        (since,),
+    )
