@@ -14,7 +14,10 @@ Layout (n workers, lab tag T, addresses from the 198.18.0.0/15 benchmarking rang
   in the host) with 198.19.255.(i+1)/24. It is not shaped and carries control and telemetry,
   so the measured links stay clean.
 - IPv6 is off in the hosts: router solicitations and MLD would otherwise show up on the
-  link counters.
+  link counters. It is off on the root-namespace bridge and veth ends too: their link-local
+  addresses would appear a second or two after the build (duplicate address detection), and
+  a browser on this machine aborts its requests on every address change (Chromium's
+  ERR_NETWORK_CHANGED), which could leave the dashboard blank just as the lab says it is up.
 
 Everything the lab creates is recorded in a state file first (lab.cleanup), and teardown
 removes all of it, also on exceptions and KeyboardInterrupt.
@@ -77,6 +80,13 @@ class LinkState:
 
     def shape(self) -> shaping.Shape:
         return shaping.Shape(self.rate_mbit, self.delay_ms, self.jitter_ms, self.loss_pct)
+
+
+def _no_ipv6_in_root(dev: str) -> None:
+    """Turn IPv6 off on a root-namespace interface before it comes up (module docstring)."""
+    knob = Path("/proc/sys/net/ipv6/conf") / dev / "disable_ipv6"
+    if knob.parent.is_dir():  # absent when the kernel runs without IPv6
+        knob.write_text("1")
 
 
 def _mininet() -> tuple[Any, Any, Any]:
@@ -274,6 +284,7 @@ class LabNetwork:
         prefix = self.mgmt_net.prefixlen
         self.state.add_bridge(self.bridge)
         shaping.run(None, ["ip", "link", "add", self.bridge, "type", "bridge"])
+        _no_ipv6_in_root(self.bridge)
         shaping.run(
             None, ["ip", "addr", "add", f"{self.coordinator_address}/{prefix}", "dev", self.bridge]
         )
@@ -297,6 +308,7 @@ class LabNetwork:
                     str(self._pids[i]),
                 ],
             )
+            _no_ipv6_in_root(root_end)
             shaping.run(None, ["ip", "link", "set", root_end, "master", self.bridge, "up"])
             pid = self._pids[i]
             shaping.run(

@@ -32,7 +32,7 @@ from crew.transport import FrameStream
 from lab import commands as cmds
 from lab.cleanup import ProcRecord, cleanup_leftovers
 from lab.faults import FaultInjector
-from lab.mesh import LabNetwork
+from lab.mesh import LabError, LabNetwork
 from lab.monitor import LinkMonitor
 from lab.preflight import Capabilities, describe
 from lab.scenario import Scenario, ScenarioPlayer
@@ -131,6 +131,9 @@ class LabRun:
         self.tag = secrets.token_hex(2)
         self.state_dir = state_dir
         self.db_path = self.run_dir / "lab.db"
+        if self.db_path.exists():
+            # Two runs in one database would read as one (and the older one as finished).
+            raise LabError(f"{self.run_dir} already holds a run ({self.db_path}); use a new one")
         self.db: RunDB | None = None
         # A network passed in is the caller's (a benchmark reuses one across schemes).
         self.net: LabNetwork | None = net

@@ -13,7 +13,6 @@ end goes to ``test-artifacts/dashboard-e2e.png`` for a human to look at.
 from __future__ import annotations
 
 import re
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,20 +22,11 @@ from typing import Any, TypeVar
 
 import pytest
 
+from lab import browser
+from lab.browser import CHROMIUM, free_port
 from lab.preflight import check
 from lab.runner import REPO, LabRun, RunOptions
 from lab.topology import load_topology
-
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 pytestmark = [
     pytest.mark.root,
@@ -58,13 +48,6 @@ T = TypeVar("T")
 
 
 # -- the lab side --------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now (another process could take it before Streamlit does)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Poller:
@@ -132,24 +115,6 @@ def wait_until(predicate: Callable[[], T | None], timeout: float, what: str, pag
         page.wait_for_timeout(500)
 
 
-def open_dashboard(page: Any, url: str) -> None:
-    """Load the page; retry while Streamlit is not yet listening or Chromium reports
-    ERR_NETWORK_CHANGED (the lab adds interfaces while the browser starts)."""
-    from playwright.sync_api import Error as PlaywrightError
-
-    deadline = time.monotonic() + PAGE_WAIT_S
-    while True:
-        try:
-            page.goto(url, timeout=15_000, wait_until="domcontentloaded")
-            break
-        except PlaywrightError:
-            if time.monotonic() > deadline:
-                raise
-            page.wait_for_timeout(1000)
-    # The first render after start can be blank: wait for the title, not for the load event.
-    page.locator("h1:has-text('CREW Lab')").wait_for(timeout=PAGE_WAIT_S * 1000)
-
-
 _READ_TABLES = """() => [...document.querySelectorAll(
     "[data-testid='stMain'] [data-testid='stTable']")]
   .map(t => [...t.querySelectorAll('tr')]
@@ -198,19 +163,6 @@ def event_log_text(page: Any) -> str:
     return (grid.first.text_content() or "") if grid.count() else ""
 
 
-def screenshot(page: Any, path: Path) -> None:
-    """The whole page: Streamlit scrolls its main area inside the viewport, so a full-page
-    shot alone would stop at the fold; grow the viewport to the content first."""
-    height = page.evaluate(_CONTENT_HEIGHT)
-    page.set_viewport_size({"width": page.viewport_size["width"], "height": int(height) + 40})
-    page.wait_for_timeout(1000)  # let the charts re-layout to the new size
-    page.screenshot(path=str(path), full_page=True)
-
-
-_CONTENT_HEIGHT = """() => Math.max(...["stMain", "stSidebarContent"].map(
-    id => document.querySelector(`[data-testid='${id}']`)?.scrollHeight || 0))"""
-
-
 def set_number(page: Any, key: str, value: int) -> None:
     box = page.locator(f".st-key-{key} input")
     box.fill(str(value))
@@ -235,19 +187,18 @@ def test_cutting_the_busiest_link_from_the_page(tmp_path: Path) -> None:
         dashboard_port=port,
         log_level="WARNING",
     )
-    ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
     with (
         LabRun(topo, caps, opts, tmp_path / "run", state_dir=tmp_path / "state") as lab,
         polled(lab),
         sync_playwright() as pw,
     ):
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        chromium = browser.launch(pw)
         try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1100})
+            page = chromium.new_page(viewport={"width": 1600, "height": 1100})
             # Generous: the page redraws its charts beside three training workers on two cores.
             page.set_default_timeout(ACTION_TIMEOUT_S * 1000)
             try:
-                open_dashboard(page, lab.dashboard_url)
+                browser.open_dashboard(page, lab.dashboard_url, PAGE_WAIT_S)
                 label, before = wait_until(
                     lambda: busiest(page), TRAFFIC_WAIT_S, "a link carrying traffic", page
                 )
@@ -271,11 +222,11 @@ def test_cutting_the_busiest_link_from_the_page(tmp_path: Path) -> None:
                     page,
                 )
             except Exception as exc:
-                screenshot(page, ARTIFACT)
+                browser.screenshot(page, ARTIFACT)
                 raise AssertionError(f"{exc}\nlab logs:\n{lab_logs(lab)}") from exc
-            screenshot(page, ARTIFACT)
+            browser.screenshot(page, ARTIFACT)
         finally:
-            browser.close()
+            chromium.close()
 
     assert before > 0, f"{label} was picked as busiest at {before}%"
     assert f"cut link {src}→{dst}" in sent_text, sent_text

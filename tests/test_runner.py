@@ -1,0 +1,27 @@
+"""LabRun's checks that need no network: they must refuse before anything is built."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from crew.rundb import RunDB
+from lab.mesh import LabError
+from lab.preflight import Capabilities
+from lab.runner import REPO, LabRun, RunOptions
+from lab.topology import load_topology
+
+CAPS = Capabilities(root=True, tools={}, htb=True, netem=False, iptables_statistic=True)
+
+
+def test_a_run_directory_holding_a_run_is_refused(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    RunDB(run_dir / "lab.db").close()
+    before = (run_dir / "lab.db").read_bytes()
+    topo = load_topology(REPO / "topologies" / "small.yaml")
+    with pytest.raises(LabError, match="already holds a run"):
+        LabRun(topo, CAPS, RunOptions(), run_dir)
+    assert (run_dir / "lab.db").read_bytes() == before
+    assert sorted(p.name for p in run_dir.iterdir()) == ["lab.db"]
