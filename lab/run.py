@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-dir",
         type=Path,
         default=None,
-        help="folder for this run's database, config and logs (default: runs/<run-id>)",
+        help="folder for this run's database, config and logs, not used by an earlier run "
+        "(default: runs/<run-id>)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed for data, model and stragglers")
     p.add_argument(
@@ -260,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     if args.duration is not None and args.duration <= 0:
         console.print("[red]error:[/red] --duration: must be positive")
+        return EXIT_BAD_INPUT
+    if args.run_dir is not None and (args.run_dir / "lab.db").exists():
+        console.print(
+            f"[red]error:[/red] --run-dir: {args.run_dir} already holds a run; give a new folder"
+        )
         return EXIT_BAD_INPUT
     allow = allowed_missing(args)
     try:

@@ -25,3 +25,18 @@ def test_a_run_directory_holding_a_run_is_refused(tmp_path: Path) -> None:
         LabRun(topo, CAPS, RunOptions(), run_dir)
     assert (run_dir / "lab.db").read_bytes() == before
     assert sorted(p.name for p in run_dir.iterdir()) == ["lab.db"]
+
+
+def test_lab_run_refuses_a_used_run_directory_before_building(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lab.run import main
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    RunDB(run_dir / "lab.db").close()
+    code = main(["--run-dir", str(run_dir), "--duration", "5", "--no-dashboard"])
+    assert code == 2
+    err = " ".join(capsys.readouterr().err.split())  # rich wraps at the terminal width
+    assert f"--run-dir: {run_dir} already holds a run" in err
+    assert sorted(p.name for p in run_dir.iterdir()) == ["lab.db"]
