@@ -158,19 +158,23 @@ class Worker:
         log.warning("worker %d: rejected frame from %s: %s", self.me, peer, err)
         self._tell(proto.Rejected(self.me, f"{peer[0]}:{peer[1]}", type(err).__name__))
 
-    def connect(self) -> None:
+    def connect(self) -> bool:
+        """Reach the coordinator and register; False if told to stop before that."""
         addr = (self.cfg.coordinator_host, self.cfg.coordinator_port)
         last: OSError | None = None
         for _ in range(CONNECT_ATTEMPTS):
+            if self.stop_event.is_set():
+                return False
             try:
                 self.control = FrameStream.connect(addr, self.codec, timeout=5.0)
                 break
             except OSError as exc:
                 last = exc
-                time.sleep(0.5)
+                self.stop_event.wait(0.5)
         else:
             raise ConnectionError(f"cannot reach the coordinator at {addr}: {last}")
         self._tell(proto.Register(self.me, os.getpid(), self.iteration, int(self._vector().size)))
+        return True
 
     # -- threads -----------------------------------------------------------------------------
 
@@ -371,15 +375,13 @@ class Worker:
 
     def run(self) -> int:
         self.transport.start()
-        self.connect()
-        threads = [
-            threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True),
-            threading.Thread(target=self._control_reader, name="control", daemon=True),
-        ]
-        for t in threads:
-            t.start()
         gloo = self.cfg.scheme == "gloo"
         try:
+            if not self.connect():
+                log.info("worker %d: stopped before it reached the coordinator", self.me)
+                return 0
+            threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
+            threading.Thread(target=self._control_reader, name="control", daemon=True).start()
             if self.bench and gloo:
                 self._bench_gloo()
             elif self.bench:

@@ -9,6 +9,7 @@ it directly.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -451,19 +452,31 @@ class LabRun:
 
     def _stop(self) -> None:
         try:
+            # The coordinator abandons open groups and tells registered workers to stop, then
+            # exits; SIGTERM does the same when it cannot be asked (it is not listening yet).
             if self.coordinator is not None and self.coordinator.poll() is None:
                 try:
                     self.admin("stop")
                 except OSError as exc:
-                    log.warning("could not ask the coordinator to stop: %s", exc)
+                    log.info("coordinator not reachable (%s); stopping it by SIGTERM", exc)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(self.coordinator.pid, signal.SIGTERM)
+                try:
+                    self.coordinator.wait(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    log.warning("coordinator pid %d did not stop in time", self.coordinator.pid)
+            # A worker still starting (importing torch) never registered and did not hear the
+            # coordinator: SIGTERM takes every worker down the same graceful path at once.
+            for proc in self.workers.values():
+                if proc.poll() is None:  # not reaped, so the pid is still this child's
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S
-            for proc in [*self.workers.values(), self.coordinator]:
-                if proc is None:
-                    continue
+            for proc in self.workers.values():
                 try:
                     proc.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    log.warning("pid %d did not stop in time; killing it", proc.pid)
+                    log.warning("worker pid %d did not stop in time; killing it", proc.pid)
             # Whatever ignored the request is ended here, by its recorded pid: a shared network
             # (a benchmark's) outlives this run, so its teardown cannot be relied on.
             for proc in self.workers.values():

@@ -189,3 +189,21 @@ def test_gloo_trains_with_synchronous_all_reduce(tmp_path: Path) -> None:
     assert all(len(json.loads(g["members"])) == topo.n for g in groups)
     iterations = rows(db, "SELECT worker, MAX(iteration) AS it FROM iterations GROUP BY worker")
     assert len(iterations) == topo.n  # everyone trains, in lock step
+
+
+def test_a_lab_stopped_while_workers_start_ends_them_without_sigkill(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Workers still importing torch have not registered, so the coordinator's stop cannot
+    reach them; the lab must still end them by SIGTERM, not wait and kill them."""
+    topo = load_topology(SMALL)
+    state_dir = tmp_path / "state"
+    with LabRun(topo, check(topo), _opts("crew"), tmp_path / "run", state_dir=state_dir) as lab:
+        pids = _lab_pids(lab)
+        tag = lab.tag
+    codes = {i: p.returncode for i, p in lab.workers.items()}
+    assert len(codes) == topo.n
+    # 0: stopped gracefully; -SIGTERM: ended before its handler was installed. Never SIGKILL.
+    assert set(codes.values()) <= {0, -15}, codes
+    assert "did not stop in time" not in caplog.text
+    _assert_nothing_left(tag, pids, state_dir)
