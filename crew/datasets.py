@@ -183,3 +183,28 @@ def shard(train: Shard, n: int, index: int, partition: Partition, seed: int) -> 
         raise DatasetError(f"index must be an int in [0, n={n}), got {index!r}")
     idx = np.sort(parts[index])
     return Shard(train.x[idx].copy(), train.y[idx].copy())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m crew.datasets --cache-dir DIR [--seed S]``: write the split cache ahead of
+    the workers (the lab runs it beside its network build, in a process of its own so the
+    import of scikit-learn does not hold up the build's own Python)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m crew.datasets", description=main.__doc__)
+    parser.add_argument("--cache-dir", type=Path, required=True, help="folder of the cache")
+    parser.add_argument("--seed", type=int, default=0, help="split seed (default 0)")
+    parser.add_argument(
+        "--test-fraction", type=float, default=0.2, help="held-out share (default 0.2)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        load_split(args.seed, args.test_fraction, cache_dir=args.cache_dir)
+    except DatasetError as exc:
+        parser.error(str(exc))
+    print(split_cache_path(args.cache_dir, args.seed, args.test_fraction))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

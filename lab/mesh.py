@@ -209,7 +209,7 @@ class LabNetwork:
             self._links[(lk.src, lk.dst)] = LinkState(
                 lk.src, lk.dst, lk.rate_mbit, True, lk.delay_ms, lk.jitter_ms, lk.loss_pct
             )
-            self._apply_shape(lk.src, lk.dst)
+        self._shape_all()
 
     def _check_mgmt_free(self) -> None:
         out = subprocess.run(
@@ -258,15 +258,15 @@ class LabNetwork:
                 self._net.links.append(link)
         for i in range(self.n):
             pid = self._pids[i]
+            commands: list[list[str]] = []
             for j in range(self.n):
                 if i == j:
                     continue
                 dev = self.intf(i, j)
-                shaping.run(pid, ["ip", "link", "set", dev, "up"])
                 if self.offloads_off:
                     shaping.disable_offloads(pid, dev)
-                shaping.run(
-                    pid,
+                commands.append(["ip", "link", "set", dev, "up"])
+                commands.append(
                     [
                         "ip",
                         "route",
@@ -276,8 +276,9 @@ class LabNetwork:
                         dev,
                         "src",
                         self.identity_address(i),
-                    ],
+                    ]
                 )
+            shaping.run_batch(pid, "ip", commands)
 
     def _build_mgmt(self) -> None:
         assert self.state is not None
@@ -495,13 +496,26 @@ class LabNetwork:
                     "(no sch_netem and no allowed fallback)"
                 )
 
-    def _apply_shape(self, i: int, j: int) -> None:
-        st = self._links[(i, j)]
+    def _shape_all(self) -> None:
+        """Shape every link at build time: one tc batch per sending host."""
         assert self.cap is not None
-        shaping.apply(
-            self.host_pid(i), self.intf(i, j), self._netem_shape(st), netem=self.cap.netem
-        )
-        self._apply_loss_fallback(i, j)
+        for i in range(self.n):
+            links = [lk for lk in self.topology.links if lk.src == i]
+            shaping.run_batch(
+                self.host_pid(i),
+                "tc",
+                [
+                    cmd
+                    for lk in links
+                    for cmd in shaping.apply_commands(
+                        self.intf(i, lk.dst),
+                        self._netem_shape(self._links[(i, lk.dst)]),
+                        netem=self.cap.netem,
+                    )
+                ],
+            )
+            for lk in links:
+                self._apply_loss_fallback(i, lk.dst)
 
     def _apply_leaf(self, i: int, j: int, old: LinkState) -> None:
         st = self._links[(i, j)]

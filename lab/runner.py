@@ -19,14 +19,12 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from crew import protocol as proto
 from crew.config import RunConfig, Scheme, run_data_dir
-from crew.datasets import load_split
 from crew.frames import COORDINATOR, FrameCodec, control_frame
 from crew.rundb import RunDB
 from crew.transport import FrameStream
@@ -46,6 +44,7 @@ MGMT_LOCK = Path("/run/crew-lab.mgmt.lock")  # machine-wide, whatever a lab's st
 COORDINATOR_PORT = 7700
 DATA_PORT = 7701
 STOP_GRACE_S = 15.0
+SPLIT_WAIT_S = 120.0  # importing scikit-learn and splitting: about 1.5 s of CPU
 
 
 @dataclass(frozen=True)
@@ -145,6 +144,7 @@ class LabRun:
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.workers: dict[int, subprocess.Popen[bytes]] = {}
         self.dashboard: subprocess.Popen[bytes] | None = None
+        self._split_maker: subprocess.Popen[bytes] | None = None
         self.monitor: LinkMonitor | None = None
         self.faults: FaultInjector | None = None
         self._admin: FrameStream | None = None
@@ -177,15 +177,23 @@ class LabRun:
         if self.opts.dashboard:
             # First, so the page answers while the network and the workers start.
             self._start_dashboard()
-        # The data split is made once, beside the network build (which mostly waits on `ip`
-        # and `tc`), and every worker reads it with NumPy alone.
-        split = None
+        # The data split is made once, by a process of its own beside the network build, and
+        # every worker reads it with NumPy alone.
         if not self.opts.extra.get("bench"):
-            pool = ThreadPoolExecutor(1, thread_name_prefix="data-split")
-            split = pool.submit(
-                load_split, seed=self.opts.seed, cache_dir=run_data_dir(self.run_dir)
+            self._split_maker = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "crew.datasets",
+                    "--cache-dir",
+                    str(run_data_dir(self.run_dir)),
+                    "--seed",
+                    str(self.opts.seed),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=self._log_file("data-split"),
+                cwd=REPO,
             )
-            pool.shutdown(wait=False)  # the task still runs to its end
         net_kw: dict[str, Any] = {"tag": self.tag, "capabilities": self.caps}
         if self.state_dir:
             net_kw["state_dir"] = self.state_dir
@@ -213,8 +221,11 @@ class LabRun:
             "UPDATE links SET intf=? WHERE src=? AND dst=?",
             [(self.net.intf(lk.src, lk.dst), lk.src, lk.dst) for lk in self.topo.links],
         )
-        if split is not None:
-            split.result()
+        if self._split_maker is not None:
+            if self._split_maker.wait(timeout=SPLIT_WAIT_S) != 0:
+                raise LabError(
+                    f"making the data split failed; see {self.run_dir / 'logs' / 'data-split.log'}"
+                )
         self._start_coordinator()
         for i in range(self.topo.n):
             self.start_worker(i)
@@ -336,7 +347,7 @@ class LabRun:
         assert self.net is not None
         out = self._log_file(f"w{i}")
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        # Eight workers saturate two cores; a low priority (nice 10) keeps the coordinator,
+        # Eight workers saturate two cores; the lowest priority keeps the coordinator,
         # the monitor and the dashboard responsive (all workers alike, so none is favoured).
         proc = self.net.popen(
             i,
@@ -485,6 +496,9 @@ class LabRun:
             for proc in (self.coordinator, self.dashboard):
                 if proc is not None and proc.poll() is None:
                     _end_group(proc)
+            if self._split_maker is not None and self._split_maker.poll() is None:
+                self._split_maker.kill()  # the build failed before the split was needed
+                self._split_maker.wait(timeout=10)
             if self.faults is not None:
                 self.faults.close()
             if self.monitor is not None:
@@ -506,7 +520,7 @@ class LabRun:
                 fh.close()
 
 
-WORKER_NICENESS = 10
+WORKER_NICENESS = 19
 
 
 def _lower_priority() -> None:

@@ -97,6 +97,36 @@ def run(pid: int | None, argv: list[str], *, timeout: float = 10.0) -> str:
     return res.stdout
 
 
+def run_batch(
+    pid: int | None, tool: str, commands: list[list[str]], *, timeout: float = 10.0
+) -> None:
+    """Run many ``tool`` commands (argv lists that start with ``tool``) in one process.
+
+    ``ip -batch -`` and ``tc -batch -`` read commands from stdin, one per line, and stop at the
+    first that fails, so a lab's build runs two processes per host instead of a few hundred
+    fork/execs in all. Raises ShapingError naming the failing command."""
+    lines = []
+    for argv in commands:
+        if not argv or argv[0] != tool:
+            raise ValueError(f"not a {tool} command: {argv}")
+        if any(not a or a.split() != [a] or a[0] in "\"'#" for a in argv[1:]):
+            raise ValueError(f"cannot batch {argv}: an argument is empty, quoted or has spaces")
+        lines.append(" ".join(argv[1:]))
+    if not lines:
+        return
+    full = in_ns(pid, [tool, "-batch", "-"])
+    res = subprocess.run(
+        full, input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=timeout
+    )
+    if res.returncode != 0:
+        # Both tools report "Command failed -:N" with N the 1-based line of the batch.
+        m = re.search(r"Command failed -:(\d+)", res.stderr)
+        failed = (
+            commands[int(m.group(1)) - 1] if m and 0 < int(m.group(1)) <= len(commands) else full
+        )
+        raise ShapingError(failed, res.returncode, res.stderr)
+
+
 def rate_arg(rate_mbit: float) -> str:
     # kbit keeps fractional Mbit/s rates exact enough; tc's k is 1000.
     return f"{max(1, round(rate_mbit * 1000))}kbit"
@@ -139,48 +169,36 @@ def _leaf_args(shape: Shape, *, netem: bool) -> list[str]:
     return args
 
 
+def apply_commands(dev: str, shape: Shape, *, netem: bool) -> list[list[str]]:
+    """The tc commands that install the HTB tree for ``shape`` on ``dev`` (see :func:`apply`)."""
+    return [
+        ["tc", "qdisc", "replace", "dev", dev, "root", "handle", HTB_HANDLE, "htb", "default"]
+        + [HTB_CLASS.split(":")[1]],
+        ["tc", "class", "replace", "dev", dev, "parent", HTB_HANDLE, "classid", HTB_CLASS]
+        + _class_args(shape.rate_mbit),
+        leaf_command(dev, shape, netem=netem),
+    ]
+
+
 def apply(pid: int, dev: str, shape: Shape, *, netem: bool) -> None:
     """Install the HTB tree for ``shape`` on ``dev`` in ``pid``'s namespace.
 
     ``netem`` says whether the kernel has sch_netem; without it delay/jitter/loss are not
     applied here (the caller decides whether that is allowed, see lab.preflight).
     """
-    run(
-        pid,
-        [
-            "tc",
-            "qdisc",
-            "replace",
-            "dev",
-            dev,
-            "root",
-            "handle",
-            HTB_HANDLE,
-            "htb",
-            "default",
-            HTB_CLASS.split(":")[1],
-        ],
-    )
-    run(
-        pid,
-        [
-            "tc",
-            "class",
-            "replace",
-            "dev",
-            dev,
-            "parent",
-            HTB_HANDLE,
-            "classid",
-            HTB_CLASS,
-            *_class_args(shape.rate_mbit),
-        ],
-    )
-    set_leaf(pid, dev, shape, netem=netem)
+    run_batch(pid, "tc", apply_commands(dev, shape, netem=netem))
 
 
 def leaf_kind(shape: Shape, *, netem: bool) -> str:
     return _leaf_args(shape, netem=netem)[0]
+
+
+def leaf_command(dev: str, shape: Shape, *, netem: bool, in_place: bool = False) -> list[str]:
+    """The tc command of :func:`set_leaf`."""
+    op = "change" if in_place else "replace"
+    return ["tc", "qdisc", op, "dev", dev, "parent", HTB_CLASS, "handle", LEAF_HANDLE] + (
+        _leaf_args(shape, netem=netem)
+    )
 
 
 def set_leaf(pid: int, dev: str, shape: Shape, *, netem: bool, in_place: bool = False) -> None:
@@ -188,22 +206,7 @@ def set_leaf(pid: int, dev: str, shape: Shape, *, netem: bool, in_place: bool = 
 
     ``in_place`` uses ``tc qdisc change`` (same kind only), which keeps the queued packets;
     otherwise the leaf is replaced and its queue flushed."""
-    op = "change" if in_place else "replace"
-    run(
-        pid,
-        [
-            "tc",
-            "qdisc",
-            op,
-            "dev",
-            dev,
-            "parent",
-            HTB_CLASS,
-            "handle",
-            LEAF_HANDLE,
-            *_leaf_args(shape, netem=netem),
-        ],
-    )
+    run(pid, leaf_command(dev, shape, netem=netem, in_place=in_place))
 
 
 def change_rate(pid: int, dev: str, rate_mbit: float) -> None:

@@ -1,0 +1,51 @@
+"""lab.shaping's command batches (read-only `ip` commands in this process's own namespace)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from lab import shaping
+
+pytestmark = pytest.mark.skipif(shutil.which("ip") is None, reason="needs iproute2's ip")
+
+
+def test_a_failing_batch_names_the_command_that_failed() -> None:
+    good = ["ip", "link", "show", "lo"]
+    bad = ["ip", "link", "show", "crwnosuchdev0"]
+    with pytest.raises(shaping.ShapingError) as exc:
+        shaping.run_batch(None, "ip", [good, bad, good])
+    assert exc.value.argv == bad
+    assert "crwnosuchdev0" in str(exc.value)
+
+
+def test_a_good_batch_runs_and_an_empty_one_is_nothing() -> None:
+    shaping.run_batch(None, "ip", [["ip", "link", "show", "lo"]] * 3)
+    shaping.run_batch(None, "tc", [])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["tc", "qdisc", "show"],  # another tool
+        ["ip", "link", "show", "two words"],
+        ["ip", "link", "show", ""],
+        ["ip", "link", "show", "#comment"],
+        ["ip", "link", "show", '"quoted"'],
+    ],
+)
+def test_commands_a_batch_line_cannot_carry_are_refused(argv: list[str]) -> None:
+    with pytest.raises(ValueError):
+        shaping.run_batch(None, "ip", [argv])
+
+
+def test_apply_commands_install_root_class_and_leaf_in_that_order() -> None:
+    cmds = shaping.apply_commands("w0-w1", shaping.Shape(100.0), netem=False)
+    assert [c[:3] for c in cmds] == [
+        ["tc", "qdisc", "replace"],
+        ["tc", "class", "replace"],
+        ["tc", "qdisc", "replace"],
+    ]
+    assert "htb" in cmds[0] and "100000kbit" in cmds[1] and "pfifo" in cmds[2]
+    assert cmds[2] == shaping.leaf_command("w0-w1", shaping.Shape(100.0), netem=False)
