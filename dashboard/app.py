@@ -373,20 +373,21 @@ class Page:
             if ev.empty:
                 st.caption("no events yet")
                 return
-            st.dataframe(
-                pd.DataFrame(
-                    {
-                        "t (s)": (ev["t"] - self.t0).round(1),
-                        "level": ev["level"],
-                        "kind": ev["kind"],
-                        "worker": ev["worker"].map(lambda w: "" if pd.isna(w) else str(int(w))),
-                        "message": ev["message"],
-                    }
-                ),
-                hide_index=True,
-                height=EVENT_LOG_HEIGHT_PX,
-                key="event_log",
-            )
+            # A plain table in a scrolling box: st.dataframe's grid is a large script of its
+            # own, and loading it made the event log the last panel to appear on a new page.
+            with st.container(height=EVENT_LOG_HEIGHT_PX, key="event_log"):
+                st.table(
+                    pd.DataFrame(
+                        {
+                            "t (s)": (ev["t"] - self.t0).map(lambda v: f"{v:.1f}"),
+                            "level": ev["level"],
+                            "kind": ev["kind"],
+                            "worker": ev["worker"].map(lambda w: "" if pd.isna(w) else str(int(w))),
+                            "message": ev["message"],
+                        }
+                    ),
+                    hide_index=True,
+                )
 
         events_panel()
 

@@ -89,8 +89,7 @@ _SEEN = """() => {
     "groups": svg("group_timeline") && svg("rounds_staleness"),
     "plans": svg("plan_times") || caption("no plans recorded yet"),
     "training": svg("training_curves") && svg("rounds_per_minute"),
-    "events": !!q("[data-testid='stMain'] [data-testid='stDataFrame']")
-      || caption("no events yet"),
+    "events": !!q(".st-key-event_log [data-testid='stTable']") || caption("no events yet"),
     "controls": !!q(".st-key-cut_link_submit button"),
     "traffic": traffic,
     "first plan": svg("plan_times"),

@@ -89,6 +89,9 @@ def test_live_page_renders_every_panel(live_db):
         "Training",
         "Events",
     ]
+    events = next(t.value for t in at.main.table if "message" in t.value.columns)
+    assert events["message"].tolist() == ["link 1→2 cut", "group 2 abandoned", "run started"]
+    assert events["worker"].tolist() == ["", "2", ""]  # newest first
     assert at.multiselect(key="util_links").value[0] == "0→2"  # busiest first
     assert at.number_input(key="set_link_delay").disabled  # no netem in this run
     assert not at.number_input(key="set_link_loss").disabled

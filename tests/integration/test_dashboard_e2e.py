@@ -157,10 +157,9 @@ def cut_down(page: Any, label: str) -> dict[str, str] | None:
 
 
 def event_log_text(page: Any) -> str:
-    """The event log's cells. ``st.dataframe`` draws on a canvas, but keeps an accessible
-    table of the rows in view in the DOM, which ``text_content`` reads."""
-    grid = page.locator("[data-testid='stMain'] [data-testid='stDataFrame']")
-    return (grid.first.text_content() or "") if grid.count() else ""
+    """The event log's rows (all of them: the box scrolls, the table is whole in the DOM)."""
+    box = page.locator(".st-key-event_log")
+    return (box.first.text_content() or "") if box.count() else ""
 
 
 def set_number(page: Any, key: str, value: int) -> None:
