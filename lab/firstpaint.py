@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -62,6 +63,7 @@ POLL_S = 0.5
 ADDRESS_RE = re.compile(r"dashboard: (http://\S+)")
 STOP_WAIT_S = 90.0  # lab.run's teardown: workers' checkpoints, the network, the dashboard
 VIEWPORT = {"width": 1600, "height": 1000}
+OUTPUT_LINES_KEPT = 200  # of lab.run's output, for the error when it printed no address
 
 # One evaluate per poll: the page re-renders panels every few seconds, so element handles
 # taken one by one could come from different renders.
@@ -148,7 +150,7 @@ class _LabProcess:
 
     def __init__(self, argv: list[str], t0: float):
         self.t0 = t0
-        self.lines: list[str] = []
+        self.lines: deque[str] = deque(maxlen=OUTPUT_LINES_KEPT)
         self.address: str | None = None
         self.address_at: float | None = None
         self._announced = threading.Event()
@@ -175,7 +177,7 @@ class _LabProcess:
     def wait_for_address(self, timeout: float) -> str:
         self._announced.wait(timeout)
         if self.address is None:
-            tail = "\n".join(self.lines[-15:])
+            tail = "\n".join(list(self.lines)[-15:])
             raise FirstPaintError(
                 f"lab.run printed no dashboard address within {timeout:.0f} s"
                 f" (exit code {self.proc.poll()}); its last lines:\n{tail}"
