@@ -101,6 +101,22 @@ def terminate_recorded(procs: list[ProcRecord], grace_s: float = TERM_GRACE_S) -
     return [p.pid for p in live]
 
 
+def end_group(proc: subprocess.Popen[Any], grace_s: float) -> None:
+    """SIGTERM the process group ``proc`` leads (a child started in a new session, not yet
+    reaped, so its pid is still its own), then SIGKILL it if ``proc`` is alive ``grace_s``
+    later. Returns once ``proc`` has been reaped or the SIGKILL's wait timed out."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def _signal(p: ProcRecord, sig: int) -> None:
     try:
         # Only signal the group when the recorded pid still leads it.

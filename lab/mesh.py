@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 import re
-import signal
 import subprocess
 import threading
 import time
@@ -47,6 +45,7 @@ from lab.cleanup import (
     ProcRecord,
     StateError,
     delete_link,
+    end_group,
     is_same_process,
     terminate_recorded,
 )
@@ -386,16 +385,7 @@ class LabNetwork:
         """SIGTERM the process group, SIGKILL after ``timeout``; return the exit code."""
         rec = self._procs.get(proc.pid)
         if proc.poll() is None and rec is not None and is_same_process(rec.pid, rec.start_time):
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(timeout)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            end_group(proc, timeout)
         code = proc.wait(timeout)
         with self._lock:
             self._procs.pop(proc.pid, None)

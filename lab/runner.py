@@ -29,7 +29,7 @@ from crew.frames import COORDINATOR, FrameCodec, control_frame
 from crew.rundb import RunDB
 from crew.transport import FrameStream
 from lab import commands as cmds
-from lab.cleanup import ProcRecord, cleanup_leftovers
+from lab.cleanup import ProcRecord, cleanup_leftovers, end_group
 from lab.faults import FaultInjector
 from lab.mesh import LabError, LabNetwork
 from lab.monitor import LinkMonitor
@@ -44,6 +44,7 @@ MGMT_LOCK = Path("/run/crew-lab.mgmt.lock")  # machine-wide, whatever a lab's st
 COORDINATOR_PORT = 7700
 DATA_PORT = 7701
 STOP_GRACE_S = 15.0
+ROOT_STOP_S = 10.0  # the dashboard, and a coordinator that outlived STOP_GRACE_S
 SPLIT_WAIT_S = 120.0  # importing scikit-learn and splitting: about 1.5 s of CPU
 
 
@@ -495,7 +496,7 @@ class LabRun:
                     self.net.stop_process(proc, timeout=3.0)
             for proc in (self.coordinator, self.dashboard):
                 if proc is not None and proc.poll() is None:
-                    _end_group(proc)
+                    end_group(proc, ROOT_STOP_S)
             if self._split_maker is not None and self._split_maker.poll() is None:
                 self._split_maker.kill()  # the build failed before the split was needed
                 self._split_maker.wait(timeout=10)
@@ -534,20 +535,6 @@ def _lower_priority() -> None:
             fh.write(str(WORKER_NICENESS))
     except OSError:
         pass  # no autogroup in this kernel: os.nice above is enough
-
-
-def _end_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
-    """SIGTERM the process group this lab started, then SIGKILL it after ``grace_s``."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def summarize(db_path: Path) -> dict[str, Any]:
