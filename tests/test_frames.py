@@ -8,6 +8,7 @@ import struct
 
 import numpy as np
 import pytest
+from frame_strategies import frames
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -303,18 +304,7 @@ def test_control_body_rejects_other_kinds() -> None:
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-frames_st = st.builds(
-    Frame,
-    kind=st.sampled_from(list(FrameKind)),
-    sender=st.integers(0, 0xFFFF),
-    run=st.just(RUN),
-    group=st.integers(0, 0xFFFF_FFFF),
-    rev=st.integers(0, 0xFFFF_FFFF),
-    block=st.integers(0, 0xFFFF_FFFF),
-    part=st.integers(0, 0xFFFF_FFFF),
-    offset=st.integers(0, (1 << 64) - 1),
-    payload=st.binary(max_size=300),
-)
+frames_st = frames(RUN, st.binary(max_size=300))
 
 
 @FUZZ
