@@ -12,6 +12,7 @@ blank, so :func:`open_dashboard` retries until the page's title is drawn.
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from pathlib import Path
@@ -29,6 +30,13 @@ CHROMIUM_ARGS = (
 )
 TITLE = "h1:has-text('CREW Lab')"
 BLANK_PAGE_S = 15.0  # a title not drawn by then will not be: the page's scripts failed to load
+
+# The dashboard's "Link utilisation now" table (dashboard.app.Page.network).
+LINK_COLUMNS = ["link", "Mbit/s", "rate Mbit/s", "util %", "state"]
+_READ_TABLES = """() => [...document.querySelectorAll(
+    "[data-testid='stMain'] [data-testid='stTable']")]
+  .map(t => [...t.querySelectorAll('tr')]
+    .map(r => [...r.querySelectorAll('th, td')].map(c => c.innerText.trim())))"""
 
 # The page scrolls inside its main area; the viewport must grow to it for a whole-page shot.
 _CONTENT_HEIGHT = """() => Math.max(...["stMain", "stSidebarContent"].map(
@@ -86,6 +94,27 @@ def screenshot(page: Any, path: Path) -> None:
     page.wait_for_timeout(1000)  # let the charts re-layout to the new size
     path.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(path), full_page=True)
+
+
+def link_table(page: Any) -> dict[str, dict[str, str]] | None:
+    """The "Link utilisation now" table as {link label: {column: text}}, or None if not shown.
+
+    Read in one evaluate call: the panel re-renders every few seconds, so element handles
+    taken one by one could come from different renders.
+    """
+    for rows in page.evaluate(_READ_TABLES):
+        if rows and rows[0] == LINK_COLUMNS:
+            width = len(LINK_COLUMNS)
+            return {
+                r[0]: dict(zip(LINK_COLUMNS, r, strict=True)) for r in rows[1:] if len(r) == width
+            }
+    return None
+
+
+def util_pct(row: dict[str, str]) -> float | None:
+    """A link-table row's utilisation in percent; None for "n/a" (no recent sample)."""
+    m = re.fullmatch(r"([0-9.]+)%", row["util %"])
+    return float(m.group(1)) if m else None
 
 
 def free_port() -> int:

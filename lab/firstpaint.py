@@ -65,35 +65,25 @@ STOP_WAIT_S = 90.0  # lab.run's teardown: workers' checkpoints, the network, the
 VIEWPORT = {"width": 1600, "height": 1000}
 OUTPUT_LINES_KEPT = 200  # of lab.run's output, for the error when it printed no address
 
-# One evaluate per poll: the page re-renders panels every few seconds, so element handles
-# taken one by one could come from different renders.
+# One evaluate for all panels (the link table is read by lab.browser.link_table): the page
+# re-renders panels every few seconds, so element handles taken one by one could come from
+# different renders.
 _SEEN = """() => {
   const q = s => document.querySelector(s);
   const svg = k => !!q(`.st-key-${k} .main-svg`);
   const captions = [...document.querySelectorAll("[data-testid='stCaptionContainer']")]
     .map(c => c.innerText);
   const caption = t => captions.some(c => c.includes(t));
-  const tables = [...document.querySelectorAll("[data-testid='stMain'] [data-testid='stTable']")];
-  const linkTable = tables.find(t => t.innerText.includes("util %"));
-  let traffic = false;
-  if (linkTable) {
-    const rows = [...linkTable.querySelectorAll("tr")].map(
-      r => [...r.querySelectorAll("th, td")].map(c => c.innerText.trim()));
-    const col = rows.length ? rows[0].indexOf("util %") : -1;
-    traffic = col >= 0 && rows.slice(1).some(r => parseFloat(r[col]) > 0);
-  }
   const metrics = [...document.querySelectorAll("[data-testid='stMetric']")];
   return {
     "header": metrics.some(m => m.innerText.includes("Elapsed")),
     "network map": svg("network_map"),
-    "link table": !!linkTable,
     "utilisation": svg("util_timeseries") && svg("util_heatmap"),
     "groups": svg("group_timeline") && svg("rounds_staleness"),
     "plans": svg("plan_times") || caption("no plans recorded yet"),
     "training": svg("training_curves") && svg("rounds_per_minute"),
     "events": !!q(".st-key-event_log [data-testid='stTable']") || caption("no events yet"),
     "controls": !!q(".st-key-cut_link_submit button"),
-    "traffic": traffic,
     "first plan": svg("plan_times"),
     "training data": !!q(".st-key-training_curves .scatterlayer .trace"),
   };
@@ -226,7 +216,12 @@ def measure_once(
         wanted = (*PANELS, *DATA)
         for _ in range(int(timeout / POLL_S) + 1):
             now = time.monotonic() - t0
-            for name, drawn in page.evaluate(_SEEN).items():
+            table = browser.link_table(page)
+            drawn_now = page.evaluate(_SEEN) | {
+                "link table": table is not None,
+                "traffic": any((browser.util_pct(r) or 0) > 0 for r in (table or {}).values()),
+            }
+            for name, drawn in drawn_now.items():
                 if drawn and name not in times.seen:
                     times.seen[name] = round(now, 1)
             if all(w in times.seen for w in wanted) or now > timeout:

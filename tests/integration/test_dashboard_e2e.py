@@ -12,7 +12,6 @@ end goes to ``test-artifacts/dashboard-e2e.png`` for a human to look at.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,7 +22,7 @@ from typing import Any, TypeVar
 import pytest
 
 from lab import browser
-from lab.browser import CHROMIUM, free_port
+from lab.browser import CHROMIUM, free_port, link_table, util_pct
 from lab.preflight import check
 from lab.runner import REPO, LabRun, RunOptions
 from lab.topology import load_topology
@@ -36,7 +35,6 @@ pytestmark = [
 
 SMALL = REPO / "topologies" / "small.yaml"
 ARTIFACT = REPO / "test-artifacts" / "dashboard-e2e.png"
-LINK_COLUMNS = ["link", "Mbit/s", "rate Mbit/s", "util %", "state"]
 POLL_EVERY_S = 0.5
 PAGE_WAIT_S = 90.0  # the dashboard starts beside three torch imports on two cores
 TRAFFIC_WAIT_S = 150.0  # workers import torch, load data, and only then form groups
@@ -113,29 +111,6 @@ def wait_until(predicate: Callable[[], T | None], timeout: float, what: str, pag
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         page.wait_for_timeout(500)
-
-
-_READ_TABLES = """() => [...document.querySelectorAll(
-    "[data-testid='stMain'] [data-testid='stTable']")]
-  .map(t => [...t.querySelectorAll('tr')]
-    .map(r => [...r.querySelectorAll('th, td')].map(c => c.innerText.trim())))"""
-
-
-def link_table(page: Any) -> dict[str, dict[str, str]] | None:
-    """The "Link utilisation now" table as {link label: {column: text}}, or None if not shown.
-
-    Read in one evaluate call: the panel re-renders every two seconds, so element handles taken
-    one by one could come from different renders.
-    """
-    for rows in page.evaluate(_READ_TABLES):
-        if rows and rows[0] == LINK_COLUMNS:
-            return {r[0]: dict(zip(LINK_COLUMNS, r, strict=True)) for r in rows[1:] if len(r) == 5}
-    return None
-
-
-def util_pct(row: dict[str, str]) -> float | None:
-    m = re.fullmatch(r"([0-9.]+)%", row["util %"])
-    return float(m.group(1)) if m else None
 
 
 def busiest(page: Any) -> tuple[str, float] | None:
