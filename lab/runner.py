@@ -132,6 +132,7 @@ class LabRun:
         self.tag = secrets.token_hex(2)
         self.state_dir = state_dir
         self.db_path = self.run_dir / "lab.db"
+        self.config_path = self.run_dir / "config.json"
         if self.db_path.exists():
             # Two runs in one database would read as one (and the older one as finished).
             raise LabError(f"{self.run_dir} already holds a run ({self.db_path}); use a new one")
@@ -314,7 +315,7 @@ class LabRun:
             heartbeat_timeout_s=o.heartbeat_timeout_s,
             extra=dict(o.extra),
         )
-        cfg.save(self.run_dir / "config.json")
+        cfg.save(self.config_path)
         return cfg
 
     def _log_file(self, name: str) -> IO[bytes]:
@@ -322,21 +323,24 @@ class LabRun:
         self._logs.append(fh)
         return fh
 
+    def _crew_argv(self, module: str, *args: str) -> list[str]:
+        """``python -m module`` on this run's config at the lab's log level, plus ``args``."""
+        return [
+            sys.executable,
+            "-m",
+            module,
+            "--config",
+            str(self.config_path),
+            *args,
+            "--log-level",
+            self.opts.log_level,
+        ]
+
     def _start_coordinator(self) -> None:
         assert self.net is not None
         out = self._log_file("coordinator")
         self.coordinator = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "crew.coordinator",
-                "--config",
-                str(self.run_dir / "config.json"),
-                "--db",
-                str(self.db_path),
-                "--log-level",
-                self.opts.log_level,
-            ],
+            self._crew_argv("crew.coordinator", "--db", str(self.db_path)),
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=REPO,
@@ -352,17 +356,7 @@ class LabRun:
         # the monitor and the dashboard responsive (all workers alike, so none is favoured).
         proc = self.net.popen(
             i,
-            [
-                sys.executable,
-                "-m",
-                "crew.worker",
-                "--config",
-                str(self.run_dir / "config.json"),
-                "--id",
-                str(i),
-                "--log-level",
-                self.opts.log_level,
-            ],
+            self._crew_argv("crew.worker", "--id", str(i)),
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=REPO,
