@@ -33,7 +33,7 @@ from lab.cleanup import ProcRecord, cleanup_leftovers, end_group
 from lab.faults import FaultInjector
 from lab.mesh import LabError, LabNetwork
 from lab.monitor import LinkMonitor
-from lab.preflight import Capabilities, describe
+from lab.preflight import Capabilities, ImpairmentMode, describe
 from lab.scenario import Scenario, ScenarioPlayer
 from lab.topology import Impairment, TopologySpec
 
@@ -78,12 +78,16 @@ class RunOptions:
 
 
 def lab_impairments(caps: Capabilities) -> set[str]:
-    """What a link can be changed in at run time on this machine."""
+    """What a link can be changed in at run time in this lab.
+
+    Exactly what ``LabNetwork.set_link`` will apply: an impairment whose mode is OFF (no netem,
+    and for loss no accepted iptables fallback) is left out, so the dashboard never offers a
+    control whose command would then be refused.
+    """
     out = {"rate"}
-    if caps.netem:
-        out |= {"delay", "jitter", "loss"}
-    elif caps.iptables_statistic:
-        out.add("loss")  # the receiver-side iptables fallback
+    for imp in Impairment:
+        if caps.mode(imp) is not ImpairmentMode.OFF:
+            out.add(imp.value)
     return out
 
 

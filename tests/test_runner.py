@@ -40,3 +40,32 @@ def test_lab_run_refuses_a_used_run_directory_before_building(
     err = " ".join(capsys.readouterr().err.split())  # rich wraps at the terminal width
     assert f"--run-dir: {run_dir} already holds a run" in err
     assert sorted(p.name for p in run_dir.iterdir()) == ["lab.db"]
+
+
+def test_loss_is_offered_only_when_the_lab_will_apply_it() -> None:
+    """The dashboard's controls come from lab_impairments; without netem, loss needs the
+    iptables fallback to be accepted (--allow-missing loss), or set_link would refuse it."""
+    from lab.runner import lab_impairments
+    from lab.topology import Impairment
+
+    assert lab_impairments(CAPS) == {"rate"}
+    accepted = Capabilities(
+        root=True,
+        tools={},
+        htb=True,
+        netem=False,
+        iptables_statistic=True,
+        allow_missing=frozenset({Impairment.LOSS}),
+    )
+    assert lab_impairments(accepted) == {"rate", "loss"}
+    no_statistic = Capabilities(
+        root=True,
+        tools={},
+        htb=True,
+        netem=False,
+        iptables_statistic=False,
+        allow_missing=frozenset({Impairment.LOSS}),
+    )
+    assert lab_impairments(no_statistic) == {"rate"}
+    netem = Capabilities(root=True, tools={}, htb=True, netem=True, iptables_statistic=False)
+    assert lab_impairments(netem) == {"rate", "delay", "jitter", "loss"}
