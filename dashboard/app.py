@@ -23,6 +23,7 @@ the run as it was at the chosen time.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sqlite3
@@ -43,6 +44,7 @@ if str(_ROOT) not in sys.path:
 from crew import rundb  # noqa: E402
 from dashboard import figures, queries  # noqa: E402
 from lab import commands as lc  # noqa: E402
+from lab import export  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -525,6 +527,22 @@ class Page:
         except (lc.CommandError, KeyError):
             return f"{kind} {args}"
 
+    # -- export -------------------------------------------------------------------------------
+
+    def downloads(self) -> None:
+        """One CSV download per table of the run (what ``python -m lab.export`` writes). The
+        CSV is made only when a button is clicked, from a connection of its own."""
+        with st.expander("Download CSV"):
+            for name in export.tables(self.conn):
+                st.download_button(
+                    f"{name}.csv",
+                    functools.partial(export.table_csv, self.db, name),
+                    file_name=f"{self.info.run_id}-{name}.csv",
+                    mime="text/csv",
+                    key=f"download_{name}",
+                    on_click="ignore",
+                )
+
     # -- replay -------------------------------------------------------------------------------
 
     def replay_slider(self) -> None:
@@ -560,6 +578,7 @@ def main() -> None:
             st.info("This run has finished: replaying it. Controls are off.")
             page.replay_slider()
         page.command_log()
+        page.downloads()
     page.header()
     st.subheader("Network")
     page.network()

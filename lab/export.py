@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 from crew.rundb import connect
 
@@ -62,19 +64,37 @@ def export_csv(run: Path, out: Path, *, overwrite: bool = False) -> dict[str, in
     counts: dict[str, int] = {}
     try:
         for name in names:
-            cur = conn.execute(f'SELECT * FROM "{name}" ORDER BY rowid')
-            columns = [d[0] for d in cur.description]
             with open(out / f"{name}.csv", "w", newline="", encoding="utf-8") as fh:
-                writer = csv.writer(fh)
-                writer.writerow(columns)
-                n = 0
-                for row in cur:
-                    writer.writerow(["" if v is None else v for v in row])
-                    n += 1
-            counts[name] = n
+                counts[name] = write_table(conn, name, fh)
     finally:
         conn.close()
     return counts
+
+
+def write_table(conn: sqlite3.Connection, name: str, fh: TextIO) -> int:
+    """Write table ``name`` as CSV (header, then rows in rowid order); returns the row count."""
+    if name not in tables(conn):
+        raise ExportError(f"no table {name!r} in this run database")
+    cur = conn.execute(f'SELECT * FROM "{name}" ORDER BY rowid')
+    writer = csv.writer(fh)
+    writer.writerow([d[0] for d in cur.description])
+    n = 0
+    for row in cur:
+        writer.writerow(["" if v is None else v for v in row])
+        n += 1
+    return n
+
+
+def table_csv(db: Path, name: str) -> str:
+    """Table ``name`` of the run database at ``db`` as CSV text, from a connection of its own
+    (the dashboard's download buttons call this on a thread of their own)."""
+    conn = connect(db, readonly=True)
+    try:
+        buf = io.StringIO()
+        write_table(conn, name, buf)
+        return buf.getvalue()
+    finally:
+        conn.close()
 
 
 def build_parser() -> argparse.ArgumentParser:
