@@ -7,8 +7,11 @@
 # links /usr/local/bin/python to .venv so that `sudo python -m lab.run` works as written.
 #
 # Environment:
-#   LAB_TORCH_INDEX   extra pip index for torch (the Vagrant VM points it at the CPU-only build;
-#                     without it, pip takes torch==2.13.0 from its usual sources)
+#   LAB_TORCH_INDEX   extra pip index for torch (searched besides pip's configured sources)
+#   LAB_TORCH_CPU_INDEX  where the CPU build (torch==2.13.0+cpu) comes from when pip's sources
+#                     lack it (default: PyTorch's CPU wheel index)
+#   LAB_TORCH_CUDA    set to 1 to install the default torch==2.13.0 build (CUDA on Linux,
+#                     several GB) instead of the CPU build the lab needs
 #   LAB_LINK_PYTHON   set to 0 to leave /usr/local/bin/python alone (default 1)
 #   LAB_DASHBOARD_HOST  default address the dashboard binds when started through that link
 #                     (the Vagrant VM sets 0.0.0.0 so its port forward, bound to the host's
@@ -72,12 +75,28 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
 
+# torch: the lab runs on CPUs, and PyPI's plain torch==2.13.0 for Linux is the CUDA build
+# (several GB). So, unless told otherwise, take the CPU build: first from the sources pip is
+# already configured with (a local wheel directory or mirror may hold 2.13.0+cpu), else from
+# PyTorch's CPU index. LAB_TORCH_CUDA=1 takes the default (CUDA) build instead.
 torch_args=()
 if [[ -n "${LAB_TORCH_INDEX:-}" ]]; then
     torch_args=(--extra-index-url "$LAB_TORCH_INDEX")
 fi
-log "installing the project and its test extras into $VENV (torch==2.13.0)"
-"$VENV/bin/python" -m pip install -q "${torch_args[@]}" "torch==2.13.0"
+have_torch="$("$VENV/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)"
+if [[ "$have_torch" == "2.13.0+cpu" || ( "$have_torch" == "2.13.0" && "${LAB_TORCH_CUDA:-0}" == 1 ) ]]; then
+    log "torch $have_torch already installed"
+elif [[ "${LAB_TORCH_CUDA:-0}" == 1 ]]; then
+    log "installing torch==2.13.0 (default build, CUDA on Linux: LAB_TORCH_CUDA=1)"
+    "$VENV/bin/python" -m pip install -q "${torch_args[@]}" "torch==2.13.0"
+elif "$VENV/bin/python" -m pip install -q "${torch_args[@]}" "torch==2.13.0+cpu" 2>/dev/null; then
+    log "installed torch==2.13.0+cpu"
+else
+    log "torch==2.13.0+cpu not in pip's sources; taking it from ${LAB_TORCH_CPU_INDEX:-the PyTorch CPU index}"
+    "$VENV/bin/python" -m pip install -q \
+        --extra-index-url "${LAB_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" "torch==2.13.0+cpu"
+fi
+log "installing the project and its test extras into $VENV"
 "$VENV/bin/python" -m pip install -q "${torch_args[@]}" -e "$REPO[test]"
 
 # Expose Debian's mininet package alone, not the rest of dist-packages.
