@@ -19,7 +19,7 @@ def _run(tmp_path: Path) -> Path:
     db.set_meta({"run_id": "r1", "p": 3})
     db.executemany(
         "INSERT INTO workers (id, name, cloud, address) VALUES (?, ?, ?, ?)",
-        [(0, "w0", "aws-east, \"quoted\"", "10.0.0.1"), (1, "w1", "gcp\nwest", "10.0.0.2")],
+        [(0, "w0", 'aws-east, "quoted"', "10.0.0.1"), (1, "w1", "gcp\nwest", "10.0.0.2")],
     )
     db.execute(
         "INSERT INTO groups (id, scheme, members, weights, formed_at, status, plan)"
