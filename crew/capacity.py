@@ -38,7 +38,7 @@ from crew import planner
 RETRY_LINK_S = 20.0  # a failed link is tried again after this, doubling on each failure
 EWMA = 0.3  # weight of a new rate measurement
 DRIFT = 0.25  # relative change of a link's estimate that makes the planner use it
-TCP_GOODPUT = 0.95  # payload share of the frames HTB counts (docs/architecture.md, "Wire format")
+TCP_GOODPUT = 0.95  # payload share of the frames HTB counts (docs/architecture.md §5)
 
 
 class LinkChange(enum.Enum):

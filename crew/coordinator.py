@@ -7,7 +7,7 @@ All decisions are made by one :class:`~crew.lifecycle.GroupLifecycle` on one thr
 loop, fed by a queue: the connection readers only decode and enqueue. So group state needs no
 locks, and the order of events in the database is the order in which they were decided. This
 module only turns frames into events, sends the life cycle's messages and writes its records
-(docs/architecture.md, "Layers").
+(docs/architecture.md §2 "Layers").
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ No sockets, threads, clock or database: every call takes the events and ``now`` 
 epoch, non-decreasing) and returns the outputs, in the order they were decided: messages to
 send (:class:`SendTo`) and rows to record (the ``*Record`` classes). The coordinator
 (``crew.coordinator``) is the socket shell around it; a simulator can drive it with simulated
-time. See docs/architecture.md, "Life of a group".
+time. See docs/architecture.md §4 "The life of a group".
 
 A group's life::
 
@@ -538,7 +538,7 @@ class GroupLifecycle:
         The coordinator does not see the bytes; it estimates them from the time since each
         member became ready and the link's rate. The estimate only steers the split: which
         parts are really reused is decided from the plan alone (``crew.reduce.covered_parts``).
-        See docs/architecture.md, "Non-blocking groups".
+        See docs/architecture.md §4 "The life of a group".
         """
         if (
             not self.cfg.nonblocking

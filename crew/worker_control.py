@@ -5,7 +5,7 @@ a member of, whether it has offered its model, the current a2a split) and turns 
 message into :class:`Action`s that ``crew.worker`` carries out on its reduce engine, transport,
 trainer and threads. Not thread-safe by itself: the worker calls it under its lock.
 
-The protocol, from a worker's side (docs/architecture.md, "Life of a group"):
+The protocol, from a worker's side (docs/architecture.md §4 "The life of a group"):
 
 * after a local iteration it *offers* its model (:meth:`WorkerControl.offer`) and sends
   ``Ready``; with a split (non-blocking mode) it pre-scatters first
