@@ -29,7 +29,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -37,20 +36,26 @@ import numpy as np
 from crew import protocol as proto
 from crew.config import RunConfig
 from crew.frames import Frame, FrameCodec, FrameError, FrameKind, control_body, control_frame
-from crew.reduce import ReduceEngine, covered_parts, prescatter_frames
+from crew.reduce import ReduceEngine, prescatter_frames
 from crew.transport import FlowOrder, FrameStream, Transport
 from crew.verify import check_vector, project
+from crew.worker_control import (
+    Action,
+    CancelPrescatter,
+    DeliverOutcome,
+    FinishCarried,
+    JoinGroup,
+    Outcome,
+    SetSlowdown,
+    Settlement,
+    StopWorker,
+    WorkerControl,
+    evaluation_due,
+)
 
 log = logging.getLogger("crew.worker")
 
 CONNECT_ATTEMPTS = 60  # x 0.5 s: the coordinator may start a moment after the workers
-
-
-@dataclass(frozen=True)
-class Outcome:
-    group: int
-    committed: bool
-    reason: str = ""
 
 
 class Worker:
@@ -70,7 +75,7 @@ class Worker:
             self.base_vector = rng.standard_normal(size).astype(np.float32)
         self.stop_event = threading.Event()
         self.outcomes: queue.Queue[Outcome] = queue.Queue()
-        self.my_group: int | None = None
+        self.ctl = WorkerControl(me, bench=self.bench, nonblocking=cfg.nonblocking)
         self._vector_offered: np.ndarray | None = None
         self._lock = threading.Lock()
         self.check = check_vector(cfg.run_num, self._vector().size)
@@ -89,7 +94,6 @@ class Worker:
         )
         self.control: FrameStream | None = None
         self.rejected = 0
-        self.split: proto.Split | None = None  # non-blocking mode: the current a2a split
 
     def _make_trainer(self):  # noqa: ANN202 - torch types stay out of this module's imports
         from crew.datasets import Partition, load_split, shard
@@ -208,49 +212,38 @@ class Worker:
         self.stop_event.set()
 
     def _dispatch(self, msg: proto.Message) -> None:
-        if isinstance(msg, proto.Assign):
-            member = self.me in msg.members
-            with self._lock:
-                vector = self._vector_offered if member else None
-                if member:
-                    self.my_group = msg.group
-            self.engine.assign(msg, vector)
-            if member:
-                keep = covered_parts(msg) if msg.rev == 0 else frozenset()
-                self._cancel_prescatter(lambda f: (f.block, f.offset) not in keep)
-        elif isinstance(msg, proto.Split):
-            self.split = msg
-        elif isinstance(msg, proto.Commit | proto.Abandon):
-            with self._lock:
-                if (
-                    isinstance(msg, proto.Abandon)
-                    and self.me in msg.members
-                    and self.my_group is None
-                    and self._vector_offered is not None
-                ):
-                    self.my_group = msg.group  # given up before its Assign reached us
-                mine = msg.group == self.my_group and not self.bench
-            if mine:
-                committed = isinstance(msg, proto.Commit)
-                self.outcomes.put(Outcome(msg.group, committed, getattr(msg, "reason", "")))
-            else:
-                self.engine.finish(msg.group)  # a group this worker only carried, or a bench op
-        elif isinstance(msg, proto.SetSlowdown):
+        with self._lock:
+            actions = self.ctl.on_message(msg)
+            vector = self._vector_offered
+        for action in actions:
+            self._act(action, vector)
+
+    def _act(self, action: Action, vector: np.ndarray | None) -> None:
+        """Carry out one of the control logic's actions (``crew.worker_control``)."""
+        if isinstance(action, JoinGroup):
+            self.engine.assign(action.assign, vector if action.member else None)
+        elif isinstance(action, CancelPrescatter):
+            keep = action.keep
+            self._cancel_prescatter(lambda f: (f.block, f.offset) not in keep)
+        elif isinstance(action, DeliverOutcome):
+            self.outcomes.put(action.outcome)
+        elif isinstance(action, FinishCarried):
+            self.engine.finish(action.group)
+        elif isinstance(action, SetSlowdown):
             if self.trainer is not None:
-                self.delay.slowdown = msg.factor
-            log.info("worker %d: slowdown now x%.2f", self.me, msg.factor)
-        elif isinstance(msg, proto.Stop):
-            log.info("worker %d: stop (%s)", self.me, msg.reason)
+                self.delay.slowdown = action.factor
+            log.info("worker %d: slowdown now x%.2f", self.me, action.factor)
+        elif isinstance(action, StopWorker):
+            log.info("worker %d: stop (%s)", self.me, action.reason)
             self.stop_event.set()
-        else:
-            raise proto.ProtocolError(f"type: {msg.TYPE!r} is not for workers")
 
     # -- the three ways a worker spends its time ---------------------------------------------
 
     def _prescatter(self, vector: np.ndarray, iteration: int) -> int:
         """Non-blocking mode: start sending the a2a split before the group exists."""
-        split = self.split
-        if not self.cfg.nonblocking or split is None or not split.segments:
+        with self._lock:
+            split = self.ctl.prescatter_split()
+        if split is None:
             return -1
         for dst, frame in prescatter_frames(
             self.me,
@@ -277,16 +270,19 @@ class Worker:
             except queue.Empty:
                 continue
             result = self.engine.finish(out.group)
-            if out.committed:
-                if result is None:
-                    log.error(
-                        "worker %d: commit of group %d without a full result; keeping own model",
-                        self.me,
-                        out.group,
-                    )
-                else:
-                    self.trainer.set_vector(result)
-                    self.trainer.save(self.checkpoint)
+            with self._lock:
+                settlement, cleanup = self.ctl.settle(out, have_result=result is not None)
+                self._vector_offered = None
+            if settlement is Settlement.APPLY_AVERAGE:
+                assert result is not None
+                self.trainer.set_vector(result)
+                self.trainer.save(self.checkpoint)
+            elif settlement is Settlement.KEEP_OWN_MISSING:
+                log.error(
+                    "worker %d: commit of group %d without a full result; keeping own model",
+                    self.me,
+                    out.group,
+                )
             else:
                 log.info(
                     "worker %d: group %d abandoned (%s); keeping own model",
@@ -294,10 +290,7 @@ class Worker:
                     out.group,
                     out.reason,
                 )
-            with self._lock:
-                self.my_group = None
-                self._vector_offered = None
-            self._cancel_prescatter(lambda f: True)
+            self._act(cleanup, None)
             return
 
     def _local_iteration(self, last_eval: float) -> float:
@@ -310,7 +303,7 @@ class Worker:
             self.stop_event.wait(pad)
         accuracy = None
         now = time.time()
-        if now - last_eval >= self.cfg.eval_every_s:
+        if evaluation_due(now, last_eval, self.cfg.eval_every_s):
             _, accuracy = self.trainer.evaluate()
             last_eval = now
         self._tell(proto.Metrics(self.me, self.trainer.iteration, loss, accuracy, now))
@@ -325,6 +318,7 @@ class Worker:
             offered = self._vector()
             with self._lock:
                 self._vector_offered = offered
+                self.ctl.offer()
             epoch = self._prescatter(offered, self.iteration)
             self._tell(proto.Ready(self.me, self.iteration, project(self.check, offered), epoch))
             self._wait_for_group()
@@ -388,6 +382,7 @@ class Worker:
                 # Offer the fixed vector once; the coordinator drives groups from its trace.
                 with self._lock:
                     self._vector_offered = self.base_vector
+                    self.ctl.offer()
                 self._tell(proto.Ready(self.me, 0, project(self.check, self.base_vector), -1))
                 self.stop_event.wait()
             elif gloo:

@@ -67,7 +67,7 @@ WARM_GROUPS = 2  # the scenario clock starts once this many groups have complete
 WARM_WAIT_S = 240.0  # torch imports on 2 shared cores; eight workers take the longest
 SETTLE_WAIT_S = 150.0  # after the last step: time for every fault to be followed by a group
 EXACT = 1e-3  # verify_err below this: the group's average was right
-RETRY_LINK_S = 20.0  # crew.coordinator.RETRY_LINK_S: a failed link re-enters plans after this
+RETRY_LINK_S = 20.0  # crew.capacity.RETRY_LINK_S: a failed link re-enters plans after this
 STOP_WAIT_S = 60.0
 
 

@@ -1,0 +1,41 @@
+"""Shared helpers for driving crew.lifecycle in unit tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from crew import lifecycle as lc
+from crew import protocol as proto
+from crew.config import RunConfig
+
+SIZE = 1 << 14  # elements of every worker's vector
+
+
+def make_cfg(n: int = 4, p: int = 2, bw: list[list[float]] | None = None, **kw: Any) -> RunConfig:
+    if bw is None:
+        bw = [[0.0 if i == j else 100.0 for j in range(n)] for i in range(n)]
+    return RunConfig(
+        run_id="t",
+        run_num=7,
+        run_dir="/nonexistent",
+        secret_path="/nonexistent",
+        n=n,
+        p=p,
+        scheme=kw.pop("scheme", "crew"),
+        coordinator_host="127.0.0.1",
+        coordinator_port=0,
+        data_port=0,
+        identities=tuple(f"10.0.0.{i}" for i in range(n)),
+        bw_mbit=tuple(tuple(r) for r in bw),
+        **kw,
+    )
+
+
+def report_all(life: lc.GroupLifecycle, gid: int, now: float) -> list[lc.Output]:
+    """Every member reports the exact weighted average of the offered projections."""
+    og = life.open[gid]
+    expected = sum(w * life.offered_proj[m] for m, w in zip(og.members, og.weights, strict=True))
+    outs: list[lc.Output] = []
+    for m in og.members:
+        outs += life.handle(proto.HaveAll(m, gid, og.rev, 0, expected), now)
+    return outs

@@ -1,0 +1,103 @@
+"""The capacity view with a fake clock: failures, retries with backoff, drift, committed load."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from crew.capacity import (
+    DRIFT,
+    EWMA,
+    RETRY_LINK_S,
+    TCP_GOODPUT,
+    CapacityView,
+    InFlight,
+    LinkChange,
+)
+
+N = 3
+
+
+def view(measured: bool = False) -> CapacityView:
+    return CapacityView(
+        [[0.0 if i == j else 100.0 for j in range(N)] for i in range(N)], measured=measured
+    )
+
+
+def sample(src: int, mbit: float) -> list[float]:
+    """One second of payload that the estimate turns into ``mbit`` on the wire."""
+    return [float(src), mbit * 1e6 / 8 * TCP_GOODPUT, 1.0]
+
+
+def test_diagonal_is_infinite_and_the_shape_is_checked() -> None:
+    assert np.isinf(np.diag(view().planning)).all()
+    with pytest.raises(ValueError, match="square"):
+        CapacityView([[1.0, 2.0]], measured=False)
+
+
+def test_failed_link_is_retried_with_doubling_backoff() -> None:
+    cap = view()
+    (u,) = [cap.fail(0, 1, 10.0)]
+    assert u is not None and u.kind is LinkChange.FAILED and u.was == 100.0
+    assert cap.planning[0, 1] == 0.0 and cap.fail(0, 1, 11.0) is None  # already down
+    assert cap.retry_due(10.0 + RETRY_LINK_S - 0.1) == []
+    (r,) = cap.retry_due(10.0 + RETRY_LINK_S)
+    assert r.kind is LinkChange.RETRIED and cap.planning[0, 1] == 100.0
+    assert cap.retry_due(10.0 + RETRY_LINK_S + 1) == []  # back in plans: nothing more to retry
+    cap.fail(0, 1, 50.0)  # second failure: twice the wait
+    assert cap.retry_due(50.0 + RETRY_LINK_S) == []
+    assert len(cap.retry_due(50.0 + 2 * RETRY_LINK_S)) == 1
+    assert cap.failed[(0, 1)].tries == 2
+
+
+def test_forget_worker_and_set_link_clear_failures() -> None:
+    cap = view()
+    cap.fail(0, 1, 1.0)
+    cap.fail(2, 0, 1.0)
+    cap.forget_worker(1)
+    assert (0, 1) not in cap.failed and cap.planning[0, 1] == 100.0
+    assert cap.planning[2, 0] == 0.0
+    cap.set_link(2, 0, 30.0)
+    assert cap.planning[2, 0] == cap.configured[2, 0] == cap.estimated[2, 0] == 30.0
+    assert not cap.failed
+    cap.set_link(2, 0, -5.0)
+    assert cap.planning[2, 0] == 0.0
+
+
+def test_estimate_is_an_ewma_and_drift_replans_only_when_measured() -> None:
+    cap = view(measured=False)
+    assert cap.measure(1, [sample(0, 50.0)]) == []
+    assert cap.estimated[0, 1] == pytest.approx((1 - EWMA) * 100 + EWMA * 50)
+    assert cap.planning[0, 1] == 100.0  # configured mode: the planner keeps the topology's rate
+
+    cap = view(measured=True)
+    updates = []
+    for _ in range(10):
+        updates += cap.measure(1, [sample(0, 50.0)])
+    assert updates and all(u.kind is LinkChange.DRIFTED for u in updates)
+    assert updates[0].was == 100.0
+    assert all(abs(u.mbit - u.was) > DRIFT * u.was for u in updates)  # only beyond the drift
+    assert len(updates) < 10 and cap.planning[0, 1] == pytest.approx(updates[-1].mbit)
+    assert 50.0 <= cap.planning[0, 1] < 100.0 * (1 - DRIFT)
+
+
+def test_bad_samples_and_failed_links_are_not_folded_into_plans() -> None:
+    cap = view(measured=True)
+    bad = [[5.0, 1e6, 1.0], [1.0, 1e6, 1.0], [0.0, 0.0, 1.0], [0.0, 1e6, 0.0], [-1.0, 1e6, 1.0]]
+    assert cap.measure(1, bad) == []
+    assert (cap.estimated[np.isfinite(cap.estimated)] == 100.0).all()
+    cap.fail(0, 1, 1.0)
+    assert cap.measure(1, [sample(0, 5.0)] * 5) == [] and cap.planning[0, 1] == 0.0
+
+
+def test_residual_deducts_what_groups_in_flight_still_send() -> None:
+    cap = view()
+    load = np.zeros((N, N))
+    load[0, 1] = 100e6 / 8  # one second of the whole link
+    fresh = cap.residual([InFlight(load, 1.0, 0.0)], now=0.0)
+    assert fresh[0, 1] < 100.0 and fresh[1, 0] == 100.0
+    half = cap.residual([InFlight(load, 1.0, 0.0)], now=0.5)
+    assert fresh[0, 1] <= half[0, 1] < 100.0
+    done = cap.residual([InFlight(load, 1.0, 0.0)], now=2.0)
+    assert np.array_equal(done, cap.planning)
+    assert cap.residual([], now=0.0) is cap.planning

@@ -1,0 +1,82 @@
+"""The coordinator's records as the run database holds them: the life cycle's outputs written
+by ``crew.coordinator.write_record`` into a real SQLite run database (no sockets, no root)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lifecycle_kit import SIZE, make_cfg, report_all
+
+from crew import lifecycle as lc
+from crew import protocol as proto
+from crew.coordinator import write_record
+from crew.rundb import RunDB
+
+
+def run(db: RunDB, outs: list[lc.Output]) -> list[lc.SendTo]:
+    sends = []
+    for o in outs:
+        if isinstance(o, lc.SendTo):
+            sends.append(o)
+        elif not isinstance(o, lc.StopRequested):
+            write_record(db, o)
+    return sends
+
+
+def test_a_revised_group_is_recorded_as_the_dashboard_reads_it(tmp_path: Path) -> None:
+    db = RunDB(tmp_path / "lab.db")
+    life = lc.GroupLifecycle(make_cfg(n=4, p=3))
+    for w in range(4):
+        run(db, life.handle(proto.Register(w, 100 + w, 0, SIZE), 0.0))
+    for m in (0, 1, 2):
+        run(db, life.handle(proto.Ready(m, 1, float(m), -1), 1.0))
+    (g,) = db.query("SELECT * FROM groups")
+    assert g["status"] == "open" and json.loads(g["members"]) == [0, 1, 2]
+    assert g["predicted_s"] > 0 and g["bound_s"] > 0 and g["started_at"] == 1.0
+    states = {r["worker"]: r["state"] for r in db.query("SELECT * FROM worker_status")}
+    assert states == {0: "reducing", 1: "reducing", 2: "reducing", 3: "training"}
+
+    run(db, life.handle(lc.WorkerDisconnected(2, "control connection closed"), 2.0))
+    run(db, report_all(life, 1, 3.0))
+    (g,) = db.query("SELECT * FROM groups")
+    assert g["status"] == "completed" and g["revisions"] == 1 and g["ended_at"] == 3.0
+    assert json.loads(g["members"]) == [0, 1] and g["verify_err"] < 1e-9 and g["bytes"] > 0
+    assert g["reason"] is None
+    members = [r["worker"] for r in db.query("SELECT worker FROM group_members ORDER BY worker")]
+    assert members == [0, 1]
+    states = {r["worker"]: r["state"] for r in db.query("SELECT * FROM worker_status")}
+    assert states == {0: "training", 1: "training", 2: "dead", 3: "training"}
+    kinds = [(r["kind"], r["level"]) for r in db.query("SELECT * FROM events ORDER BY id")]
+    assert ("fault", "warning") in kinds and ("recovery", "info") in kinds
+
+    run(db, life.handle(proto.Metrics(0, 2, 0.5, None, 3.5), 3.5))
+    (it,) = db.query("SELECT * FROM iterations")
+    assert (it["worker"], it["iteration"], it["loss"], it["accuracy"]) == (0, 2, 0.5, None)
+    run(db, life.handle(proto.Admin("set_p", {"p": 2}), 4.0))
+    assert db.query("SELECT value FROM meta WHERE key='p'")[0]["value"] == "2"
+    db.close()
+
+
+def test_abandoned_and_gloo_groups(tmp_path: Path) -> None:
+    db = RunDB(tmp_path / "lab.db")
+    life = lc.GroupLifecycle(make_cfg(n=4, p=2, scheme="gloo"))
+    for w in range(4):
+        run(db, life.handle(proto.Register(w, 100 + w, 0, SIZE), 0.0))
+    run(db, life.handle(proto.OpTime(0, 1, 5.0, 6.0, 400), 6.0))
+    (g,) = db.query("SELECT * FROM groups")
+    assert g["status"] == "completed" and json.loads(g["members"]) == [0, 1, 2, 3]
+    assert g["bytes"] == 2 * 3 * 400 and g["ended_at"] == 6.0
+
+    db.close()
+    db = RunDB(tmp_path / "partial.db")  # a run is either Gloo or partial reduce
+    life = lc.GroupLifecycle(make_cfg(n=4, p=2))
+    for w in range(4):
+        run(db, life.handle(proto.Register(w, 100 + w, 0, SIZE), 10.0))
+    for m in (0, 1):
+        run(db, life.handle(proto.Ready(m, 1, 1.0, -1), 11.0))
+    sends = run(db, life.shutdown(12.0, "coordinator stopping"))
+    g = db.query("SELECT * FROM groups WHERE id=1")[0]
+    assert g["status"] == "abandoned" and g["reason"] == "run stopped"
+    assert {s.worker for s in sends if isinstance(s.msg, proto.Stop)} == {0, 1, 2, 3}
+    db.close()

@@ -1,0 +1,399 @@
+"""The group life cycle driven with events and a fake clock: no sockets, no root.
+
+Plans come from the real planners (``crew.schemes.plan_group``) on small matrices, except where
+a test needs a planner that fails or records what it was given."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from lifecycle_kit import SIZE, make_cfg, report_all
+
+from crew import lifecycle as lc
+from crew import planner
+from crew import protocol as proto
+from crew.config import RunConfig
+from crew.grouping import GroupOutcome, WorkerState
+from crew.rejections import REJECT_EVENTS, REJECT_WINDOW_S
+from crew.schemes import plan_group
+
+
+def started(cfg: RunConfig | None = None, **kw: Any) -> lc.GroupLifecycle:
+    cfg = cfg or make_cfg()
+    life = lc.GroupLifecycle(cfg, **kw)
+    for w in range(cfg.n):
+        life.handle(proto.Register(w, 100 + w, 0, SIZE), 0.0)
+    return life
+
+
+def of(outs: list[lc.Output], kind: type) -> list[Any]:
+    return [o for o in outs if isinstance(o, kind)]
+
+
+def sent(outs: list[lc.Output], kind: type) -> dict[int, Any]:
+    return {o.worker: o.msg for o in outs if isinstance(o, lc.SendTo) and isinstance(o.msg, kind)}
+
+
+def events(outs: list[lc.Output], kind: str | None = None) -> list[str]:
+    return [e.message for e in of(outs, lc.EventRecord) if kind is None or e.kind == kind]
+
+
+def form(life: lc.GroupLifecycle, members: tuple[int, ...], now: float = 1.0) -> list[lc.Output]:
+    outs: list[lc.Output] = []
+    for m in members:
+        outs += life.handle(proto.Ready(m, 1, float(m + 1), -1), now)
+    return outs
+
+
+def beat(life: lc.GroupLifecycle, now: float, workers: tuple[int, ...] = (0, 1, 2, 3)) -> None:
+    for w in workers:
+        life.handle(proto.Heartbeat(w, 1), now)
+
+
+def closed(outs: list[lc.Output]) -> lc.GroupClosedRecord:
+    (rec,) = of(outs, lc.GroupClosedRecord)
+    return rec
+
+
+# -- the normal life ---------------------------------------------------------------------------
+
+
+def test_ready_workers_form_a_planned_group_that_commits() -> None:
+    life = started()
+    outs = form(life, (0, 1))
+    (opened,) = of(outs, lc.GroupOpenedRecord)
+    assert opened.group.members == (0, 1) and opened.scheme == "crew"
+    assert opened.bound_s <= opened.predicted_s * (1 + 1e-6)
+    assigns = sent(outs, proto.Assign)
+    assert set(assigns) == life.open[1].plan.participants() and {0, 1} <= set(assigns)
+    assert all(a.rev == 0 and a.total == SIZE for a in assigns.values())
+    grouped = {r.worker for r in of(outs, lc.WorkerStatusRecord) if r.state is WorkerState.GROUPED}
+    assert grouped == {0, 1}
+
+    outs = report_all(life, 1, 2.0)
+    rec = closed(outs)
+    assert rec.outcome is GroupOutcome.COMPLETED and rec.revisions == 0 and rec.dropped == ()
+    assert rec.verify_err is not None and rec.verify_err < 1e-9
+    assert rec.bytes_moved > 0
+    assert set(sent(outs, proto.Commit)) == set(assigns)
+    assert not life.open and life.former.rounds(0) == 1
+    assert not events(outs, "error")
+
+
+def test_a_wrong_result_is_recorded_as_an_error() -> None:
+    life = started()
+    form(life, (0, 1))
+    outs: list[lc.Output] = []
+    for m in (0, 1):
+        outs += life.handle(proto.HaveAll(m, 1, 0, 0, 99.0), 2.0)
+    assert closed(outs).verify_err > 1e-3
+    assert any("result check failed" in m for m in events(outs, "error"))
+
+
+def test_a_late_report_from_a_superseded_revision_is_ignored() -> None:
+    life = started()
+    form(life, (0, 1))
+    life.handle(proto.HaveAll(0, 1, 0, 0, 1.5), 1.5)
+    life.handle(lc.WorkerDisconnected(2, "gone"), 1.6)  # aggregator of rev 0: revision 1
+    assert life.open[1].rev == 1
+    outs = life.handle(proto.HaveAll(1, 1, 0, 0, 1.5), 1.7)  # rev 0: too late
+    assert outs == [] and life.open[1].have_all == set()
+
+
+# -- failover ----------------------------------------------------------------------------------
+
+
+def test_member_death_revises_to_the_survivors_who_then_commit() -> None:
+    life = started(make_cfg(n=4, p=3))
+    form(life, (0, 1, 2))
+    outs = life.handle(lc.WorkerDisconnected(1, "control connection closed"), 2.0)
+    assert any("worker 1 lost" in m for m in events(outs, "fault"))
+    assert [r for r in of(outs, lc.WorkerStatusRecord) if r.worker == 1][
+        0
+    ].state is WorkerState.DEAD
+    og = life.open[1]
+    assert og.rev == 1 and og.members == (0, 2) and math.isclose(sum(og.weights), 1.0)
+    assert 1 not in og.plan.participants()
+    assert "group 1 revision 1: member 1 lost" in events(outs, "recovery")
+    assigns = sent(outs, proto.Assign)
+    assert all(a.rev == 1 and a.members == [0, 2] for a in assigns.values())
+    rec = closed(report_all(life, 1, 3.0))
+    assert rec.outcome is GroupOutcome.COMPLETED and rec.revisions == 1
+    assert rec.members == (0, 2) and rec.dropped == (1,)
+
+
+def test_no_survivor_left_abandons_the_group() -> None:
+    life = started()
+    form(life, (0, 1))
+    life.handle(lc.WorkerDisconnected(0, "gone"), 2.0)
+    outs = life.handle(lc.WorkerDisconnected(1, "gone"), 2.1)
+    rec = closed(outs)
+    assert rec.outcome is GroupOutcome.ABANDONED and rec.reason == "worker 1 lost"
+    assert "group 1 abandoned: worker 1 lost" in events(outs, "group")
+    assert not life.open
+
+
+def test_aggregator_death_replans_on_the_rest() -> None:
+    life = started()
+    form(life, (0, 1))
+    assert 3 in life.open[1].plan.participants()  # equal links: every worker aggregates
+    outs = life.handle(lc.WorkerDisconnected(3, "no heartbeat"), 2.0)
+    og = life.open[1]
+    assert og.rev == 1 and og.members == (0, 1) and 3 not in og.plan.participants()
+    assert "group 1 revision 1: aggregator 3 lost" in events(outs, "recovery")
+    assert closed(report_all(life, 1, 3.0)).outcome is GroupOutcome.COMPLETED
+
+
+@pytest.mark.parametrize(("link", "phase"), [((0, 2), "scatter"), ((2, 0), "broadcast")])
+def test_link_failure_replans_around_the_link(link: tuple[int, int], phase: str) -> None:
+    life = started()
+    form(life, (0, 1))
+    assert life.open[1].plan.phase_of(*link) == phase
+    src, dst = link
+    outs = life.handle(proto.LinkFailed(src, src, dst, "reset"), 2.0)
+    assert f"link {src}->{dst} failed: reset" in events(outs, "fault")
+    assert f"group 1 revision 1: link {src}->{dst} failed during {phase}" in events(outs)
+    og = life.open[1]
+    assert not og.plan.uses(src, dst) and life.capacity.planning[src, dst] == 0.0
+    # A second report of the same link is no new failure, and the plan no longer uses it.
+    assert life.handle(proto.LinkFailed(src, src, dst, "reset"), 2.1) == []
+    assert closed(report_all(life, 1, 3.0)).revisions == 1
+
+
+def test_a_link_no_plan_uses_fails_without_a_revision() -> None:
+    life = started(make_cfg(n=4, p=2))
+    outs = life.handle(proto.LinkFailed(2, 2, 3, "reset"), 1.0)
+    assert events(outs, "fault") == ["link 2->3 failed: reset"] and not events(outs, "recovery")
+
+
+def test_missed_deadlines_revise_until_revisions_run_out() -> None:
+    life = started()
+    form(life, (0, 1))
+    deadline = life.open[1].deadline
+    assert deadline == pytest.approx(1.0 + life.cfg.group_timeout_min_s)
+    beat(life, deadline)
+    assert not events(life.tick(deadline), "recovery")  # due only once past it
+    for rev in range(1, lc.MAX_REVISIONS):
+        now = life.open[1].deadline + 0.01
+        beat(life, now)
+        outs = life.tick(now)
+        assert f"group 1 revision {rev}: revision {rev - 1} missed its deadline" in events(outs)
+    now = life.open[1].deadline + 0.01
+    beat(life, now)
+    outs = life.tick(now)
+    rec = closed(outs)
+    assert {0, 1} <= set(sent(outs, proto.Abandon))
+    assert rec.outcome is GroupOutcome.ABANDONED
+    assert rec.reason.startswith("too many revisions (revision 7 missed its deadline")
+    assert rec.revisions == lc.MAX_REVISIONS - 1
+
+
+def test_no_plan_for_a_revision_abandons() -> None:
+    calls = []
+
+    def flaky(*args: Any, **kw: Any):
+        calls.append(args)
+        if len(calls) > 1:
+            raise planner.PlanError("bw", "nothing left")
+        return plan_group(*args, **kw)
+
+    life = started(plan=flaky)
+    form(life, (0, 1))
+    outs = life.handle(lc.WorkerDisconnected(2, "gone"), 2.0)
+    rec = closed(outs)
+    assert rec.outcome is GroupOutcome.ABANDONED
+    assert rec.reason.startswith("no plan after aggregator 2 lost: bw: nothing left")
+
+
+def test_a_group_without_a_plan_is_recorded_abandoned_at_once() -> None:
+    def none(*args: Any, **kw: Any):
+        raise planner.PlanError("bw", "no capacity")
+
+    life = started(plan=none)
+    outs = form(life, (0, 1))
+    (rec,) = of(outs, lc.GroupUnplannedRecord)
+    assert rec.reason == "no plan: bw: no capacity" and rec.group.members == (0, 1)
+    assert set(sent(outs, proto.Abandon)) == {0, 1} and not life.open
+    assert life.former.state(0) is WorkerState.TRAINING
+
+
+def test_silent_worker_is_lost_on_tick() -> None:
+    life = started()
+    form(life, (0, 1))
+    now = 5.0 + life.cfg.heartbeat_timeout_s + 1.5
+    beat(life, now, (0, 1, 2))
+    outs = life.tick(now)
+    assert "worker 3 lost: no heartbeat" in events(outs, "fault")
+    assert life.open[1].rev == 1
+
+
+def test_shutdown_abandons_open_groups_and_stops_workers() -> None:
+    life = started()
+    form(life, (0, 1))
+    outs = life.shutdown(2.0, "coordinator stopping")
+    assert closed(outs).reason == "run stopped"
+    assert set(sent(outs, proto.Stop)) == {0, 1, 2, 3}
+
+
+# -- capacity ----------------------------------------------------------------------------------
+
+
+def test_new_groups_are_planned_on_capacity_left_by_groups_in_flight() -> None:
+    seen: list[np.ndarray] = []
+
+    def spy(scheme, bw, *args: Any, **kw: Any):
+        seen.append(np.array(bw))
+        return plan_group(scheme, bw, *args, **kw)
+
+    life = started(plan=spy)
+    form(life, (0, 1), now=1.0)
+    form(life, (2, 3), now=1.0)
+    assert np.array_equal(seen[0], life.capacity.planning)
+    assert (seen[1] <= life.capacity.planning).all() and (seen[1] < life.capacity.planning).any()
+    # Without committed capacity, every group sees the full matrix.
+    seen.clear()
+    life = started(make_cfg(committed_capacity=False), plan=spy)
+    form(life, (0, 1))
+    form(life, (2, 3))
+    assert np.array_equal(seen[1], life.capacity.planning)
+
+
+def test_measured_drift_replans_new_groups() -> None:
+    life = started(make_cfg(capacity="measured"))
+    slow = [[0.0, 10e6 * 0.95 / 8, 1.0]]  # 10 Mbit/s of payload from 0, seen by 1
+    outs: list[lc.Output] = []
+    for t in range(10):
+        outs += life.handle(proto.LinkRates(1, slow), 1.0 + t)
+    drift = events(outs, "capacity")
+    assert drift and drift[0].startswith("link 0->1 measured ")
+    assert life.capacity.planning[0, 1] < 75.0
+
+
+def test_link_retry_is_recorded_on_tick() -> None:
+    life = started()
+    life.handle(proto.LinkFailed(0, 0, 1, "reset"), 1.0)
+    assert life.tick(10.0) == [] or life.capacity.planning[0, 1] == 0.0
+    outs = life.tick(1.0 + 20.0)
+    assert "retrying link 0->1 in new plans" in events(outs, "recovery")
+    assert life.capacity.planning[0, 1] == 100.0
+
+
+def test_reregistration_forgets_link_failures() -> None:
+    life = started()
+    life.handle(proto.LinkFailed(0, 0, 1, "reset"), 1.0)
+    life.handle(lc.WorkerDisconnected(1, "gone"), 1.1)
+    life.handle(proto.Register(1, 200, 0, SIZE), 1.2)
+    assert life.capacity.planning[0, 1] == 100.0 and not life.capacity.failed
+
+
+# -- admin requests and the rest ---------------------------------------------------------------
+
+
+def test_admin_set_p_forms_from_the_waiting_queue() -> None:
+    life = started(make_cfg(p=3))
+    assert not of(form(life, (0, 1)), lc.GroupOpenedRecord)
+    outs = life.handle(proto.Admin("set_p", {"p": 2}), 2.0)
+    assert of(outs, lc.MetaRecord)[0].values == {"p": "2"}
+    assert of(outs, lc.GroupOpenedRecord)[0].group.members == (0, 1)
+
+
+def test_admin_set_scheme_applies_to_new_groups_and_refuses_unknown() -> None:
+    life = started()
+    outs = life.handle(proto.Admin("set_scheme", {"scheme": "crew-paper"}), 1.0)
+    assert of(outs, lc.MetaRecord)[0].values == {"scheme": "crew-paper"}
+    assert of(form(life, (0, 1)), lc.GroupOpenedRecord)[0].scheme == "crew-paper"
+    outs = life.handle(proto.Admin("set_scheme", {"scheme": "bogus"}), 2.0)
+    assert events(outs, "warning") == ["refused msg: admin.args.scheme: unknown 'bogus'"]
+    assert life.scheme == "crew-paper"
+
+
+def test_admin_set_link_slow_worker_stop_and_bad_requests() -> None:
+    life = started()
+    life.handle(proto.LinkFailed(0, 0, 1, "reset"), 1.0)
+    life.handle(proto.Admin("set_link", {"src": 0, "dst": 1, "rate_mbit": 40.0}), 1.1)
+    cap = life.capacity
+    assert cap.planning[0, 1] == cap.configured[0, 1] == 40.0 and not cap.failed
+    outs = life.handle(proto.Admin("slow_worker", {"worker": 2, "factor": 3.0}), 1.2)
+    assert sent(outs, proto.SetSlowdown) == {2: proto.SetSlowdown(3.0)}
+    assert of(life.handle(proto.Admin("stop", {}), 1.3), lc.StopRequested)
+    for op, args in [("bogus", {}), ("set_p", {}), ("set_link", {"src": 0, "dst": 9})]:
+        outs = life.handle(proto.Admin(op, args), 1.4)
+        assert len(events(outs, "warning")) == 1, (op, outs)
+
+
+def test_bad_messages_are_refused_not_raised() -> None:
+    life = started()
+    outs = life.handle(proto.Heartbeat(9, 0), 1.0)
+    assert events(outs, "warning") == ["refused msg: worker: 9 is not a worker of this run"]
+    outs = life.handle(proto.Register(0, 1, 0, SIZE + 1), 1.0)
+    assert "differs from the run's" in events(outs, "warning")[0]
+    outs = life.handle(proto.LinkFailed(0, 0, 0, "x"), 1.0)
+    assert len(events(outs, "warning")) == 1
+    outs = life.handle(proto.Stop("x"), 1.0)
+    assert events(outs, "warning") == ["refused msg: worker: None is not a worker of this run"]
+
+
+def test_metrics_and_gloo_op_times_become_records() -> None:
+    life = started(make_cfg(scheme="gloo"))
+    (it,) = life.handle(proto.Metrics(2, 5, 0.3, 0.9, 12.0), 12.0)
+    assert it == lc.IterationRecord(12.0, 2, 5, 0.3, 0.9)
+    (op,) = life.handle(proto.OpTime(0, 1, 3.0, 4.0, 1000), 4.0)
+    assert op == lc.AllReduceRecord("gloo", 4, 3.0, 4.0, 2 * 3 * 1000)
+
+
+def test_rejected_frames_are_rate_limited() -> None:
+    life = started()
+    outs: list[lc.Output] = []
+    for i in range(REJECT_EVENTS + 10):
+        outs += life.handle(proto.Rejected(1, f"10.9.9.{i % 3}:1", "BadMac"), 1.0)
+    assert len(events(outs, "security")) == REJECT_EVENTS
+    (summary,) = events(life.tick(1.0 + REJECT_WINDOW_S), "security")
+    assert summary.startswith("worker 1 rejected 10 frame(s) (BadMac) from 10.9.9.")
+
+
+def test_benchmark_trace_runs_groups_one_at_a_time() -> None:
+    life = started(make_cfg(extra={"trace": [[0, 1], [2, 3, 1]]}))
+    assert not of(life.tick(0.5), lc.GroupOpenedRecord)  # nobody has offered a vector yet
+    for w in range(4):
+        assert life.handle(proto.Ready(w, 0, float(w), -1), 1.0) == []
+    outs = life.tick(1.0)
+    assert of(outs, lc.GroupOpenedRecord)[0].group.members == (0, 1)
+    assert not of(life.tick(1.1), lc.GroupOpenedRecord)  # one at a time
+    report_all(life, 1, 2.0)
+    outs = life.tick(2.0)
+    assert of(outs, lc.GroupOpenedRecord)[0].group.members == (2, 3, 1)
+    assert of(outs, lc.MetaRecord)[0].values == {"trace_started_all": "1"}
+    life.handle(lc.WorkerDisconnected(3, "gone"), 2.5)  # trace groups shrink equally weighted
+    assert life.open[2].members == (2, 1) and life.open[2].weights == (0.5, 0.5)
+
+
+def test_nonblocking_split_is_sent_and_used_by_new_groups() -> None:
+    life = lc.GroupLifecycle(make_cfg(nonblocking=True))
+    outs: list[lc.Output] = []
+    for w in range(4):
+        outs += life.handle(proto.Register(w, 100 + w, 0, SIZE), 0.0)
+    splits = sent(outs, proto.Split)
+    assert set(splits) == {0, 1, 2, 3} and life.split_epoch == 3
+    outs = []
+    for m in (0, 1):
+        outs += life.handle(proto.Ready(m, 1, 1.0, life.split_epoch), 1.0)
+    assign = sent(outs, proto.Assign)[0]
+    assert assign.prescatter and assign.split_epoch == life.split_epoch
+    life.handle(lc.WorkerDisconnected(3, "gone"), 1.5)  # a revision never pre-scatters
+    assert life.split_epoch == 4 and life.open[1].rev == 1
+
+
+def test_snapshot_restores_open_groups_into_a_new_life_cycle() -> None:
+    life = started()
+    form(life, (0, 1))
+    life.handle(proto.HaveAll(0, 1, 0, 0, 1.5), 1.5)
+    snap = life.snapshot()
+    assert [g.group.id for g in snap.open_groups] == [1] and snap.open_groups[0].have_all == {0}
+    other = lc.GroupLifecycle(life.cfg, former=life.former)
+    other.restore(snap)
+    assert other.snapshot() == snap
+    rec = closed(other.handle(proto.HaveAll(1, 1, 0, 0, 1.5), 2.0))
+    assert rec.outcome is GroupOutcome.COMPLETED and rec.verify_err < 1e-9

@@ -1,0 +1,132 @@
+"""A worker's control logic without sockets, threads or torch."""
+
+from __future__ import annotations
+
+import pytest
+
+from crew import protocol as proto
+from crew.worker_control import (
+    CancelPrescatter,
+    DeliverOutcome,
+    FinishCarried,
+    JoinGroup,
+    Outcome,
+    SetSlowdown,
+    Settlement,
+    StopWorker,
+    WorkerControl,
+    evaluation_due,
+)
+
+ME = 1
+
+
+def assign(group: int = 5, rev: int = 0, members: tuple[int, ...] = (0, 1), **kw) -> proto.Assign:
+    fields = dict(
+        group=group,
+        rev=rev,
+        scheme="crew",
+        members=list(members),
+        weights=[1 / len(members)] * len(members),
+        routes=[],
+        pipelined=True,
+        total=64,
+        part_elems=16,
+        prescatter=[],
+        iterations=[1] * len(members),
+        split_epoch=-1,
+    )
+    fields.update(kw)
+    return proto.Assign(**fields)
+
+
+def test_member_assign_joins_with_the_offered_vector_and_commits() -> None:
+    ctl = WorkerControl(ME)
+    ctl.offer()
+    actions = ctl.on_message(assign())
+    assert actions == [JoinGroup(assign(), member=True), CancelPrescatter(frozenset())]
+    assert ctl.my_group == 5
+    assert ctl.on_message(proto.Commit(5, 0)) == [DeliverOutcome(Outcome(5, True, ""))]
+    settlement, cleanup = ctl.settle(Outcome(5, True), have_result=True)
+    assert settlement is Settlement.APPLY_AVERAGE and cleanup == CancelPrescatter(frozenset())
+    assert ctl.my_group is None and not ctl.offered
+
+
+def test_commit_without_a_full_result_keeps_the_own_model() -> None:
+    ctl = WorkerControl(ME)
+    ctl.offer()
+    ctl.on_message(assign())
+    assert ctl.settle(Outcome(5, True), have_result=False)[0] is Settlement.KEEP_OWN_MISSING
+
+
+def test_abandon_of_the_own_group_keeps_the_own_model() -> None:
+    ctl = WorkerControl(ME)
+    ctl.offer()
+    ctl.on_message(assign())
+    (deliver,) = ctl.on_message(proto.Abandon(5, "too many revisions", []))
+    assert deliver == DeliverOutcome(Outcome(5, False, "too many revisions"))
+    assert ctl.settle(deliver.outcome, have_result=True)[0] is Settlement.KEEP_OWN_ABANDONED
+
+
+def test_abandon_before_the_assign_is_the_own_groups_outcome() -> None:
+    ctl = WorkerControl(ME)
+    ctl.offer()
+    (deliver,) = ctl.on_message(proto.Abandon(9, "no plan: x", [0, 1]))
+    assert deliver == DeliverOutcome(Outcome(9, False, "no plan: x")) and ctl.my_group == 9
+    # Not offered (training): an Abandon naming it is of nothing it waits for.
+    idle = WorkerControl(ME)
+    assert idle.on_message(proto.Abandon(9, "no plan: x", [0, 1])) == [FinishCarried(9)]
+
+
+def test_groups_it_only_carries_end_in_the_engine() -> None:
+    ctl = WorkerControl(ME)
+    ctl.offer()
+    msg = assign(group=3, members=(0, 2))
+    assert ctl.on_message(msg) == [JoinGroup(msg, member=False)]
+    assert ctl.my_group is None
+    assert ctl.on_message(proto.Commit(3, 0)) == [FinishCarried(3)]
+    assert ctl.on_message(proto.Abandon(3, "x", [])) == [FinishCarried(3)]
+
+
+def test_a_revision_cancels_every_prescattered_part_rev0_keeps_covered_ones() -> None:
+    ctl = WorkerControl(ME, nonblocking=True)
+    ctl.offer()
+    routes = [[0, 32, 2, [[0, 2], [1, 2]], [[2, 0], [2, 1]]], [32, 64, 0, [[1, 0]], [[0, 1]]]]
+    # Aggregator 2 keeps its a2a prefix [0, 32); aggregator 0's a2a segment was elsewhere.
+    pre = assign(prescatter=[[2, 0, 32], [3, 32, 64]], part_elems=16, routes=routes)
+    (_, cancel) = ctl.on_message(pre)
+    assert cancel == CancelPrescatter(frozenset({(2, 0), (2, 16)}))
+    (_, cancel) = ctl.on_message(assign(rev=1, prescatter=[[2, 0, 32]]))
+    assert cancel.keep == frozenset()
+
+
+def test_bench_workers_never_wait_for_outcomes() -> None:
+    ctl = WorkerControl(ME, bench=True)
+    ctl.offer()
+    ctl.on_message(assign())
+    assert ctl.on_message(proto.Commit(5, 0)) == [FinishCarried(5)]
+
+
+def test_split_is_used_for_prescatter_only_in_nonblocking_mode() -> None:
+    split = proto.Split(2, [[0, 0, 32], [2, 32, 64]], 16)
+    ctl = WorkerControl(ME, nonblocking=True)
+    assert ctl.prescatter_split() is None
+    assert ctl.on_message(split) == []
+    assert ctl.prescatter_split() == split
+    assert ctl.on_message(proto.Split(3, [], 16)) == [] and ctl.prescatter_split() is None
+    blocking = WorkerControl(ME)
+    blocking.on_message(split)
+    assert blocking.prescatter_split() is None
+
+
+def test_slowdown_stop_and_foreign_messages() -> None:
+    ctl = WorkerControl(ME)
+    assert ctl.on_message(proto.SetSlowdown(2.5)) == [SetSlowdown(2.5)]
+    assert ctl.on_message(proto.Stop("done")) == [StopWorker("done")]
+    with pytest.raises(proto.ProtocolError, match="is not for workers"):
+        ctl.on_message(proto.Heartbeat(0, 1))
+
+
+def test_evaluation_schedule() -> None:
+    assert evaluation_due(10.0, 0.0, 2.0) and evaluation_due(12.0, 10.0, 2.0)
+    assert not evaluation_due(11.9, 10.0, 2.0)
