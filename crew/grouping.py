@@ -3,7 +3,7 @@
 Pure and deterministic: no I/O, no threads, no clock. Every event carries ``now`` (seconds, any
 epoch, non-decreasing); the coordinator feeds real events, tests feed a fake clock.
 
-Model (DESIGN.md §2 "Partial reduce", after P-Reduce, Miao et al., SIGMOD 2021):
+Model (docs/architecture.md §1 "Partial reduce", after P-Reduce, Miao et al., SIGMOD 2021):
 
 * ``n`` workers, ids ``0..n-1``. A worker finishing local computation reports *ready*
   (:meth:`GroupFormer.ready`) and joins the FIFO ready queue.

@@ -25,6 +25,10 @@ PURE = frozenset(
         "crew.grouping",
         "crew.verify",
         "crew.modelsize",
+        "crew.lifecycle",
+        "crew.capacity",
+        "crew.rejections",
+        "crew.worker_control",
     }
 )
 IMPURE_FOR_PURE = (
