@@ -30,6 +30,8 @@ predicted_s, bound_s, plan, reason, revisions, verify_err)``
     per-worker training progress; ``accuracy`` is held-out accuracy, NULL when not evaluated.
 ``worker_status(worker, state, iteration, group_id, updated_at, pid)``
     the newest state of each worker (``training``, ``ready``, ``reducing``, ``dead``, ...).
+``worker_states(t, worker, state, iteration, group_id)``
+    every change of ``worker_status``, in order: the history that replay shows.
 ``events(id, t, level, kind, worker, message, data)``
     the event log: start, stop, warnings, faults, recoveries; ``data`` is JSON.
 ``commands(id, t, kind, args, status, reason, applied_at)``
@@ -85,6 +87,10 @@ CREATE INDEX IF NOT EXISTS iterations_worker ON iterations (worker, t);
 CREATE TABLE IF NOT EXISTS worker_status (
     worker INTEGER PRIMARY KEY, state TEXT NOT NULL, iteration INTEGER NOT NULL DEFAULT 0,
     group_id INTEGER, updated_at REAL NOT NULL, pid INTEGER);
+CREATE TABLE IF NOT EXISTS worker_states (
+    t REAL NOT NULL, worker INTEGER NOT NULL, state TEXT NOT NULL, iteration INTEGER,
+    group_id INTEGER);
+CREATE INDEX IF NOT EXISTS worker_states_worker ON worker_states (worker, t);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL, level TEXT NOT NULL,
     kind TEXT NOT NULL, worker INTEGER, message TEXT NOT NULL, data TEXT);
@@ -179,12 +185,24 @@ class RunDB:
         iteration: int | None = None,
         group_id: int | None = None,
         pid: int | None = None,
+        t: float | None = None,
     ) -> None:
-        self.execute(
-            "INSERT INTO worker_status (worker, state, iteration, group_id, updated_at, pid)"
-            " VALUES (?, ?, COALESCE(?, 0), ?, ?, ?)"
-            " ON CONFLICT(worker) DO UPDATE SET state=excluded.state,"
-            " iteration=COALESCE(?, worker_status.iteration), group_id=excluded.group_id,"
-            " updated_at=excluded.updated_at, pid=COALESCE(excluded.pid, worker_status.pid)",
-            (worker, state, iteration, group_id, time.time(), pid, iteration),
-        )
+        """Set a worker's newest state (``worker_status``) and append it to its history
+        (``worker_states``), in one transaction; ``iteration`` and ``pid`` keep their previous
+        values when not given."""
+        now = time.time() if t is None else t
+        with self._lock, self._conn:
+            self._conn.execute(
+                "INSERT INTO worker_status (worker, state, iteration, group_id, updated_at, pid)"
+                " VALUES (?, ?, COALESCE(?, 0), ?, ?, ?)"
+                " ON CONFLICT(worker) DO UPDATE SET state=excluded.state,"
+                " iteration=COALESCE(?, worker_status.iteration), group_id=excluded.group_id,"
+                " updated_at=excluded.updated_at, pid=COALESCE(excluded.pid, worker_status.pid)",
+                (worker, state, iteration, group_id, now, pid, iteration),
+            )
+            self._conn.execute(
+                "INSERT INTO worker_states (t, worker, state, iteration, group_id)"
+                " SELECT updated_at, worker, state, iteration, group_id FROM worker_status"
+                " WHERE worker = ?",
+                (worker,),
+            )

@@ -165,7 +165,7 @@ class Page:
         def network_panel() -> None:
             t = self.asof()
             view = self.link_view(t)
-            status = queries.worker_status(self.conn) if self.live else pd.DataFrame()
+            status = queries.worker_status(self.conn, None if self.live else t)
             states = (
                 {int(w): str(s) for w, s in zip(status["worker"], status["state"], strict=True)}
                 if not status.empty
@@ -260,15 +260,16 @@ class Page:
                         hide_index=True,
                     )
                 st.markdown("**Workers**")
-                if not self.live:
-                    st.caption("worker states are recorded live only; replay shows groups.")
+                status = queries.worker_status(self.conn, None if self.live else t)
+                if status.empty:
+                    st.caption("no worker states recorded yet")
                 else:
-                    status = queries.worker_status(self.conn)
-                    ready = [
-                        self.names.get(int(w), str(w))
-                        for w in status.loc[status["state"] == "ready", "worker"]
-                    ]
-                    st.caption("ready now: " + (", ".join(ready) if ready else "none"))
+                    ready = [self.names.get(w, str(w)) for w in queries.ready_in_fifo_order(status)]
+                    st.caption(
+                        ("ready now" if self.live else "ready then")
+                        + " (in queue order): "
+                        + (", ".join(ready) if ready else "none")
+                    )
                     st.table(
                         pd.DataFrame(
                             {

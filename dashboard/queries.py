@@ -298,14 +298,44 @@ def completed_memberships(conn: sqlite3.Connection, asof: float) -> pd.DataFrame
     )
 
 
-def worker_status(conn: sqlite3.Connection) -> pd.DataFrame:
-    """The newest state of every worker (the table keeps no history, so there is no replay)."""
+def worker_status(conn: sqlite3.Connection, asof: float | None = None) -> pd.DataFrame:
+    """Every worker's state at ``asof`` (the newest, when None), ordered by worker.
+
+    States come from the ``worker_states`` history, so a replay shows them as they were; a run
+    recorded before that table existed has only the newest states, shown for any ``asof``.
+    ``updated_at`` is when the worker entered its state: ready workers sorted by it are in the
+    ready queue's FIFO order.
+    """
+    cols = ["worker", "state", "iteration", "group_id", "updated_at"]
+    if _has_table(conn, "worker_states"):
+        return _frame(
+            conn,
+            "SELECT s.worker, s.state, s.iteration, s.group_id, s.t FROM worker_states s"
+            " JOIN (SELECT worker, MAX(rowid) AS last FROM worker_states WHERE t <= ?"
+            " GROUP BY worker) m ON s.rowid = m.last ORDER BY s.worker",
+            (float("inf") if asof is None else asof,),
+            cols,
+        )
     return _frame(
         conn,
         "SELECT worker, state, iteration, group_id, updated_at FROM worker_status ORDER BY worker",
         (),
-        ["worker", "state", "iteration", "group_id", "updated_at"],
+        cols,
     )
+
+
+def ready_in_fifo_order(status: pd.DataFrame) -> list[int]:
+    """The ready workers in the order they became ready (the ready queue decides groups in it)."""
+    ready = status[status["state"] == "ready"].sort_values(["updated_at", "worker"])
+    return [int(w) for w in ready["worker"]]
+
+
+def _has_table(conn: sqlite3.Connection, table: str) -> bool:
+    """False for a database recorded before ``table`` existed (readers never add tables)."""
+    row = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+    ).fetchone()
+    return row is not None
 
 
 # -- log and commands ----------------------------------------------------------------------------

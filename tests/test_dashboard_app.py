@@ -77,7 +77,7 @@ def test_live_page_renders_every_panel(live_db):
     assert links.loc["0→2", "util %"] == "90%"
     assert links.loc["2→1", "rate Mbit/s"] == "50"
     assert links.loc["1→2", "state"] == "DOWN"
-    assert "ready now: w2" in [c.value for c in at.caption]
+    assert "ready now (in queue order): w2" in [c.value for c in at.caption]
     assert any("g4" in t for t in table_texts(at.main.table))  # the open group
     # One page, every panel in view: no tabs to hide the event log behind.
     assert not at.tabs
@@ -285,3 +285,57 @@ def test_every_table_has_a_csv_download_that_matches_lab_export(live_db, tmp_pat
     buttons["groups.csv"].click().run()
     assert not at.exception
     assert dump_without_commands(live_db) == before
+
+
+def _add_states(db_path: Path, rows: list[tuple[float, int, str, int | None]]) -> None:
+    db = rundb.RunDB(db_path)
+    try:
+        for t, w, state, gid in rows:
+            db.set_worker_status(w, state, iteration=3, group_id=gid, t=t)
+    finally:
+        db.close()
+
+
+def _worker_table(at: AppTest) -> dict[str, str]:
+    for table in at.main.table:
+        frame = table.value
+        if list(frame.columns)[:2] == ["worker", "state"]:
+            return dict(zip(frame["worker"], frame["state"], strict=True))
+    raise AssertionError("no worker table on the page")
+
+
+def test_ready_workers_are_listed_in_queue_order_not_id_order(live_db):
+    import time as _time
+
+    now = _time.time()
+    # w1 became ready first, then w2, then w0: the queue forms groups in that order.
+    _add_states(
+        live_db,
+        [(now - 3, 1, "ready", None), (now - 2, 2, "ready", None), (now - 1, 0, "ready", None)],
+    )
+    at = run_app()
+    assert "ready now (in queue order): w1, w2, w0" in [c.value for c in at.caption]
+
+
+def test_replay_shows_the_worker_states_of_that_moment(finished_db):
+    conn = rundb.connect(finished_db, readonly=True)
+    try:
+        t0 = float(conn.execute("SELECT value FROM meta WHERE key = 'started_at'").fetchone()[0])
+    finally:
+        conn.close()
+    _add_states(
+        finished_db,
+        [
+            (t0 + 2, 0, "training", None),
+            (t0 + 2, 1, "training", None),
+            (t0 + 2, 2, "ready", None),
+            (t0 + 8, 2, "dead", None),
+        ],
+    )
+    at = run_app()
+    at.slider(key="replay_t").set_value(5.0).run()
+    assert not at.exception
+    assert _worker_table(at) == {"w0": "training", "w1": "training", "w2": "ready"}
+    assert "ready then (in queue order): w2" in [c.value for c in at.caption]
+    at.slider(key="replay_t").set_value(9.0).run()
+    assert _worker_table(at)["w2"] == "dead"
