@@ -238,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = [r for r in rows if not r.ok]
     print(f"{len(rows) - len(bad)}/{len(rows)} within bounds, {time.monotonic() - t0:.0f} s")
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
     return 1 if bad else 0
 
