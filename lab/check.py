@@ -219,9 +219,9 @@ def probe_pairs(net: LabNetwork, probes: int, interval_s: float) -> list[Row]:
         stats = ping(net, i, j, count=probes, interval_s=interval_s)
         a, b = net.link_state(i, j), net.link_state(j, i)
         if a.delay_ms or b.delay_ms or a.jitter_ms or b.jitter_ms:
-            rows += rtt_rows("check", net, i, j, stats)
+            rows += rtt_rows("check", a, b, stats)
         if a.loss_pct or b.loss_pct:
-            rows.append(loss_row("check", net, i, j, stats))
+            rows.append(loss_row("check", a, b, stats))
     return rows
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from lab import preflight
 from lab.check import PAYLOAD_FRACTION, measure_batch
-from lab.mesh import LabNetwork
+from lab.mesh import LabNetwork, LinkState
 from lab.probe import TOLERANCE, Row, loss_row, ping, rtt_rows
 from lab.topology import LinkSpec, TopologySpec, parse_topology
 
@@ -93,22 +93,15 @@ class Sizes:
 
 
 def measure_all(net: LabNetwork, when: str, sizes: Sizes) -> list[Row]:
+    def pair(i: int, j: int) -> tuple[LinkState, LinkState]:
+        return net.link_state(i, j), net.link_state(j, i)
+
     rows: list[Row] = []
-    rows += rtt_rows(
-        when, net, 0, 1, ping(net, 0, 1, count=sizes.rtt_probes, interval_s=sizes.interval_s)
-    )
-    rows += rtt_rows(
-        when, net, 0, 2, ping(net, 0, 2, count=sizes.rtt_probes, interval_s=sizes.interval_s)
-    )
-    rows.append(
-        loss_row(
-            when,
-            net,
-            1,
-            2,
-            ping(net, 1, 2, count=sizes.loss_probes, interval_s=sizes.interval_s / 2),
-        )
-    )
+    for i, j in ((0, 1), (0, 2)):
+        stats = ping(net, i, j, count=sizes.rtt_probes, interval_s=sizes.interval_s)
+        rows += rtt_rows(when, *pair(i, j), stats)
+    stats = ping(net, 1, 2, count=sizes.loss_probes, interval_s=sizes.interval_s / 2)
+    rows.append(loss_row(when, *pair(1, 2), stats))
     rows.append(rate_row(when, net, 0, 1, sizes.bulk_s))
     return rows
 
@@ -166,17 +159,20 @@ class LongFatRow:
         return self.rate_mbit * PAYLOAD_FRACTION
 
 
-def long_fat(rates: list[float], seconds: float, skip_s: float) -> list[LongFatRow]:
-    """Goodput over one link with 100 ms RTT at each rate: raw TCP and crew's frames."""
+def long_fat(
+    rates: list[float], seconds: float, skip_s: float, one_way_ms: float = LONG_FAT_ONE_WAY_MS
+) -> list[LongFatRow]:
+    """Goodput over one link with 2 x ``one_way_ms`` RTT at each rate: raw TCP and crew's
+    frames (``one_way_ms=0`` gives the same without delay, to tell CPU limits from windows)."""
     topo = parse_topology(
         {
             "name": "long-fat",
             "clouds": [{"name": "a"}, {"name": "b"}],
-            "links": [{"between": ["a", "b"], "mbit": rates[0], "delay_ms": LONG_FAT_ONE_WAY_MS}],
+            "links": [{"between": ["a", "b"], "mbit": rates[0], "delay_ms": one_way_ms}],
         }
     )
     cap = preflight.check(topo, frozenset())
-    if not cap.netem:
+    if one_way_ms and not cap.netem:
         raise RuntimeError("this kernel has no sch_netem: run under python -m lab.vm")
     out = []
     skip = ("--skip", f"{skip_s:g}")
@@ -191,7 +187,7 @@ def long_fat(rates: list[float], seconds: float, skip_s: float) -> list[LongFatR
             for r in (tcp, frames):
                 if r.status == "ERROR":
                     raise RuntimeError(f"transfer at {rate} Mbit/s failed: {r.error}")
-            rtt = 2 * LONG_FAT_ONE_WAY_MS
+            rtt = 2 * one_way_ms
             out.append(LongFatRow(rate, rtt, tcp.measured_mbit, frames.measured_mbit))
             print(out[-1], flush=True)
     return out
@@ -224,11 +220,14 @@ def main(argv: list[str] | None = None) -> int:
         help="instead: goodput over one 100 ms RTT link at these Mbit/s (comma-separated)",
     )
     ap.add_argument("--seconds", type=float, default=8.0, help="long-fat transfer length")
+    ap.add_argument(
+        "--one-way-ms", type=float, default=LONG_FAT_ONE_WAY_MS, help="long-fat one-way delay"
+    )
     ap.add_argument("--skip", type=float, default=2.0, help="long-fat: seconds of ramp left out")
     args = ap.parse_args(argv)
     if args.long_fat:
         rates = [float(x) for x in args.long_fat.split(",")]
-        print(render_long_fat(long_fat(rates, args.seconds, args.skip)))
+        print(render_long_fat(long_fat(rates, args.seconds, args.skip, args.one_way_ms)))
         return 0
     t0 = time.monotonic()
     rows = run_cases(

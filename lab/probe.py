@@ -24,7 +24,7 @@ import statistics
 import subprocess
 from dataclasses import dataclass
 
-from lab.mesh import LabNetwork
+from lab.mesh import LabNetwork, LinkState
 
 TOLERANCE = 0.10
 JITTER_TOLERANCE = 0.25
@@ -93,9 +93,9 @@ def ping(net: LabNetwork, src: int, dst: int, *, count: int, interval_s: float) 
     return parse_ping(out)
 
 
-def expected_rtt(net: LabNetwork, i: int, j: int) -> tuple[float, float, float]:
-    """(mean RTT ms, RTT standard deviation ms, round-trip loss fraction) for i <-> j."""
-    a, b = net.link_state(i, j), net.link_state(j, i)
+def expected_rtt(a: LinkState, b: LinkState) -> tuple[float, float, float]:
+    """(mean RTT ms, RTT standard deviation ms, round-trip loss fraction) over the link ``a``
+    and its reverse ``b``."""
     sd = math.hypot(a.jitter_ms, b.jitter_ms)
     loss = 1 - (1 - a.loss_pct / 100) * (1 - b.loss_pct / 100)
     return a.delay_ms + b.delay_ms, sd, loss
@@ -120,9 +120,10 @@ class Row:
         return self.low <= self.measured <= self.high
 
 
-def rtt_rows(when: str, net: LabNetwork, i: int, j: int, stats: PingStats) -> list[Row]:
-    mean, sd, _ = expected_rtt(net, i, j)
-    link = f"w{i}<->w{j}"
+def rtt_rows(when: str, a: LinkState, b: LinkState, stats: PingStats) -> list[Row]:
+    """RTT median and p90 (and jitter, where configured) of pings over ``a`` and back ``b``."""
+    mean, sd, _ = expected_rtt(a, b)
+    link = f"w{a.src}<->w{a.dst}"
     tol = mean * TOLERANCE + RTT_FLOOR_MS
     rows = [
         Row(
@@ -160,14 +161,14 @@ def rtt_rows(when: str, net: LabNetwork, i: int, j: int, stats: PingStats) -> li
     return rows
 
 
-def loss_row(when: str, net: LabNetwork, i: int, j: int, stats: PingStats) -> Row:
-    _, _, loss = expected_rtt(net, i, j)
+def loss_row(when: str, a: LinkState, b: LinkState, stats: PingStats) -> Row:
+    _, _, loss = expected_rtt(a, b)
     pct = 100 * loss
     sigma = 100 * math.sqrt(loss * (1 - loss) / stats.sent) if stats.sent else 0.0
     tol = max(pct * TOLERANCE, 3 * sigma)
     return Row(
         when,
-        f"w{i}<->w{j}",
+        f"w{a.src}<->w{a.dst}",
         "loss",
         pct,
         100 * stats.loss,
