@@ -32,7 +32,7 @@ VM_SUITE_TIMEOUT_S = 900.0
 def test_vm_marked_tests_pass_inside_the_vm() -> None:
     py = shlex.quote(sys.executable)
     res = run_in_vm(
-        f"{py} -m pytest -q -p no:cacheprovider -m vm tests/vm",
+        f"{py} -m pytest -q -p no:cacheprovider --durations=5 -m vm tests/vm",
         cwd=REPO,
         timeout_s=VM_SUITE_TIMEOUT_S,
     )
