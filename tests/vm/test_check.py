@@ -27,7 +27,7 @@ def test_check_measures_delay_and_loss_where_configured(tmp_path: Path) -> None:
     topo.write_text(TOPOLOGY)
     out = tmp_path / "check.json"
     code = check.main(
-        ["--topology", str(topo), "--seconds", "1", "--probes", "500", "--json", str(out)]
+        ["--topology", str(topo), "--seconds", "1.5", "--probes", "500", "--json", str(out)]
     )
     report = json.loads(out.read_text())
     rows = {(p["link"], p["quantity"]): p for p in report["probes"]}
