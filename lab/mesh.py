@@ -58,13 +58,6 @@ IDENTITY_BASE = ipaddress.IPv4Address("198.18.0.1")
 DEFAULT_MGMT_SUBNET = "198.19.255.0/24"
 MGMT_INTF = "mgmt"
 _TAG_RE = re.compile(r"^[a-z0-9]{1,6}$")
-# TCP buffer autotuning limits in every host (min default max, bytes; per network namespace).
-# A long fat link needs a window of one bandwidth-delay product, and Linux advertises about
-# half the receive buffer as window: the default 6 MB maximum caps a connection near 240
-# Mbit/s at 100 ms RTT. 64 MB covers 1 Gbit/s at 250 ms; memory is only used when a window
-# actually grows that large.
-TCP_RMEM = "4096 131072 67108864"
-TCP_WMEM = "4096 16384 67108864"
 STOP_TIMEOUT_S = 3.0
 
 
@@ -248,8 +241,6 @@ class LabNetwork:
                     "-w",
                     "net.ipv6.conf.all.disable_ipv6=1",
                     "net.ipv6.conf.default.disable_ipv6=1",
-                    f"net.ipv4.tcp_rmem={TCP_RMEM}",
-                    f"net.ipv4.tcp_wmem={TCP_WMEM}",
                 ],
             )
 
