@@ -13,6 +13,11 @@ that ceiling, and also when its sender counter did not carry the bytes (wrong pa
 with emulated delay or loss are measured but not judged: a short TCP transfer does not reach
 the rate there.
 
+Delay, jitter and loss, where configured and emulated, are measured too: after the transfers,
+``--probes`` pings over every pair with an impairment in either direction, judged by lab.probe
+(RTT median and p90 within 10%, jitter within 25%, loss within the larger of 10% and 3
+binomial standard deviations of the probe count). A pair out of bounds fails the check.
+
 Exit status: 0 all links fine, 1 some link failed, 2 the lab could not be built.
 """
 
@@ -36,6 +41,7 @@ from lab import preflight
 from lab.cleanup import DEFAULT_STATE_DIR, cleanup_leftovers
 from lab.mesh import LabError, LabNetwork
 from lab.preflight import ImpairmentMode, PreflightError
+from lab.probe import Row, loss_row, ping, rtt_rows
 from lab.shaping import ShapingError
 from lab.topology import Impairment, LinkSpec, TopologyError, load_topology
 
@@ -44,6 +50,7 @@ log = logging.getLogger(__name__)
 PAYLOAD_FRACTION = 1448 / 1514  # TCP payload per Ethernet frame (MSS with timestamps)
 BASE_PORT = 15201
 PROC_TIMEOUT_PAD_S = 20.0
+PROBE_INTERVAL_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -95,9 +102,16 @@ def _impaired(net: LabNetwork, lk: LinkSpec) -> bool:
 
 
 def measure_batch(
-    net: LabNetwork, batch: list[LinkSpec], seconds: float, tolerance: float
+    net: LabNetwork,
+    batch: list[LinkSpec],
+    seconds: float,
+    tolerance: float,
+    meter_args: tuple[str, ...] = (),
+    sink_args: tuple[str, ...] = (),
 ) -> list[LinkResult]:
-    """Run one transfer per link in ``batch`` at the same time; judge each."""
+    """Run one transfer per link in ``batch`` at the same time; judge each. ``meter_args`` go
+    to both ends of lab.goodput (``("--frames",)`` measures crew's data plane), ``sink_args``
+    to the sink alone (``("--skip", "2")`` leaves a long link's slow start out)."""
     before = net.tx_bytes()
     sinks, sources = [], []
     timeout = seconds + PROC_TIMEOUT_PAD_S
@@ -116,6 +130,8 @@ def measure_batch(
                     addr,
                     "--seconds",
                     str(seconds),
+                    *meter_args,
+                    *sink_args,
                 ],
                 label=f"check-sink-{lk.src}-{lk.dst}",
                 stdout=subprocess.PIPE,
@@ -138,6 +154,7 @@ def measure_batch(
                     addr,
                     "--seconds",
                     str(seconds),
+                    *meter_args,
                 ],
                 label=f"check-source-{lk.src}-{lk.dst}",
                 stdout=subprocess.DEVNULL,
@@ -182,6 +199,48 @@ def measure_batch(
             )
         )
     return results
+
+
+def impaired_pairs(net: LabNetwork) -> list[tuple[int, int]]:
+    """Unordered pairs (i < j) with an emulated impairment in either direction."""
+    pairs = []
+    for lk in net.topology.links:
+        if lk.src < lk.dst and (
+            _impaired(net, lk) or _impaired(net, net.topology.link(lk.dst, lk.src))
+        ):
+            pairs.append((lk.src, lk.dst))
+    return pairs
+
+
+def probe_pairs(net: LabNetwork, probes: int, interval_s: float) -> list[Row]:
+    """RTT (and jitter) rows where delay is configured, loss rows where loss is."""
+    rows: list[Row] = []
+    for i, j in impaired_pairs(net):
+        stats = ping(net, i, j, count=probes, interval_s=interval_s)
+        a, b = net.link_state(i, j), net.link_state(j, i)
+        if a.delay_ms or b.delay_ms or a.jitter_ms or b.jitter_ms:
+            rows += rtt_rows("check", a, b, stats)
+        if a.loss_pct or b.loss_pct:
+            rows.append(loss_row("check", a, b, stats))
+    return rows
+
+
+def render_probes(rows: list[Row]) -> Table:
+    table = Table(title="delay, jitter and loss per impaired pair (ping)")
+    for col in ("pair", "quantity", "configured", "measured", "bound", "probes", "status"):
+        table.add_column(col)
+    for r in rows:
+        style = "green" if r.ok else "red"
+        table.add_row(
+            r.link,
+            r.quantity,
+            f"{r.configured:.2f} {r.unit}",
+            f"{r.measured:.2f} {r.unit}",
+            f"{r.low:.2f}-{r.high:.2f}",
+            str(r.samples),
+            f"[{style}]{'ok' if r.ok else 'OUT'}[/{style}]",
+        )
+    return table
 
 
 def render(results: list[LinkResult], title: str) -> Table:
@@ -241,6 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
         "expected ceiling (default: %(default)s)",
     )
     p.add_argument(
+        "--probes",
+        type=int,
+        default=300,
+        help="pings per pair with delay, jitter or loss configured (default: %(default)s)",
+    )
+    p.add_argument(
         "--json",
         type=Path,
         default=None,
@@ -259,8 +324,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.seconds <= 0 or args.parallel < 1 or not 0 <= args.tolerance < 1:
-        print("error: need --seconds > 0, --parallel >= 1, 0 <= --tolerance < 1", file=sys.stderr)
+    if args.seconds <= 0 or args.parallel < 1 or not 0 <= args.tolerance < 1 or args.probes < 2:
+        print(
+            "error: need --seconds > 0, --parallel >= 1, 0 <= --tolerance < 1, --probes >= 2",
+            file=sys.stderr,
+        )
         return 2
     console = Console()
     try:
@@ -275,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(preflight.describe(cap, topo))
     tag = "ck" + secrets.token_hex(2)
     results: list[LinkResult] = []
+    probe_rows: list[Row] = []
     t0 = time.monotonic()
     try:
         with LabNetwork(topo, tag=tag, state_dir=args.state_dir, capabilities=cap) as net:
@@ -296,12 +365,19 @@ def main(argv: list[str] | None = None) -> int:
                     progress.update(task, description=f"measuring {names}")
                     results += measure_batch(net, batch, args.seconds, args.tolerance)
                     progress.advance(task, len(batch))
+                pairs = impaired_pairs(net)
+                if pairs:
+                    progress.update(task, description=f"pinging {len(pairs)} impaired pair(s)")
+                    probe_rows = probe_pairs(net, args.probes, PROBE_INTERVAL_S)
     except (LabError, ShapingError) as e:
         console.print(f"[red]lab error: {e}[/red]")
         return 2
     results.sort(key=lambda r: (r.src, r.dst))
     console.print(render(results, f"{topo.name}: goodput per directed link (Mbit/s)"))
+    if probe_rows:
+        console.print(render_probes(probe_rows))
     failed = [r for r in results if r.failed]
+    bad_probes = [r for r in probe_rows if not r.ok]
     ratios = [r.measured_mbit / r.rate_mbit for r in results if r.status == "ok"]
     if ratios:
         console.print(
@@ -312,8 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(
         f"total time {time.monotonic() - t0:.1f} s; "
         + (
-            f"[red]{len(failed)} link(s) failed[/red]"
-            if failed
+            f"[red]{len(failed)} link(s), {len(bad_probes)} probe figure(s) failed[/red]"
+            if failed or bad_probes
             else "[green]all links within tolerance[/green]"
         )
     )
@@ -325,13 +401,14 @@ def main(argv: list[str] | None = None) -> int:
                     "seconds": args.seconds,
                     "tolerance": args.tolerance,
                     "payload_fraction": PAYLOAD_FRACTION,
-                    "ok": not failed,
+                    "ok": not failed and not bad_probes,
                     "links": [asdict(r) for r in results],
+                    "probes": [asdict(r) | {"ok": r.ok} for r in probe_rows],
                 },
                 indent=1,
             )
         )
-    return 1 if failed else 0
+    return 1 if failed or bad_probes else 0
 
 
 if __name__ == "__main__":

@@ -9,6 +9,11 @@ window T starts at the first read after ``--skip`` seconds (default 0.3, so TCP 
 connection set-up do not drag the figure down) and ends at the last read; C counts the bytes
 read after the window opened. Both sides are bounded in
 time: nothing here waits forever. No iperf3 needed.
+
+``--frames`` on both sides measures the data plane instead of raw TCP: the source sends
+``PAYLOAD`` frames of ``--frame-bytes`` through crew's ``FrameStream`` (header, HMAC tag, the
+transport's socket options), the sink decodes and verifies each; only payload bytes count. The
+two share a fixed meter secret: the figure is about throughput, not authentication.
 """
 
 from __future__ import annotations
@@ -20,12 +25,22 @@ import socket
 import sys
 import time
 
+from crew.frames import Frame, FrameCodec, FrameKind
+from crew.transport import FrameStream
+
 log = logging.getLogger(__name__)
 
 CHUNK = 256 * 1024
 ACCEPT_TIMEOUT_S = 10.0
 IO_TIMEOUT_S = 5.0
 DEFAULT_SKIP_S = 0.3
+DEFAULT_FRAME_BYTES = 1 << 20
+_METER_SECRET = b"lab.goodput meter secret"
+_METER_RUN = 1
+
+
+def _codec(frame_bytes: int) -> FrameCodec:
+    return FrameCodec(_METER_SECRET, _METER_RUN, max_payload=max(frame_bytes, 1))
 
 
 def parse_addr(text: str) -> tuple[str, int]:
@@ -38,14 +53,24 @@ def parse_addr(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(f"port {port!r} is not a number") from None
 
 
-def sink(bind: tuple[str, int], seconds: float, skip_s: float = DEFAULT_SKIP_S) -> dict:
-    """Receive one connection; return bytes and seconds counted after ``skip_s``."""
+def sink(
+    bind: tuple[str, int],
+    seconds: float,
+    skip_s: float = DEFAULT_SKIP_S,
+    frame_bytes: int | None = None,
+) -> dict:
+    """Receive one connection; return bytes and seconds counted after ``skip_s``.
+
+    With ``frame_bytes``, read crew frames (FrameStream) and count their payload bytes."""
     with socket.create_server(bind, reuse_port=False) as srv:
         srv.settimeout(ACCEPT_TIMEOUT_S)
         print(json.dumps({"listening": f"{bind[0]}:{bind[1]}"}), flush=True)
         conn, peer = srv.accept()
     with conn:
         conn.settimeout(IO_TIMEOUT_S)
+        stream = (
+            None if frame_bytes is None else FrameStream(conn, _codec(frame_bytes), IO_TIMEOUT_S)
+        )
         buf = bytearray(CHUNK)
         total = 0
         skip_until = clock_start = last = None
@@ -53,8 +78,11 @@ def sink(bind: tuple[str, int], seconds: float, skip_s: float = DEFAULT_SKIP_S) 
         deadline = time.monotonic() + seconds + ACCEPT_TIMEOUT_S
         while time.monotonic() < deadline:
             try:
-                got = conn.recv_into(buf)
-            except TimeoutError:
+                if stream is None:
+                    got = conn.recv_into(buf)
+                else:
+                    got = stream.recv(idle_timeout=IO_TIMEOUT_S).nbytes
+            except (TimeoutError, ConnectionError):
                 break
             if got == 0:
                 break
@@ -82,8 +110,9 @@ def sink(bind: tuple[str, int], seconds: float, skip_s: float = DEFAULT_SKIP_S) 
     }
 
 
-def source(to: tuple[str, int], seconds: float) -> dict:
-    """Connect (retrying briefly while the sink starts) and send zeros for ``seconds``."""
+def source(to: tuple[str, int], seconds: float, frame_bytes: int | None = None) -> dict:
+    """Connect (retrying briefly while the sink starts) and send zeros for ``seconds``
+    (as crew PAYLOAD frames of ``frame_bytes`` through FrameStream, when given)."""
     deadline = time.monotonic() + ACCEPT_TIMEOUT_S
     while True:
         try:
@@ -94,11 +123,18 @@ def source(to: tuple[str, int], seconds: float) -> dict:
                 raise
             time.sleep(0.05)
     sent = 0
-    payload = bytes(CHUNK)
     with sock:
         end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            sent += sock.send(payload)
+        if frame_bytes is None:
+            payload = bytes(CHUNK)
+            while time.monotonic() < end:
+                sent += sock.send(payload)
+        else:
+            stream = FrameStream(sock, _codec(frame_bytes), IO_TIMEOUT_S)
+            frame = Frame(FrameKind.PAYLOAD, 0, _METER_RUN, payload=bytes(frame_bytes))
+            while time.monotonic() < end:
+                stream.send(frame)
+                sent += frame_bytes
         sock.shutdown(socket.SHUT_WR)
     return {"sent": sent}
 
@@ -119,14 +155,19 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_SKIP_S,
         help="seconds after the first byte left out of the figure (slow start)",
     )
+    s.add_argument("--frames", action="store_true", help="crew frames, not raw TCP")
+    s.add_argument("--frame-bytes", type=int, default=DEFAULT_FRAME_BYTES)
     c = sub.add_parser("source", help="send zeros to a sink for some seconds")
+    c.add_argument("--frames", action="store_true", help="crew frames, not raw TCP")
+    c.add_argument("--frame-bytes", type=int, default=DEFAULT_FRAME_BYTES)
     c.add_argument("--to", type=parse_addr, required=True, help="ADDR:PORT of the sink")
     c.add_argument("--seconds", type=float, required=True, help="how long to send")
     args = parser.parse_args(argv)
     if args.role == "sink":
-        result = sink(args.bind, args.seconds, args.skip)
+        fb = args.frame_bytes if args.frames else None
+        result = sink(args.bind, args.seconds, args.skip, fb)
     else:
-        result = source(args.to, args.seconds)
+        result = source(args.to, args.seconds, args.frame_bytes if args.frames else None)
     print(json.dumps(result), flush=True)
     return 0
 

@@ -30,12 +30,15 @@ fi
 DEB_PACKAGES=(
     mininet          # mnexec and the pure-Python mininet module
     iproute2         # ip, tc
+    iputils-ping     # RTT and loss probes (lab.impairments, lab.check)
     iptables         # loss emulation without netem (statistic match)
     ethtool          # offload settings on the emulated links
     kmod             # modprobe, to load sch_htb / sch_netem where they are modules
     procps
     python3 python3-venv python3-dev
     ca-certificates
+    qemu-system-x86  # lab.vm: a throwaway VM with Debian's stock kernel (netem) for the VM tests
+    busybox-static   # lab.vm's initramfs
 )
 # The dashboard's end-to-end test drives Debian's chromium. Ubuntu ships it only as a snap,
 # which a provisioning script should not pull in: there the browser test is skipped.
@@ -65,6 +68,27 @@ if modprobe -q sch_netem 2>/dev/null || [[ -d /sys/module/sch_netem ]]; then
     log "kernel has sch_netem: delay, jitter and loss will use netem"
 else
     log "kernel has no sch_netem: delay and jitter are unavailable; the lab says so at start-up"
+fi
+
+# lab.vm's guest kernel: Debian's stock kernel package, downloaded and unpacked (never installed,
+# so this host's own kernel and boot loader are untouched). depmod gives the unpacked modules the
+# index that modprobe needs inside the guest.
+VM_CACHE="${CREW_VM_CACHE:-/var/cache/crew-lab/vm}"
+if ! compgen -G "$VM_CACHE/root/boot/vmlinuz-*" >/dev/null \
+    || ! compgen -G "$VM_CACHE/root/lib/modules/*/modules.dep" >/dev/null; then
+    log "fetching the guest kernel for lab.vm into $VM_CACHE"
+    apt-cache show linux-image-amd64 >/dev/null 2>&1 || apt-get update -qq
+    kpkg="$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')"
+    [[ -n "$kpkg" ]] || { echo "cannot resolve linux-image-amd64's kernel package" >&2; exit 1; }
+    rm -rf "$VM_CACHE/debs" "$VM_CACHE/root" "$VM_CACHE/root.tmp"
+    mkdir -p "$VM_CACHE/debs"
+    (cd "$VM_CACHE/debs" && apt-get download -q "$kpkg" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
+    compgen -G "$VM_CACHE/debs/${kpkg}_*.deb" >/dev/null \
+        || { echo "apt-get download $kpkg failed" >&2; exit 1; }
+    dpkg-deb -x "$VM_CACHE/debs/${kpkg}"_*.deb "$VM_CACHE/root.tmp"
+    depmod -b "$VM_CACHE/root.tmp" "${kpkg#linux-image-}"
+    mv "$VM_CACHE/root.tmp" "$VM_CACHE/root"
+    rm -rf "$VM_CACHE/debs"
 fi
 
 # The venv uses the distribution's Python, the one Debian's mininet module is built for.

@@ -205,8 +205,16 @@ def set_leaf(pid: int, dev: str, shape: Shape, *, netem: bool, in_place: bool = 
     """Set the leaf queue: new delay/loss, or a limit fitting a new rate.
 
     ``in_place`` uses ``tc qdisc change`` (same kind only), which keeps the queued packets;
-    otherwise the leaf is replaced and its queue flushed."""
-    run(pid, leaf_command(dev, shape, netem=netem, in_place=in_place))
+    otherwise the leaf is deleted and added anew (its queue flushed): the kernel refuses
+    ``replace`` of a handle by a qdisc of another kind (pfifo -> netem fails with "Invalid
+    qdisc name"). Both commands run in one tc process, back to back."""
+    if in_place:
+        run(pid, leaf_command(dev, shape, netem=netem, in_place=True))
+        return
+    delete = ["tc", "qdisc", "del", "dev", dev, "parent", HTB_CLASS, "handle", LEAF_HANDLE]
+    add = leaf_command(dev, shape, netem=netem)
+    add[2] = "add"
+    run_batch(pid, "tc", [delete, add])
 
 
 def change_rate(pid: int, dev: str, rate_mbit: float) -> None:

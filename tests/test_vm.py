@@ -1,0 +1,100 @@
+"""The tests marked ``vm`` run inside lab.vm's guest (Debian's stock kernel, with sch_netem),
+booted once here: the README's test command thus runs them on every machine lab/setup.sh set
+up, whatever the host's kernel lacks."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from lab.vm import (
+    REPO,
+    VM_ENV_FLAG,
+    VmError,
+    build_initramfs,
+    find_busybox,
+    find_kernel,
+    run_in_vm,
+)
+
+# Boot (~12 s under TCG) plus the tests in tests/vm, with room for a loaded machine.
+VM_SUITE_TIMEOUT_S = 900.0
+
+
+@pytest.mark.root
+@pytest.mark.skipif(bool(os.environ.get(VM_ENV_FLAG)), reason="already inside the VM")
+def test_vm_marked_tests_pass_inside_the_vm() -> None:
+    py = shlex.quote(sys.executable)
+    res = run_in_vm(
+        f"{py} -m pytest -q -p no:cacheprovider --durations=5 -m vm tests/vm",
+        cwd=REPO,
+        timeout_s=VM_SUITE_TIMEOUT_S,
+    )
+    print(f"VM ({res.accel.value}): boot {res.boot_s:.1f} s, {res.wall_s:.1f} s in all")
+    print(res.output)
+    assert res.returncode == 0, res.output[-6000:]
+    assert " passed" in res.output and "skipped" not in res.output.splitlines()[-1], res.output
+
+
+@pytest.mark.root
+@pytest.mark.skipif(bool(os.environ.get(VM_ENV_FLAG)), reason="already inside the VM")
+def test_vm_returns_status_and_output_writes_back_and_leaves_nothing(tmp_path) -> None:
+    before = set(Path(tempfile.gettempdir()).glob("crew-vm-*"))
+    qemus_before = _qemu_pids()
+    marker = REPO / "runs" / f"vm-test-{os.getpid()}"
+    marker.parent.mkdir(exist_ok=True)
+    try:
+        res = run_in_vm(
+            f"uname -r; modprobe sch_netem && echo netem-loaded; echo back > {marker}; exit 7",
+            timeout_s=60,
+        )
+        assert res.returncode == 7, res.output
+        guest_kernel = res.output.splitlines()[0]
+        assert guest_kernel == find_kernel().version != os.uname().release
+        assert "netem-loaded" in res.output
+        assert marker.read_text() == "back\n"  # the repository is shared read-write
+    finally:
+        marker.unlink(missing_ok=True)
+    assert set(Path(tempfile.gettempdir()).glob("crew-vm-*")) == before
+    assert _qemu_pids() <= qemus_before, "a QEMU process outlived run_in_vm"
+
+
+def _qemu_pids() -> set[int]:
+    out = subprocess.run(["pgrep", "-f", "qemu-system-x86_64 -nodefaults"], capture_output=True)
+    return {int(x) for x in out.stdout.split()}
+
+
+def test_initramfs_is_a_newc_archive_with_busybox_init_and_modules_in_order() -> None:
+    try:
+        kernel, busybox = find_kernel(), find_busybox()
+    except VmError as e:
+        pytest.skip(f"lab/setup.sh has not fetched the guest kernel here: {e}")
+    data = build_initramfs(kernel, "#!/bin/busybox sh\n", busybox)
+    names, pos = [], 0
+    while True:
+        assert data[pos : pos + 6] == b"070701", f"bad magic at {pos}"
+        size, namesize = int(data[pos + 54 : pos + 62], 16), int(data[pos + 94 : pos + 102], 16)
+        name = data[pos + 110 : pos + 110 + namesize - 1].decode()
+        pos = pos + 110 + namesize
+        pos += -pos % 4
+        pos += size + (-(pos + size) % 4)
+        if name == "TRAILER!!!":
+            break
+        names.append(name)
+    assert pos == len(data)
+    assert {"init", "bin/busybox"} <= set(names)
+    mods = [n.removeprefix("modules/").removesuffix(".ko") for n in names if n.endswith(".ko")]
+    assert mods[:5] == [
+        "virtio_ring",
+        "virtio",
+        "virtio_pci_modern_dev",
+        "virtio_pci_legacy_dev",
+        "virtio_pci",
+    ]
+    assert mods[-1] == "overlay" and mods.index("9pnet") < mods.index("9p")

@@ -1,0 +1,45 @@
+"""lab.check in lab.vm's guest: it measures delay and loss where a topology configures them,
+and fails a pair whose measured figure is out of bounds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lab import check
+
+pytestmark = [pytest.mark.vm, pytest.mark.root]
+
+TOPOLOGY = """\
+name: check-wan
+clouds: [{name: a}, {name: b}, {name: c}]
+links:
+  - {between: [a, b], mbit: 20, delay_ms: {forward: 20, reverse: 5}}
+  - {between: [a, c], mbit: 20, loss_pct: {forward: 25, reverse: 0}}
+  - {between: [b, c], mbit: 20}
+"""
+
+
+def test_check_measures_delay_and_loss_where_configured(tmp_path: Path) -> None:
+    topo = tmp_path / "wan.yaml"
+    topo.write_text(TOPOLOGY)
+    out = tmp_path / "check.json"
+    code = check.main(
+        ["--topology", str(topo), "--seconds", "1.5", "--probes", "500", "--json", str(out)]
+    )
+    report = json.loads(out.read_text())
+    rows = {(p["link"], p["quantity"]): p for p in report["probes"]}
+    assert set(rows) == {
+        ("w0<->w1", "RTT median"),
+        ("w0<->w1", "RTT p90"),
+        ("w0<->w2", "loss"),
+    }, rows
+    assert rows[("w0<->w1", "RTT median")]["configured"] == pytest.approx(25.0)
+    assert rows[("w0<->w2", "loss")]["configured"] == pytest.approx(25.0)
+    assert all(p["ok"] for p in report["probes"]), report["probes"]
+    # The undelayed, lossless pair's goodput is judged as usual.
+    judged = [lk for lk in report["links"] if {lk["src"], lk["dst"]} == {1, 2}]
+    assert judged and all(lk["status"] == "ok" for lk in judged), judged
+    assert code == 0, report
