@@ -1,0 +1,823 @@
+"""CREW's route planner: one LP over every route a group's vector can take. Pure, no I/O.
+
+Conventions are :mod:`crew.planner`'s: ``bw`` is n x n Mbit/s (``bw[i][j]`` the rate of i -> j,
+0 = dead link, diagonal ignored), ``members`` the group, ``active`` who may relay or aggregate,
+``size`` the bytes of the vector (4-byte elements), times in seconds.
+
+**Routes.** A route (:mod:`crew.routes`) carries one element range up a reduce in-tree to its
+root and back down a broadcast out-tree. A *column* of the LP is a route shape without its range
+(or a bundle of shapes that together deliver a range to every member once, like all-to-all);
+the LP gives each column a fraction x_c of the vector. Every tree edge a -> b of a column puts
+x_c * M bytes on link a -> b, in both phases (an edge used by the reduce and the broadcast tree
+counts twice).
+
+**Resources.** Each directed pair is a resource of capacity ``bw[a][b]``; a
+:class:`SharedLink` is one more resource: a set of directed pairs whose *sum* is capped (a
+cloud's WAN uplink shared by the cloud's workers). The cost model is the lab's: every resource
+drains its load at its rate, all at once (fluid, cut-through forwarding of parts, free adds),
+so the bandwidth time is ``T_bw = max over resources of load / rate``.
+
+**Latency.** With a one-way delay matrix, a route also needs the delay of its longest reduce
+path plus its longest broadcast path before its last part lands (pipeline fill); with
+``part_bytes`` each hop also adds one part's serialisation time at the hop's rate. The plan's
+time is ``T = T_bw + max over used columns of L_c``: the links drain while the slowest route's
+first part is still on its way, and the slowest route ends at most L_c after its links drained
+(exact for one route on idle links in the fluid limit; a model, not a bound). Since a column
+either is used or not, T is not linear in x; it is minimised exactly over the column pool by
+solving the LP once per latency level lambda (only columns with L_c <= lambda allowed) in
+decreasing lambda, stopping as soon as T_bw(lambda) alone is no better than the best T found
+(T_bw only grows as lambda falls).
+
+**LP** (HiGHS through ``scipy.optimize.linprog``)::
+
+    minimise t  s.t.  sum_c x_c = 1,  x >= 0,
+                      sum_c x_c * uses_c(k) * M / rate_k <= t     for every resource k
+
+then a second LP keeps t within 1e-7 of its optimum and minimises the total link time
+``sum_c x_c sum_{e in c} M / rate_e``: among equally fast plans, the one moving fewest bytes
+over slow links (no relay where a direct link does as well).
+
+**Column generation.** The pool starts with today's CREW stars (one per usable aggregator,
+which is also every PS plan), BLINK's packed trees, the all-to-all bundle and, when the pricing
+below is heuristic, the ring's routes. With the LP duals y_k >= 0 of the resources and mu of
+``sum x = 1``, a new column's reduced cost is ``sum_{e in c} w_e - mu`` where the link weight
+``w_e = sum_{k contains e} y_k / rate_k``. The cheapest column is, for each root v, a min-cost
+Steiner in-tree from the members to v plus a min-cost Steiner out-tree from v to the members,
+over dual-weighted links among active workers. For small groups (3^p * n small) it is found
+*exactly* by Dreyfus-Wagner dynamic programming for all roots at once; then the loop stops
+when no column has negative reduced cost (Lagrangian gap <= 1e-7), and the plan is optimal
+over all routes, so no route-based scheme (PS, ring, all-to-all, BLINK, TopoAdopt, today's
+CREW) has a lower pipelined cost, hence none beats it on its own (never lower) cost model.
+For larger groups the pricing is heuristic (shortest-path trees per root) and the seeded
+columns keep the guarantee for every seeded baseline. The loop is bounded (``MAX_ROUNDS``,
+``time_budget_s``); if it stops early the ring's routes are added before the final solve, so
+the plan stays at least as good as every seeded baseline, and ``RoutePlanResult.optimal`` says
+the optimum over all routes was not proved.
+
+This is the path (column) form of the tree-packing LPs of ForestColl (Zhao et al., 2024:
+aggregation and broadcast trees, throughput-optimal via spanning-tree packing) and of TE-CCL's
+flow formulation, restricted to what the lab's engine runs: per range one reduce tree and one
+broadcast tree through the same root, cut-through, with shared capacities and latency added.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import linprog
+from scipy.sparse import coo_array, csr_array
+from scipy.sparse.csgraph import shortest_path
+
+from crew.planner import (
+    BYTES_PER_S_PER_MBIT,
+    PlanError,
+    _check_active,
+    _check_bw,
+    _check_group,
+    _check_size,
+    _is_int,
+    largest_remainder,
+)
+from crew.routes import Route
+
+log = logging.getLogger(__name__)
+
+Edge = tuple[int, int]
+
+ELEM_BYTES = 4
+MAX_ROUNDS = 60
+"""Column-generation rounds at most (each: one LP, one pricing)."""
+DEFAULT_TIME_BUDGET_S = 2.0
+"""Wall time after which column generation stops (the plan stays >= every seeded baseline)."""
+COLUMNS_PER_ROUND = 4
+"""New columns added per round at most (the best roots by reduced cost)."""
+EXACT_PRICING_WORK = 3_000_000
+"""Dreyfus-Wagner is used while 3^p * n and 2^p * n^2 stay below this."""
+MAX_LATENCY_LEVELS = 48
+"""Latency levels tried at most (the levels of seeded baselines are always among them)."""
+GAP = 1e-7
+"""Relative Lagrangian gap at which column generation counts as converged."""
+_TIE = 1e-9  # relative weight of link time in pricing: ties go to routes over fewer/faster links
+
+
+@dataclass(frozen=True)
+class SharedLink:
+    """A capacity shared by several directed pairs: their bytes together drain at ``mbit``.
+
+    E.g. a cloud's WAN uplink: every pair (a, b) with a in the cloud and b outside crosses it.
+    ``delay_s`` is its one-way delay: a pair crossing it is at least that far (see
+    :func:`effective_delay`).
+    """
+
+    pairs: tuple[Edge, ...]
+    mbit: float
+    delay_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        try:
+            pairs = tuple((int(a), int(b)) for a, b in self.pairs)
+        except (TypeError, ValueError):
+            raise PlanError("shared", f"pairs must be (src, dst) ints, got {self.pairs!r}") from None
+        if not pairs or len(set(pairs)) != len(pairs) or any(a == b for a, b in pairs):
+            raise PlanError("shared", f"pairs must be distinct (src, dst), src != dst: {pairs}")
+        object.__setattr__(self, "pairs", pairs)
+        for name in ("mbit", "delay_s"):
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                raise PlanError("shared", f"{name} must be a finite number >= 0, got {v!r}")
+        if not self.mbit > 0:
+            raise PlanError("shared", "mbit must be positive (drop the pairs' links instead)")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A route without its range: reduce in-tree to ``root``, broadcast out-tree from it."""
+
+    root: int
+    up: tuple[Edge, ...]
+    down: tuple[Edge, ...]
+
+
+@dataclass(frozen=True)
+class Column:
+    """Shapes that together deliver one range to every member exactly once."""
+
+    shapes: tuple[Shape, ...]
+    origin: str  # "star", "blink", "ring", "a2a", "priced": where the column came from
+
+    def edge_uses(self) -> dict[Edge, int]:
+        out: dict[Edge, int] = {}
+        for s in self.shapes:
+            for e in (*s.up, *s.down):
+                out[e] = out.get(e, 0) + 1
+        return out
+
+
+@dataclass(frozen=True)
+class RoutePlanResult:
+    """The chosen routes (whole elements) and their time under the model above."""
+
+    routes: tuple[Route, ...]
+    predicted_s: float  # bandwidth time + latency, from the integer split
+    bandwidth_s: float
+    latency_s: float
+    lp_s: float  # the LP optimum (fractional), same model
+    rounds: int
+    columns: int
+    optimal: bool  # column generation proved optimality over all routes (exact pricing)
+    origins: tuple[str, ...]  # origin of each route's column
+
+
+def effective_delay(
+    n: int, delay_s: np.ndarray | None, shared: Sequence[SharedLink] = ()
+) -> np.ndarray | None:
+    """One-way delay per directed pair: ``delay_s`` raised to every shared link it crosses."""
+    if delay_s is None and not any(s.delay_s > 0 for s in shared):
+        return None
+    d = np.zeros((n, n)) if delay_s is None else np.array(delay_s, dtype=float)
+    if d.shape != (n, n):
+        raise PlanError("delay_s", f"must have shape {(n, n)}, got {d.shape}")
+    off = ~np.eye(n, dtype=bool)
+    if not np.all(np.isfinite(d[off])) or np.any(d[off] < 0):
+        raise PlanError("delay_s", "off-diagonal delays must be finite and >= 0")
+    for s in shared:
+        for a, b in s.pairs:
+            d[a, b] = max(d[a, b], s.delay_s)
+    np.fill_diagonal(d, 0.0)
+    return d
+
+
+def _check_shared(shared: Sequence[SharedLink] | None, n: int) -> tuple[SharedLink, ...]:
+    out = tuple(shared or ())
+    for s in out:
+        if not isinstance(s, SharedLink):
+            raise PlanError("shared", f"must be SharedLink, got {s!r}")
+        if any(not (0 <= a < n and 0 <= b < n) for a, b in s.pairs):
+            raise PlanError("shared", f"a pair is outside 0..{n - 1}: {s.pairs}")
+    return out
+
+
+# --------------------------------------------------------------------------- the master LP
+
+
+class _Master:
+    """The restricted master LP over a growing column pool (rows added as links appear)."""
+
+    def __init__(
+        self, w: np.ndarray, shared: tuple[SharedLink, ...], hop: np.ndarray | None
+    ) -> None:
+        finite = w[np.isfinite(w) & (w > 0)]
+        self.r_ref = float(finite.max()) if finite.size else 1.0
+        self.w = w
+        self.shared = shared
+        self.hop = hop
+        self.row_of: dict[tuple[str, int, int], int] = {}
+        self.row_rate: list[float] = []
+        self.shared_of: dict[Edge, list[int]] = {}
+        for k, s in enumerate(shared):
+            for e in s.pairs:
+                self.shared_of.setdefault(e, []).append(k)
+        self.cols: list[Column] = []
+        self.keys: set[tuple[Shape, ...]] = set()
+        self.coefs: list[dict[int, float]] = []
+        self.tie: list[float] = []
+        self.lat: list[float] = []
+
+    def _row(self, key: tuple[str, int, int], rate: float) -> int:
+        row = self.row_of.get(key)
+        if row is None:
+            row = self.row_of[key] = len(self.row_rate)
+            self.row_rate.append(rate)
+        return row
+
+    def add(self, col: Column) -> bool:
+        key = col.shapes
+        if key in self.keys:
+            return False
+        coef: dict[int, float] = {}
+        tie = 0.0
+        for (a, b), uses in col.edge_uses().items():
+            rate = float(self.w[a, b])
+            if not rate > 0:
+                raise AssertionError(f"column {col.origin} uses dead link {a}->{b}")
+            r = self._row(("link", a, b), rate)
+            coef[r] = coef.get(r, 0.0) + uses * self.r_ref / rate
+            tie += uses * self.r_ref / rate
+            for k in self.shared_of.get((a, b), ()):
+                r = self._row(("shared", k, 0), self.shared[k].mbit)
+                coef[r] = coef.get(r, 0.0) + uses * self.r_ref / self.shared[k].mbit
+        self.keys.add(key)
+        self.cols.append(col)
+        self.coefs.append(coef)
+        self.tie.append(tie)
+        self.lat.append(0.0 if self.hop is None else column_latency(col, self.hop))
+        return True
+
+    def solve(
+        self, allowed: np.ndarray | None = None, tie_break: bool = False
+    ) -> tuple[np.ndarray, float, np.ndarray, float] | None:
+        """(x over all columns, t, resource duals y >= 0, mu); None if no allowed column."""
+        idx = np.arange(len(self.cols)) if allowed is None else np.flatnonzero(allowed)
+        if idx.size == 0:
+            return None
+        k, m = idx.size, len(self.row_rate)
+        rows: list[int] = []
+        cols: list[int] = []
+        vals: list[float] = []
+        for j, c in enumerate(idx):
+            for r, v in self.coefs[c].items():
+                rows.append(r)
+                cols.append(j)
+                vals.append(v)
+        rows.extend(range(m))
+        cols.extend([k] * m)
+        vals.extend([-1.0] * m)
+        a_ub = coo_array((vals, (rows, cols)), shape=(m, k + 1)).tocsr()
+        a_eq = np.ones((1, k + 1))
+        a_eq[0, k] = 0.0
+        c = np.zeros(k + 1)
+        c[k] = 1.0
+        res = linprog(c, A_ub=a_ub, b_ub=np.zeros(m), A_eq=a_eq, b_eq=[1.0], method="highs")
+        if res.status != 0 or res.x is None:
+            raise PlanError("bw", f"route LP has no solution: {res.message}")
+        t = float(res.x[k])
+        y = -np.asarray(res.ineqlin.marginals, dtype=float)
+        mu = float(res.eqlin.marginals[0])
+        x = res.x
+        if tie_break:
+            c2 = np.zeros(k + 1)
+            c2[:k] = np.asarray(self.tie)[idx] / max(max(self.tie), 1e-300)
+            bounds = [(0, None)] * k + [(0, t * (1 + GAP) + 1e-12)]
+            res2 = linprog(
+                c2, A_ub=a_ub, b_ub=np.zeros(m), A_eq=a_eq, b_eq=[1.0], bounds=bounds,
+                method="highs",
+            )
+            if res2.status == 0 and res2.x is not None:
+                x = res2.x
+        full = np.zeros(len(self.cols))
+        full[idx] = np.clip(x[:k], 0.0, None)
+        return full, t, np.clip(y, 0.0, None), mu
+
+    def link_weights(self, y: np.ndarray) -> np.ndarray:
+        """Dual weight of every directed pair in LP units (0 where no resource is binding)."""
+        n = self.w.shape[0]
+        y = np.concatenate([y, np.zeros(len(self.row_rate) - y.size)])  # rows added since
+        wt = np.zeros((n, n))
+        sy = np.zeros(len(self.shared))
+        for (kind, a, b), r in self.row_of.items():
+            if kind == "link":
+                wt[a, b] += y[r] * self.r_ref / self.row_rate[r]
+            else:
+                sy[a] = y[r]
+        for k, s in enumerate(self.shared):
+            if sy[k] > 0:
+                for a, b in s.pairs:
+                    wt[a, b] += sy[k] * self.r_ref / s.mbit
+        return wt
+
+
+def column_latency(col: Column, hop: np.ndarray) -> float:
+    """Longest reduce path + longest broadcast path of the slowest shape (seconds)."""
+    worst = 0.0
+    for s in col.shapes:
+        parent = dict(s.up)
+        depth: dict[int, float] = {s.root: 0.0}
+
+        def up_depth(x: int, parent: dict[int, int] = parent, depth: dict = depth) -> float:
+            chain = []
+            while x not in depth:  # bounded: a valid tree reaches the root
+                chain.append(x)
+                x = parent[x]
+            d = depth[x]
+            for y in reversed(chain):
+                d += float(hop[y, parent[y]])
+                depth[y] = d
+            return depth[chain[0]] if chain else d
+
+        up = max((up_depth(c) for c, _ in s.up), default=0.0)
+        dpar = {c: p for p, c in s.down}
+        ddepth: dict[int, float] = {s.root: 0.0}
+
+        def down_depth(x: int, dpar: dict[int, int] = dpar, ddepth: dict = ddepth) -> float:
+            chain = []
+            while x not in ddepth:
+                chain.append(x)
+                x = dpar[x]
+            d = ddepth[x]
+            for y in reversed(chain):
+                d += float(hop[dpar[y], y])
+                ddepth[y] = d
+            return ddepth[chain[0]] if chain else d
+
+        down = max((down_depth(c) for _, c in s.down), default=0.0)
+        worst = max(worst, up + down)
+    return worst
+
+
+# --------------------------------------------------------------------------- pricing
+
+
+@functools.lru_cache(maxsize=16)
+def _splits(q: int) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], int]:
+    """Per subset size k >= 2: (subsets S, reduceat starts, S1, S2) with S1 holding S's lowest
+    bit, S1 and S2 = S minus S1 non-empty: every way to merge two sub-trees at a node."""
+    by_size: dict[int, list[int]] = {}
+    for s in range(1, 1 << q):
+        by_size.setdefault(s.bit_count(), []).append(s)
+    levels = []
+    for k in range(2, q + 1):
+        subsets, starts, s1s, s2s = [], [], [], []
+        for s in by_size[k]:
+            low = s & -s
+            rest = s ^ low
+            starts.append(len(s1s))
+            subsets.append(s)
+            sub = rest
+            while True:  # subsets of rest, each with low added; S2 must be non-empty
+                a = sub | low
+                if a != s:
+                    s1s.append(a)
+                    s2s.append(s ^ a)
+                if sub == 0:
+                    break
+                sub = (sub - 1) & rest
+        levels.append(
+            (np.array(subsets), np.array(starts), np.array(s1s), np.array(s2s))
+        )
+    return levels, (1 << q) - 1
+
+
+def _dreyfus_wagner(dist: np.ndarray, terms: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """dp[S][v]: cheapest in-tree to v spanning terminals S (dist[u][v]: path u -> v), and
+    merge[S][u]: cheapest two sub-trees of S joined at u. All roots at once."""
+    q = len(terms)
+    n = dist.shape[0]
+    dp = np.full((1 << q, n), np.inf)
+    merge = np.full((1 << q, n), np.inf)
+    for i, t in enumerate(terms):
+        dp[1 << i] = dist[t]
+    levels, _ = _splits(q)
+    for subsets, starts, s1, s2 in levels:
+        vals = dp[s1] + dp[s2]
+        m = np.minimum.reduceat(vals, starts, axis=0)
+        merge[subsets] = m
+        dp[subsets] = (m[:, :, None] + dist[None, :, :]).min(axis=1)
+    return dp, merge
+
+
+def _path(pred: np.ndarray, u: int, v: int, edges: set[Edge]) -> None:
+    x = v
+    for _ in range(pred.shape[0]):
+        if x == u:
+            return
+        p = int(pred[u, x])
+        if p < 0:
+            raise AssertionError(f"no path {u}->{v} in the pricing graph")
+        edges.add((p, x))
+        x = p
+    raise AssertionError("shortest-path predecessors loop")
+
+
+def _dw_tree(
+    v: int,
+    dp: np.ndarray,
+    merge: np.ndarray,
+    dist: np.ndarray,
+    pred: np.ndarray,
+    terms: Sequence[int],
+) -> set[Edge]:
+    """Edges (towards v) of the Dreyfus-Wagner tree of all terminals rooted at v."""
+    q = len(terms)
+    levels, full = _splits(q)
+    split_of = {}
+    for subsets, starts, s1, s2 in levels:
+        for j, s in enumerate(subsets.tolist()):
+            end = starts[j + 1] if j + 1 < len(starts) else len(s1)
+            split_of[s] = (s1[starts[j] : end], s2[starts[j] : end])
+    edges: set[Edge] = set()
+    stack = [(full, v)]
+    for _ in range(4 * (1 << q)):  # each entry splits a set: at most 2^(q+1) entries
+        if not stack:
+            break
+        s, x = stack.pop()
+        if s & (s - 1) == 0:
+            _path(pred, terms[s.bit_length() - 1], x, edges)
+            continue
+        u = int(np.argmin(merge[s] + dist[:, x]))
+        _path(pred, u, x, edges)
+        a, b = split_of[s]
+        j = int(np.argmin(dp[a, u] + dp[b, u]))
+        stack.append((int(a[j]), u))
+        stack.append((int(b[j]), u))
+    return edges
+
+
+def _as_in_tree(root: int, edges: set[Edge], members: Collection[int]) -> tuple[Edge, ...]:
+    """One parent per node: BFS from the root over reversed edges, then prune idle leaves."""
+    into: dict[int, list[int]] = {}
+    for a, b in edges:
+        into.setdefault(b, []).append(a)
+    parent: dict[int, int] = {}
+    order = [root]
+    for x in order:
+        for a in sorted(into.get(x, ())):
+            if a != root and a not in parent:
+                parent[a] = x
+                order.append(a)
+    mset = set(members)
+    for _ in range(len(parent) + 1):  # prune leaves that are not members
+        has_child = set(parent.values())
+        idle = [c for c in parent if c not in has_child and c not in mset]
+        if not idle:
+            break
+        for c in idle:
+            del parent[c]
+    return tuple(sorted(parent.items()))
+
+
+def _pricing_graph(wt: np.ndarray, usable: np.ndarray) -> csr_array:
+    """Sparse weights for csgraph on the usable links (a dense matrix would drop weights
+    below 1e-8: scipy masks values close to its null value)."""
+    r, c = np.nonzero(usable)
+    return csr_array((wt[r, c], (r, c)), shape=wt.shape)
+
+
+def _price_exact(
+    wt: np.ndarray, usable: np.ndarray, members: Sequence[int], roots: np.ndarray
+) -> list[tuple[float, Shape]]:
+    """Cheapest (in-tree + out-tree) per root, exactly (Dreyfus-Wagner), cheapest first."""
+    g = _pricing_graph(wt, usable)
+    dist_in, pred_in = shortest_path(g, method="D", directed=True, return_predecessors=True)
+    dist_out, pred_out = shortest_path(g.T, method="D", directed=True, return_predecessors=True)
+    dp_in, merge_in = _dreyfus_wagner(dist_in, members)
+    dp_out, merge_out = _dreyfus_wagner(dist_out, members)
+    full = (1 << len(members)) - 1
+    cost = dp_in[full] + dp_out[full]
+    out = []
+    for v in roots[np.argsort(cost[roots], kind="stable")][: COLUMNS_PER_ROUND * 2]:
+        v = int(v)
+        if not math.isfinite(cost[v]):
+            break
+        up = _as_in_tree(v, _dw_tree(v, dp_in, merge_in, dist_in, pred_in, members), members)
+        rev = _dw_tree(v, dp_out, merge_out, dist_out, pred_out, members)
+        down_in = _as_in_tree(v, rev, members)  # in the reversed graph
+        down = tuple(sorted((p, c) for c, p in down_in))
+        out.append((float(cost[v]), Shape(v, up, down)))
+    return out
+
+
+def _price_spt(
+    wt: np.ndarray, usable: np.ndarray, members: Sequence[int], roots: np.ndarray
+) -> list[tuple[float, Shape]]:
+    """Heuristic: shortest-path in-tree + out-tree per root (for groups too big for DW)."""
+    g = _pricing_graph(wt, usable)
+    n = g.shape[0]
+    dense = np.where(usable, wt, np.inf)
+    _, pred_to = shortest_path(g.T, method="D", directed=True, return_predecessors=True)
+    _, pred_from = shortest_path(g, method="D", directed=True, return_predecessors=True)
+    mem = np.zeros(n, dtype=bool)
+    mem[list(members)] = True
+    # pred_to[v][u]: next hop from u towards v; pred_from[v][u]: parent of u from v
+    cost = np.zeros(n)
+    trees = {}
+    for which, pred in (("up", pred_to), ("down", pred_from)):
+        marked = np.zeros((n, n), dtype=bool)
+        marked[:, mem] = True
+        marked[np.arange(n), np.arange(n)] = False
+        bad = (pred < 0) & marked
+        dead = bad.any(axis=1)
+        for _ in range(n):
+            r, c = np.nonzero(marked & (pred >= 0))
+            nxt = pred[r, c]
+            newly = ~marked[r, nxt] & (nxt != r)
+            if not newly.any():
+                break
+            marked[r[newly], nxt[newly]] = True
+        r, c = np.nonzero(marked & (pred >= 0))
+        p = pred[r, c]
+        wts = dense[c, p] if which == "up" else dense[p, c]
+        part = np.zeros(n)
+        np.add.at(part, r, wts)
+        part[dead] = np.inf
+        cost += part
+        trees[which] = (marked, pred)
+    out = []
+    for v in roots[np.argsort(cost[roots], kind="stable")][: COLUMNS_PER_ROUND * 2]:
+        v = int(v)
+        if not math.isfinite(cost[v]):
+            break
+        m_up, p_up = trees["up"]
+        m_dn, p_dn = trees["down"]
+        up = tuple(sorted((int(u), int(p_up[v, u])) for u in np.flatnonzero(m_up[v])))
+        down = tuple(sorted((int(p_dn[v, u]), int(u)) for u in np.flatnonzero(m_dn[v])))
+        out.append((float(cost[v]), Shape(v, up, down)))
+    return out
+
+
+# --------------------------------------------------------------------------- seeds
+
+
+def _star(root: int, members: Sequence[int]) -> Shape:
+    others = [m for m in members if m != root]
+    return Shape(root, tuple((m, root) for m in others), tuple((root, m) for m in others))
+
+
+def _route_shape(r: Route) -> Shape:
+    return Shape(r.root, tuple(sorted(r.up)), tuple(sorted(r.down)))
+
+
+def _seed_columns(
+    w: np.ndarray, members: tuple[int, ...], act: np.ndarray, with_ring: bool
+) -> list[Column]:
+    from crew import baselines
+
+    out: list[Column] = []
+    rows = w[list(members), :]
+    cols = w[:, list(members)]
+    usable = act & (rows.min(axis=0) > 0) & (cols.min(axis=1) > 0)
+    for v in np.flatnonzero(usable):  # today's CREW stars, and every PS server
+        out.append(Column((_star(int(v), members),), "star"))
+    trees = baselines.pack_trees(w, members, 4)
+    if trees:
+        roots = [baselines._eccentric_root(t.edges, members) for t in trees]
+        routes = baselines._tree_routes([t.edges for t in trees], roots, [1] * len(trees))
+        out.extend(Column((_route_shape(r),), "blink") for r in routes)
+    ms = list(members)
+    sub = w[np.ix_(ms, ms)]
+    if np.all(sub[~np.eye(len(ms), dtype=bool)] > 0):
+        out.append(
+            Column(
+                tuple(Shape(m, tuple(sorted((g, m) for g in ms if g != m)), ()) for m in ms),
+                "a2a",
+            )
+        )
+        if with_ring:
+            out.extend(_ring_columns(w, members))
+    return out
+
+
+def _ring_columns(w: np.ndarray, members: tuple[int, ...]) -> list[Column]:
+    from crew import baselines
+
+    try:
+        order, _ = baselines._ring_order(w, members)
+    except PlanError:
+        return []
+    p = len(order)
+    out = []
+    for k in range(p):
+        ring = [order[(k + 1 + j) % p] for j in range(p)]
+        bcast = [order[(k + j) % p] for j in range(p)]
+        up = tuple(sorted(zip(ring[:-1], ring[1:], strict=True)))
+        down = tuple(sorted(zip(bcast[:-1], bcast[1:], strict=True)))
+        out.append(Column((Shape(order[k], up, down),), "ring"))
+    return out
+
+
+# --------------------------------------------------------------------------- the planner
+
+
+def hop_latency(
+    bw: np.ndarray, delay_s: np.ndarray | None, part_bytes: int = 0
+) -> np.ndarray | None:
+    """Seconds one part needs per hop: one-way delay + its serialisation at the link's rate."""
+    w = _check_bw(bw)
+    if delay_s is None and part_bytes == 0:
+        return None
+    n = w.shape[0]
+    hop = np.zeros((n, n)) if delay_s is None else np.array(delay_s, dtype=float)
+    if part_bytes:
+        with np.errstate(divide="ignore"):
+            fill = np.where(w > 0, part_bytes / (w * BYTES_PER_S_PER_MBIT), np.inf)
+        hop = hop + fill
+    np.fill_diagonal(hop, 0.0)
+    return hop
+
+
+def plan_routes(
+    bw: np.ndarray,
+    members: Sequence[int],
+    size: int,
+    active: Collection[int] | None = None,
+    *,
+    shared: Sequence[SharedLink] | None = None,
+    delay_s: np.ndarray | None = None,
+    part_bytes: int = 0,
+    time_budget_s: float = DEFAULT_TIME_BUDGET_S,
+    exact: bool | None = None,
+) -> RoutePlanResult:
+    """CREW's plan for one group: the route LP of this module's docstring.
+
+    ``shared``: extra capacities over sets of pairs. ``delay_s``: n x n one-way delays in
+    seconds (``None``: no latency term); ``part_bytes`` adds each part's serialisation per hop.
+    ``exact`` forces (True) or forbids (False) Dreyfus-Wagner pricing (default: by size).
+    Raises PlanError when the members cannot reach each other through active workers.
+    """
+    w = _check_bw(bw)
+    n = w.shape[0]
+    ms = _check_group(members, n)
+    act = _check_active(active, n, ms)
+    total = _check_size(size, ELEM_BYTES)
+    sh = _check_shared(shared, n)
+    if not _is_int(part_bytes) or part_bytes < 0:
+        raise PlanError("part_bytes", f"must be an int >= 0, got {part_bytes!r}")
+    delays = effective_delay(n, delay_s, sh)
+    hop = hop_latency(w, delays, int(part_bytes))
+    if len(ms) == 1:
+        route = Route(0, total, ms[0], (), ())
+        return RoutePlanResult((route,), 0.0, 0.0, 0.0, 0.0, 0, 1, True, ("trivial",))
+    p = len(ms)
+    if exact is None:
+        exact = 3**p * n <= EXACT_PRICING_WORK and 2**p * n * n <= EXACT_PRICING_WORK
+    usable = act[:, None] & act[None, :] & (w > 0)
+    np.fill_diagonal(usable, False)
+    master = _Master(w, sh, hop)
+    for col in _seed_columns(w, ms, act, with_ring=not exact):
+        master.add(col)
+    roots = np.flatnonzero(act)
+    eps = _TIE * master.r_ref / np.where(usable, w, np.inf)
+    eps[~usable] = 0.0
+    price = _price_exact if exact else _price_spt
+    seconds_per_unit = size / (master.r_ref * BYTES_PER_S_PER_MBIT)
+    t0 = time.perf_counter()
+    rounds, optimal = 0, False
+    sol = master.solve() if master.cols else None
+    for rounds in range(1, MAX_ROUNDS + 1):  # noqa: B007 - rounds is reported
+        if sol is None:  # no seed column (e.g. no usable star): price on zero duals
+            t, mu, wt = math.inf, math.inf, np.zeros((n, n))
+        else:
+            _, t, y, mu = sol
+            wt = master.link_weights(y)
+        found = price(wt + eps, usable, ms, roots)
+        if not found:
+            break
+        if sol is not None and exact and t - found[0][0] <= GAP * t:
+            optimal = True  # Lagrangian bound: no mix of routes beats t by more than GAP
+            break
+        cut = mu - GAP * (t if math.isfinite(t) else 0.0)
+        added = sum(master.add(Column((s,), "priced")) for c, s in found if c < cut)
+        if not added:
+            break
+        sol = master.solve()
+        if time.perf_counter() - t0 > time_budget_s:
+            log.warning("route LP: column generation stopped after %d rounds (time budget)", rounds)
+            break
+    if sol is None:
+        raise PlanError("bw", f"no route connects the members {ms} through active workers")
+    if not optimal:
+        for col in _ring_columns(w, ms):  # keep the guarantee over the ring when unproven
+            master.add(col)
+    x, t_lp, lat_used = _choose(master, seconds_per_unit)
+    return _integer_plan(master, x, total, size, t_lp, lat_used, rounds, optimal)
+
+
+def _choose(master: _Master, seconds_per_unit: float) -> tuple[np.ndarray, float, float]:
+    """Best fractions under T = T_bw + max latency of used columns (module docstring).
+
+    Returns (x, T_bw in seconds, latency in seconds) of the fractional optimum."""
+    lat = np.asarray(master.lat)
+    sol = master.solve(tie_break=True)
+    assert sol is not None
+    x, t, _, _ = sol
+
+    def worst(x: np.ndarray) -> float:
+        used = x > 1e-9
+        return float(lat[used].max()) if used.any() else 0.0
+
+    best = (t * seconds_per_unit + worst(x), x, t * seconds_per_unit)
+    if master.hop is None:
+        return x, best[2], 0.0
+    tried = 0
+    for lam in np.unique(lat)[::-1]:  # latency levels, slowest first
+        if lam >= worst(best[1]):
+            continue
+        if tried >= MAX_LATENCY_LEVELS:
+            log.warning("route LP: stopped after %d latency levels", tried)
+            break
+        tried += 1
+        sol = master.solve(allowed=lat <= lam, tie_break=True)
+        if sol is None:
+            break
+        x, t, _, _ = sol
+        t_s = t * seconds_per_unit
+        if t_s + worst(x) < best[0]:
+            best = (t_s + worst(x), x, t_s)
+        if t_s >= best[0]:
+            break  # T_bw only grows as the latency cap falls
+    return best[1], best[2], worst(best[1])
+
+
+def _integer_plan(
+    master: _Master,
+    x: np.ndarray,
+    total: int,
+    size: int,
+    t_lp: float,
+    lat_used: float,
+    rounds: int,
+    optimal: bool,
+) -> RoutePlanResult:
+    x = np.where(x > 1e-9 * x.sum(), x, 0.0)
+    elems = largest_remainder(x, total)
+    routes: list[Route] = []
+    origins: list[str] = []
+    pos = 0
+    used_lat = 0.0
+    for c in np.flatnonzero(elems):
+        e = int(elems[c])
+        col = master.cols[int(c)]
+        for s in col.shapes:
+            routes.append(Route(pos, pos + e, s.root, s.up, s.down))
+            origins.append(col.origin)
+        used_lat = max(used_lat, master.lat[int(c)])
+        pos += e
+    t_bw = bandwidth_time(routes, master.w, master.shared)
+    return RoutePlanResult(
+        tuple(routes),
+        t_bw + used_lat,
+        t_bw,
+        used_lat,
+        t_lp + lat_used,
+        rounds,
+        len(master.cols),
+        optimal,
+        tuple(origins),
+    )
+
+
+def bandwidth_time(
+    routes: Sequence[Route], bw: np.ndarray, shared: Sequence[SharedLink] = ()
+) -> float:
+    """T_bw of routes: max over pairs and shared links of bytes / rate (seconds)."""
+    w = _check_bw(bw)
+    n = w.shape[0]
+    load = np.zeros((n, n))
+    for r in routes:
+        nbytes = r.elems * ELEM_BYTES
+        for a, b in (*r.up, *r.down):
+            load[a, b] += nbytes
+    used = load > 0
+    if not used.any():
+        return 0.0
+    if np.any(w[used] <= 0):
+        raise PlanError("routes", "a route uses a dead link")
+    t = float((load[used] / (w[used] * BYTES_PER_S_PER_MBIT)).max())
+    for s in shared:
+        tot = sum(load[a, b] for a, b in s.pairs)
+        t = max(t, tot / (s.mbit * BYTES_PER_S_PER_MBIT))
+    return t
+
+
+def route_latency(routes: Sequence[Route], hop: np.ndarray | None) -> float:
+    """Latency term of routes: the slowest route's longest reduce + broadcast path."""
+    if hop is None:
+        return 0.0
+    return max(
+        (column_latency(Column((_route_shape(r),), ""), hop) for r in routes), default=0.0
+    )
