@@ -70,8 +70,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import linprog
-from scipy.sparse import coo_array, csr_array
+from highspy._core import HighsModelStatus, _Highs, kHighsInf
+from scipy.sparse import csr_array
 from scipy.sparse.csgraph import shortest_path
 
 from crew.planner import (
@@ -103,6 +103,13 @@ MAX_LATENCY_LEVELS = 48
 """Latency levels tried at most (the levels of seeded baselines are always among them)."""
 GAP = 1e-7
 """Relative Lagrangian gap at which column generation counts as converged."""
+CENTRAL_DUALS = False
+SMOOTHING = 0.7
+SOFTMAX_SHARPNESS = 8.0
+USE_SOFT = False
+"""Weight of the best-bound duals in the pricing duals (Wentges smoothing)."""
+_INF = kHighsInf
+_OPTIMAL = HighsModelStatus.kOptimal
 _TIE = 1e-9  # relative weight of link time in pricing: ties go to routes over fewer/faster links
 
 
@@ -207,7 +214,9 @@ def _check_shared(shared: Sequence[SharedLink] | None, n: int) -> tuple[SharedLi
 
 
 class _Master:
-    """The restricted master LP over a growing column pool (rows added as links appear)."""
+    """The restricted master LP over a growing column pool, kept in one HiGHS instance so that
+    every re-solve after adding columns (or rows, as new links appear) warm-starts from the
+    previous basis. Column 0 is t; row 0 is ``sum x = 1``; every other row is a resource."""
 
     def __init__(
         self, w: np.ndarray, shared: tuple[SharedLink, ...], hop: np.ndarray | None
@@ -218,7 +227,7 @@ class _Master:
         self.shared = shared
         self.hop = hop
         self.row_of: dict[tuple[str, int, int], int] = {}
-        self.row_rate: list[float] = []
+        self.row_rate: list[float] = [0.0]  # row 0: convexity
         self.shared_of: dict[Edge, list[int]] = {}
         for k, s in enumerate(shared):
             for e in s.pairs:
@@ -228,19 +237,29 @@ class _Master:
         self.coefs: list[dict[int, float]] = []
         self.tie: list[float] = []
         self.lat: list[float] = []
+        # highspy.Highs (the public wrapper) prints a banner to fd 1 on first use, which would
+        # corrupt `lab.planbench --json`; the core class is the same solver without it.
+        self.central = False  # True: interior point without crossover (central duals)
+        self.h = _Highs()
+        for opt, val in (("output_flag", False), ("threads", 1), ("presolve", "off")):
+            self.h.setOptionValue(opt, val)
+        self.h.addVar(0.0, _INF)
+        self.h.changeColCost(0, 1.0)
+        self.h.addRow(1.0, 1.0, 0, np.zeros(0, dtype=np.int32), np.zeros(0))
 
     def _row(self, key: tuple[str, int, int], rate: float) -> int:
         row = self.row_of.get(key)
         if row is None:
             row = self.row_of[key] = len(self.row_rate)
             self.row_rate.append(rate)
+            self.h.addRow(-_INF, 0.0, 1, np.zeros(1, dtype=np.int32), np.array([-1.0]))
         return row
 
     def add(self, col: Column) -> bool:
         key = col.shapes
         if key in self.keys:
             return False
-        coef: dict[int, float] = {}
+        coef: dict[int, float] = {0: 1.0}
         tie = 0.0
         for (a, b), uses in col.edge_uses().items():
             rate = float(self.w[a, b])
@@ -252,6 +271,9 @@ class _Master:
             for k in self.shared_of.get((a, b), ()):
                 r = self._row(("shared", k, 0), self.shared[k].mbit)
                 coef[r] = coef.get(r, 0.0) + uses * self.r_ref / self.shared[k].mbit
+        rows = np.fromiter(coef.keys(), dtype=np.int32, count=len(coef))
+        vals = np.fromiter(coef.values(), dtype=float, count=len(coef))
+        self.h.addCol(0.0, 0.0, _INF, rows.size, rows, vals)
         self.keys.add(key)
         self.cols.append(col)
         self.coefs.append(coef)
@@ -259,50 +281,66 @@ class _Master:
         self.lat.append(0.0 if self.hop is None else column_latency(col, self.hop))
         return True
 
+    def _run(self) -> None:
+        self.h.setOptionValue("solver", "ipm" if self.central else "simplex")
+        self.h.setOptionValue("run_crossover", "off" if self.central else "on")
+        self.h.run()
+        status = self.h.getModelStatus()
+        if status != _OPTIMAL:
+            raise PlanError("bw", f"route LP: {self.h.modelStatusToString(status)}")
+
     def solve(
         self, allowed: np.ndarray | None = None, tie_break: bool = False
     ) -> tuple[np.ndarray, float, np.ndarray, float] | None:
-        """(x over all columns, t, resource duals y >= 0, mu); None if no allowed column."""
-        idx = np.arange(len(self.cols)) if allowed is None else np.flatnonzero(allowed)
-        if idx.size == 0:
+        """(x over all columns, t, resource duals y >= 0, mu); None if no allowed column.
+
+        ``allowed``: only these columns may be used (the others are fixed at 0 for this solve).
+        ``tie_break``: then keep t within GAP of its optimum and minimise the link time."""
+        k = len(self.cols)
+        if k == 0 or (allowed is not None and not allowed.any()):
             return None
-        k, m = idx.size, len(self.row_rate)
-        rows: list[int] = []
-        cols: list[int] = []
-        vals: list[float] = []
-        for j, c in enumerate(idx):
+        idx = np.arange(1, k + 1, dtype=np.int32)
+        if allowed is not None:
+            upper = np.where(allowed, _INF, 0.0)
+            self.h.changeColsBounds(k, idx, np.zeros(k), upper)
+        try:
+            self._run()
+            sol = self.h.getSolution()
+            values = np.asarray(sol.col_value)
+            duals = np.asarray(sol.row_dual)
+            t = float(values[0])
+            x = values[1:].copy()
+            if tie_break:
+                tie = np.asarray(self.tie) / max(max(self.tie), 1e-300)
+                self.h.changeColCost(0, 0.0)
+                self.h.changeColsCost(k, idx, tie)
+                self.h.changeColBounds(0, 0.0, t * (1 + GAP) + 1e-12)
+                try:
+                    self._run()
+                    x = np.asarray(self.h.getSolution().col_value)[1:].copy()
+                except PlanError:
+                    pass  # keep the first optimum
+                finally:
+                    self.h.changeColCost(0, 1.0)
+                    self.h.changeColsCost(k, idx, np.zeros(k))
+                    self.h.changeColBounds(0, 0.0, _INF)
+        finally:
+            if allowed is not None:
+                self.h.changeColsBounds(k, idx, np.zeros(k), np.full(k, _INF))
+        y = np.clip(-duals[1:], 0.0, None)
+        return np.clip(x, 0.0, None), t, np.concatenate([[0.0], y]), float(duals[0])
+
+    def soft_duals(self, x: np.ndarray, t: float) -> np.ndarray:
+        """Weights summing to 1 that grow steeply with each resource's time (a softmax, as in
+        multiplicative-weights packing): valid duals for the Lagrangian bound, and unlike the
+        LP's they also price links that are loaded but not yet binding."""
+        times = np.zeros(len(self.row_rate))
+        for c in np.flatnonzero(x > 0):
             for r, v in self.coefs[c].items():
-                rows.append(r)
-                cols.append(j)
-                vals.append(v)
-        rows.extend(range(m))
-        cols.extend([k] * m)
-        vals.extend([-1.0] * m)
-        a_ub = coo_array((vals, (rows, cols)), shape=(m, k + 1)).tocsr()
-        a_eq = np.ones((1, k + 1))
-        a_eq[0, k] = 0.0
-        c = np.zeros(k + 1)
-        c[k] = 1.0
-        res = linprog(c, A_ub=a_ub, b_ub=np.zeros(m), A_eq=a_eq, b_eq=[1.0], method="highs")
-        if res.status != 0 or res.x is None:
-            raise PlanError("bw", f"route LP has no solution: {res.message}")
-        t = float(res.x[k])
-        y = -np.asarray(res.ineqlin.marginals, dtype=float)
-        mu = float(res.eqlin.marginals[0])
-        x = res.x
-        if tie_break:
-            c2 = np.zeros(k + 1)
-            c2[:k] = np.asarray(self.tie)[idx] / max(max(self.tie), 1e-300)
-            bounds = [(0, None)] * k + [(0, t * (1 + GAP) + 1e-12)]
-            res2 = linprog(
-                c2, A_ub=a_ub, b_ub=np.zeros(m), A_eq=a_eq, b_eq=[1.0], bounds=bounds,
-                method="highs",
-            )
-            if res2.status == 0 and res2.x is not None:
-                x = res2.x
-        full = np.zeros(len(self.cols))
-        full[idx] = np.clip(x[:k], 0.0, None)
-        return full, t, np.clip(y, 0.0, None), mu
+                times[r] += v * x[c]
+        times[0] = -math.inf  # the convexity row is no resource
+        u = np.exp(SOFTMAX_SHARPNESS * (times / max(t, 1e-300) - 1.0))
+        return u / u.sum()
 
     def link_weights(self, y: np.ndarray) -> np.ndarray:
         """Dual weight of every directed pair in LP units (0 where no resource is binding)."""
@@ -393,6 +431,17 @@ def _splits(q: int) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     return levels, (1 << q) - 1
 
 
+@functools.lru_cache(maxsize=16)
+def _split_of(q: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Subset -> (its S1 choices, matching S2) for the tree reconstruction."""
+    out = {}
+    for subsets, starts, s1, s2 in _splits(q)[0]:
+        for j, s in enumerate(subsets.tolist()):
+            end = starts[j + 1] if j + 1 < len(starts) else len(s1)
+            out[s] = (s1[starts[j] : end], s2[starts[j] : end])
+    return out
+
+
 def _dreyfus_wagner(dist: np.ndarray, terms: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """dp[S][v]: cheapest in-tree to v spanning terminals S (dist[u][v]: path u -> v), and
     merge[S][u]: cheapest two sub-trees of S joined at u. All roots at once."""
@@ -434,12 +483,8 @@ def _dw_tree(
 ) -> set[Edge]:
     """Edges (towards v) of the Dreyfus-Wagner tree of all terminals rooted at v."""
     q = len(terms)
-    levels, full = _splits(q)
-    split_of = {}
-    for subsets, starts, s1, s2 in levels:
-        for j, s in enumerate(subsets.tolist()):
-            end = starts[j + 1] if j + 1 < len(starts) else len(s1)
-            split_of[s] = (s1[starts[j] : end], s2[starts[j] : end])
+    full = (1 << q) - 1
+    split_of = _split_of(q)
     edges: set[Edge] = set()
     stack = [(full, v)]
     for _ in range(4 * (1 << q)):  # each entry splits a set: at most 2^(q+1) entries
@@ -481,6 +526,25 @@ def _as_in_tree(root: int, edges: set[Edge], members: Collection[int]) -> tuple[
     return tuple(sorted(parent.items()))
 
 
+def _all_pairs(wt: np.ndarray, usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Shortest paths (dist[u][v] of u -> v) and predecessors (pred[u][x]: the node before x
+    on the path from u; -9999 for none), by Floyd-Warshall in numpy for small n."""
+    n = wt.shape[0]
+    if n > 48:
+        return shortest_path(
+            _pricing_graph(wt, usable), method="D", directed=True, return_predecessors=True
+        )
+    dist = np.where(usable, wt, np.inf)
+    np.fill_diagonal(dist, 0.0)
+    pred = np.where(usable, np.arange(n)[:, None], -9999)
+    for k in range(n):
+        alt = dist[:, k, None] + dist[None, k, :]
+        better = alt < dist
+        dist = np.where(better, alt, dist)
+        pred = np.where(better, pred[k][None, :], pred)
+    return dist, pred
+
+
 def _pricing_graph(wt: np.ndarray, usable: np.ndarray) -> csr_array:
     """Sparse weights for csgraph on the usable links (a dense matrix would drop weights
     below 1e-8: scipy masks values close to its null value)."""
@@ -489,32 +553,43 @@ def _pricing_graph(wt: np.ndarray, usable: np.ndarray) -> csr_array:
 
 
 def _price_exact(
-    wt: np.ndarray, usable: np.ndarray, members: Sequence[int], roots: np.ndarray
-) -> list[tuple[float, Shape]]:
-    """Cheapest (in-tree + out-tree) per root, exactly (Dreyfus-Wagner), cheapest first."""
-    g = _pricing_graph(wt, usable)
-    dist_in, pred_in = shortest_path(g, method="D", directed=True, return_predecessors=True)
-    dist_out, pred_out = shortest_path(g.T, method="D", directed=True, return_predecessors=True)
+    wt: np.ndarray,
+    usable: np.ndarray,
+    members: Sequence[int],
+    roots: np.ndarray,
+    cut: float,
+    limit: int | None = None,
+) -> tuple[float, list[tuple[float, Shape]]]:
+    """Cheapest (in-tree + out-tree) over all roots, exactly (Dreyfus-Wagner), and the trees
+    of the roots whose cost is below ``cut`` (at most COLUMNS_PER_ROUND, cheapest first)."""
+    dist_in, pred_in = _all_pairs(wt, usable)
+    dist_out, pred_out = _all_pairs(wt.T, usable.T)
     dp_in, merge_in = _dreyfus_wagner(dist_in, members)
     dp_out, merge_out = _dreyfus_wagner(dist_out, members)
     full = (1 << len(members)) - 1
     cost = dp_in[full] + dp_out[full]
     out = []
-    for v in roots[np.argsort(cost[roots], kind="stable")][: COLUMNS_PER_ROUND * 2]:
+    order = roots[np.argsort(cost[roots], kind="stable")]
+    for v in order[: COLUMNS_PER_ROUND if limit is None else limit]:
         v = int(v)
-        if not math.isfinite(cost[v]):
+        if not cost[v] < cut:
             break
         up = _as_in_tree(v, _dw_tree(v, dp_in, merge_in, dist_in, pred_in, members), members)
         rev = _dw_tree(v, dp_out, merge_out, dist_out, pred_out, members)
         down_in = _as_in_tree(v, rev, members)  # in the reversed graph
         down = tuple(sorted((p, c) for c, p in down_in))
         out.append((float(cost[v]), Shape(v, up, down)))
-    return out
+    return float(cost[order[0]]), out
 
 
 def _price_spt(
-    wt: np.ndarray, usable: np.ndarray, members: Sequence[int], roots: np.ndarray
-) -> list[tuple[float, Shape]]:
+    wt: np.ndarray,
+    usable: np.ndarray,
+    members: Sequence[int],
+    roots: np.ndarray,
+    cut: float,
+    limit: int | None = None,
+) -> tuple[float, list[tuple[float, Shape]]]:
     """Heuristic: shortest-path in-tree + out-tree per root (for groups too big for DW)."""
     g = _pricing_graph(wt, usable)
     n = g.shape[0]
@@ -548,19 +623,24 @@ def _price_spt(
         cost += part
         trees[which] = (marked, pred)
     out = []
-    for v in roots[np.argsort(cost[roots], kind="stable")][: COLUMNS_PER_ROUND * 2]:
+    order = roots[np.argsort(cost[roots], kind="stable")]
+    for v in order[: COLUMNS_PER_ROUND if limit is None else limit]:
         v = int(v)
-        if not math.isfinite(cost[v]):
+        if not cost[v] < cut:
             break
         m_up, p_up = trees["up"]
         m_dn, p_dn = trees["down"]
         up = tuple(sorted((int(u), int(p_up[v, u])) for u in np.flatnonzero(m_up[v])))
         down = tuple(sorted((int(p_dn[v, u]), int(u)) for u in np.flatnonzero(m_dn[v])))
         out.append((float(cost[v]), Shape(v, up, down)))
-    return out
+    return float(cost[order[0]]), out
 
 
 # --------------------------------------------------------------------------- seeds
+
+
+def _cost(s: Shape, wt: np.ndarray) -> float:
+    return float(sum(wt[a, b] for a, b in (*s.up, *s.down)))
 
 
 def _star(root: int, members: Sequence[int]) -> Shape:
@@ -687,22 +767,43 @@ def plan_routes(
     seconds_per_unit = size / (master.r_ref * BYTES_PER_S_PER_MBIT)
     t0 = time.perf_counter()
     rounds, optimal = 0, False
+    # Also seed, per root, the trees of least total link time (the duals of an LP where every
+    # link is equally loaded): they start the pool near the optimum and save rounds.
+    _, trees = price(eps / _TIE, usable, ms, roots, math.inf, limit=roots.size)
+    for _, shape in trees:
+        master.add(Column((shape,), "tree"))
+    master.central = CENTRAL_DUALS
     sol = master.solve() if master.cols else None
+    lower = -math.inf  # best Lagrangian bound so far, and the dual weights that gave it
+    center: np.ndarray | None = None
     for rounds in range(1, MAX_ROUNDS + 1):  # noqa: B007 - rounds is reported
         if sol is None:  # no seed column (e.g. no usable star): price on zero duals
             t, mu, wt = math.inf, math.inf, np.zeros((n, n))
         else:
             _, t, y, mu = sol
             wt = master.link_weights(y)
-        found = price(wt + eps, usable, ms, roots)
-        if not found:
-            break
-        if sol is not None and exact and t - found[0][0] <= GAP * t:
+        cut = mu - GAP * (t if math.isfinite(t) else 0.0)
+        # Wentges smoothing: the duals are very degenerate (most links price at 0), so price
+        # first at a mix with the duals of the best bound so far; fall back to the plain duals
+        # when that finds no improving column (a mis-price).
+        new: list[Shape] = []
+        smoothed = [SMOOTHING * center + (1 - SMOOTHING) * wt] if center is not None and SMOOTHING > 0 else []
+        if sol is not None and USE_SOFT:
+            smoothed.append(master.link_weights(master.soft_duals(sol[0], t)))
+        for weights in [*smoothed, wt]:
+            best, found = price(weights + eps, usable, ms, roots, math.inf)
+            if best > lower:  # any weights with sum(y) = 1 give t >= min column cost
+                lower, center = best, weights
+            new = [s for _, s in found if _cost(s, wt) < cut]
+            if new:
+                break
+        log.debug("route LP round %d: t=%.9g, bound %.9g", rounds, t, lower)
+        if sol is not None and exact and t - lower <= GAP * t:
             optimal = True  # Lagrangian bound: no mix of routes beats t by more than GAP
             break
-        cut = mu - GAP * (t if math.isfinite(t) else 0.0)
-        added = sum(master.add(Column((s,), "priced")) for c, s in found if c < cut)
+        added = sum(master.add(Column((s,), "priced")) for s in new)
         if not added:
+            optimal = exact  # exact pricing found no improving column
             break
         sol = master.solve()
         if time.perf_counter() - t0 > time_budget_s:
@@ -713,6 +814,7 @@ def plan_routes(
     if not optimal:
         for col in _ring_columns(w, ms):  # keep the guarantee over the ring when unproven
             master.add(col)
+    master.central = False  # a vertex: few routes
     x, t_lp, lat_used = _choose(master, seconds_per_unit)
     return _integer_plan(master, x, total, size, t_lp, lat_used, rounds, optimal)
 
