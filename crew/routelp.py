@@ -66,6 +66,7 @@ import functools
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -77,8 +78,10 @@ from scipy.sparse.csgraph import shortest_path
 from crew.planner import (
     BYTES_PER_S_PER_MBIT,
     PlanError,
+    SharedLink,
     _check_active,
     _check_bw,
+    _check_delays,
     _check_group,
     _check_size,
     _is_int,
@@ -103,43 +106,19 @@ MAX_LATENCY_LEVELS = 48
 """Latency levels tried at most (the levels of seeded baselines are always among them)."""
 GAP = 1e-7
 """Relative Lagrangian gap at which column generation counts as converged."""
-CENTRAL_DUALS = False
 SMOOTHING = 0.7
-SOFTMAX_SHARPNESS = 8.0
-USE_SOFT = False
 """Weight of the best-bound duals in the pricing duals (Wentges smoothing)."""
+CACHE_RESULTS = 256
+"""Plans kept for repeated identical inputs."""
+CACHE_GROUPS = 512
+"""Groups (members, active set) whose recently used columns are kept for warm starts."""
+POOL_SHAPES = 48
+"""Warm columns kept per group."""
+_RESULTS: OrderedDict[tuple, RoutePlanResult] = OrderedDict()
+_POOL: OrderedDict[tuple, list[Shape]] = OrderedDict()
 _INF = kHighsInf
 _OPTIMAL = HighsModelStatus.kOptimal
 _TIE = 1e-9  # relative weight of link time in pricing: ties go to routes over fewer/faster links
-
-
-@dataclass(frozen=True)
-class SharedLink:
-    """A capacity shared by several directed pairs: their bytes together drain at ``mbit``.
-
-    E.g. a cloud's WAN uplink: every pair (a, b) with a in the cloud and b outside crosses it.
-    ``delay_s`` is its one-way delay: a pair crossing it is at least that far (see
-    :func:`effective_delay`).
-    """
-
-    pairs: tuple[Edge, ...]
-    mbit: float
-    delay_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        try:
-            pairs = tuple((int(a), int(b)) for a, b in self.pairs)
-        except (TypeError, ValueError):
-            raise PlanError("shared", f"pairs must be (src, dst) ints, got {self.pairs!r}") from None
-        if not pairs or len(set(pairs)) != len(pairs) or any(a == b for a, b in pairs):
-            raise PlanError("shared", f"pairs must be distinct (src, dst), src != dst: {pairs}")
-        object.__setattr__(self, "pairs", pairs)
-        for name in ("mbit", "delay_s"):
-            v = getattr(self, name)
-            if not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-                raise PlanError("shared", f"{name} must be a finite number >= 0, got {v!r}")
-        if not self.mbit > 0:
-            raise PlanError("shared", "mbit must be positive (drop the pairs' links instead)")
 
 
 @dataclass(frozen=True)
@@ -181,25 +160,6 @@ class RoutePlanResult:
     origins: tuple[str, ...]  # origin of each route's column
 
 
-def effective_delay(
-    n: int, delay_s: np.ndarray | None, shared: Sequence[SharedLink] = ()
-) -> np.ndarray | None:
-    """One-way delay per directed pair: ``delay_s`` raised to every shared link it crosses."""
-    if delay_s is None and not any(s.delay_s > 0 for s in shared):
-        return None
-    d = np.zeros((n, n)) if delay_s is None else np.array(delay_s, dtype=float)
-    if d.shape != (n, n):
-        raise PlanError("delay_s", f"must have shape {(n, n)}, got {d.shape}")
-    off = ~np.eye(n, dtype=bool)
-    if not np.all(np.isfinite(d[off])) or np.any(d[off] < 0):
-        raise PlanError("delay_s", "off-diagonal delays must be finite and >= 0")
-    for s in shared:
-        for a, b in s.pairs:
-            d[a, b] = max(d[a, b], s.delay_s)
-    np.fill_diagonal(d, 0.0)
-    return d
-
-
 def _check_shared(shared: Sequence[SharedLink] | None, n: int) -> tuple[SharedLink, ...]:
     out = tuple(shared or ())
     for s in out:
@@ -239,7 +199,6 @@ class _Master:
         self.lat: list[float] = []
         # highspy.Highs (the public wrapper) prints a banner to fd 1 on first use, which would
         # corrupt `lab.planbench --json`; the core class is the same solver without it.
-        self.central = False  # True: interior point without crossover (central duals)
         self.h = _Highs()
         for opt, val in (("output_flag", False), ("threads", 1), ("presolve", "off")):
             self.h.setOptionValue(opt, val)
@@ -282,8 +241,6 @@ class _Master:
         return True
 
     def _run(self) -> None:
-        self.h.setOptionValue("solver", "ipm" if self.central else "simplex")
-        self.h.setOptionValue("run_crossover", "off" if self.central else "on")
         self.h.run()
         status = self.h.getModelStatus()
         if status != _OPTIMAL:
@@ -329,18 +286,6 @@ class _Master:
                 self.h.changeColsBounds(k, idx, np.zeros(k), np.full(k, _INF))
         y = np.clip(-duals[1:], 0.0, None)
         return np.clip(x, 0.0, None), t, np.concatenate([[0.0], y]), float(duals[0])
-
-    def soft_duals(self, x: np.ndarray, t: float) -> np.ndarray:
-        """Weights summing to 1 that grow steeply with each resource's time (a softmax, as in
-        multiplicative-weights packing): valid duals for the Lagrangian bound, and unlike the
-        LP's they also price links that are loaded but not yet binding."""
-        times = np.zeros(len(self.row_rate))
-        for c in np.flatnonzero(x > 0):
-            for r, v in self.coefs[c].items():
-                times[r] += v * x[c]
-        times[0] = -math.inf  # the convexity row is no resource
-        u = np.exp(SOFTMAX_SHARPNESS * (times / max(t, 1e-300) - 1.0))
-        return u / u.sum()
 
     def link_weights(self, y: np.ndarray) -> np.ndarray:
         """Dual weight of every directed pair in LP units (0 where no resource is binding)."""
@@ -425,9 +370,7 @@ def _splits(q: int) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray, np.n
                 if sub == 0:
                     break
                 sub = (sub - 1) & rest
-        levels.append(
-            (np.array(subsets), np.array(starts), np.array(s1s), np.array(s2s))
-        )
+        levels.append((np.array(subsets), np.array(starts), np.array(s1s), np.array(s2s)))
     return levels, (1 << q) - 1
 
 
@@ -731,12 +674,19 @@ def plan_routes(
     part_bytes: int = 0,
     time_budget_s: float = DEFAULT_TIME_BUDGET_S,
     exact: bool | None = None,
+    warm: bool = True,
 ) -> RoutePlanResult:
     """CREW's plan for one group: the route LP of this module's docstring.
 
     ``shared``: extra capacities over sets of pairs. ``delay_s``: n x n one-way delays in
     seconds (``None``: no latency term); ``part_bytes`` adds each part's serialisation per hop.
     ``exact`` forces (True) or forbids (False) Dreyfus-Wagner pricing (default: by size).
+
+    ``warm``: reuse work of earlier calls in this process. The same inputs return the cached
+    result; otherwise the columns that earlier plans of the same members and active set used
+    join the seeds (a warm start: column generation then usually ends within a round or two).
+    Either way the plan is the one this function would compute, up to the LP's GAP: warm
+    columns only start the pool, pricing still has the last word.
     Raises PlanError when the members cannot reach each other through active workers.
     """
     w = _check_bw(bw)
@@ -747,8 +697,39 @@ def plan_routes(
     sh = _check_shared(shared, n)
     if not _is_int(part_bytes) or part_bytes < 0:
         raise PlanError("part_bytes", f"must be an int >= 0, got {part_bytes!r}")
-    delays = effective_delay(n, delay_s, sh)
-    hop = hop_latency(w, delays, int(part_bytes))
+    delays = _check_delays(delay_s, n, sh)
+    if not isinstance(time_budget_s, int | float) or not time_budget_s > 0:
+        raise PlanError("time_budget_s", f"must be a positive number, got {time_budget_s!r}")
+    key = (
+        w.tobytes(), ms, act.tobytes(), total, sh,
+        None if delays is None else delays.tobytes(), int(part_bytes), exact,
+    )  # fmt: skip
+    if warm and key in _RESULTS:
+        _RESULTS.move_to_end(key)
+        return _RESULTS[key]
+    result = _plan(w, ms, act, total, sh, delays, int(part_bytes), time_budget_s, exact, warm)
+    if warm:
+        _RESULTS[key] = result
+        while len(_RESULTS) > CACHE_RESULTS:
+            _RESULTS.popitem(last=False)
+    return result
+
+
+def _plan(
+    w: np.ndarray,
+    ms: tuple[int, ...],
+    act: np.ndarray,
+    total: int,
+    sh: tuple[SharedLink, ...],
+    delays: np.ndarray | None,
+    part_bytes: int,
+    time_budget_s: float,
+    exact: bool | None,
+    warm: bool,
+) -> RoutePlanResult:
+    n = w.shape[0]
+    size = total * ELEM_BYTES
+    hop = hop_latency(w, delays, part_bytes)
     if len(ms) == 1:
         route = Route(0, total, ms[0], (), ())
         return RoutePlanResult((route,), 0.0, 0.0, 0.0, 0.0, 0, 1, True, ("trivial",))
@@ -760,6 +741,11 @@ def plan_routes(
     master = _Master(w, sh, hop)
     for col in _seed_columns(w, ms, act, with_ring=not exact):
         master.add(col)
+    pool_key = (n, ms, act.tobytes())
+    if warm:
+        for shape in _POOL.get(pool_key, ()):
+            if all(usable[e] for e in (*shape.up, *shape.down)):
+                master.add(Column((shape,), "warm"))
     roots = np.flatnonzero(act)
     eps = _TIE * master.r_ref / np.where(usable, w, np.inf)
     eps[~usable] = 0.0
@@ -772,7 +758,6 @@ def plan_routes(
     _, trees = price(eps / _TIE, usable, ms, roots, math.inf, limit=roots.size)
     for _, shape in trees:
         master.add(Column((shape,), "tree"))
-    master.central = CENTRAL_DUALS
     sol = master.solve() if master.cols else None
     lower = -math.inf  # best Lagrangian bound so far, and the dual weights that gave it
     center: np.ndarray | None = None
@@ -787,9 +772,7 @@ def plan_routes(
         # first at a mix with the duals of the best bound so far; fall back to the plain duals
         # when that finds no improving column (a mis-price).
         new: list[Shape] = []
-        smoothed = [SMOOTHING * center + (1 - SMOOTHING) * wt] if center is not None and SMOOTHING > 0 else []
-        if sol is not None and USE_SOFT:
-            smoothed.append(master.link_weights(master.soft_duals(sol[0], t)))
+        smoothed = [] if center is None else [SMOOTHING * center + (1 - SMOOTHING) * wt]
         for weights in [*smoothed, wt]:
             best, found = price(weights + eps, usable, ms, roots, math.inf)
             if best > lower:  # any weights with sum(y) = 1 give t >= min column cost
@@ -814,9 +797,27 @@ def plan_routes(
     if not optimal:
         for col in _ring_columns(w, ms):  # keep the guarantee over the ring when unproven
             master.add(col)
-    master.central = False  # a vertex: few routes
     x, t_lp, lat_used = _choose(master, seconds_per_unit)
+    if warm:
+        _remember(pool_key, master, x)
     return _integer_plan(master, x, total, size, t_lp, lat_used, rounds, optimal)
+
+
+def _remember(key: tuple, master: _Master, x: np.ndarray) -> None:
+    """Keep the single-shape columns this plan used, most recent first, for warm starts."""
+    used = [
+        master.cols[c].shapes[0] for c in np.flatnonzero(x > 0) if len(master.cols[c].shapes) == 1
+    ]
+    old = [s for s in _POOL.pop(key, ()) if s not in used]
+    _POOL[key] = (used + old)[:POOL_SHAPES]
+    while len(_POOL) > CACHE_GROUPS:
+        _POOL.popitem(last=False)
+
+
+def clear_caches() -> None:
+    """Forget cached results and warm columns (benchmarks measure cold planning with it)."""
+    _RESULTS.clear()
+    _POOL.clear()
 
 
 def _choose(master: _Master, seconds_per_unit: float) -> tuple[np.ndarray, float, float]:
@@ -920,6 +921,18 @@ def route_latency(routes: Sequence[Route], hop: np.ndarray | None) -> float:
     """Latency term of routes: the slowest route's longest reduce + broadcast path."""
     if hop is None:
         return 0.0
-    return max(
-        (column_latency(Column((_route_shape(r),), ""), hop) for r in routes), default=0.0
-    )
+    return max((column_latency(Column((_route_shape(r),), ""), hop) for r in routes), default=0.0)
+
+
+def route_time(
+    routes: Sequence[Route],
+    bw: np.ndarray,
+    shared: Sequence[SharedLink] | None = None,
+    delay_s: np.ndarray | None = None,
+    part_bytes: int = 0,
+) -> float:
+    """Any routes' time under this module's model: T_bw + the slowest route's latency."""
+    w = _check_bw(bw)
+    sh = _check_shared(shared, w.shape[0])
+    hop = hop_latency(w, _check_delays(delay_s, w.shape[0], sh), part_bytes)
+    return bandwidth_time(routes, w, sh) + route_latency(routes, hop)
