@@ -150,7 +150,12 @@ def plan_group(
             plan = planner.solve_pipelined(bw, members, size, active=active)
             pipelined = True
         elif scheme == "crew-relay":
-            better, relay = planner.two_hop(bw)
+            live = np.array(bw, dtype=float)  # relays only through active workers
+            if active is not None:
+                off = np.setdiff1d(np.arange(n), np.asarray(list(active), dtype=int))
+                live[off, :] = 0.0
+                live[:, off] = 0.0
+            better, relay = planner.two_hop(live)
             plan = planner.solve_pipelined(better, members, size, active=active)
             segments = [(s.worker, s.start, s.stop) for s in plan.segments]
             routes = tuple(relayed_star_routes(segments, members, relay))
