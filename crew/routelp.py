@@ -856,6 +856,40 @@ def _choose(master: _Master, seconds_per_unit: float) -> tuple[np.ndarray, float
     return best[1], best[2], worst(best[1])
 
 
+def _round(master: _Master, x: np.ndarray, total: int) -> np.ndarray:
+    """Whole elements per column: the floor of each share, then each element left over goes
+    to the used column that raises the busiest resource least (ties: the largest remainder).
+    Never worse than largest remainder on the busiest resource, and it keeps ties with other
+    plans of the same LP value from being lost to rounding."""
+    used = np.flatnonzero(x > 0)
+    quota = x[used] / x[used].sum() * total
+    elems = np.floor(quota).astype(np.int64)
+    left = int(total - elems.sum())
+    if left < 0 or left > used.size:  # float error only; fall back to the classic rounding
+        out = np.zeros(x.size, dtype=np.int64)
+        out[used] = largest_remainder(x[used], total)
+        return out
+    m = len(master.row_rate)
+    coef = np.zeros((used.size, m))
+    for k, c in enumerate(used):
+        for r, v in master.coefs[c].items():
+            coef[k, r] = v
+    coef[:, 0] = 0.0  # the convexity row is no resource
+    load = elems @ coef
+    frac = quota - elems
+    for _ in range(left):  # one element each: at most used.size steps
+        worst = np.max(load[None, :] + coef, axis=1)
+        k = int(np.lexsort((-frac, worst))[0])
+        elems[k] += 1
+        frac[k] -= 1.0  # its remainder is spent
+        load += coef[k]
+    out = np.zeros(x.size, dtype=np.int64)
+    out[used] = elems
+    if out.sum() != total:
+        raise AssertionError("rounding lost elements")
+    return out
+
+
 def _integer_plan(
     master: _Master,
     x: np.ndarray,
@@ -867,7 +901,7 @@ def _integer_plan(
     optimal: bool,
 ) -> RoutePlanResult:
     x = np.where(x > 1e-9 * x.sum(), x, 0.0)
-    elems = largest_remainder(x, total)
+    elems = _round(master, x, total)
     routes: list[Route] = []
     origins: list[str] = []
     pos = 0
