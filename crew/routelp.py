@@ -28,7 +28,7 @@ solving the LP once per latency level lambda (only columns with L_c <= lambda al
 decreasing lambda, stopping as soon as T_bw(lambda) alone is no better than the best T found
 (T_bw only grows as lambda falls).
 
-**LP** (HiGHS through ``scipy.optimize.linprog``)::
+**LP** (HiGHS through ``highspy``, one model kept warm while columns and rows are added)::
 
     minimise t  s.t.  sum_c x_c = 1,  x >= 0,
                       sum_c x_c * uses_c(k) * M / rate_k <= t     for every resource k
@@ -37,27 +37,38 @@ then a second LP keeps t within 1e-7 of its optimum and minimises the total link
 ``sum_c x_c sum_{e in c} M / rate_e``: among equally fast plans, the one moving fewest bytes
 over slow links (no relay where a direct link does as well).
 
-**Column generation.** The pool starts with today's CREW stars (one per usable aggregator,
-which is also every PS plan), BLINK's packed trees, the all-to-all bundle and, when the pricing
-below is heuristic, the ring's routes. With the LP duals y_k >= 0 of the resources and mu of
-``sum x = 1``, a new column's reduced cost is ``sum_{e in c} w_e - mu`` where the link weight
-``w_e = sum_{k contains e} y_k / rate_k``. The cheapest column is, for each root v, a min-cost
-Steiner in-tree from the members to v plus a min-cost Steiner out-tree from v to the members,
-over dual-weighted links among active workers. For small groups (3^p * n small) it is found
-*exactly* by Dreyfus-Wagner dynamic programming for all roots at once; then the loop stops
-when no column has negative reduced cost (Lagrangian gap <= 1e-7), and the plan is optimal
-over all routes, so no route-based scheme (PS, ring, all-to-all, BLINK, TopoAdopt, today's
-CREW) has a lower pipelined cost, hence none beats it on its own (never lower) cost model.
-For larger groups the pricing is heuristic (shortest-path trees per root) and the seeded
-columns keep the guarantee for every seeded baseline. The loop is bounded (``MAX_ROUNDS``,
-``time_budget_s``); if it stops early the ring's routes are added before the final solve, so
-the plan stays at least as good as every seeded baseline, and ``RoutePlanResult.optimal`` says
-the optimum over all routes was not proved.
+**Column generation.** The pool starts with today's CREW stars (one per usable aggregator, which
+is also every PS plan), BLINK's packed trees, the all-to-all bundle, per root the trees of least
+total link time and, when the pricing below is heuristic, the ring's routes. With the LP duals
+y_k >= 0 of the resources and mu of ``sum x = 1``, a new column's reduced cost is ``sum_{e in c}
+w_e - mu`` where the link weight ``w_e = sum_{k contains e} y_k / rate_k``. The cheapest column
+is, for each root v, a min-cost Steiner in-tree from the members to v plus a min-cost Steiner
+out-tree from v to the members, over dual-weighted links among active workers. The LP duals are
+very degenerate (most links price at 0 until they bind), so pricing first tries Wentges-smoothed
+duals (a mix with those of the best Lagrangian bound so far) and falls back to the plain duals.
+For small groups (3^p * n small) the cheapest column is found *exactly* by Dreyfus-Wagner
+dynamic programming for all roots at once; then the loop stops when no column has negative
+reduced cost (Lagrangian gap <= 1e-7), and the plan is optimal over all routes, so no
+route-based scheme (PS, ring, all-to-all, BLINK, TopoAdopt, today's CREW) has a lower pipelined
+cost, hence none beats it on its own (never lower) cost model. For larger groups the pricing is
+heuristic (shortest-path trees per root) and the seeded columns keep the guarantee for every
+seeded baseline. The loop is bounded (``MAX_ROUNDS``, ``time_budget_s``); if it stops early the
+ring's routes are added before the final solve, so the plan stays at least as good as every
+seeded baseline, and ``RoutePlanResult.optimal`` says the optimum over all routes was not
+proved.
 
 This is the path (column) form of the tree-packing LPs of ForestColl (Zhao et al., 2024:
 aggregation and broadcast trees, throughput-optimal via spanning-tree packing) and of TE-CCL's
 flow formulation, restricted to what the lab's engine runs: per range one reduce tree and one
 broadcast tree through the same root, cut-through, with shared capacities and latency added.
+
+**Whole elements.** Each used column gets the floor of its share; the few elements left over
+go one by one where they raise the busiest resource least; the predicted time is recomputed
+from the whole-element routes (``bandwidth_time`` + ``route_latency``).
+
+Not modelled: TCP's and HTB's sharing of one connection among several flows (the fluid model
+assumes each link drains its load at its rate whatever the mix), aggregation CPU, and that
+each route is a separate stream in the engine (a plan may have ten or more routes).
 """
 
 from __future__ import annotations
@@ -103,7 +114,7 @@ COLUMNS_PER_ROUND = 4
 EXACT_PRICING_WORK = 3_000_000
 """Dreyfus-Wagner is used while 3^p * n and 2^p * n^2 stay below this."""
 MAX_LATENCY_LEVELS = 48
-"""Latency levels tried at most (the levels of seeded baselines are always among them)."""
+"""Latency levels tried at most (slowest first; the loop usually stops after a few)."""
 GAP = 1e-7
 """Relative Lagrangian gap at which column generation counts as converged."""
 SMOOTHING = 0.7
