@@ -17,8 +17,9 @@ from typing import Any
 class Scheme(enum.Enum):
     """How a group's members average their vectors (see ``crew.schemes``)."""
 
-    CREW = "crew"  # every active worker aggregates a block; pipelined per-link-load LP
-    CREW_RELAY = "crew-relay"  # as crew, through one-hop relays where they are faster
+    CREW = "crew"  # the route LP over stars, relays, trees and ring segments (crew.routelp)
+    CREW_STAR = "crew-star"  # one star per active aggregator; pipelined per-link-load LP
+    CREW_RELAY = "crew-relay"  # crew-star through one-hop relays, priced honestly
     CREW_PAPER = "crew-paper"  # the paper's form: p2a LP (X + Y), blocks stored and forwarded
     PREDUCE = "preduce"  # original partial reduce: members only, load-balanced (p2p LP)
     PS = "ps"

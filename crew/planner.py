@@ -937,6 +937,49 @@ def _pipelined_shares(w: np.ndarray, members: Sequence[int], usable: np.ndarray)
     return shares
 
 
+@dataclass(frozen=True)
+class SharedLink:
+    """A capacity shared by several directed pairs: their bytes together drain at ``mbit``.
+
+    E.g. a cloud's WAN uplink: every pair (a, b) with a in the cloud and b outside crosses it,
+    so the cloud's workers share its rate instead of each having a private link. ``delay_s``
+    is its one-way delay: a pair crossing it is at least that far. Used by
+    :func:`lower_bound` and by the route planner (``crew.routelp``).
+    """
+
+    pairs: tuple[tuple[int, int], ...]
+    mbit: float
+    delay_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        try:
+            pairs = tuple((int(a), int(b)) for a, b in self.pairs)
+        except (TypeError, ValueError):
+            raise PlanError(
+                "shared", f"pairs must be (src, dst) ints, got {self.pairs!r}"
+            ) from None
+        if (
+            not pairs
+            or len(set(pairs)) != len(pairs)
+            or any(a == b or a < 0 or b < 0 for a, b in pairs)
+        ):
+            raise PlanError(
+                "shared", f"pairs must be distinct (src, dst), 0 <= src != dst: {pairs}"
+            )
+        object.__setattr__(self, "pairs", pairs)
+        for name in ("mbit", "delay_s"):
+            v = getattr(self, name)
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, int | float)
+                or not math.isfinite(v)
+                or v < 0
+            ):
+                raise PlanError("shared", f"{name} must be a finite number >= 0, got {v!r}")
+        if not self.mbit > 0:
+            raise PlanError("shared", "mbit must be positive (drop the pairs' links instead)")
+
+
 # --------------------------------------------------------------------------- lower bound
 
 
@@ -945,6 +988,9 @@ def lower_bound(
     group: Sequence[int],
     size: int,
     active: Collection[int] | None = None,
+    *,
+    shared: Sequence[SharedLink] | None = None,
+    delay_s: np.ndarray | None = None,
 ) -> float:
     """Seconds no partial-reduce scheme can beat for this group on this capacity matrix.
 
@@ -973,6 +1019,22 @@ def lower_bound(
     includes g0 (and misses some s: maxflow(s, g0)). Capacities are rounded *up* to integers for
     scipy's max-flow, which can only lower the bound, so it stays valid. Returns ``inf`` when
     some member cannot reach another at all.
+
+    **Shared capacities** (``shared``, see :class:`SharedLink`): the max-flow runs on the graph
+    where each shared link's pairs go through two extra nodes, u -> in (capacity: u's pairs in
+    the set), in -> out (the shared rate), out -> v (v's pairs). Every flow of the real network
+    is a flow there (a relaxation: it may also allow flows the real one does not), and each cut
+    of this graph costs at least what the shared-rate-aware cut of its workers can carry, so
+    the bound stays valid and sees the shared rate. A pair in two shared sets keeps only the
+    first (dropping a constraint only relaxes).
+
+    **Latency** (``delay_s``: one-way delays, raised by shared links' ``delay_s``): a bit of x_s
+    that crosses link u -> v into C and reaches t by T left u no earlier than d(s, u) and
+    entered C no later than T - delay(u, v) - d(v, t), a window of at most T - d(s, t) (d: the
+    shortest delay path among active workers). So 8M <= 1e6 cap(into C) (T - d(s, t)), i.e.
+    T >= d(s, t) + 8M / (1e6 maxflow(s, t)) for each computed pair (on the per-link graph: the
+    windows of a shared link's pairs differ, so their sum is not capped the same way), and
+    trivially T >= max d(s, t) over member pairs. The bound is the largest of these.
     """
     w = _check_bw(bw)
     n = w.shape[0]
@@ -986,20 +1048,98 @@ def lower_bound(
     pos = {int(v): k for k, v in enumerate(nodes)}
     sub = w[np.ix_(nodes, nodes)].copy()
     np.fill_diagonal(sub, 0.0)
-    cap_sum = float(sub.sum())
+    pairs = [(pos[members[0]], pos[m]) for m in members[1:]]
+    pairs += [(b, a) for a, b in pairs]
+    flows = _max_flows(sub, pairs)
+    if min(flows) <= 0:
+        return math.inf
+    bits = size * 8 / 1e6
+    bound = bits / min(flows)
+    shared = tuple(shared or ())
+    if shared:
+        flows_shared = _max_flows(*_shared_graph(sub, shared, pos), pairs)
+        bound = max(bound, bits / min(flows_shared))
+    delays = _check_delays(delay_s, n, shared)
+    if delays is not None:
+        d = delays[np.ix_(nodes, nodes)]
+        d = np.where(sub > 0, d, np.inf)
+        np.fill_diagonal(d, 0.0)
+        dist = _delay_paths(d)
+        ms = [pos[m] for m in members]
+        bound = max(bound, float(dist[np.ix_(ms, ms)].max()))
+        for (a, b), f in zip(pairs, flows, strict=True):
+            bound = max(bound, float(dist[a, b]) + bits / f)
+    return bound
+
+
+def _max_flows(cap: np.ndarray, pairs: Sequence[tuple[int, int]]) -> list[float]:
+    """Max-flow value (Mbit/s) for each (source, sink) on the capacity matrix ``cap``.
+
+    Capacities are scaled to int32 and rounded *up* (scipy's max-flow wants int32 and wraps
+    larger values), which can only raise a flow, so a bound from it stays valid."""
+    cap_sum = float(cap.sum())
     if cap_sum <= 0:
-        return math.inf
-    scale = (_FLOW_UNITS - sub.size) / cap_sum
-    graph = csr_array(np.ceil(sub * scale).astype(np.int32))
-    g0 = pos[members[0]]
-    flows = []
-    for m in members[1:]:
-        flows.append(maximum_flow(graph, g0, pos[m]).flow_value)
-        flows.append(maximum_flow(graph, pos[m], g0).flow_value)
-    f_min = min(flows) / scale
-    if f_min <= 0:
-        return math.inf
-    return size * 8 / 1e6 / f_min
+        return [0.0] * len(pairs)
+    scale = (_FLOW_UNITS - cap.size) / cap_sum
+    graph = csr_array(np.ceil(cap * scale).astype(np.int32))
+    return [maximum_flow(graph, a, b).flow_value / scale for a, b in pairs]
+
+
+def _shared_graph(
+    sub: np.ndarray, shared: Sequence[SharedLink], pos: dict[int, int]
+) -> tuple[np.ndarray]:
+    """The per-link capacity graph with each shared link as in -> out gadget nodes."""
+    k = sub.shape[0]
+    taken: set[tuple[int, int]] = set()
+    gadgets = []
+    for s in shared:
+        if not isinstance(s, SharedLink):
+            raise PlanError("shared", f"must be SharedLink, got {s!r}")
+        pairs = [(pos[a], pos[b]) for a, b in s.pairs if a in pos and b in pos]
+        pairs = [e for e in pairs if e not in taken and sub[e] > 0]
+        if pairs:
+            taken.update(pairs)
+            gadgets.append((pairs, s.mbit))
+    cap = np.zeros((k + 2 * len(gadgets),) * 2)
+    cap[:k, :k] = sub
+    for g, (pairs, mbit) in enumerate(gadgets):
+        gin, gout = k + 2 * g, k + 2 * g + 1
+        cap[gin, gout] = mbit
+        for a, b in pairs:
+            cap[a, gin] += sub[a, b]
+            cap[gout, b] += sub[a, b]
+            cap[a, b] = 0.0
+    return (cap,)
+
+
+def _check_delays(
+    delay_s: np.ndarray | None, n: int, shared: Sequence[SharedLink]
+) -> np.ndarray | None:
+    """One-way delay per directed pair (seconds), raised to every shared link it crosses."""
+    if delay_s is None and not any(s.delay_s > 0 for s in shared):
+        return None
+    try:
+        d = np.zeros((n, n)) if delay_s is None else np.array(delay_s, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise PlanError("delay_s", f"not a numeric matrix: {exc}") from None
+    if d.shape != (n, n):
+        raise PlanError("delay_s", f"must have shape {(n, n)}, got {d.shape}")
+    off = ~np.eye(n, dtype=bool)
+    if not np.all(np.isfinite(d[off])) or np.any(d[off] < 0):
+        raise PlanError("delay_s", "off-diagonal delays must be finite and >= 0")
+    for s in shared:
+        for a, b in s.pairs:
+            d[a, b] = max(d[a, b], s.delay_s)
+    np.fill_diagonal(d, 0.0)
+    return d
+
+
+def _delay_paths(d: np.ndarray) -> np.ndarray:
+    """All-pairs shortest delay (Floyd-Warshall; ``inf`` marks no link)."""
+    dist = d.copy()
+    for k in range(dist.shape[0]):
+        dist = np.minimum(dist, dist[:, k, None] + dist[None, k, :])
+    return dist
 
 
 def two_hop(bw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -6,10 +6,14 @@ Every scheme except Gloo plans a group as routes (``crew.routes``) that the same
 =============  ===========================================================================
 scheme         plan
 =============  ===========================================================================
-crew           every active worker aggregates a block; block sizes from the pipelined LP
-               (per-link load, ``planner.solve_pipelined``); parts stream through
-crew-relay     as crew, planned on capacities improved by one relay hop, and routed through
-               those relays (``planner.two_hop``); measured against crew, not the default
+crew           the route LP (``crew.routelp``): a mix of routes (stars per aggregator, relays,
+               reduce/broadcast trees, ring segments) chosen by column generation to empty
+               the busiest link (or shared link) first, latency counted; parts stream through
+crew-star      the previous default: one star per active aggregator, block sizes from the
+               per-link-load LP (``planner.solve_pipelined``); parts stream through
+crew-relay     crew-star's split planned on capacities improved by one relay hop and routed
+               through those relays (``planner.two_hop``); its prediction is the honest cost
+               of those routes (both hops' load counted), so it is usually worse than crew
 crew-paper     the paper's form: p2a LP minimising X + Y; each block stored and forwarded
 preduce        the original partial reduce: members only (p2p LP), stored and forwarded
 ps, ring, a2a, blink, blink-pipe, topoadopt
@@ -26,10 +30,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from crew import planner
+from crew import planner, routelp
+from crew.planner import SharedLink
 from crew.routes import Route, link_load, relayed_star_routes, star_routes
 
-STAR_SCHEMES = ("crew", "crew-paper", "preduce", "crew-relay")
+STAR_SCHEMES = ("crew", "crew-paper", "preduce", "crew-relay", "crew-star")
 ROUTE_SCHEMES = ("ps", "ring", "a2a", "blink", "blink-pipe", "topoadopt")
 ALL_SCHEMES = (*STAR_SCHEMES, *ROUTE_SCHEMES, "gloo")
 GROUP_SCHEMES = STAR_SCHEMES + ROUTE_SCHEMES  # planned per group by the coordinator
@@ -122,21 +127,47 @@ def plan_group(
     active: Sequence[int] | None = None,
     *,
     seed: int = 0,
+    shared: Sequence[SharedLink] | None = None,
+    delay_s: np.ndarray | None = None,
+    part_bytes: int = 0,
 ) -> GroupPlan:
-    """Plan one group of ``members`` moving ``size`` bytes on capacity matrix ``bw``."""
+    """Plan one group of ``members`` moving ``size`` bytes on capacity matrix ``bw``.
+
+    ``shared`` (capacities shared by several pairs), ``delay_s`` (one-way delays, seconds) and
+    ``part_bytes`` (per-hop serialisation of a part) reach ``crew``'s route LP and the cost of
+    ``crew-relay``'s routes; the other schemes keep their own cost models, which ignore them.
+    """
     members = tuple(members)
     n = bw.shape[0]
     total = size // 4
+    if scheme == "crew":
+        rp = routelp.plan_routes(
+            bw, members, size, active, shared=shared, delay_s=delay_s, part_bytes=part_bytes
+        )
+        return GroupPlan(scheme, members, rp.routes, True, rp.predicted_s, n, total)
     if scheme in STAR_SCHEMES:
-        if scheme == "crew":
+        if scheme == "crew-star":
             plan = planner.solve_pipelined(bw, members, size, active=active)
             pipelined = True
         elif scheme == "crew-relay":
-            better, relay = planner.two_hop(bw)
+            live = np.array(bw, dtype=float)  # relays only through active workers
+            if active is not None:
+                off = np.setdiff1d(np.arange(n), np.asarray(list(active), dtype=int))
+                live[off, :] = 0.0
+                live[:, off] = 0.0
+            better, relay = planner.two_hop(live)
             plan = planner.solve_pipelined(better, members, size, active=active)
             segments = [(s.worker, s.start, s.stop) for s in plan.segments]
-            routes = relayed_star_routes(segments, members, relay)
-            return GroupPlan(scheme, members, tuple(routes), True, plan.predicted_s, n, total)
+            routes = tuple(relayed_star_routes(segments, members, relay))
+            return GroupPlan(
+                scheme,
+                members,
+                routes,
+                True,
+                routelp.route_time(routes, bw, shared, delay_s, part_bytes),
+                n,
+                total,
+            )
         elif scheme == "crew-paper":
             plan = planner.solve_p2a(bw, members, size, active=active)
             pipelined = False

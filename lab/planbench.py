@@ -1,0 +1,378 @@
+"""The planner alone, no root, no network: ``python -m lab.planbench sweep|cases|timing``.
+
+* ``sweep`` -- ``--matrices`` seeded random capacity matrices (per directed pair a HotCloud'18
+  inter-cloud sample x ``--scale``, the data the shipped topologies use), a random group of
+  ``--p`` of ``--n`` workers each. Every scheme plans the group; the table gives plan / bound
+  (``crew.planner.lower_bound``) per scheme: median, p90, max, and on how many matrices the
+  scheme's plan was below crew's (it must be 0: crew's route LP contains every baseline's
+  routes or proves that none beats it). Exit status 1 if any baseline beat crew.
+* ``cases`` -- the named cases of issue 10: 4 clouds with one slow pair (20, 40, 60, 80, 100,
+  30 Mbit/s, p = n = 4, 16.8 MB), 4 uniform 50 Mbit/s clouds (16.8 MB), and the shipped
+  ``bench-hetero`` and ``bench-uniform`` topologies (p = 4 of 8, 8 MB; every one of the 70
+  groups, median and max over them).
+* ``timing`` -- wall time of ``crew``'s planner (``crew.routelp.plan_routes``) per group at
+  n = 8, 16, 32, 60, 128, 256: *cold* (caches cleared before each plan) and *warm* (the same
+  group re-planned on capacities perturbed by up to 5%, as the coordinator does when groups in
+  flight change the residual capacity). Median and p90 per n. Run it under the CPU lock
+  (``flock -x /tmp/crew-cpu.lock python -m lab.planbench timing``): figures from a busy
+  machine are worthless.
+
+A plan's time is its scheme's own cost model (``crew.schemes.plan_group``): crew's is the route
+LP's (fluid, per-link and shared capacities), the baselines' are those of ``crew.baselines``.
+``--json`` prints the results as JSON instead of tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from crew import routelp
+from crew.planner import PlanError, lower_bound
+from crew.schemes import GROUP_SCHEMES, plan_group
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLES = REPO / "crew" / "data" / "inter-cloud-bandwidth-samples.json"
+MB16 = 16_777_216
+MB8 = 8 * 1024 * 1024
+SLOWER_TOLERANCE = 1e-6
+"""Relative margin for whole-element rounding when checking crew <= every baseline."""
+
+
+def samples() -> list[float]:
+    return [float(v) for v in json.loads(SAMPLES.read_text())["values"]]
+
+
+def random_matrix(rng: random.Random, n: int, scale: float, values: Sequence[float]) -> np.ndarray:
+    bw = np.full((n, n), np.inf)
+    for i in range(n):
+        for j in range(n):
+            if i != j:
+                bw[i, j] = round(values[rng.randrange(len(values))] * scale, 1)
+    return bw
+
+
+def pctl(values: Sequence[float], q: float) -> float:
+    finite = sorted(v for v in values if math.isfinite(v))
+    if not finite:
+        return math.nan
+    k = min(len(finite) - 1, max(0, math.ceil(q / 100 * len(finite)) - 1))
+    return finite[k]
+
+
+def plan_all(
+    bw: np.ndarray, members: Sequence[int], size: int, schemes: Sequence[str], seed: int
+) -> dict[str, float]:
+    """Predicted seconds per scheme (nan where the scheme has no plan on these inputs)."""
+    out = {}
+    for scheme in schemes:
+        try:
+            out[scheme] = plan_group(scheme, bw, members, size, seed=seed).predicted_s
+        except PlanError:
+            out[scheme] = math.nan
+    return out
+
+
+def crew_beaten(times: dict[str, float]) -> list[str]:
+    crew = times["crew"]
+    return [
+        s
+        for s, t in times.items()
+        if s != "crew" and math.isfinite(t) and t < crew * (1 - SLOWER_TOLERANCE)
+    ]
+
+
+# --------------------------------------------------------------------------- sweep
+
+
+def sweep(args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    values = samples()
+    ratios: dict[str, list[float]] = {s: [] for s in args.schemes}
+    beaten: dict[str, int] = dict.fromkeys(args.schemes, 0)
+    for k in range(args.matrices):
+        bw = random_matrix(rng, args.n, args.scale, values)
+        members = sorted(rng.sample(range(args.n), args.p))
+        bound = lower_bound(bw, members, args.size)
+        times = plan_all(bw, members, args.size, args.schemes, seed=k)
+        for s, t in times.items():
+            ratios[s].append(t / bound)
+        for s in crew_beaten(times):
+            beaten[s] += 1
+    rows = {
+        s: {
+            "median": statistics.median(v) if v else math.nan,
+            "p90": pctl(v, 90),
+            "max": pctl(v, 100),
+            "planned": sum(math.isfinite(x) for x in v),
+            "below_crew": beaten[s],
+        }
+        for s, v in ratios.items()
+    }
+    return {
+        "matrices": args.matrices,
+        "n": args.n,
+        "p": args.p,
+        "size": args.size,
+        "seed": args.seed,
+        "schemes": rows,
+    }
+
+
+def sweep_table(res: dict[str, Any]) -> Table:
+    t = Table(
+        title=f"plan / bound over {res['matrices']} random matrices (n={res['n']}, p={res['p']},"
+        f" {res['size'] / 1e6:.1f} MB, seed {res['seed']})"
+    )
+    for col in ("scheme", "median", "p90", "max", "planned", "plans below crew"):
+        t.add_column(col, justify="left" if col == "scheme" else "right")
+    order = sorted(res["schemes"].items(), key=lambda kv: _nan_last(kv[1]["median"]))
+    for s, r in order:
+        t.add_row(
+            s,
+            f"{r['median']:.3f}",
+            f"{r['p90']:.3f}",
+            f"{r['max']:.3f}",
+            str(r["planned"]),
+            str(r["below_crew"]),
+        )
+    return t
+
+
+def _nan_last(x: float) -> float:
+    return math.inf if math.isnan(x) else x
+
+
+# --------------------------------------------------------------------------- named cases
+
+
+def sym4(rates: Sequence[float]) -> np.ndarray:
+    bw = np.full((4, 4), np.inf)
+    for (i, j), r in zip(itertools.combinations(range(4), 2), rates, strict=True):
+        bw[i, j] = bw[j, i] = r
+    return bw
+
+
+def topology_matrix(name: str) -> np.ndarray:
+    from lab.topology import load_topology
+
+    return load_topology(REPO / "topologies" / f"{name}.yaml").bw_matrix()
+
+
+def cases(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    named = [
+        ("one slow pair (p=n=4, 16.8 MB)", sym4([20, 40, 60, 80, 100, 30]), [(0, 1, 2, 3)], MB16),
+        ("4 uniform 50 Mbit/s clouds (16.8 MB)", sym4([50] * 6), [(0, 1, 2, 3)], MB16),
+    ]
+    for topo in ("bench-hetero", "bench-uniform"):
+        bw = topology_matrix(topo)
+        groups = list(itertools.combinations(range(bw.shape[0]), 4))
+        named.append((f"{topo} (p=4 of 8, 8 MB, all {len(groups)} groups)", bw, groups, MB8))
+    for label, bw, groups, size in named:
+        per: dict[str, list[float]] = {s: [] for s in args.schemes}
+        secs: dict[str, list[float]] = {s: [] for s in args.schemes}
+        bounds = []
+        beaten = 0
+        for k, g in enumerate(groups):
+            bound = lower_bound(bw, g, size)
+            bounds.append(bound)
+            times = plan_all(bw, g, size, args.schemes, seed=k)
+            beaten += bool(crew_beaten(times))
+            for s, t in times.items():
+                per[s].append(t / bound)
+                secs[s].append(t)
+        out[label] = {
+            "groups": len(groups),
+            "bound_s": statistics.median(bounds),
+            "crew_beaten_in": beaten,
+            "schemes": {
+                s: {
+                    "plan_s": statistics.median(secs[s]),
+                    "plan_over_bound": statistics.median(per[s]),
+                    "max_plan_over_bound": pctl(per[s], 100),
+                }
+                for s in args.schemes
+            },
+        }
+    return out
+
+
+def cases_tables(res: dict[str, Any]) -> list[Table]:
+    tables = []
+    for label, r in res.items():
+        t = Table(
+            title=f"{label}: bound {r['bound_s']:.3f} s (median over groups);"
+            f" groups where a baseline beat crew: {r['crew_beaten_in']}"
+        )
+        for col in ("scheme", "plan (s)", "plan / bound", "max plan / bound"):
+            t.add_column(col, justify="left" if col == "scheme" else "right")
+        order = sorted(r["schemes"].items(), key=lambda kv: _nan_last(kv[1]["plan_s"]))
+        for s, v in order:
+            t.add_row(
+                s,
+                f"{v['plan_s']:.3f}",
+                f"{v['plan_over_bound']:.3f}",
+                f"{v['max_plan_over_bound']:.3f}",
+            )
+        tables.append(t)
+    return tables
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def timing(args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    values = samples()
+    out = {}
+    for n in args.sizes:
+        p = n if args.p_timing == "n" else min(int(args.p_timing), n)
+        reps = max(3, args.reps if n <= 32 else args.reps // (4 if n <= 60 else 10))
+        cold, warm, rounds, optimal = [], [], [], 0
+        t_end = time.monotonic() + args.max_seconds
+        for _ in range(reps):
+            if time.monotonic() > t_end:
+                break
+            bw = random_matrix(rng, n, args.scale, values)
+            members = sorted(rng.sample(range(n), p))
+            routelp.clear_caches()
+            t0 = time.perf_counter()
+            rp = routelp.plan_routes(bw, members, args.size)
+            cold.append(time.perf_counter() - t0)
+            rounds.append(rp.rounds)
+            optimal += rp.optimal
+            jitter = np.array([[1 + 0.05 * (rng.random() - 0.5) * 2 for _ in range(n)]] * n)
+            t0 = time.perf_counter()
+            routelp.plan_routes(bw * jitter, members, args.size)
+            warm.append(time.perf_counter() - t0)
+        out[str(n)] = {
+            "p": p,
+            "plans": len(cold),
+            "cold_median_ms": 1e3 * statistics.median(cold),
+            "cold_p90_ms": 1e3 * pctl(cold, 90),
+            "warm_median_ms": 1e3 * statistics.median(warm),
+            "warm_p90_ms": 1e3 * pctl(warm, 90),
+            "rounds_median": statistics.median(rounds),
+            "proved_optimal": optimal,
+        }
+    routelp.clear_caches()
+    return out
+
+
+def timing_table(res: dict[str, Any]) -> Table:
+    t = Table(title="crew planner (route LP) wall time per group")
+    cols = ("n", "p", "plans", "cold median", "cold p90", "warm median", "warm p90")
+    for col in (*cols, "CG rounds", "proved optimal"):
+        t.add_column(col, justify="right")
+    for n, r in res.items():
+        t.add_row(
+            n,
+            str(r["p"]),
+            str(r["plans"]),
+            f"{r['cold_median_ms']:.1f} ms",
+            f"{r['cold_p90_ms']:.1f} ms",
+            f"{r['warm_median_ms']:.1f} ms",
+            f"{r['warm_p90_ms']:.1f} ms",
+            f"{r['rounds_median']:g}",
+            f"{r['proved_optimal']}/{r['plans']}",
+        )
+    return t
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m lab.planbench",
+        description="Benchmark the planners without root or network (see the module docstring).",
+    )
+    ap.add_argument("command", choices=("sweep", "cases", "timing"))
+    ap.add_argument("--seed", type=int, default=1, help="seed of the random matrices (1)")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    ap.add_argument(
+        "--schemes",
+        default=",".join(GROUP_SCHEMES),
+        help="comma-separated schemes for sweep and cases (default: every per-group scheme)",
+    )
+    ap.add_argument("--matrices", type=int, default=100, help="sweep: random matrices (100)")
+    ap.add_argument("--n", type=int, default=8, help="sweep: workers per matrix (8)")
+    ap.add_argument("--p", type=int, default=4, help="sweep: group size (4)")
+    ap.add_argument("--size", type=int, default=MB8, help=f"sweep/timing: bytes per vector ({MB8})")
+    ap.add_argument(
+        "--scale", type=float, default=0.6, help="rate scale of the HotCloud samples (0.6)"
+    )
+    ap.add_argument(
+        "--sizes",
+        default="8,16,32,60,128,256",
+        help="timing: worker counts (8,16,32,60,128,256)",
+    )
+    ap.add_argument("--p-timing", default="4", help="timing: group size, or 'n' for p = n (4)")
+    ap.add_argument("--reps", type=int, default=40, help="timing: plans per n up to 32 (40)")
+    ap.add_argument(
+        "--max-seconds", type=float, default=60.0, help="timing: wall time cap per n (60 s)"
+    )
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    unknown = [s for s in args.schemes if s not in GROUP_SCHEMES]
+    if unknown or "crew" not in args.schemes:
+        print(f"--schemes: need crew and known schemes ({', '.join(GROUP_SCHEMES)})")
+        return 2
+    try:
+        args.sizes = [int(x) for x in args.sizes.split(",")]
+    except ValueError:
+        print(f"--sizes: not a list of ints: {args.sizes!r}")
+        return 2
+    if not 2 <= args.p <= args.n or args.matrices < 1 or args.size % 4 or args.size <= 0:
+        print("need 2 <= --p <= --n, --matrices >= 1, --size a positive multiple of 4")
+        return 2
+    if args.p_timing != "n" and not (args.p_timing.isdigit() and int(args.p_timing) >= 2):
+        print("--p-timing: an int >= 2 or 'n'")
+        return 2
+    console = Console()
+    if args.command == "sweep":
+        res = sweep(args)
+        bad = sum(r["below_crew"] for s, r in res["schemes"].items() if s != "crew")
+        if args.json:
+            print(json.dumps(res, indent=1, allow_nan=True))
+        else:
+            console.print(sweep_table(res))
+            verdict = "yes" if not bad else "NO"
+            console.print(f"crew's plan <= every baseline's plan on every matrix: {verdict}")
+        return 1 if bad else 0
+    if args.command == "cases":
+        res = cases(args)
+        if args.json:
+            print(json.dumps(res, indent=1, allow_nan=True))
+        else:
+            for t in cases_tables(res):
+                console.print(t)
+        return 1 if any(r["crew_beaten_in"] for r in res.values()) else 0
+    res = timing(args)
+    if args.json:
+        print(json.dumps(res, indent=1))
+    else:
+        console.print(timing_table(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

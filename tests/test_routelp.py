@@ -1,0 +1,278 @@
+"""Unit tests for crew.routelp, CREW's route LP: no baseline beats it, routes are exact, and
+latency and shared capacities change the plan the way the cost model says."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from crew import baselines, planner, routelp
+from crew.planner import PlanError, SharedLink, lower_bound
+from crew.routes import validate_routes
+from crew.schemes import plan_group
+
+MB16 = 16_777_216
+REL = 1e-6  # whole elements move a time by about one element in millions
+
+
+def sym(n: int, rates: list[float]) -> np.ndarray:
+    """Symmetric matrix from the upper triangle's rates in row order."""
+    bw = np.full((n, n), np.inf)
+    it = iter(rates)
+    for i in range(n):
+        for j in range(i + 1, n):
+            bw[i, j] = bw[j, i] = next(it)
+    return bw
+
+
+def check_routes(rp: routelp.RoutePlanResult, bw: np.ndarray, members, size, active=None):
+    n = bw.shape[0]
+    validate_routes(rp.routes, members, n, size // 4)
+    act = set(range(n)) if active is None else set(active)
+    for r in rp.routes:
+        assert isinstance(r.start, int) and isinstance(r.stop, int)
+        assert r.nodes() <= act, f"route through an inactive worker: {r}"
+        for a, b in (*r.up, *r.down):
+            assert bw[a, b] > 0, f"dead link {a}->{b} used"
+
+
+def baseline_plans(bw, members, size, active):
+    """Every baseline's plan that exists on these inputs, with its own predicted time."""
+    out = {}
+    for scheme in ("ps", "ring", "a2a", "blink", "blink-pipe"):
+        try:
+            out[scheme] = baselines.plan_for(scheme, bw, members, size, active=active)
+        except PlanError:
+            pass
+    try:
+        out["topoadopt"] = baselines.plan_topoadopt(bw, members, size, iterations=150)
+    except PlanError:
+        pass
+    for scheme in ("crew-star", "crew-paper", "preduce", "crew-relay"):
+        try:
+            out[scheme] = plan_group(scheme, bw, members, size, active=active)
+        except PlanError:
+            pass
+    return out
+
+
+# --------------------------------------------------------------------------- named cases
+
+
+def test_one_slow_pair_beats_blink_and_nears_the_bound() -> None:
+    # issue 10: 4 clouds, pairs at 20, 40, 60, 80, 100, 30 Mbit/s, p = n = 4, 16.8 MB:
+    # the star LP planned 2.68 s, blink-pipe 1.34 s, the bound is 1.12 s.
+    bw = sym(4, [20, 40, 60, 80, 100, 30])
+    members = (0, 1, 2, 3)
+    rp = routelp.plan_routes(bw, members, MB16, warm=False)
+    check_routes(rp, bw, members, MB16)
+    bound = lower_bound(bw, members, MB16)
+    blink = baselines.plan_for("blink-pipe", bw, members, MB16).predicted_s
+    assert rp.optimal
+    assert rp.predicted_s <= blink
+    assert rp.predicted_s <= 1.10 * bound
+    assert rp.predicted_s == pytest.approx(rp.lp_s, rel=REL)
+    assert planner.solve_pipelined(bw, members, MB16).predicted_s > 2 * bound  # the old plan
+
+
+def test_uniform_clouds_reach_the_ring_limit() -> None:
+    # p = n = 4 at 50 Mbit/s: every route crosses >= 6 of the 12 links, so M/2 per link is
+    # the best any route mix can do: 1.342 s, the ring's limit.
+    bw = sym(4, [50.0] * 6)
+    rp = routelp.plan_routes(bw, (0, 1, 2, 3), MB16, warm=False)
+    assert rp.predicted_s == pytest.approx(MB16 / 2 / (50e6 / 8), rel=REL)
+
+
+def test_crew_relay_is_priced_with_both_hops() -> None:
+    """The old crew-relay predicted 0.96 s below the 1.12 s bound on the slow pair."""
+    bw = sym(4, [20, 40, 60, 80, 100, 30])
+    plan = plan_group("crew-relay", bw, (0, 1, 2, 3), MB16)
+    assert plan.predicted_s >= lower_bound(bw, (0, 1, 2, 3), MB16)
+    assert plan.predicted_s == pytest.approx(
+        baselines.cost_pipelined(plan.routes, bw, 4), rel=1e-12
+    )
+
+
+# --------------------------------------------------------------------------- the guarantee
+
+
+@st.composite
+def instances(draw):
+    n = draw(st.integers(2, 7))
+    p = draw(st.integers(2, min(n, 5)))
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    bw = rng.choice([5.0, 10.0, 20.0, 50.0, 100.0, 1000.0], size=(n, n))
+    bw *= rng.uniform(0.5, 1.5, size=(n, n))
+    dead = rng.random((n, n)) < draw(st.sampled_from([0.0, 0.15, 0.3]))
+    bw[dead] = 0.0
+    np.fill_diagonal(bw, np.inf)
+    members = tuple(sorted(rng.choice(n, p, replace=False).tolist()))
+    others = [i for i in range(n) if i not in members]
+    inactive = [i for i in others if rng.random() < draw(st.sampled_from([0.0, 0.5]))]
+    active = tuple(i for i in range(n) if i not in inactive)
+    size = 4 * draw(st.integers(1, 3_000_000))
+    return bw, members, size, active
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_no_baseline_beats_crew(case) -> None:
+    bw, members, size, active = case
+    try:
+        crew = plan_group("crew", bw, members, size, active=active)
+    except PlanError:
+        # then no route reaches every member, so no baseline can exist either
+        assert not baseline_plans(bw, members, size, active)
+        return
+    rp = routelp.plan_routes(bw, members, size, active)
+    check_routes(rp, bw, members, size, active)
+    assert crew.predicted_s == rp.predicted_s
+    assert crew.predicted_s >= lower_bound(bw, members, size, active) * (1 - 1e-9)
+    # The LP optimum is never above a baseline's (its routes are columns, or pricing proved
+    # nothing beats the pool); whole elements add at most one element per route to a link.
+    slowest = float(bw[np.isfinite(bw) & (bw > 0)].min()) * 1e6 / 8
+    slack = 2 * len(crew.routes) * 4 / slowest
+    for scheme, plan in baseline_plans(bw, members, size, active).items():
+        assert crew.predicted_s <= plan.predicted_s * (1 + 1e-9) + slack, scheme
+    assert rp.lp_s <= min(
+        (p.predicted_s for p in baseline_plans(bw, members, size, active).values()),
+        default=math.inf,
+    ) * (1 + 1e-6)
+
+
+def test_warm_start_changes_nothing_but_time() -> None:
+    rng = np.random.default_rng(7)
+    bw = rng.uniform(10, 100, (8, 8))
+    np.fill_diagonal(bw, np.inf)
+    cold = routelp.plan_routes(bw, (0, 3, 5, 6), MB16, warm=False)
+    routelp.plan_routes(bw * 1.1, (0, 3, 5, 6), MB16)  # fills the warm pool
+    warm = routelp.plan_routes(bw, (0, 3, 5, 6), MB16)
+    assert warm.predicted_s == pytest.approx(cold.predicted_s, rel=1e-5)
+    assert routelp.plan_routes(bw, (0, 3, 5, 6), MB16) is warm  # identical inputs: cached
+
+
+def test_offsets_exact_for_a_large_group_and_vector() -> None:
+    rng = np.random.default_rng(3)
+    n = 96
+    bw = rng.uniform(10, 1000, (n, n))
+    np.fill_diagonal(bw, np.inf)
+    members = tuple(range(0, n, 3))
+    size = 4 * (2**29 + 12345)
+    rp = routelp.plan_routes(bw, members, size, warm=False)
+    check_routes(rp, bw, members, size)
+    assert not rp.optimal or rp.columns > 0
+    star = planner.solve_pipelined(bw, members, size).predicted_s
+    assert rp.predicted_s <= star * (1 + REL)
+
+
+# --------------------------------------------------------------------------- latency
+
+
+def relay_triangle() -> np.ndarray:
+    """Members 0 and 1 on a 10 Mbit/s link; helper 2 at 100 Mbit/s to both."""
+    bw = np.array([[np.inf, 10, 100], [10, np.inf, 100], [100, 100, np.inf]], dtype=float)
+    return bw
+
+
+def test_relay_wins_without_latency_and_loses_with_it() -> None:
+    bw = relay_triangle()
+    size = 400_000  # 3.2 Mbit: 0.32 s over the direct link, 0.032 s through the relay
+    fast = routelp.plan_routes(bw, (0, 1), size, warm=False)
+    assert any(2 in r.nodes() for r in fast.routes)  # the relay pays
+    delay = np.zeros((3, 3))
+    delay[0, 2] = delay[2, 0] = delay[1, 2] = delay[2, 1] = 0.5  # far away
+    slow = routelp.plan_routes(bw, (0, 1), size, delay_s=delay, warm=False)
+    assert all(2 not in r.nodes() for r in slow.routes)  # direct only
+    direct_only = routelp.plan_routes(bw, (0, 1), size, active=(0, 1), warm=False)
+    assert slow.predicted_s == pytest.approx(direct_only.predicted_s, rel=REL)
+    assert slow.latency_s == 0.0
+    assert slow.predicted_s == pytest.approx(0.32, rel=REL)
+    # with the same delays, the relayed plan costs its bandwidth time + at least 2 x 0.5 s
+    relayed = routelp.route_time(fast.routes, bw, delay_s=delay)
+    assert relayed >= fast.predicted_s + 1.0 - 1e-9
+    assert slow.predicted_s < relayed
+    # and a small delay keeps the relay, paying its latency
+    near = routelp.plan_routes(bw, (0, 1), size, delay_s=delay / 1000, warm=False)
+    assert any(2 in r.nodes() for r in near.routes)
+    assert near.latency_s >= 0.001
+    assert near.predicted_s == pytest.approx(near.bandwidth_s + near.latency_s, rel=1e-12)
+    assert near.predicted_s < 0.1
+
+
+def test_latency_bound_counts_the_shortest_delay_path() -> None:
+    bw = relay_triangle()
+    delay = np.full((3, 3), 0.2)
+    delay[0, 1] = delay[1, 0] = 1.0
+    size = 4_000_000
+    plain = lower_bound(bw, (0, 1), size)
+    with_delay = lower_bound(bw, (0, 1), size, delay_s=delay)
+    assert with_delay == pytest.approx(plain + 0.4)  # 0 -> 2 -> 1 is 0.4 s
+    rp = routelp.plan_routes(bw, (0, 1), size, delay_s=delay, warm=False)
+    assert rp.predicted_s >= with_delay
+
+
+def test_part_fill_counts_each_hop() -> None:
+    bw = relay_triangle()
+    hop = routelp.hop_latency(bw, None, part_bytes=1_250_000)  # 10 Mbit: 1 s, 100 Mbit: 0.1 s
+    assert hop[0, 1] == pytest.approx(1.0)
+    assert hop[0, 2] == pytest.approx(0.1)
+
+
+# --------------------------------------------------------------------------- shared links
+
+
+def two_clouds() -> tuple[np.ndarray, list[SharedLink]]:
+    """Workers 0, 1 in cloud A and 2, 3 in cloud B: 1000 Mbit/s inside, 100 per WAN pair,
+    but one 100 Mbit/s WAN uplink per direction shared by the pairs crossing it."""
+    bw = np.full((4, 4), 100.0)
+    bw[0, 1] = bw[1, 0] = bw[2, 3] = bw[3, 2] = 1000.0
+    np.fill_diagonal(bw, np.inf)
+    ab = tuple((a, b) for a in (0, 1) for b in (2, 3))
+    ba = tuple((b, a) for a, b in ab)
+    return bw, [SharedLink(ab, 100.0, 0.01), SharedLink(ba, 100.0, 0.01)]
+
+
+def test_shared_uplink_caps_the_plan_and_the_bound() -> None:
+    bw, shared = two_clouds()
+    size = 8_000_000
+    members = (0, 2)
+    free = routelp.plan_routes(bw, members, size, warm=False)
+    capped = routelp.plan_routes(bw, members, size, shared=shared, warm=False)
+    check_routes(capped, bw, members, size)
+    # Without sharing, helpers 1 and 3 open three more WAN pairs; with it, M must cross the
+    # one 100 Mbit/s uplink each way: 0.64 s, and the bound knows it.
+    wan = size * 8 / 100e6
+    assert free.predicted_s < 0.5 * wan
+    assert capped.bandwidth_s == pytest.approx(wan, rel=REL)
+    assert lower_bound(bw, members, size) < 0.5 * wan
+    assert lower_bound(bw, members, size, shared=shared) == pytest.approx(wan, rel=1e-6)
+    # The uplink's delay is a floor for every pair crossing it; with two members the best
+    # plan is all-to-all (each sends its vector across once: one hop of latency).
+    assert capped.latency_s == pytest.approx(0.01)
+    assert lower_bound(bw, members, size, shared=shared, delay_s=np.zeros((4, 4))) >= 0.01
+    assert routelp.bandwidth_time(free.routes, bw, shared) > capped.bandwidth_s * (1 - REL)
+
+
+def test_shared_links_are_checked() -> None:
+    with pytest.raises(PlanError, match="shared"):
+        SharedLink(((0, 0),), 10.0)
+    with pytest.raises(PlanError, match="shared"):
+        SharedLink(((0, 1),), 0.0)
+    with pytest.raises(PlanError, match="shared"):
+        routelp.plan_routes(np.full((2, 2), 10.0), (0, 1), 8, shared=[SharedLink(((0, 5),), 1.0)])
+    with pytest.raises(PlanError, match="delay_s"):
+        routelp.plan_routes(np.full((2, 2), 10.0), (0, 1), 8, delay_s=np.zeros((3, 3)))
+
+
+def test_unreachable_members_are_refused() -> None:
+    bw = np.array([[np.inf, 0, 10], [0, np.inf, 10], [10, 10, np.inf]])
+    with pytest.raises(PlanError):
+        routelp.plan_routes(bw, (0, 1), 400, active=(0, 1), warm=False)
+    rp = routelp.plan_routes(bw, (0, 1), 400, warm=False)  # through helper 2
+    assert all(2 in r.nodes() for r in rp.routes)
+    assert math.isfinite(rp.predicted_s)
