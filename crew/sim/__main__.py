@@ -79,8 +79,7 @@ def summary(res: SimResult, run_dir: Path | None) -> str:
         f"simulated {res.duration_s:g} s: n={res.n} p={res.p} scheme={res.scheme}",
         f"rounds per worker: mean {res.rounds_per_worker:.2f}, min {min(res.rounds)},"
         f" max {max(res.rounds)}",
-        f"groups: {res.completed} completed, {res.abandoned} abandoned,"
-        f" {res.revisions} revisions",
+        f"groups: {res.completed} completed, {res.abandoned} abandoned, {res.revisions} revisions",
         f"wall time {res.wall_s:.2f} s; planner {plan.size} calls, median"
         f" {np.median(plan) if plan.size else 0:.1f} ms, total {plan.sum() / 1e3:.2f} s",
     ]

@@ -269,7 +269,9 @@ class Simulation:
                 self._end(d.group.id, d.group.members, d.group.dropped)
                 self.completed += 1
                 if self.rec:
-                    self.rec.group_end(self.now, d.group, "completed", d.rev, d.bytes_moved, None, None)
+                    self.rec.group_end(
+                        self.now, d.group, "completed", d.rev, d.bytes_moved, None, None
+                    )
             elif isinstance(d, Abandon):
                 self.net.stop(d.group.id)
                 self._end(d.group.id, d.group.members, d.group.dropped)

@@ -210,7 +210,10 @@ class Recorder:
             db.executemany(
                 f"INSERT INTO groups ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
                 [
-                    tuple({**r, "scheme": cfg.scheme}.get(c, 0 if c == "bytes" else None) for c in cols)
+                    tuple(
+                        {**r, "scheme": cfg.scheme}.get(c, 0 if c == "bytes" else None)
+                        for c in cols
+                    )
                     for r in sorted(self.groups.values(), key=lambda r: r["id"])
                 ],
             )
