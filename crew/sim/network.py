@@ -1,54 +1,44 @@
-"""The simulated network: directed links of fixed capacity, shared by groups' data as a fluid.
+"""The simulated network: FCFS links, and how a group revision's routes move over them.
 
-Pure and deterministic: no clock, no sockets. The engine calls :meth:`FluidNetwork.advance`
-to move time forward and asks :meth:`FluidNetwork.next_completion` when the next transfer
-stage ends.
+Pure and deterministic: no clock, no sockets; the engine passes the time in.
 
-What moves. A group revision's plan (``crew.schemes.GroupPlan``) is a set of routes; each
-route carries its element range over the edges of a reduce tree and a broadcast tree
-(``crew.routes``). The network sees a revision as one or more **stages**, each a load vector
-(bytes per directed link):
+**Links.** In the lab every directed pair is one TCP connection with one FCFS frame queue
+(``crew.transport``), shared by all routes and groups, shaped to the link's rate: frames
+queued first leave first, at the full rate. :class:`LinkQueues` models exactly that at the
+granularity of one route's range over one edge (a *job*): a job queued at time ``t`` on link
+``l`` starts at ``max(t, free_l)`` and ends ``bytes / c_l`` later, and ``free_l`` moves to
+its end. So a link never carries more than its capacity and serves jobs in arrival order, and
+under constant capacities a job's end is known the moment it is queued. Capacities are
+``rate_mbit x 1e6 / 8 x goodput`` bytes/s (``goodput``: payload share of the shaped rate; the
+lab measures ~0.95 with TCP/IP headers). A job then arrives ``delay_l`` (one-way) later.
 
-* a **pipelined** plan (crew, blink-pipe, ...) is one stage holding the plan's whole link load
-  (``GroupPlan.link_bytes``). In the lab a node forwards each part (~1 MB) as soon as it has
-  it, so every edge of a route streams at once; in the fluid limit the stage progresses at one
-  rate on all its links, and alone on the network it takes ``max_l load_l / c_l``: exactly the
-  planner's pipelined prediction (``crew.baselines.cost_pipelined``). Pipeline fill (one part
-  per hop) is not modelled; a latency term is (below).
-* a **store-and-forward** plan (crew-paper, preduce, blink, ...) is one stage per tree level:
-  for a star, scatter then broadcast. A node waits for the whole range before forwarding, so
-  level k+1 starts when level k is done. Levels are group-wide barriers, which is the paper's
-  X + Y model (``planner.solve_p2a``'s prediction) for stars; the lab's aggregators start
-  their broadcast as soon as their own scatter is in, so the lab can be faster than this by up
-  to the spread of the scatter times.
+**Routes** (``crew.routes``): a range climbs a reduce tree to its root and comes down a
+broadcast tree. :class:`RouteTimer` times one revision's routes:
 
-How stages share a link. In the lab every directed pair is one TCP connection with one FCFS
-frame queue (``crew.transport``), shared by all routes and groups: frames queued first leave
-first, at the link's full rate. The fluid counterpart is **strict priority by the time a stage
-became ready** (its frames were queued then): the oldest stage takes
-``x = min_l residual_l / load_l`` (fraction of its load per second, limited by its bottleneck
-link) and leaves ``residual_l - x * load_l`` to younger stages; the next stage does the same on
-what is left, and so on. So a link is never loaded beyond its capacity, a younger group uses
-whatever the older ones cannot, and a stage alone gets the planner's time. What this does not
-capture: a pipelined stage in the lab may run ahead on a non-bottleneck link (its frames are
-all queued), delaying a younger group there, where the fluid stage paces all its links to its
-bottleneck and lends the rest; both are work-conserving for the younger group only in part.
+* *pipelined* plans (crew, blink-pipe, ...): a node forwards each part as soon as it has it,
+  so every edge's job is queued when the revision starts, and an edge cannot finish before
+  the data feeding it has arrived plus one part's time on the edge:
+  ``end_e = max(fcfs_end_e, max_{f feeds e} arrive_f + part / c_e)``. A link's queue is
+  advanced by ``bytes / c_e`` only (the wait for data leaves the link to other jobs: the lab's
+  FCFS queue sends whatever frames it holds). Alone on the network, a revision therefore takes
+  the planner's pipelined time (the busiest link's load / rate) plus at most a part per hop.
+* *store-and-forward* plans (crew-paper, preduce, blink, ...): a node passes a range on only
+  when it holds the whole of it, so an edge's job is queued when its data has arrived (the
+  engine calls back at that time, keeping the FCFS order across groups exact). For a star
+  this is scatter, then each aggregator's broadcast as soon as its own scatter is in.
 
-Latency. A stage ends ``latency_s`` after its last byte left: the largest sum of one-way link
-delays along a root path of its routes (pipelined: up path + down path; store-and-forward:
-the largest delay of the level's edges).
+A superseded revision's jobs stay queued (the lab does not recall frames already handed to a
+connection), except on a cut link, whose queue is lost.
 
-Units: capacities in bytes/s (Mbit/s x 1e6 / 8 x ``goodput``); ``goodput`` is the payload
-share of what the shaper passes (the lab measures ~0.95 with TCP/IP headers).
+What is not modelled: TCP's slow start and loss recovery, aggregation (summing) time, the
+control plane's latency (Assign, HaveAll, Commit), frame headers beyond ``goodput``.
 
-Cost: each (re)allocation is O(stages in flight x links per stage) with numpy, run only when
-the set of stages or a capacity changes; advancing is O(n^2) (per-link byte counters).
+Cost: O(1) per job; a revision is O(edges of its routes).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,299 +46,281 @@ import numpy as np
 from crew.planner import BYTES_PER_S_PER_MBIT
 from crew.routes import Route
 
-_DONE_EPS = 1e-12  # a stage with less than this fraction of its load left is done
-_RATE_EPS = 1e-15  # a stage whose rate is below this (fraction/s) is stalled
+MIN_PART_BYTES = 64 << 10  # crew.config: MIN_AUTO_PART_BYTES
+MAX_PART_BYTES = 1 << 20  # crew.config: MAX_AUTO_PART_BYTES
 
 
 class NetworkError(ValueError):
-    """A link or stage is invalid; the message names it."""
+    """A link, route or time is invalid; the message names it."""
 
 
-@dataclass(frozen=True)
-class StageLoad:
-    """One stage: bytes on each link it uses (flat indices ``src * n + dst``), and its latency."""
-
-    links: np.ndarray  # int64 flat link indices
-    bytes: np.ndarray  # float64, > 0, same length
-    latency_s: float = 0.0
+def part_bytes(size_bytes: int, n: int) -> int:
+    """The lab's automatic part size (``RunConfig.part_elems_for``): a quarter of an n-way
+    block, within [64 KiB, 1 MiB]."""
+    quarter = size_bytes // 4 // (4 * n) * 4
+    return max(MIN_PART_BYTES, min(MAX_PART_BYTES, quarter))
 
 
-@dataclass
-class _Stage:
-    key: tuple[float, int, int]  # (ready time, group id, stage index): FCFS order
-    gid: int
-    rev: int
-    index: int
-    load: StageLoad
-    left: float = 1.0  # fraction of the load still to send
-    rate: float = 0.0  # fraction per second under the current allocation
+class LinkQueues:
+    """One FCFS queue per directed link; see the module docstring."""
 
-
-@dataclass
-class _Transfer:
-    """A group revision in the network: its stages, and the one running now."""
-
-    gid: int
-    rev: int
-    stages: list[StageLoad]
-    current: int = 0
-    latency_until: float | None = None  # the current stage's bytes are out; waiting latency
-    stage: _Stage | None = None
-    extra: dict = field(default_factory=dict)
-
-
-def stage_loads(
-    routes: Sequence[Route],
-    pipelined: bool,
-    n: int,
-    delay_s: np.ndarray | None = None,
-    elem_bytes: int = 4,
-) -> list[StageLoad]:
-    """The stages a plan's routes put on the network (see the module docstring)."""
-    if pipelined:
-        per = [(r, [(a, b) for a, b in (*r.up, *r.down)]) for r in routes]
-        stages = [_load(per, n, elem_bytes)]
-        lat = _pipelined_latency(routes, delay_s) if delay_s is not None else 0.0
-        return [StageLoad(stages[0].links, stages[0].bytes, lat)] if stages[0].links.size else []
-    levels: dict[int, list[tuple[Route, list[tuple[int, int]]]]] = {}
-    for r in routes:
-        for level, edges in _route_levels(r).items():
-            levels.setdefault(level, []).append((r, edges))
-    out = []
-    for level in sorted(levels):
-        st = _load(levels[level], n, elem_bytes)
-        if not st.links.size:
-            continue
-        lat = 0.0
-        if delay_s is not None:
-            lat = float(max(delay_s[a, b] for _, es in levels[level] for a, b in es))
-        out.append(StageLoad(st.links, st.bytes, lat))
-    return out
-
-
-def _load(per: Iterable[tuple[Route, list[tuple[int, int]]]], n: int, eb: int) -> StageLoad:
-    acc: dict[int, float] = {}
-    for r, edges in per:
-        size = float(r.elems * eb)
-        for a, b in edges:
-            k = a * n + b
-            acc[k] = acc.get(k, 0.0) + size
-    keys = np.fromiter(acc.keys(), dtype=np.int64, count=len(acc))
-    vals = np.fromiter(acc.values(), dtype=np.float64, count=len(acc))
-    order = np.argsort(keys)
-    return StageLoad(keys[order], vals[order])
-
-
-def _route_levels(r: Route) -> dict[int, list[tuple[int, int]]]:
-    """Store-and-forward levels of one route: an up edge leaves a node once all the node's
-    children delivered (level = 1 + deepest child edge); the broadcast follows, hop by hop."""
-    children: dict[int, list[int]] = {}
-    for c, p in r.up:
-        children.setdefault(p, []).append(c)
-
-    def height(x: int, budget: int) -> int:  # edges below x on the longest chain
-        if budget < 0:
-            raise NetworkError(f"route [{r.start}, {r.stop}) has a cycle in its reduce tree")
-        return max((1 + height(c, budget - 1) for c in children.get(x, ())), default=0)
-
-    bound = len(r.up) + 1
-    levels: dict[int, list[tuple[int, int]]] = {}
-    for c, p in r.up:
-        levels.setdefault(height(c, bound), []).append((c, p))
-    top = height(r.root, bound)
-    kids: dict[int, list[int]] = {}
-    for p, c in r.down:
-        kids.setdefault(p, []).append(c)
-    frontier, depth = [r.root], 0
-    for _ in range(len(r.down) + 1):
-        nxt = []
-        for p in frontier:
-            for c in kids.get(p, ()):
-                levels.setdefault(top + depth, []).append((p, c))
-                nxt.append(c)
-        if not nxt:
-            break
-        frontier, depth = nxt, depth + 1
-    return levels
-
-
-def _pipelined_latency(routes: Sequence[Route], delay_s: np.ndarray) -> float:
-    worst = 0.0
-    for r in routes:
-        parent = {c: p for c, p in r.up}
-        up = 0.0
-        for x in parent:
-            d, node = 0.0, x
-            for _ in range(len(parent) + 1):
-                if node == r.root or node not in parent:
-                    break
-                d += float(delay_s[node, parent[node]])
-                node = parent[node]
-            up = max(up, d)
-        dparent = {c: p for p, c in r.down}
-        down = 0.0
-        for x in dparent:
-            d, node = 0.0, x
-            for _ in range(len(dparent) + 1):
-                if node == r.root or node not in dparent:
-                    break
-                d += float(delay_s[dparent[node], node])
-                node = dparent[node]
-            down = max(down, d)
-        worst = max(worst, up + down)
-    return worst
-
-
-class FluidNetwork:
-    """Directed links of capacity ``rate_mbit * goodput``; see the module docstring."""
-
-    def __init__(self, rate_mbit: np.ndarray, goodput: float = 1.0) -> None:
+    def __init__(
+        self, rate_mbit: np.ndarray, goodput: float = 1.0, delay_s: np.ndarray | None = None
+    ) -> None:
         r = np.array(rate_mbit, dtype=float)
         if r.ndim != 2 or r.shape[0] != r.shape[1]:
             raise NetworkError(f"rate_mbit must be a square matrix, got shape {r.shape}")
         if not 0 < goodput <= 1:
             raise NetworkError(f"goodput must be in (0, 1], got {goodput!r}")
-        self.n = r.shape[0]
-        off = ~np.eye(self.n, dtype=bool)
+        self.n = n = r.shape[0]
+        off = ~np.eye(n, dtype=bool)
         if np.any(~np.isfinite(r[off])) or np.any(r[off] < 0):
             raise NetworkError("rate_mbit: off-diagonal rates must be finite and >= 0")
         r[~off] = 0.0
         self.goodput = float(goodput)
-        self.cap = (r * BYTES_PER_S_PER_MBIT * self.goodput).ravel()  # bytes/s per flat link
-        self.sent = np.zeros(self.n * self.n)  # cumulative bytes per flat link
-        self.usage = np.zeros(self.n * self.n)  # bytes/s per flat link now
-        self.now = 0.0
-        self._transfers: dict[int, _Transfer] = {}
-        self._dirty = True
-        self.max_overload = 0.0  # largest usage / capacity - 1 ever seen (an invariant: <= 0)
+        self.cap: list[float] = (r * BYTES_PER_S_PER_MBIT * self.goodput).ravel().tolist()
+        d = np.zeros((n, n)) if delay_s is None else np.asarray(delay_s, dtype=float)
+        self.delay: list[float] = d.ravel().tolist()
+        self.free: list[float] = [0.0] * (n * n)
+        # Jobs for the byte counters: link, start, end (bytes = cap * (end - start)).
+        self._jl: list[int] = []
+        self._js: list[float] = []
+        self._je: list[float] = []
+        self._done = np.zeros(n * n)  # bytes of jobs ended by the last count
+        self._pending = (np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+        self.jobs = 0
 
-    # ---- transfers ------------------------------------------------------------------------
+    def rate(self, src: int, dst: int) -> float:
+        return self.cap[src * self.n + dst]
 
-    def start(self, gid: int, rev: int, stages: list[StageLoad]) -> None:
-        """Start (or restart, for a new revision) group ``gid``'s transfer at ``self.now``."""
-        for st in stages:
-            if st.links.size and np.any(self.cap[st.links] <= 0):
-                dead = [divmod(int(k), self.n) for k in st.links[self.cap[st.links] <= 0]]
-                raise NetworkError(f"group {gid} rev {rev}: stage uses dead link(s) {dead[:3]}")
-        self._transfers[gid] = _Transfer(gid, rev, list(stages))
-        self._begin_stage(self._transfers[gid])
-        self._dirty = True
-
-    def stop(self, gid: int) -> None:
-        """Drop group ``gid``'s transfer (abandoned, or replaced by a revision)."""
-        if self._transfers.pop(gid, None) is not None:
-            self._dirty = True
-
-    def active(self) -> list[int]:
-        return sorted(self._transfers)
-
-    def uses(self, gid: int, src: int, dst: int) -> bool:
-        """Whether the rest of group ``gid``'s transfer still needs link src -> dst."""
-        t = self._transfers.get(gid)
-        if t is None:
-            return False
+    def queue(self, src: int, dst: int, nbytes: float, at: float) -> float:
+        """Queue a job of ``nbytes`` on src -> dst at time ``at``; return when it ends."""
         k = src * self.n + dst
-        return any(np.any(s.links == k) for s in t.stages[t.current :])
+        c = self.cap[k]
+        if c <= 0:
+            raise NetworkError(f"link {src}->{dst} is down; no job can use it")
+        start = max(at, self.free[k])
+        end = start + nbytes / c
+        self.free[k] = end
+        if end > start:
+            self._jl.append(k)
+            self._js.append(start)
+            self._je.append(end)
+        self.jobs += 1
+        return end
 
-    def remaining_bytes(self) -> np.ndarray:
-        """n x n bytes still to send by the transfers in flight (for residual capacity)."""
-        out = np.zeros(self.n * self.n)
-        for t in self._transfers.values():
-            for i, s in enumerate(t.stages[t.current :]):
-                left = t.stage.left if i == 0 and t.stage is not None else 1.0
-                np.add.at(out, s.links, s.bytes * left)
-        return out.reshape(self.n, self.n)
+    def delay_of(self, src: int, dst: int) -> float:
+        return self.delay[src * self.n + dst]
 
-    def set_rate(self, src: int, dst: int, rate_mbit: float) -> None:
-        """Change a link's capacity (0 cuts it). Transfers on a cut link stall until replanned."""
-        if not (0 <= src < self.n and 0 <= dst < self.n and src != dst):
-            raise NetworkError(f"link {src}->{dst} is not a link of {self.n} workers")
-        self.cap[src * self.n + dst] = max(0.0, rate_mbit) * BYTES_PER_S_PER_MBIT * self.goodput
-        self._dirty = True
+    def cut(self, src: int, dst: int, at: float) -> None:
+        """Link src -> dst fails for good at ``at``: its queue is lost."""
+        k = src * self.n + dst
+        self.cap[k] = 0.0
+        self.free[k] = at
+        self._flush()
+        links, starts, ends = self._pending
+        on = links == k
+        ends = np.where(on, np.minimum(ends, at), ends)
+        starts = np.where(on, np.minimum(starts, at), starts)
+        self._pending = (links, starts, ends)
 
-    # ---- time -----------------------------------------------------------------------------
+    def sent_by(self, t: float, cap: np.ndarray) -> np.ndarray:
+        """Bytes each link (flat index) has carried by time ``t`` (non-decreasing calls)."""
+        self._flush()
+        links, starts, ends = self._pending
+        done = ends <= t
+        if done.any():
+            np.add.at(self._done, links[done], (ends[done] - starts[done]) * cap[links[done]])
+            links, starts, ends = links[~done], starts[~done], ends[~done]
+            self._pending = (links, starts, ends)
+        out = self._done.copy()
+        running = starts < t
+        if running.any():
+            np.add.at(out, links[running], (t - starts[running]) * cap[links[running]])
+        return out
 
-    def next_completion(self) -> tuple[float, int] | None:
-        """(time, group id) of the next stage end (bytes out, or latency over), if any."""
-        self._allocate()
-        best: tuple[float, int] | None = None
-        for t in self._transfers.values():
-            if t.latency_until is not None:
-                when = t.latency_until
-            elif t.stage is None:
-                when = self.now  # nothing (left) to send: done now
-            elif t.stage.rate > _RATE_EPS:
-                when = self.now + t.stage.left / t.stage.rate
-            else:
-                continue
-            if best is None or (when, t.gid) < best:
-                best = (when, t.gid)
-        return best
-
-    def advance(self, to: float) -> list[int]:
-        """Move time to ``to`` (no later than ``next_completion``); return the groups whose
-        whole transfer finished at ``to``."""
-        if to < self.now - 1e-12:
-            raise NetworkError(f"time went backwards: {to} < {self.now}")
-        self._allocate()
-        dt = max(0.0, to - self.now)
-        if dt > 0:
-            self.sent += self.usage * dt
-            for t in self._transfers.values():
-                if t.stage is not None and t.latency_until is None:
-                    t.stage.left = max(0.0, t.stage.left - t.stage.rate * dt)
-        self.now = max(self.now, to)
-        finished = []
-        for t in list(self._transfers.values()):
-            for _ in range(len(t.stages) + 1):  # stages may end back to back
-                if t.latency_until is not None:
-                    if t.latency_until > self.now + 1e-12:
-                        break
-                    t.latency_until = None
-                    t.current += 1
-                    self._begin_stage(t)
-                    self._dirty = True
-                elif t.stage is not None and t.stage.left <= _DONE_EPS:
-                    t.stage = None
-                    t.latency_until = self.now + t.stages[t.current].latency_s
-                    self._dirty = True
-                else:
-                    break
-            if t.stage is None and t.latency_until is None and t.current >= len(t.stages):
-                finished.append(t.gid)
-                del self._transfers[t.gid]
-        return sorted(finished)
-
-    def _begin_stage(self, t: _Transfer) -> None:
-        if t.current < len(t.stages):
-            key = (self.now, t.gid, t.current)
-            t.stage = _Stage(key, t.gid, t.rev, t.current, t.stages[t.current])
-        else:
-            t.stage = None
-
-    def _allocate(self) -> None:
-        """Strict priority in FCFS order (see the module docstring)."""
-        if not self._dirty:
+    def _flush(self) -> None:
+        if not self._jl:
             return
-        residual = self.cap.copy()
-        running = sorted(
-            (t.stage for t in self._transfers.values() if t.stage is not None),
-            key=lambda s: s.key,
+        links, starts, ends = self._pending
+        self._pending = (
+            np.concatenate([links, np.asarray(self._jl, dtype=np.int64)]),
+            np.concatenate([starts, np.asarray(self._js)]),
+            np.concatenate([ends, np.asarray(self._je)]),
         )
-        for s in running:
-            room = residual[s.load.links]
-            x = float(np.min(room / s.load.bytes)) if s.load.links.size else math.inf
-            x = max(0.0, x) if math.isfinite(x) else 0.0
-            s.rate = x
-            if x > 0:
-                residual[s.load.links] = np.maximum(0.0, room - x * s.load.bytes)
-        usage = np.zeros_like(self.cap)  # summed from the rates, not from the residual: a check
-        for s in running:
-            if s.rate > 0:
-                np.add.at(usage, s.load.links, s.rate * s.load.bytes)
-        self.usage = usage
-        live = self.cap > 0
-        if live.any():
-            over = float(np.max(self.usage[live] / self.cap[live])) - 1.0
-            self.max_overload = max(self.max_overload, over)
-        self._dirty = False
+        self._jl, self._js, self._je = [], [], []
+
+
+@dataclass
+class _RouteState:
+    route: Route
+    waiting: dict[int, int]  # reduce: node -> children still to deliver
+    arrived: dict[int, float] = field(default_factory=dict)  # reduce: node -> last child in
+    down_left: int = 0  # broadcast edges not queued yet
+    done_at: float = 0.0  # latest arrival at a receiver
+
+
+class RouteTimer:
+    """Times one group revision's routes on :class:`LinkQueues`.
+
+    Pipelined: :meth:`start` returns the revision's end at once. Store-and-forward:
+    :meth:`start` queues what can leave now and returns ``None``; the engine then calls
+    :meth:`release` for each entry of :attr:`wakeups` at its time (in time order across all
+    revisions, so the links stay FCFS), and the revision ends at :attr:`end` once
+    :attr:`finished`.
+    """
+
+    REDUCE, BROADCAST = 0, 1
+
+    def __init__(
+        self,
+        links: LinkQueues,
+        routes: Sequence[Route],
+        pipelined: bool,
+        part: int,
+        elem_bytes: int = 4,
+    ) -> None:
+        self.links = links
+        self.pipelined = pipelined
+        self.part = part
+        self.eb = elem_bytes
+        self.routes = [
+            _RouteState(r, {p: len(cs) for p, cs in _children(r.up, False).items()}) for r in routes
+        ]
+        self.left = len(self.routes)
+        self.end = 0.0
+        self.wakeups: list[tuple[float, int, int, int]] = []  # (time, route, node, phase)
+
+    @property
+    def finished(self) -> bool:
+        return self.left == 0
+
+    def start(self, at: float) -> float | None:
+        self.end = at
+        if self.pipelined:
+            for rs in self.routes:
+                self.end = max(self.end, self._pipelined(rs, at))
+            self.left = 0
+            return self.end
+        for i, rs in enumerate(self.routes):
+            r = rs.route
+            rs.down_left = len(r.down)
+            rs.done_at = at
+            if not r.up:
+                self.release(at, i, r.root, self.BROADCAST)
+                continue
+            for c, p in r.up:
+                if c not in rs.waiting:  # a leaf: its own copy is there now
+                    self._send_up(i, rs, c, p, at)
+        return None
+
+    def take_wakeups(self) -> list[tuple[float, int, int, int]]:
+        out, self.wakeups = self.wakeups, []
+        return out
+
+    def release(self, at: float, i: int, node: int, phase: int) -> None:
+        """Store-and-forward: ``node`` of route ``i`` holds the whole range (its partial sum
+        in the reduce phase, the result in the broadcast phase) at ``at``."""
+        rs = self.routes[i]
+        r = rs.route
+        if phase == self.REDUCE and node != r.root:
+            self._send_up(i, rs, node, _parent(r.up, node), at)
+            return
+        for p, c in r.down:
+            if p != node:
+                continue
+            end = self.links.queue(p, c, r.elems * self.eb, at)
+            arrive = end + self.links.delay_of(p, c)
+            rs.done_at = max(rs.done_at, arrive)
+            rs.down_left -= 1
+            if any(pp == c for pp, _ in r.down):
+                self.wakeups.append((arrive, i, c, self.BROADCAST))
+        if node == r.root:
+            rs.done_at = max(rs.done_at, at)
+        if rs.down_left == 0:
+            self.left -= 1
+            self.end = max(self.end, rs.done_at)
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _send_up(self, i: int, rs: _RouteState, c: int, p: int | None, at: float) -> None:
+        if p is None:
+            raise NetworkError(f"route [{rs.route.start}, {rs.route.stop}): {c} has no parent")
+        end = self.links.queue(c, p, rs.route.elems * self.eb, at)
+        arrive = end + self.links.delay_of(c, p)
+        rs.arrived[p] = max(rs.arrived.get(p, at), arrive)
+        rs.waiting[p] -= 1
+        if rs.waiting[p] == 0:
+            phase = self.BROADCAST if p == rs.route.root else self.REDUCE
+            self.wakeups.append((rs.arrived[p], i, p, phase))
+
+    def _pipelined(self, rs: _RouteState, at: float) -> float:
+        r = rs.route
+        nbytes = r.elems * self.eb
+        arrive: dict[int, float] = {}  # node -> when its partial sum is complete there
+        done = at
+        for c, p in _up_order(r):
+            ready = arrive.get(c, at)  # a leaf's own copy is there at once
+            fcfs = self.links.queue(c, p, nbytes, at)
+            end = max(fcfs, ready + self._part_time(c, p, nbytes)) if c in arrive else fcfs
+            a = end + self.links.delay_of(c, p)
+            arrive[p] = max(arrive.get(p, at), a)
+            done = max(done, a)
+        have = {r.root: arrive.get(r.root, at)}
+        for p, c in _down_order(r):
+            fcfs = self.links.queue(p, c, nbytes, at)
+            end = max(fcfs, have[p] + self._part_time(p, c, nbytes))
+            have[c] = end + self.links.delay_of(p, c)
+            done = max(done, have[c])
+        return done
+
+    def _part_time(self, a: int, b: int, nbytes: int) -> float:
+        return min(self.part, nbytes) / self.links.rate(a, b)
+
+
+def _children(edges: Sequence[tuple[int, int]], parent_first: bool = True) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for a, b in edges:
+        p, c = (a, b) if parent_first else (b, a)
+        out.setdefault(p, []).append(c)
+    return out
+
+
+def _parent(up: Sequence[tuple[int, int]], node: int) -> int | None:
+    for c, p in up:
+        if c == node:
+            return p
+    return None
+
+
+def _up_order(r: Route) -> list[tuple[int, int]]:
+    """Reduce edges, every edge after the edges feeding it (leaves first)."""
+    kids = _children(r.up, parent_first=False)
+    order: list[tuple[int, int]] = []
+    parent = {c: p for c, p in r.up}
+
+    def visit(x: int, budget: int) -> None:
+        if budget < 0:
+            raise NetworkError(f"route [{r.start}, {r.stop}): cycle in its reduce tree")
+        for c in kids.get(x, ()):
+            visit(c, budget - 1)
+            order.append((c, parent[c]))
+
+    visit(r.root, len(r.up) + 1)
+    return order
+
+
+def _down_order(r: Route) -> list[tuple[int, int]]:
+    kids = _children(r.down)
+    order: list[tuple[int, int]] = []
+    frontier = [r.root]
+    for _ in range(len(r.down) + 1):
+        nxt = []
+        for p in frontier:
+            for c in kids.get(p, ()):
+                order.append((p, c))
+                nxt.append(c)
+        if not nxt:
+            break
+        frontier = nxt
+    return order
