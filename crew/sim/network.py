@@ -16,7 +16,8 @@ lab measures ~0.95 with TCP/IP headers). A job then arrives ``delay_l`` (one-way
 broadcast tree. :class:`RouteTimer` times one revision's routes:
 
 * *pipelined* plans (crew, blink-pipe, ...): a node forwards each part as soon as it has it,
-  so every edge's job is queued when the revision starts, and an edge cannot finish before
+  so every edge's job is queued when the revision starts (reduce edges ahead of broadcast
+  edges: members' copies are there at once), and an edge cannot finish before
   the data feeding it has arrived plus one part's time on the edge:
   ``end_e = max(fcfs_end_e, max_{f feeds e} arrive_f + part / c_e)``. A link's queue is
   advanced by ``bytes / c_e`` only (the wait for data leaves the link to other jobs: the lab's
@@ -198,8 +199,7 @@ class RouteTimer:
     def start(self, at: float) -> float | None:
         self.end = at
         if self.pipelined:
-            for rs in self.routes:
-                self.end = max(self.end, self._pipelined(rs, at))
+            self.end = max(self.end, self._pipelined_all(at))
             self.left = 0
             return self.end
         for i, rs in enumerate(self.routes):
@@ -254,24 +254,32 @@ class RouteTimer:
             phase = self.BROADCAST if p == rs.route.root else self.REDUCE
             self.wakeups.append((rs.arrived[p], i, p, phase))
 
-    def _pipelined(self, rs: _RouteState, at: float) -> float:
-        r = rs.route
-        nbytes = r.elems * self.eb
-        arrive: dict[int, float] = {}  # node -> when its partial sum is complete there
+    def _pipelined_all(self, at: float) -> float:
+        """Every reduce edge of every route is queued before any broadcast edge: members' own
+        copies are there at once, the sums come later, so in the lab's FCFS queues the
+        scatter frames are ahead of the broadcast frames of the same revision."""
         done = at
-        for c, p in _up_order(r):
-            ready = arrive.get(c, at)  # a leaf's own copy is there at once
-            fcfs = self.links.queue(c, p, nbytes, at)
-            end = max(fcfs, ready + self._part_time(c, p, nbytes)) if c in arrive else fcfs
-            a = end + self.links.delay_of(c, p)
-            arrive[p] = max(arrive.get(p, at), a)
-            done = max(done, a)
-        have = {r.root: arrive.get(r.root, at)}
-        for p, c in _down_order(r):
-            fcfs = self.links.queue(p, c, nbytes, at)
-            end = max(fcfs, have[p] + self._part_time(p, c, nbytes))
-            have[c] = end + self.links.delay_of(p, c)
-            done = max(done, have[c])
+        arrive: list[dict[int, float]] = []
+        for rs in self.routes:
+            r = rs.route
+            nbytes = r.elems * self.eb
+            got: dict[int, float] = {}  # node -> when its partial sum is complete there
+            for c, p in _up_order(r):
+                fcfs = self.links.queue(c, p, nbytes, at)
+                end = max(fcfs, got[c] + self._part_time(c, p, nbytes)) if c in got else fcfs
+                a = end + self.links.delay_of(c, p)
+                got[p] = max(got.get(p, at), a)
+                done = max(done, a)
+            arrive.append(got)
+        for rs, got in zip(self.routes, arrive, strict=True):
+            r = rs.route
+            nbytes = r.elems * self.eb
+            have = {r.root: got.get(r.root, at)}
+            for p, c in _down_order(r):
+                fcfs = self.links.queue(p, c, nbytes, at)
+                end = max(fcfs, have[p] + self._part_time(p, c, nbytes))
+                have[c] = end + self.links.delay_of(p, c)
+                done = max(done, have[c])
         return done
 
     def _part_time(self, a: int, b: int, nbytes: int) -> float:
