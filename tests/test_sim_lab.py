@@ -24,7 +24,8 @@ def test_topology_yaml_becomes_the_simulators_view() -> None:
     assert topo.n == spec.n
     assert topo.rate_mbit[0, 1] == spec.link(0, 1).rate_mbit
     assert topo.delay_ms[1, 0] == spec.link(1, 0).delay_ms
-    assert topo.rate_mbit[2, 2] == 0.0 and topo.stragglers == tuple(w.straggler for w in spec.workers)
+    assert topo.rate_mbit[2, 2] == 0.0
+    assert topo.stragglers == tuple(w.straggler for w in spec.workers)
 
 
 def test_scenario_steps_become_faults() -> None:
