@@ -24,6 +24,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from crew.sim.__main__ import add_run_options, config_from, faults_from, run, summary
 from crew.sim.engine import Fault, FaultKind
 from crew.sim.topogen import SimTopology
@@ -38,7 +40,7 @@ def sim_topology(spec: TopologySpec) -> SimTopology:
     """The simulator's view of a lab topology."""
     bw = spec.bw_matrix()
     n = spec.n
-    delay = bw * 0.0
+    delay = np.zeros((n, n))
     for lk in spec.links:
         delay[lk.src, lk.dst] = lk.delay_ms
         if lk.jitter_ms or lk.loss_pct:
