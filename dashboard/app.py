@@ -63,6 +63,10 @@ PLAN_LIMIT = 20
 EVENT_LIMIT = 200
 EVENT_LOG_HEIGHT_PX = 320
 COMMAND_LIMIT = 10
+SIMULATED_NOTE = (
+    "Simulated run (crew.sim): flow-level model, no emulated network; link rates are the "
+    "model's, loss and accuracy are not computed."
+)
 
 
 # -- which run, and how to read it ---------------------------------------------------------------
@@ -147,11 +151,18 @@ class Page:
             cols[2].metric("Scheme", info.scheme)
             cols[3].metric("p", "n/a" if info.p is None else str(info.p))
             cols[4].metric("Elapsed", f"{max(0.0, t - self.t0):.0f} s")
-            cols[5].metric("State", "live" if info.live else "finished")
+            state = "live" if info.live else "finished"
+            cols[5].metric("State", f"simulated, {state}" if info.simulated else state)
 
         header_panel()
 
     # -- network ------------------------------------------------------------------------------
+
+    def section(self, title: str) -> None:
+        """A panel's heading; on a simulated run it says so under every heading."""
+        st.subheader(title)
+        if self.info.simulated:
+            st.caption(SIMULATED_NOTE)
 
     def link_view(self, t: float) -> pd.DataFrame:
         return figures.link_view(
@@ -581,20 +592,20 @@ def main() -> None:
         page.command_log()
         page.downloads()
     page.header()
-    st.subheader("Network")
+    page.section("Network")
     page.network()
-    st.subheader("Link utilisation")
+    page.section("Link utilisation")
     page.utilisation()
-    st.subheader("Groups")
+    page.section("Groups")
     page.groups()
     plans, training = st.columns(2)
     with plans:
-        st.subheader("Plans")
+        page.section("Plans")
         page.plans()
     with training:
-        st.subheader("Training")
+        page.section("Training")
         page.training()
-    st.subheader("Events")
+    page.section("Events")
     page.event_log()
 
 

@@ -44,6 +44,9 @@ CLOUD_COLOURS = [
 ]
 WORKER_COLOURS = px_colors.qualitative.Plotly
 OVERALL = "overall"
+MAP_MAX_LINKS = 120  # beyond this a network map draws only the busiest links (and down ones)
+MAP_MAX_CLOUD_NAMES = 16  # beyond this many clouds their names would overlap
+HEATMAP_TEXT_MAX_N = 16  # beyond this many workers heat-map cells carry no text
 
 
 def util_colour(util: float) -> str:
@@ -174,6 +177,18 @@ def _curve(
     return xs, ys
 
 
+def map_links(view: pd.DataFrame, limit: int = MAP_MAX_LINKS) -> pd.DataFrame:
+    """The links a network map draws: all of them up to ``limit``, else the ``limit`` busiest
+    (by utilisation now) plus every link that is down, so a 60-worker mesh (3540 links)
+    stays readable and still shows every fault."""
+    if len(view) <= limit:
+        return view
+    util = view["util"].fillna(-1.0)
+    busiest = view.loc[util.sort_values(ascending=False).index[:limit]]
+    down = view[~view["up"].astype(bool)]
+    return pd.concat([busiest, down]).drop_duplicates(subset=["src", "dst"])
+
+
 def network_map(
     workers: pd.DataFrame,
     view: pd.DataFrame,
@@ -181,15 +196,19 @@ def network_map(
     worker_state: Mapping[int, str] | None = None,
     show_labels: bool | None = None,
 ) -> go.Figure:
-    """Workers grouped by cloud and every directed link coloured by its utilisation.
+    """Workers grouped by cloud and the directed links coloured by their utilisation.
 
     One trace per link (name ``"i→j"``, ``meta`` = {src, dst, util, up}); a link that is down is
     dashed grey with an ✕ at its middle. Then one trace of worker nodes and an invisible trace
     that carries the colour bar. ``show_labels`` writes the percentage at each link's middle
-    (default: when there are at most 30 links, beyond which the labels overlap).
+    (default: when there are at most 30 links, beyond which the labels overlap). Beyond
+    ``MAP_MAX_LINKS`` links only the busiest and the down ones are drawn (``map_links``), and
+    the title says so; nodes shrink and cloud names are left out when there are many.
     """
     if workers.empty:
         return _empty("no workers yet")
+    total_links = len(view)
+    view = map_links(view)
     pos = node_positions(workers)
     names = _names(workers)
     worker_state = worker_state or {}
@@ -255,15 +274,20 @@ def network_map(
         else CLOUD_COLOURS[cloud_order.index(clouds[w]) % len(CLOUD_COLOURS)]
         for w in ids
     ]
+    many = len(ids) > 16
     fig.add_trace(
         go.Scatter(
             x=[pos[w][0] for w in ids],
             y=[pos[w][1] for w in ids],
             mode="markers+text",
             name="workers",
-            marker=dict(size=34, color=node_colours, line=dict(color="white", width=2)),
+            marker=dict(
+                size=max(10, min(34, int(600 / max(len(ids), 1)))),
+                color=node_colours,
+                line=dict(color="white", width=1 if many else 2),
+            ),
             text=[str(w) for w in ids],
-            textfont=dict(color="white", size=13),
+            textfont=dict(color="white", size=8 if many else 13),
             hovertext=[
                 f"{names[w]} (worker {w})<br>cloud {clouds[w]}<br>state {worker_state.get(w, '?')}"
                 for w in ids
@@ -290,7 +314,7 @@ def network_map(
             showlegend=False,
         )
     )
-    for c in cloud_order:
+    for c in cloud_order if len(cloud_order) <= MAP_MAX_CLOUD_NAMES else ():
         members = [w for w in ids if clouds[w] == c]
         ang = math.atan2(
             sum(pos[w][1] for w in members) / len(members),
@@ -302,6 +326,13 @@ def network_map(
     fig.update_xaxes(visible=False, range=[-1.55, 1.55])
     fig.update_yaxes(visible=False, range=[-1.45, 1.45], scaleanchor="x")
     fig.update_layout(height=520, margin=dict(l=10, r=10, t=10, b=10), hovermode="closest")
+    if len(view) < total_links:
+        fig.update_layout(
+            title=dict(
+                text=f"busiest {len(view)} of {total_links} links", font=dict(size=12), x=0.01
+            ),
+            margin=dict(l=10, r=10, t=30, b=10),
+        )
     return fig
 
 
@@ -360,7 +391,8 @@ def utilisation_heatmap(view: pd.DataFrame, workers: pd.DataFrame) -> go.Figure:
     n = len(workers)
     m = utilisation_matrix(view, n) * 100
     names = [_names(workers).get(i, str(i)) for i in range(n)]
-    text = [["" if np.isnan(v) else f"{v:.0f}%" for v in row] for row in m]
+    big = n > HEATMAP_TEXT_MAX_N  # cells too small for text: colour and hover only
+    text = [["" if np.isnan(v) or big else f"{v:.0f}%" for v in row] for row in m]
     for row in view.itertuples(index=False):
         if not row.up and 0 <= row.src < n and 0 <= row.dst < n:
             text[int(row.src)][int(row.dst)] = "down"
@@ -375,12 +407,15 @@ def utilisation_heatmap(view: pd.DataFrame, workers: pd.DataFrame) -> go.Figure:
             zmin=0,
             zmax=100,
             colorbar=dict(title="util %", thickness=12),
-            hovertemplate="%{y} → %{x}: %{text}<extra></extra>",
+            hovertemplate="%{y} → %{x}: %{z:.0f}% %{text}<extra></extra>",
         )
     )
     fig.update_yaxes(autorange="reversed", title="sender")
     fig.update_xaxes(title="receiver", side="top")
-    fig.update_layout(height=120 + 40 * n, margin=dict(l=10, r=10, t=40, b=10))
+    if big:
+        fig.update_xaxes(tickfont=dict(size=8))
+        fig.update_yaxes(tickfont=dict(size=8))
+    fig.update_layout(height=min(120 + 40 * n, 620), margin=dict(l=10, r=10, t=40, b=10))
     return fig
 
 

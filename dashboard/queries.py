@@ -61,6 +61,7 @@ class RunInfo:
     started_at: float | None
     ended_at: float | None
     n: int
+    simulated: bool = False  # written by crew.sim, not by a lab
 
     @property
     def live(self) -> bool:
@@ -110,6 +111,7 @@ def run_info(conn: sqlite3.Connection) -> RunInfo:
         started_at=_number(m.get("started_at")),
         ended_at=_number(m.get("ended_at")),
         n=n,
+        simulated=m.get("simulated") == "1",
     )
 
 

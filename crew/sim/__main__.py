@@ -1,0 +1,119 @@
+"""``python -m crew.sim``: simulate one run on a generated topology (see ``crew.sim``)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from crew.schemes import GROUP_SCHEMES
+from crew.sim.engine import Fault, FaultKind, SimConfig, SimResult, Simulation
+from crew.sim.record import Recorder
+from crew.sim.topogen import BWD_SETTINGS, SimTopology, generate
+
+SAMPLE_1HZ_MAX_N = 64  # above this, link samples every LARGE_SAMPLE_S (the dashboard's horizon
+LARGE_SAMPLE_S = 4.0  # for "now" is 5 s, so links still read as busy between samples)
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """Options shared with ``lab.simrun`` (everything but the topology)."""
+    parser.add_argument("--p", type=int, default=5, help="group size (default 5)")
+    parser.add_argument("--scheme", default="crew", choices=GROUP_SCHEMES)
+    parser.add_argument("--duration", type=float, default=50.0, help="simulated seconds")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--size-mb", type=float, default=180.0, help="model size in MB (default 180, the paper's)"
+    )
+    parser.add_argument("--goodput", type=float, default=0.95, help="payload share of a link")
+    parser.add_argument(
+        "--compute-s", type=float, default=0.0, help="real step time a straggler sample pads up to"
+    )
+    parser.add_argument("--staleness", action="store_true", help="staleness-aware weights")
+    parser.add_argument(
+        "--kill", action="append", default=[], metavar="T:W", help="kill worker W at time T"
+    )
+    parser.add_argument(
+        "--cut", action="append", default=[], metavar="T:SRC:DST", help="cut link SRC->DST at T"
+    )
+    parser.add_argument("--run-dir", type=Path, help="write the run database to DIR/lab.db")
+
+
+def config_from(args: argparse.Namespace) -> SimConfig:
+    size = int(args.size_mb * 1e6) // 4 * 4
+    return SimConfig(
+        scheme=args.scheme,
+        p=args.p,
+        duration_s=args.duration,
+        seed=args.seed,
+        size_bytes=size,
+        goodput=args.goodput,
+        compute_s=args.compute_s,
+        staleness=args.staleness,
+    )
+
+
+def faults_from(args: argparse.Namespace) -> list[Fault]:
+    out = []
+    try:
+        for text in args.kill:
+            t, w = text.split(":")
+            out.append(Fault(float(t), FaultKind.KILL_WORKER, int(w)))
+        for text in args.cut:
+            t, a, b = text.split(":")
+            out.append(Fault(float(t), FaultKind.CUT_LINK, int(a), int(b)))
+    except ValueError:
+        raise SystemExit(f"--kill T:W / --cut T:SRC:DST: cannot read {text!r}") from None
+    return out
+
+
+def run(topo: SimTopology, cfg: SimConfig, faults: list[Fault], run_dir: Path | None) -> SimResult:
+    if run_dir is not None and (run_dir / "lab.db").exists():
+        raise SystemExit(f"--run-dir: {run_dir} already holds a run")
+    rec = Recorder(run_dir) if run_dir is not None else None
+    return Simulation(topo, cfg, faults, rec).run()
+
+
+def summary(res: SimResult, run_dir: Path | None) -> str:
+    plan = np.asarray(res.plan_seconds) * 1e3
+    lines = [
+        f"simulated {res.duration_s:g} s: n={res.n} p={res.p} scheme={res.scheme}",
+        f"rounds per worker: mean {res.rounds_per_worker:.2f}, min {min(res.rounds)},"
+        f" max {max(res.rounds)}",
+        f"groups: {res.completed} completed, {res.abandoned} abandoned, {res.revisions} revisions",
+        f"wall time {res.wall_s:.2f} s; planner {plan.size} calls, median"
+        f" {np.median(plan) if plan.size else 0:.1f} ms, total {plan.sum() / 1e3:.2f} s",
+    ]
+    if run_dir is not None:
+        lines.append(f"run database: {run_dir / 'lab.db'} (python -m dashboard {run_dir})")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m crew.sim",
+        description="Simulate a CREW run on a generated paper-like topology (no sockets).",
+    )
+    parser.add_argument("--n", type=int, default=60, help="workers, one per cloud")
+    parser.add_argument("--bwd", type=int, default=2, choices=BWD_SETTINGS)
+    parser.add_argument("--stragglers", default="mixed", choices=("mixed", "none"))
+    add_run_options(parser)
+    args = parser.parse_args(argv)
+    if args.n < 2:
+        parser.error("--n: need at least 2 workers")
+    if not 1 <= args.p <= args.n:
+        parser.error(f"--p: must be between 1 and {args.n}")
+    topo = generate(args.n, args.bwd, args.seed, args.stragglers)
+    cfg = config_from(args)
+    if args.n > SAMPLE_1HZ_MAX_N:  # n(n-1) links x 1 Hz would dwarf the rest of the database
+        cfg = dataclasses.replace(cfg, sample_s=LARGE_SAMPLE_S)
+    res = run(topo, cfg, faults_from(args), args.run_dir)
+    print(summary(res, args.run_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,339 @@
+"""The event loop: workers compute, become ready, form groups, move data, train on.
+
+One :class:`Simulation` is one run in simulated time. It owns
+
+* the workers: each computes an iteration whose time is drawn from its straggler profile
+  exactly as the lab's worker draws it (``crew.stragglers.ComputeDelay`` seeded
+  ``seed * 1000 + worker``; the iteration takes ``max(sample, compute_s)``, where
+  ``compute_s`` stands for the real step time the lab pads up to), then reports ready and
+  waits for its group's commit or abandonment;
+* the life cycle (``crew.sim.lifecycle.SimLifecycle``: group former, planner, revisions,
+  deadlines), fed with events and obeyed;
+* the network (``crew.sim.network``): each assigned revision's routes are timed on FCFS
+  link queues (``RouteTimer`` on ``LinkQueues``);
+* faults: link cuts (permanent) and worker crashes at given times.
+
+Time only jumps from event to event: a compute finishing, a node holding a whole range
+(store-and-forward), a revision's data all delivered, a fault, a deadline or isolation-guard
+tick, a 1 Hz link sample, the end. Nothing sleeps.
+
+Invariants checked as it runs (a violation raises :class:`SimInvariantError`): no worker is in
+two open groups; no link carries more than its capacity; every group ends completed or
+abandoned (open ones are abandoned with "run stopped" at the end, as the coordinator does).
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from crew.sim.lifecycle import Abandon, Assign, Commit, Decision, Note, SimLifecycle
+from crew.sim.network import LinkQueues, RouteTimer, part_bytes
+from crew.sim.record import Recorder
+from crew.sim.topogen import SimTopology
+from crew.stragglers import ComputeDelay, get_profile
+
+TICK_S = 0.25  # the coordinator's tick: isolation-guard holds are re-tried this often
+
+
+class SimInvariantError(AssertionError):
+    """The simulation broke one of its invariants (see the module docstring)."""
+
+
+class FaultKind(enum.Enum):
+    CUT_LINK = "cut_link"
+    KILL_WORKER = "kill_worker"
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float
+    kind: FaultKind
+    a: int  # src of the link, or the worker
+    b: int = -1  # dst of the link
+
+    def describe(self) -> str:
+        if self.kind is FaultKind.CUT_LINK:
+            return f"cut link {self.a}->{self.b}"
+        return f"kill worker {self.a}"
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    scheme: str = "crew"
+    p: int = 5
+    duration_s: float = 50.0
+    seed: int = 0
+    size_bytes: int = 180_000_000  # the paper's model, ~180 MB
+    goodput: float = 0.95  # payload share of the shaped rate, as the lab measures with TCP
+    compute_s: float = 0.0  # the real step time the straggler sample pads up to
+    staleness: bool = False
+    committed_capacity: bool = True
+    group_timeout_min_s: float = 30.0
+    sample_s: float = 1.0  # link sample interval (the lab's monitor: 1 Hz)
+    epoch: float | None = None  # Unix time of simulated t=0 in the run DB (default: now)
+
+    def __post_init__(self) -> None:
+        if self.size_bytes <= 0 or self.size_bytes % 4:
+            raise ValueError(f"size_bytes must be a positive multiple of 4, got {self.size_bytes}")
+        if not (self.duration_s > 0 and math.isfinite(self.duration_s)):
+            raise ValueError(f"duration_s must be positive, got {self.duration_s}")
+        if self.sample_s <= 0:
+            raise ValueError(f"sample_s must be positive, got {self.sample_s}")
+
+
+@dataclass
+class SimResult:
+    n: int
+    scheme: str
+    p: int
+    duration_s: float
+    rounds: list[int]
+    completed: int
+    abandoned: int
+    revisions: int
+    wall_s: float
+    plan_seconds: list[float]
+    jobs: int
+    group_times: list[tuple[int, float, float]] = field(default_factory=list)  # gid, start, end
+
+    @property
+    def rounds_per_worker(self) -> float:
+        return float(np.mean(self.rounds)) if self.rounds else 0.0
+
+
+class _Ev(enum.IntEnum):  # order of simultaneous events
+    FAULT = 0
+    DONE = 1
+    WAKE = 2
+    COMPUTE = 3
+    TICK = 4
+    SAMPLE = 5
+    END = 6
+
+
+class Simulation:
+    def __init__(
+        self,
+        topo: SimTopology,
+        cfg: SimConfig,
+        faults: Sequence[Fault] = (),
+        recorder: Recorder | None = None,
+    ) -> None:
+        n = topo.n
+        if not 1 <= cfg.p <= n:
+            raise ValueError(f"p must be in [1, {n}], got {cfg.p}")
+        for f in faults:
+            if not 0 <= f.a < n or (f.kind is FaultKind.CUT_LINK and not 0 <= f.b < n):
+                raise ValueError(f"fault {f.describe()}: not a worker/link of {n} workers")
+        self.topo = topo
+        self.cfg = cfg
+        self.n = n
+        self.net = LinkQueues(topo.rate_mbit, cfg.goodput, topo.delay_ms / 1000.0)
+        self.cap = np.asarray(self.net.cap)  # as configured: byte counters of cut links stop
+        self.part = part_bytes(cfg.size_bytes, n)
+        self.transfers: dict[int, tuple[int, RouteTimer]] = {}  # gid -> (rev, timer)
+        self.plans: dict[int, object] = {}  # gid -> current GroupPlan
+        self.life = SimLifecycle(
+            n,
+            cfg.p,
+            cfg.scheme,
+            cfg.size_bytes,
+            topo.rate_mbit,
+            seed=cfg.seed,
+            staleness=cfg.staleness,
+            committed_capacity=cfg.committed_capacity,
+            group_timeout_min_s=cfg.group_timeout_min_s,
+        )
+        self.rec = recorder
+        self.delays = [
+            ComputeDelay(get_profile(s) if s else None, seed=cfg.seed * 1000 + w)
+            for w, s in enumerate(topo.stragglers)
+        ]
+        self.iteration = [0] * n
+        self.alive = [True] * n
+        self.token = [0] * n  # bumps on death, so a dead worker's compute event is ignored
+        self.in_group: dict[int, int] = {}  # worker -> open group id
+        self.heap: list[tuple[float, int, int, object]] = []
+        self.seq = itertools.count()
+        self.now = 0.0
+        self.faults = sorted(faults, key=lambda f: f.at)
+        self.group_start: dict[int, float] = {}
+        self.result_times: list[tuple[int, float, float]] = []
+        self.completed = self.abandoned = self.revisions = 0
+        self.last_sent = np.zeros(n * n)
+        self.tick_pending = False
+
+    # ---- scheduling -----------------------------------------------------------------------
+
+    def _push(self, t: float, kind: _Ev, payload: object) -> None:
+        heapq.heappush(self.heap, (t, int(kind), next(self.seq), payload))
+
+    def _compute(self, w: int) -> None:
+        sample = self.delays[w].sample()
+        dur = max(sample * self.delays[w].slowdown, self.cfg.compute_s)
+        self._push(self.now + dur, _Ev.COMPUTE, (w, self.token[w]))
+
+    # ---- the loop -------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        wall0 = time.perf_counter()
+        for w in range(self.n):
+            self.life.join(w, 0.0)
+            self._compute(w)
+        for f in self.faults:
+            self._push(f.at, _Ev.FAULT, f)
+        for k in range(1, int(self.cfg.duration_s / self.cfg.sample_s) + 1):
+            self._push(k * self.cfg.sample_s, _Ev.SAMPLE, None)
+        self._push(self.cfg.duration_s, _Ev.END, None)
+        # Bounded: every iteration of the loop consumes a heap event or a stage end, and both
+        # are finite before the END event (stages end at most once per revision).
+        # Bounded: every pass pops one event; events are finite before END (computes and
+        # releases only follow from earlier events, each revision's wakeups are its edges).
+        while self.heap:
+            t, kind, _, payload = heapq.heappop(self.heap)
+            self.now = t
+            if kind == _Ev.END:
+                break
+            if kind == _Ev.COMPUTE:
+                w, token = payload  # type: ignore[misc]
+                if self.alive[w] and token == self.token[w]:
+                    self.iteration[w] += 1
+                    if self.rec:
+                        self.rec.iteration(self.now, w, self.iteration[w])
+                    self._apply(self.life.ready(w, self.iteration[w], self.now))
+            elif kind == _Ev.DONE:
+                gid, rev = payload  # type: ignore[misc]
+                if self.transfers.get(gid, (None,))[0] == rev:
+                    del self.transfers[gid]
+                    self._apply(self.life.delivered(gid, self.now))
+            elif kind == _Ev.WAKE:
+                self._wake(*payload)  # type: ignore[misc]
+            elif kind == _Ev.FAULT:
+                self._fault(payload)  # type: ignore[arg-type]
+            elif kind == _Ev.TICK:
+                self.tick_pending = False
+                self._apply(self.life.tick(self.now))
+            elif kind == _Ev.SAMPLE:
+                self._sample()
+        self._apply(self.life.stop(self.now))
+        wall = time.perf_counter() - wall0
+        if self.rec:
+            self.rec.finish(self)
+        return SimResult(
+            n=self.n,
+            scheme=self.cfg.scheme,
+            p=self.cfg.p,
+            duration_s=self.cfg.duration_s,
+            rounds=[self.life.former.rounds(w) for w in range(self.n)],
+            completed=self.completed,
+            abandoned=self.abandoned,
+            revisions=self.revisions,
+            wall_s=wall,
+            plan_seconds=list(self.life.plan_seconds),
+            jobs=self.net.jobs,
+            group_times=self.result_times,
+        )
+
+    def _wake(self, gid: int, rev: int, i: int, node: int, phase: int) -> None:
+        cur = self.transfers.get(gid)
+        if cur is None or cur[0] != rev:
+            return  # superseded or ended
+        timer = cur[1]
+        timer.release(self.now, i, node, phase)
+        self._follow(gid, rev, timer)
+
+    def _follow(self, gid: int, rev: int, timer: RouteTimer) -> None:
+        for at, i, node, phase in timer.take_wakeups():
+            self._push(at, _Ev.WAKE, (gid, rev, i, node, phase))
+        if timer.finished:
+            self._push(timer.end, _Ev.DONE, (gid, rev))
+
+    # ---- events ---------------------------------------------------------------------------
+
+    def _fault(self, f: Fault) -> None:
+        if self.rec:
+            self.rec.fault(self.now, f)
+        if f.kind is FaultKind.CUT_LINK:
+            self.net.cut(f.a, f.b, self.now)
+            self._apply(self.life.link_failed(f.a, f.b, self.now, self._uses))
+        elif self.alive[f.a]:
+            self.alive[f.a] = False
+            self.token[f.a] += 1
+            self._apply(self.life.worker_lost(f.a, self.now))
+            if self.rec:
+                self.rec.worker_dead(f.a)
+
+    def _uses(self, gid: int, src: int, dst: int) -> bool:
+        plan = self.plans.get(gid)
+        return gid in self.transfers and plan is not None and plan.uses(src, dst)  # type: ignore[attr-defined]
+
+    def _sample(self) -> None:
+        sent = self.net.sent_by(self.now, self.cap)
+        if self.rec:
+            self.rec.link_sample(self.now, sent, self.last_sent, self.cfg)
+        self.last_sent = sent
+
+    def _apply(self, decisions: list[Decision]) -> None:
+        for d in decisions:
+            if isinstance(d, Assign):
+                self._assign(d)
+            elif isinstance(d, Commit):
+                self.transfers.pop(d.group.id, None)
+                self._end(d.group.id, d.group.members, d.group.dropped)
+                self.completed += 1
+                if self.rec:
+                    self.rec.group_end(
+                        self.now, d.group, "completed", d.rev, d.bytes_moved, None, None
+                    )
+            elif isinstance(d, Abandon):
+                self.transfers.pop(d.group.id, None)
+                self._end(d.group.id, d.group.members, d.group.dropped)
+                self.abandoned += 1
+                if self.rec:
+                    self.rec.group_end(
+                        self.now, d.group, "abandoned", d.rev, d.bytes_moved, d.plan, d.reason
+                    )
+            elif isinstance(d, Note) and self.rec:
+                self.rec.event(self.now, d.kind, d.message, d.level, d.worker)
+        if self.life.former.holding and not self.tick_pending:
+            self.tick_pending = True
+            self._push(self.now + TICK_S, _Ev.TICK, None)
+
+    def _assign(self, d: Assign) -> None:
+        gid = d.group.id
+        if d.rev == 0:
+            for m in d.group.members:
+                other = self.in_group.get(m)
+                if other is not None and other != gid:
+                    raise SimInvariantError(f"worker {m} in open groups {other} and {gid}")
+                self.in_group[m] = gid
+            self.group_start[gid] = self.now
+        else:
+            self.revisions += 1
+            for m in d.group.dropped:
+                self.in_group.pop(m, None)
+        timer = RouteTimer(self.net, d.plan.routes, d.plan.pipelined, self.part)
+        self.transfers[gid] = (d.rev, timer)
+        self.plans[gid] = d.plan
+        timer.start(self.now)
+        self._follow(gid, d.rev, timer)
+        self._push(d.deadline + 1e-9, _Ev.TICK, None)
+        if self.rec:
+            self.rec.group_assign(self.now, d)
+
+    def _end(self, gid: int, members: Sequence[int], dropped: Sequence[int]) -> None:
+        self.result_times.append((gid, self.group_start.get(gid, self.now), self.now))
+        for m in (*members, *dropped):
+            if self.in_group.get(m) == gid:
+                del self.in_group[m]
+        for m in members:
+            if self.alive[m]:
+                self._compute(m)

@@ -1,0 +1,334 @@
+"""The simulated network: FCFS links, and how a group revision's routes move over them.
+
+Pure and deterministic: no clock, no sockets; the engine passes the time in.
+
+**Links.** In the lab every directed pair is one TCP connection with one FCFS frame queue
+(``crew.transport``), shared by all routes and groups, shaped to the link's rate: frames
+queued first leave first, at the full rate. :class:`LinkQueues` models exactly that at the
+granularity of one route's range over one edge (a *job*): a job queued at time ``t`` on link
+``l`` starts at ``max(t, free_l)`` and ends ``bytes / c_l`` later, and ``free_l`` moves to
+its end. So a link never carries more than its capacity and serves jobs in arrival order, and
+under constant capacities a job's end is known the moment it is queued. Capacities are
+``rate_mbit x 1e6 / 8 x goodput`` bytes/s (``goodput``: payload share of the shaped rate; the
+lab measures ~0.95 with TCP/IP headers). A job then arrives ``delay_l`` (one-way) later.
+
+**Routes** (``crew.routes``): a range climbs a reduce tree to its root and comes down a
+broadcast tree. :class:`RouteTimer` times one revision's routes:
+
+* *pipelined* plans (crew, blink-pipe, ...): a node forwards each part as soon as it has it,
+  so every edge's job is queued when the revision starts (reduce edges ahead of broadcast
+  edges: members' copies are there at once), and an edge cannot finish before
+  the data feeding it has arrived plus one part's time on the edge:
+  ``end_e = max(fcfs_end_e, max_{f feeds e} arrive_f + part / c_e)``. A link's queue is
+  advanced by ``bytes / c_e`` only (the wait for data leaves the link to other jobs: the lab's
+  FCFS queue sends whatever frames it holds). Alone on the network, a revision therefore takes
+  the planner's pipelined time (the busiest link's load / rate) plus at most a part per hop.
+* *store-and-forward* plans (crew-paper, preduce, blink, ...): a node passes a range on only
+  when it holds the whole of it, so an edge's job is queued when its data has arrived (the
+  engine calls back at that time, keeping the FCFS order across groups exact). For a star
+  this is scatter, then each aggregator's broadcast as soon as its own scatter is in.
+
+A superseded revision's jobs stay queued (the lab does not recall frames already handed to a
+connection), except on a cut link, whose queue is lost.
+
+What is not modelled: TCP's slow start and loss recovery, aggregation (summing) time, the
+control plane's latency (Assign, HaveAll, Commit), frame headers beyond ``goodput``.
+
+Cost: O(1) per job; a revision is O(edges of its routes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from crew.planner import BYTES_PER_S_PER_MBIT
+from crew.routes import Route
+
+MIN_PART_BYTES = 64 << 10  # crew.config: MIN_AUTO_PART_BYTES
+MAX_PART_BYTES = 1 << 20  # crew.config: MAX_AUTO_PART_BYTES
+
+
+class NetworkError(ValueError):
+    """A link, route or time is invalid; the message names it."""
+
+
+def part_bytes(size_bytes: int, n: int) -> int:
+    """The lab's automatic part size (``RunConfig.part_elems_for``): a quarter of an n-way
+    block, within [64 KiB, 1 MiB]."""
+    quarter = size_bytes // 4 // (4 * n) * 4
+    return max(MIN_PART_BYTES, min(MAX_PART_BYTES, quarter))
+
+
+class LinkQueues:
+    """One FCFS queue per directed link; see the module docstring."""
+
+    def __init__(
+        self, rate_mbit: np.ndarray, goodput: float = 1.0, delay_s: np.ndarray | None = None
+    ) -> None:
+        r = np.array(rate_mbit, dtype=float)
+        if r.ndim != 2 or r.shape[0] != r.shape[1]:
+            raise NetworkError(f"rate_mbit must be a square matrix, got shape {r.shape}")
+        if not 0 < goodput <= 1:
+            raise NetworkError(f"goodput must be in (0, 1], got {goodput!r}")
+        self.n = n = r.shape[0]
+        off = ~np.eye(n, dtype=bool)
+        if np.any(~np.isfinite(r[off])) or np.any(r[off] < 0):
+            raise NetworkError("rate_mbit: off-diagonal rates must be finite and >= 0")
+        r[~off] = 0.0
+        self.goodput = float(goodput)
+        self.cap: list[float] = (r * BYTES_PER_S_PER_MBIT * self.goodput).ravel().tolist()
+        d = np.zeros((n, n)) if delay_s is None else np.asarray(delay_s, dtype=float)
+        self.delay: list[float] = d.ravel().tolist()
+        self.free: list[float] = [0.0] * (n * n)
+        # Jobs for the byte counters: link, start, end (bytes = cap * (end - start)).
+        self._jl: list[int] = []
+        self._js: list[float] = []
+        self._je: list[float] = []
+        self._done = np.zeros(n * n)  # bytes of jobs ended by the last count
+        self._pending = (np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+        self.jobs = 0
+
+    def rate(self, src: int, dst: int) -> float:
+        return self.cap[src * self.n + dst]
+
+    def queue(self, src: int, dst: int, nbytes: float, at: float) -> float:
+        """Queue a job of ``nbytes`` on src -> dst at time ``at``; return when it ends."""
+        k = src * self.n + dst
+        c = self.cap[k]
+        if c <= 0:
+            raise NetworkError(f"link {src}->{dst} is down; no job can use it")
+        start = max(at, self.free[k])
+        end = start + nbytes / c
+        self.free[k] = end
+        if end > start:
+            self._jl.append(k)
+            self._js.append(start)
+            self._je.append(end)
+        self.jobs += 1
+        return end
+
+    def delay_of(self, src: int, dst: int) -> float:
+        return self.delay[src * self.n + dst]
+
+    def cut(self, src: int, dst: int, at: float) -> None:
+        """Link src -> dst fails for good at ``at``: its queue is lost."""
+        k = src * self.n + dst
+        self.cap[k] = 0.0
+        self.free[k] = at
+        self._flush()
+        links, starts, ends = self._pending
+        on = links == k
+        ends = np.where(on, np.minimum(ends, at), ends)
+        starts = np.where(on, np.minimum(starts, at), starts)
+        self._pending = (links, starts, ends)
+
+    def sent_by(self, t: float, cap: np.ndarray) -> np.ndarray:
+        """Bytes each link (flat index) has carried by time ``t`` (non-decreasing calls)."""
+        self._flush()
+        links, starts, ends = self._pending
+        done = ends <= t
+        if done.any():
+            np.add.at(self._done, links[done], (ends[done] - starts[done]) * cap[links[done]])
+            links, starts, ends = links[~done], starts[~done], ends[~done]
+            self._pending = (links, starts, ends)
+        out = self._done.copy()
+        running = starts < t
+        if running.any():
+            np.add.at(out, links[running], (t - starts[running]) * cap[links[running]])
+        return out
+
+    def _flush(self) -> None:
+        if not self._jl:
+            return
+        links, starts, ends = self._pending
+        self._pending = (
+            np.concatenate([links, np.asarray(self._jl, dtype=np.int64)]),
+            np.concatenate([starts, np.asarray(self._js)]),
+            np.concatenate([ends, np.asarray(self._je)]),
+        )
+        self._jl, self._js, self._je = [], [], []
+
+
+@dataclass
+class _RouteState:
+    route: Route
+    waiting: dict[int, int]  # reduce: node -> children still to deliver
+    arrived: dict[int, float] = field(default_factory=dict)  # reduce: node -> last child in
+    down_left: int = 0  # broadcast edges not queued yet
+    done_at: float = 0.0  # latest arrival at a receiver
+
+
+class RouteTimer:
+    """Times one group revision's routes on :class:`LinkQueues`.
+
+    Pipelined: :meth:`start` returns the revision's end at once. Store-and-forward:
+    :meth:`start` queues what can leave now and returns ``None``; the engine then calls
+    :meth:`release` for each entry of :attr:`wakeups` at its time (in time order across all
+    revisions, so the links stay FCFS), and the revision ends at :attr:`end` once
+    :attr:`finished`.
+    """
+
+    REDUCE, BROADCAST = 0, 1
+
+    def __init__(
+        self,
+        links: LinkQueues,
+        routes: Sequence[Route],
+        pipelined: bool,
+        part: int,
+        elem_bytes: int = 4,
+    ) -> None:
+        self.links = links
+        self.pipelined = pipelined
+        self.part = part
+        self.eb = elem_bytes
+        self.routes = [
+            _RouteState(r, {p: len(cs) for p, cs in _children(r.up, False).items()}) for r in routes
+        ]
+        self.left = len(self.routes)
+        self.end = 0.0
+        self.wakeups: list[tuple[float, int, int, int]] = []  # (time, route, node, phase)
+
+    @property
+    def finished(self) -> bool:
+        return self.left == 0
+
+    def start(self, at: float) -> float | None:
+        self.end = at
+        if self.pipelined:
+            self.end = max(self.end, self._pipelined_all(at))
+            self.left = 0
+            return self.end
+        for i, rs in enumerate(self.routes):
+            r = rs.route
+            rs.down_left = len(r.down)
+            rs.done_at = at
+            if not r.up:
+                self.release(at, i, r.root, self.BROADCAST)
+                continue
+            for c, p in r.up:
+                if c not in rs.waiting:  # a leaf: its own copy is there now
+                    self._send_up(i, rs, c, p, at)
+        return None
+
+    def take_wakeups(self) -> list[tuple[float, int, int, int]]:
+        out, self.wakeups = self.wakeups, []
+        return out
+
+    def release(self, at: float, i: int, node: int, phase: int) -> None:
+        """Store-and-forward: ``node`` of route ``i`` holds the whole range (its partial sum
+        in the reduce phase, the result in the broadcast phase) at ``at``."""
+        rs = self.routes[i]
+        r = rs.route
+        if phase == self.REDUCE and node != r.root:
+            self._send_up(i, rs, node, _parent(r.up, node), at)
+            return
+        for p, c in r.down:
+            if p != node:
+                continue
+            end = self.links.queue(p, c, r.elems * self.eb, at)
+            arrive = end + self.links.delay_of(p, c)
+            rs.done_at = max(rs.done_at, arrive)
+            rs.down_left -= 1
+            if any(pp == c for pp, _ in r.down):
+                self.wakeups.append((arrive, i, c, self.BROADCAST))
+        if node == r.root:
+            rs.done_at = max(rs.done_at, at)
+        if rs.down_left == 0:
+            self.left -= 1
+            self.end = max(self.end, rs.done_at)
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _send_up(self, i: int, rs: _RouteState, c: int, p: int | None, at: float) -> None:
+        if p is None:
+            raise NetworkError(f"route [{rs.route.start}, {rs.route.stop}): {c} has no parent")
+        end = self.links.queue(c, p, rs.route.elems * self.eb, at)
+        arrive = end + self.links.delay_of(c, p)
+        rs.arrived[p] = max(rs.arrived.get(p, at), arrive)
+        rs.waiting[p] -= 1
+        if rs.waiting[p] == 0:
+            phase = self.BROADCAST if p == rs.route.root else self.REDUCE
+            self.wakeups.append((rs.arrived[p], i, p, phase))
+
+    def _pipelined_all(self, at: float) -> float:
+        """Every reduce edge of every route is queued before any broadcast edge: members' own
+        copies are there at once, the sums come later, so in the lab's FCFS queues the
+        scatter frames are ahead of the broadcast frames of the same revision."""
+        done = at
+        arrive: list[dict[int, float]] = []
+        for rs in self.routes:
+            r = rs.route
+            nbytes = r.elems * self.eb
+            got: dict[int, float] = {}  # node -> when its partial sum is complete there
+            for c, p in _up_order(r):
+                fcfs = self.links.queue(c, p, nbytes, at)
+                end = max(fcfs, got[c] + self._part_time(c, p, nbytes)) if c in got else fcfs
+                a = end + self.links.delay_of(c, p)
+                got[p] = max(got.get(p, at), a)
+                done = max(done, a)
+            arrive.append(got)
+        for rs, got in zip(self.routes, arrive, strict=True):
+            r = rs.route
+            nbytes = r.elems * self.eb
+            have = {r.root: got.get(r.root, at)}
+            for p, c in _down_order(r):
+                fcfs = self.links.queue(p, c, nbytes, at)
+                end = max(fcfs, have[p] + self._part_time(p, c, nbytes))
+                have[c] = end + self.links.delay_of(p, c)
+                done = max(done, have[c])
+        return done
+
+    def _part_time(self, a: int, b: int, nbytes: int) -> float:
+        return min(self.part, nbytes) / self.links.rate(a, b)
+
+
+def _children(edges: Sequence[tuple[int, int]], parent_first: bool = True) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for a, b in edges:
+        p, c = (a, b) if parent_first else (b, a)
+        out.setdefault(p, []).append(c)
+    return out
+
+
+def _parent(up: Sequence[tuple[int, int]], node: int) -> int | None:
+    for c, p in up:
+        if c == node:
+            return p
+    return None
+
+
+def _up_order(r: Route) -> list[tuple[int, int]]:
+    """Reduce edges, every edge after the edges feeding it (leaves first)."""
+    kids = _children(r.up, parent_first=False)
+    order: list[tuple[int, int]] = []
+    parent = {c: p for c, p in r.up}
+
+    def visit(x: int, budget: int) -> None:
+        if budget < 0:
+            raise NetworkError(f"route [{r.start}, {r.stop}): cycle in its reduce tree")
+        for c in kids.get(x, ()):
+            visit(c, budget - 1)
+            order.append((c, parent[c]))
+
+    visit(r.root, len(r.up) + 1)
+    return order
+
+
+def _down_order(r: Route) -> list[tuple[int, int]]:
+    kids = _children(r.down)
+    order: list[tuple[int, int]] = []
+    frontier = [r.root]
+    for _ in range(len(r.down) + 1):
+        nxt = []
+        for p in frontier:
+            for c in kids.get(p, ()):
+                order.append((p, c))
+                nxt.append(c)
+        if not nxt:
+            break
+        frontier = nxt
+    return order

@@ -1,0 +1,252 @@
+"""Writes a simulated run into the lab's run database (``crew.rundb``), same schema.
+
+Rows are collected in memory and written in a few bulk inserts at the end: a 60-worker run
+makes ~200k link samples, and one transaction per row would cost more than the simulation.
+Times are ``epoch + simulated seconds``. Everything the dashboard reads is there: ``meta``
+(with ``simulated = 1`` and the simulator's options), workers, links and their cuts, 1 Hz link
+samples (bytes scaled back to wire bytes, ``/ goodput``, so a saturated link reads its
+configured rate as in the lab), groups with plans, members, iterations, worker states, events.
+Loss and accuracy are NULL: the simulator moves no model.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from crew.rundb import RunDB
+from crew.sim.lifecycle import Assign
+
+if TYPE_CHECKING:
+    from crew.grouping import Group
+    from crew.schemes import GroupPlan
+    from crew.sim.engine import Fault, SimConfig, Simulation
+    from crew.sim.topogen import SimTopology
+
+DB_NAME = "lab.db"
+
+
+class Recorder:
+    def __init__(self, run_dir: str | Path, run_id: str | None = None, epoch: float | None = None):
+        self.run_dir = Path(run_dir)
+        self.run_id = run_id or self.run_dir.name
+        self.epoch = time.time() if epoch is None else float(epoch)
+        self.iterations: list[tuple] = []
+        self.samples: list[tuple] = []
+        self.events: list[tuple] = []
+        self.link_state: list[tuple] = []
+        self.groups: dict[int, dict[str, Any]] = {}
+        self.members: dict[int, list[tuple]] = {}
+        self.dead: set[int] = set()
+
+    def t(self, sim_t: float) -> float:
+        return self.epoch + sim_t
+
+    # ---- what the engine reports ----------------------------------------------------------
+
+    def iteration(self, now: float, worker: int, iteration: int) -> None:
+        self.iterations.append((self.t(now), worker, iteration, None, None))
+
+    def event(self, now: float, kind: str, message: str, level: str = "info", worker=None) -> None:  # noqa: ANN001
+        self.events.append((self.t(now), level, kind, worker, message, None))
+
+    def fault(self, now: float, f: Fault) -> None:
+        from crew.sim.engine import FaultKind
+
+        self.event(now, "command", f"scenario: {f.describe()}", "info", None)
+        if f.kind is FaultKind.CUT_LINK:
+            self.link_state.append((self.t(now), f.a, f.b, 0.0, 0, "cut (simulated)"))
+
+    def worker_dead(self, worker: int) -> None:
+        self.dead.add(worker)
+
+    def link_sample(self, now: float, sent: np.ndarray, last: np.ndarray, cfg: SimConfig) -> None:
+        idx = np.flatnonzero(sent > 0)
+        if not idx.size:
+            return
+        n = int(round(np.sqrt(sent.size)))
+        wire = sent[idx] / cfg.goodput
+        mbit = (sent[idx] - last[idx]) / cfg.goodput * 8 / 1e6 / cfg.sample_s
+        src, dst = np.divmod(idx, n)
+        t = self.t(now)
+        self.samples.extend(
+            zip(
+                [t] * idx.size,
+                src.tolist(),
+                dst.tolist(),
+                np.round(wire).astype(np.int64).tolist(),
+                mbit.tolist(),
+                strict=True,
+            )
+        )
+
+    def group_assign(self, now: float, d: Assign) -> None:
+        g = d.group
+        row = self.groups.get(g.id)
+        if row is None:
+            self.groups[g.id] = {
+                "id": g.id,
+                "members": json.dumps(list(g.members)),
+                "weights": json.dumps(list(g.weights)),
+                "formed_at": self.t(g.formed_at),
+                "started_at": self.t(now),
+                "predicted_s": d.plan.predicted_s,
+                "bound_s": d.bound_s,
+                "plan": d.plan.to_json(),
+                "status": "open",
+                "revisions": 0,
+            }
+            st = g.staleness
+            self.members[g.id] = [
+                (g.id, m, it, s, w)
+                for m, it, s, w in zip(g.members, g.iterations, st, g.weights, strict=True)
+            ]
+        else:
+            row["plan"] = d.plan.to_json()
+            row["revisions"] = d.rev
+
+    def group_end(
+        self,
+        now: float,
+        g: Group,
+        status: str,
+        rev: int,
+        bytes_moved: int,
+        plan: GroupPlan | None,
+        reason: str | None,
+    ) -> None:
+        row = self.groups.setdefault(
+            g.id,
+            {
+                "id": g.id,
+                "members": json.dumps(list(g.members)),
+                "weights": json.dumps(list(g.weights)),
+                "formed_at": self.t(g.formed_at),
+                "started_at": None,
+                "predicted_s": None,
+                "bound_s": None,
+                "plan": None if plan is None else plan.to_json(),
+                "revisions": rev,
+            },
+        )
+        row.update(
+            status=status,
+            ended_at=self.t(now),
+            bytes=bytes_moved,
+            reason=reason,
+            members=json.dumps(list(g.members)),
+            weights=json.dumps(list(g.weights)),
+            revisions=rev,
+        )
+        if g.dropped and g.id in self.members:
+            self.members[g.id] = [r for r in self.members[g.id] if r[1] not in g.dropped]
+        if status == "abandoned":
+            self.event(now, "group", f"group {g.id} abandoned: {reason}", "warning", None)
+
+    # ---- writing ---------------------------------------------------------------------------
+
+    def start(self, topo: SimTopology, cfg: SimConfig, faults: list[Fault]) -> None:
+        """Nothing is written before the run ends; this only records what to write."""
+        self._topo, self._cfg, self._faults = topo, cfg, faults
+
+    def finish(self, sim: Simulation) -> Path:
+        topo, cfg = sim.topo, sim.cfg
+        path = self.run_dir / DB_NAME
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        db = RunDB(path)
+        try:
+            n = topo.n
+            db.set_meta(
+                {
+                    "run_id": self.run_id,
+                    "started_at": str(self.epoch),
+                    "ended_at": str(self.t(sim.now)),
+                    "scheme": cfg.scheme,
+                    "p": str(cfg.p),
+                    "n": str(n),
+                    "topology_name": topo.name,
+                    "topology": json.dumps(topo.to_dict()),
+                    "simulated": "1",
+                    "sim_options": json.dumps(
+                        {k: v for k, v in cfg.__dict__.items() if k != "epoch"}
+                        | {"faults": [f.describe() for f in sim.faults]}
+                    ),
+                }
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO workers (id, name, cloud, address) VALUES (?,?,?,?)",
+                [(i, topo.names[i], topo.clouds[i], "simulated") for i in range(n)],
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO links (src, dst, rate_mbit, delay_ms, jitter_ms, loss_pct)"
+                " VALUES (?,?,?,?,0,0)",
+                [
+                    (i, j, float(topo.rate_mbit[i, j]), float(topo.delay_ms[i, j]))
+                    for i in range(n)
+                    for j in range(n)
+                    if i != j
+                ],
+            )
+            db.executemany(
+                "INSERT INTO link_state (t, src, dst, rate_mbit, up, reason) VALUES (?,?,?,?,?,?)",
+                self.link_state,
+            )
+            db.executemany(
+                "INSERT INTO link_samples (t, src, dst, tx_bytes, mbit) VALUES (?,?,?,?,?)",
+                self.samples,
+            )
+            db.executemany(
+                "INSERT INTO iterations (t, worker, iteration, loss, accuracy) VALUES (?,?,?,?,?)",
+                self.iterations,
+            )
+            cols = (
+                "id", "scheme", "members", "weights", "formed_at", "started_at", "ended_at",
+                "status", "bytes", "predicted_s", "bound_s", "plan", "reason", "revisions",
+            )  # fmt: skip
+            db.executemany(
+                f"INSERT INTO groups ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                [
+                    tuple(
+                        {**r, "scheme": cfg.scheme}.get(c, 0 if c == "bytes" else None)
+                        for c in cols
+                    )
+                    for r in sorted(self.groups.values(), key=lambda r: r["id"])
+                ],
+            )
+            db.executemany(
+                "INSERT INTO group_members (group_id, worker, iteration, staleness, weight)"
+                " VALUES (?,?,?,?,?)",
+                [r for gid in sorted(self.members) for r in self.members[gid]],
+            )
+            now = self.t(sim.now)
+            db.executemany(
+                "INSERT OR REPLACE INTO worker_status (worker, state, iteration, group_id,"
+                " updated_at, pid) VALUES (?,?,?,?,?,NULL)",
+                [
+                    (w, "dead" if w in self.dead else "training", sim.iteration[w], None, now)
+                    for w in range(n)
+                ],
+            )
+            start_msg = (
+                f"simulated run started: {n} workers, scheme {cfg.scheme}, p={cfg.p},"
+                f" {cfg.duration_s:g} s simulated"
+            )
+            stop_msg = (
+                f"simulated run ended: {sim.completed} groups completed,"
+                f" {sim.abandoned} abandoned, {sim.revisions} revisions"
+            )
+            db.executemany(
+                "INSERT INTO events (t, level, kind, worker, message, data) VALUES (?,?,?,?,?,?)",
+                [
+                    (self.epoch, "info", "start", None, start_msg, None),
+                    *sorted(self.events, key=lambda e: e[0]),
+                    (now, "info", "stop", None, stop_msg, None),
+                ],
+            )
+        finally:
+            db.close()
+        return path

@@ -1,0 +1,148 @@
+"""The flow-level simulator (crew.sim): hand-timed small runs, and invariants on random seeds."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import numpy as np
+import pytest
+
+from crew.routes import Route
+from crew.sim.__main__ import main as sim_main
+from crew.sim.engine import Fault, FaultKind, SimConfig, Simulation
+from crew.sim.network import LinkQueues, RouteTimer, part_bytes
+from crew.sim.record import Recorder
+from crew.sim.topogen import SimTopology, generate
+
+ONE_SECOND = "4@1:1"  # profile 4 squeezed onto [1, 1]: every iteration takes exactly 1 s
+MB = 1_000_000
+
+
+def _uniform(n: int, mbit: float = 8.0) -> SimTopology:
+    rate = np.full((n, n), mbit)
+    np.fill_diagonal(rate, 0.0)
+    return SimTopology(
+        name=f"uniform-{n}",
+        names=tuple(f"w{i}" for i in range(n)),
+        clouds=tuple(f"c{i}" for i in range(n)),
+        rate_mbit=rate,
+        delay_ms=np.zeros((n, n)),
+        stragglers=(ONE_SECOND,) * n,
+    )
+
+
+def _run(topo: SimTopology, **kw):  # noqa: ANN202
+    cfg = SimConfig(**({"goodput": 1.0, "seed": 1} | kw))
+    return Simulation(topo, cfg).run()
+
+
+@pytest.mark.parametrize("scheme", ["crew", "preduce"])
+def test_two_workers_timed_by_hand(scheme: str) -> None:
+    # 8 Mbit/s = 1 MB/s each way, 4 MB model, both ready at t=1. Each worker aggregates half:
+    # preduce scatters 2 MB each way (2 s) then broadcasts 2 MB (2 s); crew streams, but each
+    # link carries 2 MB of scatter and 2 MB of broadcast, 4 s, and the broadcast parts queue
+    # behind the scatter. Both end at t=5; the next iteration readies them at 6, done at 10.
+    res = _run(_uniform(2), scheme=scheme, p=2, size_bytes=4 * MB, duration_s=12.0)
+    assert [(round(a, 9), round(b, 9)) for _, a, b in res.group_times[:2]] == [
+        (1.0, 5.0),
+        (6.0, 10.0),
+    ]
+    assert res.rounds == [2, 2]
+
+
+def test_three_workers_timed_by_hand() -> None:
+    # n=3, p=2, crew, 1 MB/s links, 4 MB. All ready at t=1; FIFO takes {0, 1}. crew's LP puts
+    # half the vector on worker 2 (a non-member), whose links carry 2 MB each way, and splits
+    # the other half between 0 and 1 (link 0->1 carries S1 + S0 = 2 MB): 2 s of link time.
+    # Worker 2 can broadcast a part only once it arrived from both: the last part of its
+    # block leaves it one part (333,332 bytes, the lab's quarter block) after 2 s.
+    part = part_bytes(4 * MB, 3)
+    assert part == 333_332
+    res = _run(_uniform(3), scheme="crew", p=2, size_bytes=4 * MB, duration_s=7.0)
+    first_end = 1.0 + 2.0 + part / MB
+    # Group 2: worker 2 (queued since t=1) and worker 0 (ready one second after group 1).
+    second_start = first_end + 1.0
+    expect = [(1.0, first_end), (second_start, second_start + 2.0 + part / MB)]
+    got = [(a, b) for _, a, b in res.group_times[:2]]
+    assert np.allclose(got, expect, atol=1e-5), got
+    assert res.rounds == [2, 1, 1]
+
+
+def test_store_and_forward_aggregator_broadcasts_when_its_own_scatter_is_in() -> None:
+    # One star, root 0, members 1 and 2: 1 -> 0 at 1 MB/s, 2 -> 0 at 0.5 MB/s; 1 MB range.
+    # The root has everything at 2 s, then broadcasts 1 MB to each at 1 MB/s: done at 3 s.
+    rate = np.array([[0, 8, 8], [8, 0, 8], [4, 8, 0]], dtype=float)
+    links = LinkQueues(rate)
+    route = Route(0, MB // 4, 0, ((1, 0), (2, 0)), ((0, 1), (0, 2)))
+    timer = RouteTimer(links, [route], pipelined=False, part=65536)
+    assert timer.start(0.0) is None
+    (wake,) = timer.take_wakeups()
+    assert wake[0] == pytest.approx(2.0)
+    timer.release(*wake)
+    assert timer.finished and timer.end == pytest.approx(3.0)
+
+
+def test_fcfs_link_serves_in_arrival_order_at_full_rate() -> None:
+    links = LinkQueues(np.array([[0, 8.0], [8.0, 0]]))
+    assert links.queue(0, 1, MB, 0.0) == pytest.approx(1.0)
+    assert links.queue(0, 1, MB, 0.5) == pytest.approx(2.0)  # waits for the first
+    assert links.queue(0, 1, MB, 5.0) == pytest.approx(6.0)  # idle link: starts at once
+    sent = links.sent_by(1.5, np.asarray(links.cap))
+    assert sent[1] == pytest.approx(1.5 * MB)
+
+
+@pytest.mark.parametrize(
+    ("seed", "scheme"), [(3, "crew"), (11, "preduce"), (29, "crew-paper"), (5, "ring")]
+)
+def test_invariants_on_random_runs(tmp_path, seed: int, scheme: str) -> None:  # noqa: ANN001
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(5, 10))
+    p = int(rng.integers(2, 5))
+    topo = generate(n, int(rng.integers(1, 4)), seed)
+    faults = [
+        Fault(float(rng.uniform(2, 15)), FaultKind.CUT_LINK, 0, 1),
+        Fault(float(rng.uniform(2, 15)), FaultKind.CUT_LINK, 2, 1),
+        Fault(float(rng.uniform(5, 15)), FaultKind.KILL_WORKER, n - 1),
+    ]
+    cfg = SimConfig(scheme=scheme, p=p, duration_s=20.0, seed=seed, size_bytes=8 * MB)
+    res = Simulation(topo, cfg, faults, Recorder(tmp_path, epoch=0.0)).run()
+    db = sqlite3.connect(tmp_path / "lab.db")
+    groups = db.execute("SELECT id, members, formed_at, ended_at, status FROM groups").fetchall()
+    assert groups and {g[4] for g in groups} <= {"completed", "abandoned"}
+    assert sum(g[4] == "completed" for g in groups) == res.completed
+    # no worker in two open groups: its groups' [start, end) intervals never overlap
+    spans: dict[int, list[tuple[float, float]]] = {}
+    for _, members, start, end, _ in groups:
+        for m in json.loads(members):
+            spans.setdefault(m, []).append((start, end))
+    for m, s in spans.items():
+        s.sort()
+        assert all(a[1] <= b[0] + 1e-9 for a, b in zip(s, s[1:], strict=False)), (m, s)
+    # link loads never exceed capacity (the samples are wire Mbit/s over 1 s)
+    rate = {(a, b): r for a, b, r in db.execute("SELECT src, dst, rate_mbit FROM links")}
+    for src, dst, mbit in db.execute("SELECT src, dst, mbit FROM link_samples"):
+        assert mbit <= rate[(src, dst)] * (1 + 1e-9), (src, dst, mbit)
+    # rounds agree with the completed memberships, and the dead worker stopped
+    done = db.execute(
+        "SELECT m.worker, COUNT(*) FROM group_members m JOIN groups g ON g.id = m.group_id"
+        " WHERE g.status = 'completed' GROUP BY m.worker"
+    ).fetchall()
+    assert {w: c for w, c in done} == {w: r for w, r in enumerate(res.rounds) if r}
+    assert db.execute("SELECT state FROM worker_status WHERE worker=?", (n - 1,)).fetchone() == (
+        "dead",
+    )
+
+
+def test_cli_writes_a_run_the_dashboard_reads(tmp_path, capsys) -> None:  # noqa: ANN001
+    from dashboard import queries
+
+    run = tmp_path / "r1"
+    assert sim_main(["--n", "8", "--p", "3", "--duration", "10", "--run-dir", str(run)]) == 0
+    assert "rounds per worker" in capsys.readouterr().out
+    conn = sqlite3.connect(run / "lab.db")
+    info = queries.run_info(conn)
+    assert (info.n, info.p, info.scheme) == (8, 3, "crew")
+    assert queries.meta(conn)["simulated"] == "1"
+    with pytest.raises(SystemExit):
+        sim_main(["--n", "8", "--run-dir", str(run)])  # refuses to overwrite a run

@@ -1,0 +1,59 @@
+"""The lab-side glue of the simulator: topology YAML, scenarios, the paper study, lab.bench."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from crew.sim.engine import FaultKind
+from lab.scenario import load_scenario
+from lab.simcompare import simulate_op
+from lab.simpaper import link_failures
+from lab.simrun import main as simrun_main
+from lab.simrun import scenario_faults, sim_topology
+from lab.topology import load_topology
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_topology_yaml_becomes_the_simulators_view() -> None:
+    spec = load_topology(ROOT / "topologies" / "aws-8-regions.yaml")
+    topo = sim_topology(spec)
+    assert topo.n == spec.n
+    assert topo.rate_mbit[0, 1] == spec.link(0, 1).rate_mbit
+    assert topo.delay_ms[1, 0] == spec.link(1, 0).delay_ms
+    assert topo.rate_mbit[2, 2] == 0.0
+    assert topo.stragglers == tuple(w.straggler for w in spec.workers)
+
+
+def test_scenario_steps_become_faults() -> None:
+    sc = load_scenario(ROOT / "scenarios" / "worker-crash.yaml", 8)
+    faults, skipped = scenario_faults(sc)
+    assert [(f.at, f.kind, f.a) for f in faults] == [(30.0, FaultKind.KILL_WORKER, 1)]
+    assert not skipped
+
+
+def test_paper_failures_use_the_lab_macro() -> None:
+    faults = link_failures(12, 5, seed=3, start=5.0, until=45.0)
+    assert len({(f.a, f.b) for f in faults}) == 5
+    assert all(f.kind is FaultKind.CUT_LINK and 5.0 <= f.at <= 45.0 for f in faults)
+    assert link_failures(12, 0, seed=3, start=5.0, until=45.0) == []
+
+
+def test_simrun_on_a_lab_topology_writes_a_run(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    argv = ["--topology", str(ROOT / "topologies" / "aws-8-regions.yaml"), "--p", "3"]
+    argv += ["--duration", "10", "--size-mb", "4", "--run-dir", str(run)]
+    assert simrun_main(argv) == 0
+    assert (run / "lab.db").is_file()
+
+
+def test_a_bench_op_alone_takes_the_planners_time() -> None:
+    # preduce on 3 members at 8 Mbit/s (goodput 0.95): the p2p LP's X + Y.
+    rate = np.full((3, 3), 8.0)
+    np.fill_diagonal(rate, 0.0)
+    t = simulate_op("preduce", rate, np.zeros((3, 3)), (0, 1, 2), 3_000_000, 0)
+    assert abs(t - 2 * (1_000_000 / (1e6 * 0.95))) < 1e-6
+    assert json.dumps(t)  # a plain float
