@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from crew import planner
-from crew.coordinator import DEADLINE_FACTOR, MAX_REVISIONS
+from crew.lifecycle import DEADLINE_FACTOR, MAX_REVISIONS
 from crew.grouping import Group, GroupFormer
 from crew.schemes import GroupPlan, plan_group
 
