@@ -189,9 +189,7 @@ def decode(codec: Codec, data: bytes | bytearray | memoryview, n: int) -> np.nda
     buf = memoryview(data).cast("B")
     want = encoded_size(codec, n)
     if buf.nbytes != want:
-        raise CompressError(
-            f"{codec.value}: {n} elements need {want} bytes, got {buf.nbytes}"
-        )
+        raise CompressError(f"{codec.value}: {n} elements need {want} bytes, got {buf.nbytes}")
     if codec is Codec.NONE:
         out = np.frombuffer(buf, dtype=_F32).copy()
     elif codec is Codec.FP16:
@@ -227,9 +225,9 @@ def encode_bound(codec: Codec, part: np.ndarray) -> np.ndarray:
     for start in range(0, n, INT8_BLOCK):
         b = x[start : start + INT8_BLOCK]
         rng = float(b.max() - b.min())
-        out[start : start + INT8_BLOCK] = (
-            INT8_STEP_SLACK * rng / (2 * INT8_LEVELS) + INT8_CAST_REL * float(np.abs(b).max())
-        )
+        out[start : start + INT8_BLOCK] = INT8_STEP_SLACK * rng / (
+            2 * INT8_LEVELS
+        ) + INT8_CAST_REL * float(np.abs(b).max())
     return out
 
 

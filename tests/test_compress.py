@@ -184,7 +184,7 @@ def test_exact_accounting_of_encode_errors_restores_the_exact_check(codec: Codec
     assert abs(float(r64 @ result) - expected - deltas) <= 1e-5 * scale
     result, deltas = reduce(drop=True)
     lost = abs(float(r64[: n // 8] @ (w[3] * vs[3][: n // 8])))
-    assert abs(float(r64 @ result) - expected - deltas) == pytest.approx(lost, rel=0.05)  # lost after rounding
+    assert abs(float(r64 @ result) - expected - deltas) == pytest.approx(lost, rel=0.05)
     assert lost > 100 * 1e-5 * scale  # and so far outside the float32 tolerance
 
 
