@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from crew.datasets import Shard
+from crew.datasets import Shard, atomic_savez
 from crew.modelsize import INPUT_DIM, NUM_CLASSES, ModelConfig
 
 __all__ = [
@@ -251,21 +250,13 @@ class Trainer:
         Written to a temporary file and renamed, so a crash never leaves a torn checkpoint.
         """
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.savez(
-                    fh,
-                    vector=self.get_vector(),
-                    iteration=np.int64(self._iteration),
-                    width=np.int64(self.model_cfg.width),
-                    depth=np.int64(self.model_cfg.depth),
-                )
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_savez(
+            target,
+            vector=self.get_vector(),
+            iteration=np.int64(self._iteration),
+            width=np.int64(self.model_cfg.width),
+            depth=np.int64(self.model_cfg.depth),
+        )
         log.debug("saved checkpoint %s at iteration %d", target, self._iteration)
 
     def load(self, path: str | os.PathLike[str]) -> None:
