@@ -13,7 +13,11 @@ LayerNorm before each and one at the end. Parameters:
                                                         MLP 8d^2+5d, two LayerNorms 4d
     + 2 d                                              final LayerNorm
 
-The default (d 128, 2 layers, 4 heads, context 128) has 445,952 parameters, 1.8 MB in float32.
+The default (d 96, 2 layers, 4 heads, context 128) has 260,736 parameters, 1.04 MB in
+float32. Sized by measurement (one worker, one thread, a whole core, Adam lr 3e-3, 40 s): d 96
+batch 16 ran 7.4 steps/s and reached held-out loss 2.49 (unigram 3.24); d 128 ran 4.9 steps/s
+(batch 16, loss 2.54) or 9.4 (batch 8, loss 2.53). Eight workers on two cores get a quarter
+core each, about 1.8 steps/s, so a few hundred steps each in five minutes.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ class LMConfigError(ValueError):
 
 @dataclass(frozen=True)
 class LMConfig:
-    d_model: int = 128
+    d_model: int = 96
     layers: int = 2
     heads: int = 4
     context: int = 128

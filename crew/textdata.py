@@ -201,3 +201,29 @@ def unigram_cross_entropy(train: TextShard, test: TextShard) -> float:
 
 def perplexity(loss: float) -> float:
     return math.exp(loss)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m crew.textdata --cache-dir DIR``: write the text split cache ahead of the
+    workers, as ``python -m crew.datasets`` does for digits."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m crew.textdata", description=main.__doc__)
+    parser.add_argument("--cache-dir", type=Path, required=True, help="folder of the cache")
+    parser.add_argument("--train-bytes", type=int, default=TRAIN_BYTES)
+    parser.add_argument("--test-bytes", type=int, default=TEST_BYTES)
+    args = parser.parse_args(argv)
+    try:
+        train, test = load_text_split(args.cache_dir, args.train_bytes, args.test_bytes)
+    except DatasetError as exc:
+        parser.error(str(exc))
+    print(text_cache_path(args.cache_dir, args.train_bytes, args.test_bytes))
+    print(
+        f"train {len(train)} bytes in {train.files} files, held-out {len(test)} bytes in "
+        f"{test.files} files, unigram loss {unigram_cross_entropy(train, test):.4f} nats/byte"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -134,7 +134,7 @@ def test_lm_trains_below_the_unigram_baseline(split: tuple[TextShard, TextShard]
     cfg = TrainConfig(lr=3e-3, batch_size=16, optimizer=InnerOptimizer.ADAM)
     t = LMTrainer(SMALL, cfg, text_shard(train, 2, 0, Partition.IID, 0), test, eval_windows=32)
     start, _ = t.evaluate()
-    assert start == pytest.approx(math.log(256), abs=0.1)  # the small init predicts ~uniform
+    assert start == pytest.approx(math.log(256), abs=0.3)  # the small init predicts ~uniform
     for _ in range(150):
         t.step()
     loss, acc = t.evaluate()
@@ -158,3 +158,25 @@ def test_lm_vector_and_checkpoint_round_trip(
 
     with pytest.raises(CheckpointError, match="d_model, layers, heads, context"):
         wider.load(tmp_path / "lm.npz")
+
+
+@pytest.mark.parametrize("workload", ["mlp", "lm"])
+def test_make_trainer_builds_each_workload_at_its_size(workload: str, tmp_path: Path) -> None:
+    from crew.workloads import DEFAULTS, Workload, make_trainer, num_params, prepare_cache
+
+    w = Workload(workload)
+    prepare_cache(w, tmp_path)
+    assert any(tmp_path.glob("*.npz"))
+    t = make_trainer(
+        w,
+        n=4,
+        index=1,
+        partition=Partition.IID,
+        seed=0,
+        lr=DEFAULTS[w].lr,
+        batch_size=DEFAULTS[w].batch_size,
+        local_steps=1,
+        cache_dir=tmp_path,
+    )
+    assert t.num_params == num_params(w) == t.get_vector().size
+    assert math.isfinite(t.step())
