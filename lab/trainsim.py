@@ -24,35 +24,30 @@ import time
 import numpy as np
 
 from crew.compress import Codec, add_encoded, decode, encode, encoded_size
-from crew.datasets import Partition, load_split, shard
+from crew.datasets import Partition
 from crew.outer import OuterConfig, OuterLoop, SyncMode
+from crew.workloads import DEFAULTS, Workload, make_trainer
 
 
 def _trainers(args: argparse.Namespace) -> list:
-    from crew.training import InnerOptimizer, ModelConfig, TrainConfig, Trainer
+    w = Workload(args.workload)
+    if w is Workload.LM:
+        from crew.textdata import load_text_split, unigram_cross_entropy
 
-    part = Partition(args.partition)
-    if args.workload == "mlp":
-        train, test = load_split(seed=args.seed)
-        cfg = TrainConfig(lr=args.lr, batch_size=args.batch_size, local_steps=args.local_steps)
-        return [
-            Trainer(ModelConfig(), cfg, shard(train, args.n, i, part, args.seed), test)
-            for i in range(args.n)
-        ]
-    from crew.lm import LMConfig
-    from crew.textdata import load_text_split, text_shard, unigram_cross_entropy
-    from crew.transformer import LMTrainer
-
-    train, test = load_text_split(cache_dir=args.cache_dir)
-    print(f"unigram baseline loss {unigram_cross_entropy(train, test):.4f}")
-    cfg = TrainConfig(
-        lr=args.lr,
-        batch_size=args.batch_size,
-        local_steps=args.local_steps,
-        optimizer=InnerOptimizer.ADAM,
-    )
+        train, test = load_text_split(cache_dir=args.cache_dir)
+        print(f"unigram baseline loss {unigram_cross_entropy(train, test):.4f}")
     return [
-        LMTrainer(LMConfig(), cfg, text_shard(train, args.n, i, part, args.seed), test)
+        make_trainer(
+            w,
+            n=args.n,
+            index=i,
+            partition=Partition(args.partition),
+            seed=args.seed,
+            lr=args.lr if args.lr is not None else DEFAULTS[w].lr,
+            batch_size=args.batch_size or DEFAULTS[w].batch_size,
+            local_steps=args.local_steps,
+            cache_dir=args.cache_dir,
+        )
         for i in range(args.n)
     ]
 
@@ -128,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--p", type=int, default=4)
     p.add_argument("--steps", type=int, default=480, help="local steps per worker")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=None, help="inner lr (workload default)")
+    p.add_argument("--batch-size", type=int, default=None, help="(workload default)")
     p.add_argument("--partition", choices=[x.value for x in Partition], default="iid")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", type=float, default=0.85, help="mean accuracy (mlp)")
