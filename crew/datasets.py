@@ -140,12 +140,18 @@ def _read_split(path: Path) -> tuple[Shard, Shard]:
 
 
 def _write_split(path: Path, train: Shard, test: Shard) -> None:
-    """Write atomically: workers that make the cache at once each replace it whole."""
+    """Written atomically: workers that make the cache at once each replace it whole."""
+    atomic_savez(path, x_train=train.x, y_train=train.y, x_test=test.x, y_test=test.y)
+
+
+def atomic_savez(path: Path, **arrays: np.ndarray) -> None:
+    """``np.savez`` to a temporary file in the same folder, then rename: a reader or a crash
+    never sees a torn file. Shared by split caches and checkpoints."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, x_train=train.x, y_train=train.y, x_test=test.x, y_test=test.y)
+            np.savez(fh, **arrays)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

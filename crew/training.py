@@ -24,10 +24,10 @@ Assumptions and choices:
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import os
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,12 +36,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from crew.datasets import Shard
+from crew.datasets import Shard, atomic_savez
 from crew.modelsize import INPUT_DIM, NUM_CLASSES, ModelConfig
 
 __all__ = [
     "CheckpointError",
     "DivergenceError",
+    "FlatTrainer",
+    "InnerOptimizer",
     "ModelConfig",
     "TrainConfig",
     "TrainConfigError",
@@ -69,6 +71,13 @@ class DivergenceError(RuntimeError):
     """Local training produced a non-finite loss (learning rate too high, or a bad vector)."""
 
 
+class InnerOptimizer(enum.Enum):
+    """The local (inner) optimiser: SGD for the MLP, Adam for the transformer."""
+
+    SGD = "sgd"
+    ADAM = "adam"
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Local SGD settings. ``local_steps`` minibatch steps make one iteration (then *ready*)."""
@@ -79,8 +88,13 @@ class TrainConfig:
     local_steps: int = 1
     seed: int = 0
     threads: int = 1
+    optimizer: InnerOptimizer = InnerOptimizer.SGD
 
     def __post_init__(self) -> None:
+        if not isinstance(self.optimizer, InnerOptimizer):
+            raise TrainConfigError(
+                f"TrainConfig.optimizer must be an InnerOptimizer, got {self.optimizer!r}"
+            )
         if not (isinstance(self.lr, int | float) and math.isfinite(self.lr) and self.lr > 0):
             raise TrainConfigError(f"TrainConfig.lr must be a finite float > 0, got {self.lr!r}")
         if not (isinstance(self.momentum, int | float) and 0.0 <= self.momentum < 1.0):
@@ -135,46 +149,75 @@ class _SGD:
             p.add_(d, alpha=-self.lr)
 
 
-class Trainer:
-    """One worker's model, optimiser and data; steps locally and swaps flat vectors.
-
-    Not thread-safe: the worker calls it from one thread (its training loop).
-    """
+class _Adam:
+    """Adam as ``torch.optim.Adam`` (no weight decay, no amsgrad), written out for the same
+    reason as :class:`_SGD`: ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``,
+    ``p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``. Like the SGD momentum, the
+    moments stay local when the model is averaged."""
 
     def __init__(
-        self, model_cfg: ModelConfig, train_cfg: TrainConfig, shard: Shard, test: Shard
+        self,
+        params: list[nn.Parameter],
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
     ) -> None:
-        if len(shard) == 0:
-            raise ValueError("shard is empty: a worker needs at least one training sample")
-        if len(test) == 0:
-            raise ValueError("test is empty: evaluation needs at least one held-out sample")
-        self.model_cfg = model_cfg
+        self.params = params
+        self.lr = lr
+        self.b1, self.b2 = betas
+        self.eps = eps
+        self._m = [torch.zeros_like(p) for p in params]
+        self._v = [torch.zeros_like(p) for p in params]
+        self._t = 0
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self._t += 1
+        c1 = 1 - self.b1**self._t
+        c2 = math.sqrt(1 - self.b2**self._t)
+        for p, m, v in zip(self.params, self._m, self._v, strict=True):
+            if p.grad is None:
+                continue
+            g = p.grad
+            m.mul_(self.b1).add_(g, alpha=1 - self.b1)
+            v.mul_(self.b2).addcmul_(g, g, value=1 - self.b2)
+            denom = (v.sqrt() / c2).add_(self.eps)
+            p.addcdiv_(m, denom, value=-self.lr / c1)
+
+
+def make_optimizer(params: list[nn.Parameter], cfg: TrainConfig) -> _SGD | _Adam:
+    if cfg.optimizer is InnerOptimizer.ADAM:
+        return _Adam(params, cfg.lr)
+    return _SGD(params, cfg.lr, cfg.momentum)
+
+
+class FlatTrainer:
+    """A model, its optimiser and its data; steps locally and swaps flat float32 vectors.
+
+    Subclasses give the model (built under ``fork_rng`` from the seed), ``_next_batch``,
+    ``_loss``, ``evaluate`` and ``_shape`` (the checkpoint's identity). Not thread-safe: the
+    worker calls it from one thread (its training loop).
+    """
+
+    def __init__(self, model: nn.Module, train_cfg: TrainConfig, expected_params: int) -> None:
         self.train_cfg = train_cfg
-        torch.set_num_threads(train_cfg.threads)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(train_cfg.seed)
-            self._model = build_model(model_cfg)
+        self._model = model
         self._num_params = sum(p.numel() for p in self._model.parameters())
-        if self._num_params != model_cfg.num_params:  # guards the torch-free arithmetic
+        if self._num_params != expected_params:  # guards the torch-free arithmetic
             raise AssertionError(
                 f"torch model has {self._num_params} parameters, "
-                f"ModelConfig.num_params says {model_cfg.num_params}"
+                f"the torch-free config says {expected_params}"
             )
-        self._opt = _SGD(list(self._model.parameters()), train_cfg.lr, train_cfg.momentum)
-        self._loss_fn = nn.CrossEntropyLoss()
-        # from_numpy needs writable arrays and Shard's are read-only: copy once, up front.
-        self._x = torch.from_numpy(np.array(shard.x, dtype=np.float32))
-        self._y = torch.from_numpy(np.array(shard.y, dtype=np.int64))
-        self._x_test = torch.from_numpy(np.array(test.x, dtype=np.float32))
-        self._y_test = torch.from_numpy(np.array(test.y, dtype=np.int64))
-        self._rng = np.random.default_rng(train_cfg.seed)
-        self._order = self._rng.permutation(len(shard))
-        self._cursor = 0
+        self._opt = make_optimizer(list(self._model.parameters()), train_cfg)
         self._iteration = 0
 
     @property
     def iteration(self) -> int:
-        """Completed local iterations (each ``local_steps`` SGD steps)."""
+        """Completed local iterations (each ``local_steps`` optimiser steps)."""
         return self._iteration
 
     @property
@@ -182,17 +225,19 @@ class Trainer:
         return self._num_params
 
     def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        m = len(self._order)
-        bs = min(self.train_cfg.batch_size, m)
-        if self._cursor + bs > m:  # start a new epoch rather than return a short batch
-            self._order = self._rng.permutation(m)
-            self._cursor = 0
-        idx = torch.from_numpy(self._order[self._cursor : self._cursor + bs])
-        self._cursor += bs
-        return self._x[idx], self._y[idx]
+        raise NotImplementedError
+
+    def _loss(self, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _shape(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    def evaluate(self) -> tuple[float, float]:
+        raise NotImplementedError
 
     def step(self) -> float:
-        """Run one local iteration (``local_steps`` minibatch SGD steps); return the mean loss.
+        """Run one local iteration (``local_steps`` optimiser steps); return the mean loss.
 
         Raises DivergenceError (model left as it is) if a loss is not finite.
         """
@@ -201,7 +246,7 @@ class Trainer:
         for _ in range(self.train_cfg.local_steps):
             xb, yb = self._next_batch()
             self._opt.zero_grad()
-            loss = self._loss_fn(self._model(xb), yb)
+            loss = self._loss(xb, yb)
             value = float(loss.item())
             if not math.isfinite(value):
                 raise DivergenceError(
@@ -236,54 +281,35 @@ class Trainer:
             # Copy so the caller may reuse its buffer (e.g. a receive buffer) afterwards.
             nn.utils.vector_to_parameters(torch.from_numpy(v.copy()), self._model.parameters())
 
-    def evaluate(self) -> tuple[float, float]:
-        """Held-out ``(mean cross-entropy loss, accuracy)`` on the test shard."""
-        self._model.eval()
-        with torch.no_grad():
-            logits = self._model(self._x_test)
-            loss = float(self._loss_fn(logits, self._y_test).item())
-            acc = float((logits.argmax(dim=1) == self._y_test).float().mean().item())
-        return loss, acc
-
     def save(self, path: str | os.PathLike[str]) -> None:
         """Checkpoint the vector, iteration and model shape to ``path`` (an ``.npz`` file).
 
         Written to a temporary file and renamed, so a crash never leaves a torn checkpoint.
         """
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.savez(
-                    fh,
-                    vector=self.get_vector(),
-                    iteration=np.int64(self._iteration),
-                    width=np.int64(self.model_cfg.width),
-                    depth=np.int64(self.model_cfg.depth),
-                )
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        log.debug("saved checkpoint %s at iteration %d", target, self._iteration)
+        shape = {k: np.int64(v) for k, v in self._shape().items()}
+        atomic_savez(
+            Path(path), vector=self.get_vector(), iteration=np.int64(self._iteration), **shape
+        )
+        log.debug("saved checkpoint %s at iteration %d", path, self._iteration)
 
     def load(self, path: str | os.PathLike[str]) -> None:
         """Restore vector and iteration from a :meth:`save` checkpoint of the same model shape.
 
         Raises CheckpointError (model unchanged) if the file is unreadable or for another shape.
         """
+        expected = self._shape()
         try:
             with np.load(Path(path), allow_pickle=False) as data:
                 vector = np.asarray(data["vector"])
                 iteration = int(data["iteration"])
-                shape = (int(data["width"]), int(data["depth"]))
+                shape = tuple(int(data[k]) for k in expected)
         except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as exc:
             raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
-        expected = (self.model_cfg.width, self.model_cfg.depth)
-        if shape != expected:
+        if shape != tuple(expected.values()):
+            names = ", ".join(expected)
             raise CheckpointError(
-                f"checkpoint {path} is for (width, depth)={shape}, this model is {expected}"
+                f"checkpoint {path} is for ({names})={shape}, "
+                f"this model is {tuple(expected.values())}"
             )
         if iteration < 0:
             raise CheckpointError(f"checkpoint {path} has negative iteration {iteration}")
@@ -293,3 +319,55 @@ class Trainer:
             raise CheckpointError(f"checkpoint {path}: {exc}") from exc
         self._iteration = iteration
         log.debug("loaded checkpoint %s at iteration %d", path, iteration)
+
+
+class Trainer(FlatTrainer):
+    """The MLP on a digits shard; ``evaluate`` gives held-out ``(loss, accuracy)``."""
+
+    def __init__(
+        self, model_cfg: ModelConfig, train_cfg: TrainConfig, shard: Shard, test: Shard
+    ) -> None:
+        if len(shard) == 0:
+            raise ValueError("shard is empty: a worker needs at least one training sample")
+        if len(test) == 0:
+            raise ValueError("test is empty: evaluation needs at least one held-out sample")
+        self.model_cfg = model_cfg
+        torch.set_num_threads(train_cfg.threads)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(train_cfg.seed)
+            model = build_model(model_cfg)
+        super().__init__(model, train_cfg, model_cfg.num_params)
+        self._loss_fn = nn.CrossEntropyLoss()
+        # from_numpy needs writable arrays and Shard's are read-only: copy once, up front.
+        self._x = torch.from_numpy(np.array(shard.x, dtype=np.float32))
+        self._y = torch.from_numpy(np.array(shard.y, dtype=np.int64))
+        self._x_test = torch.from_numpy(np.array(test.x, dtype=np.float32))
+        self._y_test = torch.from_numpy(np.array(test.y, dtype=np.int64))
+        self._rng = np.random.default_rng(train_cfg.seed)
+        self._order = self._rng.permutation(len(shard))
+        self._cursor = 0
+
+    def _shape(self) -> dict[str, int]:
+        return {"width": self.model_cfg.width, "depth": self.model_cfg.depth}
+
+    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        m = len(self._order)
+        bs = min(self.train_cfg.batch_size, m)
+        if self._cursor + bs > m:  # start a new epoch rather than return a short batch
+            self._order = self._rng.permutation(m)
+            self._cursor = 0
+        idx = torch.from_numpy(self._order[self._cursor : self._cursor + bs])
+        self._cursor += bs
+        return self._x[idx], self._y[idx]
+
+    def _loss(self, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        return self._loss_fn(self._model(xb), yb)
+
+    def evaluate(self) -> tuple[float, float]:
+        """Held-out ``(mean cross-entropy loss, accuracy)`` on the test shard."""
+        self._model.eval()
+        with torch.no_grad():
+            logits = self._model(self._x_test)
+            loss = float(self._loss_fn(logits, self._y_test).item())
+            acc = float((logits.argmax(dim=1) == self._y_test).float().mean().item())
+        return loss, acc

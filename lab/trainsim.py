@@ -1,0 +1,150 @@
+"""One-process check of the training modes: n workers, partial-reduce-like groups, no network.
+
+``python -m lab.trainsim --mode diloco --local-steps 8 --outer-lr 0.7 --outer-momentum 0.9
+--compress int8``: n Trainers (the lab's MLP and shards, or the lm workload) in one process.
+Every round each worker runs H local steps; the workers are then dealt, in a seeded random
+order, into groups of p (as partial reduce groups the first p ready workers, and with equal
+speeds the order of readiness is random). Each group reduces as a CREW star: the root adds its
+own vector in float32, every other member's weighted vector is encoded, decoded and added, the
+sum is encoded once for the broadcast, and every member loads the decoded result, through the
+same ``crew.outer`` and ``crew.compress`` code the worker and engine are meant to call.
+
+It measures quality against local steps, not time: the lab's benchmark owns time to target.
+Prints one line per evaluation and a summary line: local steps per worker and rounds to reach
+``--target`` (mean held-out accuracy of all workers, MLP) or ``--target-loss`` (lm), final
+quality, and wire bytes sent per worker per round (leaf parts, as encoded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import numpy as np
+
+from crew.compress import Codec, add_encoded, decode, encode, encoded_size
+from crew.datasets import Partition
+from crew.outer import OuterConfig, OuterLoop, SyncMode
+from crew.workloads import DEFAULTS, Workload, make_trainer
+
+
+def _trainers(args: argparse.Namespace) -> list:
+    w = Workload(args.workload)
+    if w is Workload.LM:
+        from crew.textdata import load_text_split, unigram_cross_entropy
+
+        train, test = load_text_split(cache_dir=args.cache_dir)
+        print(f"unigram baseline loss {unigram_cross_entropy(train, test):.4f}")
+    return [
+        make_trainer(
+            w,
+            n=args.n,
+            index=i,
+            partition=Partition(args.partition),
+            seed=args.seed,
+            lr=args.lr if args.lr is not None else DEFAULTS[w].lr,
+            batch_size=args.batch_size or DEFAULTS[w].batch_size,
+            local_steps=args.local_steps,
+            cache_dir=args.cache_dir,
+        )
+        for i in range(args.n)
+    ]
+
+
+def star_reduce(codec: Codec, offers: list[np.ndarray], weights: list[float]) -> np.ndarray:
+    """Root = the first member: own vector unencoded, leaves encoded, broadcast encoded."""
+    n = offers[0].size
+    if codec is Codec.NONE:
+        return sum(np.float32(w) * v for w, v in zip(weights, offers, strict=True))
+    leaves = [
+        encode(codec, np.float32(w) * v) for w, v in zip(weights[1:], offers[1:], strict=True)
+    ]
+    total = np.float32(weights[0]) * offers[0] + decode(
+        codec, add_encoded(codec, leaves, [1.0] * len(leaves), n), n
+    )
+    return decode(codec, encode(codec, total), n)
+
+
+def run(args: argparse.Namespace) -> dict[str, float | int | None]:
+    trainers = _trainers(args)
+    mode = SyncMode(args.mode)
+    cfg = OuterConfig(mode, args.local_steps, args.outer_lr, args.outer_momentum)
+    loops = [OuterLoop(cfg, t.get_vector()) for t in trainers]
+    codec = Codec(args.compress)
+    rng = np.random.default_rng(args.seed)
+    rounds = args.steps // args.local_steps
+    reached = None
+    quality = float("nan")
+    started = time.perf_counter()
+    for r in range(1, rounds + 1):
+        for t in trainers:
+            t.step()
+        order = rng.permutation(args.n).tolist()
+        for g in range(0, args.n - args.p + 1, args.p):
+            members = order[g : g + args.p]
+            offers = [loops[m].before_reduce(trainers[m].get_vector()) for m in members]
+            result = star_reduce(codec, offers, [1.0 / len(members)] * len(members))
+            for m in members:
+                trainers[m].set_vector(loops[m].after_reduce(result))
+        for m in order[(args.n // args.p) * args.p :]:  # left over: not in a group this round
+            loops[m].on_abandon()
+        if r % max(1, args.eval_rounds) == 0 or r == rounds:
+            evals = [t.evaluate() for t in trainers]
+            loss = float(np.mean([e[0] for e in evals]))
+            acc = float(np.mean([e[1] for e in evals]))
+            quality = acc if args.workload == "mlp" else loss
+            hit = acc >= args.target if args.workload == "mlp" else loss <= args.target_loss
+            if hit and reached is None:
+                reached = r
+            print(
+                f"round {r:4d} steps {r * args.local_steps:5d} loss {loss:.4f} "
+                f"acc {acc:.4f} ppl {math.exp(loss):.2f} t {time.perf_counter() - started:.0f}s",
+                flush=True,
+            )
+    n_elems = trainers[0].num_params
+    return {
+        "rounds_to_target": reached,
+        "steps_to_target": None if reached is None else reached * args.local_steps,
+        "final": quality,
+        "bytes_per_round": encoded_size(codec, n_elems),
+        "bytes_fp32_per_round": encoded_size(Codec.NONE, n_elems),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lab.trainsim", description=__doc__)
+    p.add_argument("--workload", choices=["mlp", "lm"], default="mlp")
+    p.add_argument("--mode", choices=[m.value for m in SyncMode], default="every-step")
+    p.add_argument("--local-steps", type=int, default=1)
+    p.add_argument("--outer-lr", type=float, default=0.7)
+    p.add_argument("--outer-momentum", type=float, default=0.9)
+    p.add_argument("--compress", choices=[c.value for c in Codec], default="none")
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--p", type=int, default=4)
+    p.add_argument("--steps", type=int, default=480, help="local steps per worker")
+    p.add_argument("--lr", type=float, default=None, help="inner lr (workload default)")
+    p.add_argument("--batch-size", type=int, default=None, help="(workload default)")
+    p.add_argument("--partition", choices=[x.value for x in Partition], default="iid")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--target", type=float, default=0.85, help="mean accuracy (mlp)")
+    p.add_argument("--target-loss", type=float, default=2.0, help="mean held-out loss (lm)")
+    p.add_argument("--eval-rounds", type=int, default=5, help="evaluate every this many rounds")
+    p.add_argument("--cache-dir", default=None, help="lm text cache folder")
+    args = p.parse_args(argv)
+    if not 1 <= args.p <= args.n:
+        p.error("need 1 <= p <= n")
+    out = run(args)
+    print(
+        f"SUMMARY workload={args.workload} mode={args.mode} H={args.local_steps} "
+        f"outer_lr={args.outer_lr} mu={args.outer_momentum} compress={args.compress} "
+        f"n={args.n} p={args.p} partition={args.partition} steps_to_target="
+        f"{out['steps_to_target']} rounds_to_target={out['rounds_to_target']} "
+        f"final={out['final']:.4f} bytes/round={out['bytes_per_round']} "
+        f"({out['bytes_per_round'] / out['bytes_fp32_per_round']:.3f}x fp32)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
