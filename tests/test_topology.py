@@ -35,6 +35,8 @@ SHIPPED = {
     "small.yaml": (3, False, frozenset()),
     "bench-hetero.yaml": (8, False, frozenset()),
     "bench-uniform.yaml": (8, True, frozenset()),
+    "bench-slowpair.yaml": (4, True, frozenset()),
+    "bench-uniform4.yaml": (4, True, frozenset()),
 }
 
 
