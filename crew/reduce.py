@@ -73,6 +73,15 @@ def validate_assign(assign: Assign, n: int) -> list[Route]:
         validate_routes(routes, assign.members, n, assign.total)
     except RouteError as exc:
         raise ReduceError(f"assign.routes: {exc}") from None
+    members = set(assign.members)
+    for k, r in enumerate(routes):
+        # A relay with nothing below it would never complete a part, and its parent would wait
+        # for it until the group's deadline: refuse the plan instead.
+        for relay in {c for c, _ in r.up} - members:
+            if not r.children_up(relay):
+                raise ReduceError(
+                    f"assign.routes: route {k}: relay {relay} has no children on the reduce tree"
+                )
     return routes
 
 
@@ -145,7 +154,10 @@ def covered_parts(assign: Assign) -> frozenset[tuple[int, int]]:
 
 @dataclass
 class _Acc:
-    total: np.ndarray
+    """One part's partial sum at one node, and who is in it. Once the part has gone on up,
+    ``total`` is released but the contributors stay, so a late duplicate is still refused."""
+
+    total: np.ndarray | None
     contributors: set[int] = field(default_factory=set)
     complete: bool = False
 
@@ -449,7 +461,7 @@ class ReduceEngine:
         acc = st.acc.get(start)
         if acc is None:
             acc = st.acc[start] = _Acc(np.zeros(values.size, dtype=DTYPE))
-        if who in acc.contributors:
+        if who in acc.contributors or acc.total is None:
             raise ReduceError(f"duplicate contribution from {who} at offset {start}")
         acc.total += values
         acc.contributors.add(who)
@@ -464,20 +476,23 @@ class ReduceEngine:
                 self._pass_up(g, k, st, s)
 
     def _pass_up(self, g: _Group, k: int, st: _RouteState, start: int) -> None:
-        total = st.acc[start].total
+        acc = st.acc[start]
+        total = acc.total
+        assert total is not None
         if (
             st.parent is not None
             and (st.parent, start) in g.covered
             and st.parent == st.route.root
             and not st.route.children_up(self.me)
         ):
-            del st.acc[start]  # pre-scattered already: the aggregator uses that copy
+            acc.total = None  # pre-scattered already: the aggregator uses that copy
             return
         if st.parent is not None:
             self._send_to(g, st.parent, self._frame(FrameKind.SCATTER, g, k, start, total))
-            del st.acc[start]  # a non-root node is done with this part
+            acc.total = None  # a non-root node is done with this part's values
         else:
             self._deliver(g, k, st, start, total)
+            acc.total = None  # _deliver copied what it keeps
 
     # broadcast tree
 
