@@ -37,6 +37,8 @@ SHIPPED = {
     "bench-uniform.yaml": (8, True, frozenset()),
     "bench-slowpair.yaml": (4, True, frozenset()),
     "bench-uniform4.yaml": (4, True, frozenset()),
+    "bench-fast2.yaml": (2, True, frozenset()),
+    "bench-fast4.yaml": (4, True, frozenset()),
 }
 
 

@@ -320,6 +320,31 @@ def make_bench_uniform4(_: dict[str, Any]) -> Generated:
     )
 
 
+def _make_fast(n: int) -> Generated:
+    name = f"bench-fast{n}.yaml"
+    return Generated(
+        name,
+        _banner(name)
+        + f"Benchmark topology: {n} workers in {n} clouds, every directed link 1 Gbit/s:\n"
+        + "where the data path's CPU per byte, not the links, can bound an op.",
+        {
+            "name": f"bench-fast{n}",
+            "description": f"benchmark: {n} clouds, every pair 1 Gbit/s both ways",
+            "intra_cloud_mbit": 1000,
+            "defaults": {"mbit": 1000},
+            "clouds": [{"name": c, "workers": 1} for c in GENERIC_CLOUDS[:n]],
+        },
+    )
+
+
+def make_bench_fast2(_: dict[str, Any]) -> Generated:
+    return _make_fast(2)
+
+
+def make_bench_fast4(_: dict[str, Any]) -> Generated:
+    return _make_fast(4)
+
+
 MAKERS: tuple[Callable[[dict[str, Any]], Generated], ...] = (
     make_default,
     make_aws,
@@ -329,6 +354,8 @@ MAKERS: tuple[Callable[[dict[str, Any]], Generated], ...] = (
     make_bench_uniform,
     make_bench_slowpair,
     make_bench_uniform4,
+    make_bench_fast2,
+    make_bench_fast4,
 )
 
 
