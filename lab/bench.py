@@ -118,7 +118,8 @@ from lab.runner import LabRun, RunOptions, free_mgmt_subnet
 from lab.topology import Impairment, TopologyError, TopologySpec, load_topology
 
 log = logging.getLogger(__name__)
-console = Console(stderr=True)
+# Wide enough for the results table when stderr is a file or a pipe (rich assumes 80 then).
+console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 GLOO = "gloo"
 ALL_SCHEMES: tuple[str, ...] = (*GROUP_SCHEMES, GLOO)
@@ -419,6 +420,7 @@ class BenchSpec:
     duration_s: float = 60.0
     target_accuracy: float = 0.85
     allow_missing: frozenset[Impairment] = frozenset()
+    part_bytes: int = 0  # 0: the run's automatic part size (RunConfig.part_elems_for)
 
     @property
     def size_elems(self) -> int:
@@ -522,6 +524,7 @@ def run_ops(
         seed=spec.seed,
         dashboard=False,
         log_level="WARNING",
+        part_bytes=spec.part_bytes,
         extra={"bench": True, "size_elems": spec.size_elems, "trace": trace, "ops": k},
     )
     startup = STARTUP_TORCH_S if gloo else STARTUP_NUMPY_S
@@ -970,6 +973,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --train: held-out accuracy whose first reaching (mean of every "
         "worker's latest) is timed (default 0.85)",
     )
+    p.add_argument(
+        "--part-bytes",
+        type=int,
+        default=0,
+        metavar="B",
+        help="bytes per part (frame payload), a multiple of 4; 0 (default): automatic",
+    )
     add_allow_missing(p)
     p.add_argument("--log-level", default="WARNING", help="log level of the benchmark itself")
     return p
@@ -994,6 +1004,10 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         raise BenchError("--timeout-per-op", f"must be positive, got {args.timeout_per_op}")
     if args.train and not (math.isfinite(args.duration) and args.duration > 0):
         raise BenchError("--duration", f"must be positive, got {args.duration}")
+    if args.part_bytes < 0 or args.part_bytes % 4:
+        raise BenchError(
+            "--part-bytes", f"must be 0 or a positive multiple of 4, got {args.part_bytes}"
+        )
     if not 0 < args.target_accuracy <= 1:
         raise BenchError("--target-accuracy", f"must be in (0, 1], got {args.target_accuracy}")
     return BenchSpec(
@@ -1009,6 +1023,7 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         duration_s=args.duration,
         target_accuracy=args.target_accuracy,
         allow_missing=allowed_missing(args),
+        part_bytes=args.part_bytes,
     )
 
 
