@@ -397,7 +397,7 @@ class ReduceEngine:
                 if acc is not None and sender in acc.contributors:
                     continue
                 length = self._part_len(g, st, start)
-                self._add(g, k, st, start, sender, values[:length] * weight)
+                self._add(g, k, st, start, sender, values[:length] * weight, owned=True)
 
     def _part_len(self, g: _Group, st: _RouteState, start: int) -> int:
         if start not in range(st.route.start, st.route.stop, g.assign.part_elems):
@@ -427,7 +427,9 @@ class ReduceEngine:
             block=k,
             part=(start - g.routes[k].route.start) // g.assign.part_elems,
             offset=start,
-            payload=np.ascontiguousarray(values, dtype=DTYPE).tobytes(),
+            # No copy: ``values`` is never written again once framed (a passed-on sum is
+            # released, received parts are read-only), as Transport.send requires.
+            payload=memoryview(np.ascontiguousarray(values, dtype=DTYPE)).cast("B"),
         )
 
     def _send_to(self, g: _Group, dst: int, frame: Frame) -> None:
@@ -445,7 +447,7 @@ class ReduceEngine:
                 continue
             for start in st.parts:
                 stop = start + self._part_len(g, st, start)
-                self._add(g, k, st, start, self.me, vec[start:stop] * weight)
+                self._add(g, k, st, start, self.me, vec[start:stop] * weight, owned=True)
 
     def _on_up(self, g: _Group, st: _RouteState, frame: Frame) -> None:
         if frame.sender not in st.expect or frame.sender == self.me:
@@ -456,15 +458,30 @@ class ReduceEngine:
         self._add(g, frame.block, st, frame.offset, frame.sender, self._values(frame, length))
 
     def _add(
-        self, g: _Group, k: int, st: _RouteState, start: int, who: int, values: np.ndarray
+        self,
+        g: _Group,
+        k: int,
+        st: _RouteState,
+        start: int,
+        who: int,
+        values: np.ndarray,
+        *,
+        owned: bool = False,
     ) -> None:
+        """Count ``who``'s part. ``owned``: ``values`` is a fresh array nobody else holds, so it
+        may become the running sum itself; otherwise (a received, read-only part) it is copied
+        only if something will be added to it."""
         acc = st.acc.get(start)
         if acc is None:
-            acc = st.acc[start] = _Acc(np.zeros(values.size, dtype=DTYPE))
-        if who in acc.contributors or acc.total is None:
+            # The first contribution is the sum so far. A node with one contributor (a leaf,
+            # or a relay with one child) passes it on without a copy.
+            first = values if owned or len(st.expect) == 1 else values.copy()
+            acc = st.acc[start] = _Acc(first, {who})
+        elif who in acc.contributors or acc.total is None:
             raise ReduceError(f"duplicate contribution from {who} at offset {start}")
-        acc.total += values
-        acc.contributors.add(who)
+        else:
+            acc.total += values
+            acc.contributors.add(who)
         if len(acc.contributors) < len(st.expect) or acc.complete:
             return
         acc.complete = True
