@@ -79,8 +79,9 @@ def test_relay_fault_mid_group_replans_and_stays_exact(tmp_path: Path, fault: st
             cmds.submit(db, cmds.CutLink(src=0, dst=RELAY))
         wait_until(
             lab,
-            lambda: rows(db, "SELECT status FROM groups WHERE id=?", (victim,))[0]["status"]
-            != "open",
+            lambda: (
+                rows(db, "SELECT status FROM groups WHERE id=?", (victim,))[0]["status"] != "open"
+            ),
             FAULT_WAIT_S,
             f"group {victim} to end after the fault",
         )
