@@ -73,6 +73,15 @@ def validate_assign(assign: Assign, n: int) -> list[Route]:
         validate_routes(routes, assign.members, n, assign.total)
     except RouteError as exc:
         raise ReduceError(f"assign.routes: {exc}") from None
+    members = set(assign.members)
+    for k, r in enumerate(routes):
+        # A relay with nothing below it would never complete a part, and its parent would wait
+        # for it until the group's deadline: refuse the plan instead.
+        for relay in {c for c, _ in r.up} - members:
+            if not r.children_up(relay):
+                raise ReduceError(
+                    f"assign.routes: route {k}: relay {relay} has no children on the reduce tree"
+                )
     return routes
 
 
@@ -145,7 +154,10 @@ def covered_parts(assign: Assign) -> frozenset[tuple[int, int]]:
 
 @dataclass
 class _Acc:
-    total: np.ndarray
+    """One part's partial sum at one node, and who is in it. Once the part has gone on up,
+    ``total`` is released but the contributors stay, so a late duplicate is still refused."""
+
+    total: np.ndarray | None
     contributors: set[int] = field(default_factory=set)
     complete: bool = False
 
@@ -385,7 +397,7 @@ class ReduceEngine:
                 if acc is not None and sender in acc.contributors:
                     continue
                 length = self._part_len(g, st, start)
-                self._add(g, k, st, start, sender, values[:length] * weight)
+                self._add(g, k, st, start, sender, values[:length] * weight, owned=True)
 
     def _part_len(self, g: _Group, st: _RouteState, start: int) -> int:
         if start not in range(st.route.start, st.route.stop, g.assign.part_elems):
@@ -415,7 +427,9 @@ class ReduceEngine:
             block=k,
             part=(start - g.routes[k].route.start) // g.assign.part_elems,
             offset=start,
-            payload=np.ascontiguousarray(values, dtype=DTYPE).tobytes(),
+            # No copy: ``values`` is never written again once framed (a passed-on sum is
+            # released, received parts are read-only), as Transport.send requires.
+            payload=memoryview(np.ascontiguousarray(values, dtype=DTYPE)).cast("B"),
         )
 
     def _send_to(self, g: _Group, dst: int, frame: Frame) -> None:
@@ -433,7 +447,7 @@ class ReduceEngine:
                 continue
             for start in st.parts:
                 stop = start + self._part_len(g, st, start)
-                self._add(g, k, st, start, self.me, vec[start:stop] * weight)
+                self._add(g, k, st, start, self.me, vec[start:stop] * weight, owned=True)
 
     def _on_up(self, g: _Group, st: _RouteState, frame: Frame) -> None:
         if frame.sender not in st.expect or frame.sender == self.me:
@@ -444,15 +458,30 @@ class ReduceEngine:
         self._add(g, frame.block, st, frame.offset, frame.sender, self._values(frame, length))
 
     def _add(
-        self, g: _Group, k: int, st: _RouteState, start: int, who: int, values: np.ndarray
+        self,
+        g: _Group,
+        k: int,
+        st: _RouteState,
+        start: int,
+        who: int,
+        values: np.ndarray,
+        *,
+        owned: bool = False,
     ) -> None:
+        """Count ``who``'s part. ``owned``: ``values`` is a fresh array nobody else holds, so it
+        may become the running sum itself; otherwise (a received, read-only part) it is copied
+        only if something will be added to it."""
         acc = st.acc.get(start)
         if acc is None:
-            acc = st.acc[start] = _Acc(np.zeros(values.size, dtype=DTYPE))
-        if who in acc.contributors:
+            # The first contribution is the sum so far. A node with one contributor (a leaf,
+            # or a relay with one child) passes it on without a copy.
+            first = values if owned or len(st.expect) == 1 else values.copy()
+            acc = st.acc[start] = _Acc(first, {who})
+        elif who in acc.contributors or acc.total is None:
             raise ReduceError(f"duplicate contribution from {who} at offset {start}")
-        acc.total += values
-        acc.contributors.add(who)
+        else:
+            acc.total += values
+            acc.contributors.add(who)
         if len(acc.contributors) < len(st.expect) or acc.complete:
             return
         acc.complete = True
@@ -464,20 +493,23 @@ class ReduceEngine:
                 self._pass_up(g, k, st, s)
 
     def _pass_up(self, g: _Group, k: int, st: _RouteState, start: int) -> None:
-        total = st.acc[start].total
+        acc = st.acc[start]
+        total = acc.total
+        assert total is not None
         if (
             st.parent is not None
             and (st.parent, start) in g.covered
             and st.parent == st.route.root
             and not st.route.children_up(self.me)
         ):
-            del st.acc[start]  # pre-scattered already: the aggregator uses that copy
+            acc.total = None  # pre-scattered already: the aggregator uses that copy
             return
         if st.parent is not None:
             self._send_to(g, st.parent, self._frame(FrameKind.SCATTER, g, k, start, total))
-            del st.acc[start]  # a non-root node is done with this part
+            acc.total = None  # a non-root node is done with this part's values
         else:
             self._deliver(g, k, st, start, total)
+            acc.total = None  # _deliver copied what it keeps
 
     # broadcast tree
 

@@ -60,6 +60,40 @@ _CONNECT_BACKOFF_S = (0.05, 1.0)  # first and largest pause between connect atte
 _LOG_INTERVAL_S = 5.0  # at most one warning per reason and interval
 
 
+class FrameTrace:
+    """Per-frame timestamps for finding where an op's time goes (off unless asked for).
+
+    ``CREW_FRAME_TRACE=<dir>`` makes every Transport append one line per event to
+    ``<dir>/frames-w<me>.tsv``: monotonic time, event (``q`` queued, ``s`` send started,
+    ``e`` send ended, ``r`` received), peer, kind, group, rev, block, offset, payload bytes.
+    CLOCK_MONOTONIC is one clock for every namespace of the host, so lines of different
+    workers compare directly."""
+
+    def __init__(self, directory: str, me: int) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self._file = open(  # noqa: SIM115 - lives as long as the transport
+            os.path.join(directory, f"frames-w{me}.tsv"), "a", buffering=1 << 16
+        )
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_env(cls, me: int) -> FrameTrace | None:
+        directory = os.environ.get("CREW_FRAME_TRACE")
+        return cls(directory, me) if directory else None
+
+    def event(self, what: str, peer: int, frame: Frame) -> None:
+        line = (
+            f"{time.monotonic():.6f}\t{what}\t{peer}\t{frame.kind.name}\t{frame.group}\t"
+            f"{frame.rev}\t{frame.block}\t{frame.offset}\t{frame.nbytes}\n"
+        )
+        with self._lock:
+            self._file.write(line)
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
 class FlowOrder(enum.Enum):
     """Which queued frame a sender puts on its link next."""
 
@@ -120,6 +154,25 @@ def _sendmsg_all(sock: socket.socket, parts: list[bytes | memoryview]) -> None:
                 sent = 0
 
 
+# Congestion control of every data connection. Not BBR, which this machine's kernel uses by
+# default: BBR caps its window at about twice bandwidth x *minimum* RTT, and on a lab link (no
+# delay) that minimum is ~0.1 ms, so the window floors at 4 packets. When both directions of a
+# pair carry data at once (every a2a-like plan does), the ACKs of i->j wait behind j->i's data
+# in j->i's HTB queue (up to ~50 ms), and i->j then moves 4 packets per 50 ms: about 1 Mbit/s
+# until the queue drains. Loss-based CUBIC grows its window past the inflated RTT instead.
+# Measured on bench-uniform4 (p = n = 4, 16.8 MB, docs in lab/bench.py): crew median op
+# 1.98 s with BBR, 1.49 s with CUBIC, against a plan of 1.34 s. ``CREW_TCP_CC`` overrides it
+# (e.g. ``bbr``, or empty for the system default).
+TCP_CONGESTION = "cubic"
+
+
+def tcp_congestion() -> str:
+    return os.environ.get("CREW_TCP_CC", TCP_CONGESTION)
+
+
+_cc_warned = threading.Event()
+
+
 def _tune(sock: socket.socket, stall_timeout: float | None) -> None:
     if sock.family in (socket.AF_INET, socket.AF_INET6):  # also usable over Unix sockets
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -128,6 +181,14 @@ def _tune(sock: socket.socket, stall_timeout: float | None) -> None:
             # without ever filling the send buffer; the kernel then fails the socket for us.
             ms = max(1000, int(stall_timeout * 1000))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, ms)
+        cc = tcp_congestion()
+        if cc and hasattr(socket, "TCP_CONGESTION"):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
+            except OSError as e:  # not built into this kernel: keep the system default
+                if not _cc_warned.is_set():
+                    _cc_warned.set()
+                    log.warning("transport: TCP congestion control %r unavailable: %s", cc, e)
     sock.settimeout(stall_timeout)
 
 
@@ -428,6 +489,7 @@ class Transport:
         self._handler_errors = 0
         self._send_failures = 0
         self._arrivals: dict[int, ArrivalRate] = {}
+        self._trace = FrameTrace.from_env(me)
 
         host, port = listen
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -498,6 +560,8 @@ class Transport:
                 stream, link.stream = link.stream, None
             if stream is not None:
                 stream.close()
+        if self._trace is not None:
+            self._trace.close()
 
     def __enter__(self) -> Transport:
         self.start()
@@ -538,6 +602,8 @@ class Transport:
             link.queue.push(frame)
             link.queued_bytes += wire_size(frame)
             link.cond.notify()
+        if self._trace is not None:
+            self._trace.event("q", dst, frame)
 
     def cancel(self, predicate: Callable[[Frame], bool]) -> int:
         """Drop queued frames (not the one being sent) matching ``predicate``; returns how many."""
@@ -685,6 +751,8 @@ class Transport:
                 continue
             try:
                 stream = link.stream or self._connect(link)
+                if self._trace is not None:
+                    self._trace.event("s", link.dst, item)
                 try:
                     n = stream.send(item)
                 except OSError as e:
@@ -704,6 +772,8 @@ class Transport:
                     requested, link.failure = link.failure, None
                 self._fail_link(link, requested or e)
                 continue
+            if self._trace is not None:
+                self._trace.event("e", link.dst, item)
             with link.cond:
                 link.inflight = None
                 link.queued_bytes -= n
@@ -856,6 +926,8 @@ class Transport:
                 if frame.kind is not FrameKind.HELLO:
                     self._frames_received += 1
             if frame.kind is not FrameKind.HELLO:  # a repeated HELLO carries nothing
+                if self._trace is not None:
+                    self._trace.event("r", peer, frame)
                 yield frame
 
     def _reject(self, addr: Address, err: FrameError) -> None:

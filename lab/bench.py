@@ -23,6 +23,15 @@ Per scheme (``results.json`` → ``schemes.<name>``):
     as ``numpy.percentile``);
 ``median_over_bound``
     the median over ops of ``op_time / bound`` (per op, because groups differ, so bounds differ);
+``planned_s``, ``median_over_planned``
+    the median of the ops' planned times (``predicted_s``, the plan's own estimate of the op
+    on the capacities it planned with) and the median over ops of ``op_time / predicted``:
+    how close the executor comes to its plan (1.0 = exactly as planned; Gloo has no plan);
+``worker_cpu_s``, ``cpu_s_per_gb``
+    CPU seconds (user + system) all workers spent from the first op's start to the last op's
+    end (``/proc/<pid>/stat``, sampled at the benchmark's 0.5 s poll), and that over the GB
+    (10^9 bytes) the plans moved across links (``planned_link_bytes``): the data path's CPU
+    cost, which bounds ops on fast links;
 ``correct``
     all K ops completed, none abandoned, and each result passed the coordinator's projection
     check (``verify_err`` < ``crew.verify.CHECK_TOLERANCE``, i.e. the members ended with the
@@ -109,7 +118,8 @@ from lab.runner import LabRun, RunOptions, free_mgmt_subnet
 from lab.topology import Impairment, TopologyError, TopologySpec, load_topology
 
 log = logging.getLogger(__name__)
-console = Console(stderr=True)
+# Wide enough for the results table when stderr is a file or a pipe (rich assumes 80 then).
+console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 GLOO = "gloo"
 ALL_SCHEMES: tuple[str, ...] = (*GROUP_SCHEMES, GLOO)
@@ -118,6 +128,7 @@ ALL_SCHEMES: tuple[str, ...] = (*GROUP_SCHEMES, GLOO)
 STARTUP_NUMPY_S = 60.0
 STARTUP_TORCH_S = 180.0
 POLL_S = 0.5
+FIRST_OP_STARTED_SQL = "SELECT COUNT(*) FROM groups WHERE started_at IS NOT NULL"
 # After the last op, wait for the link monitor's next 1 Hz sample, so the ops are bracketed.
 LAST_SAMPLE_WAIT_S = 3.0
 REAP_TIMEOUT_S = 10.0
@@ -189,6 +200,8 @@ class SchemeResult:
     p90_s: float | None = None
     median_over_bound: float | None = None
     predicted_s: tuple[float | None, ...] = ()
+    planned_s: float | None = None
+    median_over_planned: float | None = None
     correct: bool = False
     completed: int = 0
     abandoned: int = 0
@@ -198,6 +211,8 @@ class SchemeResult:
     planned_link_bytes: dict[str, int] = field(default_factory=dict)
     startup_s: float | None = None  # lab entered -> first op started
     wall_s: float | None = None  # lab entered -> lab left
+    worker_cpu_s: float | None = None
+    cpu_s_per_gb: float | None = None
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -275,6 +290,8 @@ def op_results(
         else:
             bounds = [r["bound_s"] for r in done]
         ratios = [t / b for t, b in zip(times, bounds, strict=True) if b and math.isfinite(b)]
+        predicted = [r["predicted_s"] for r in done]
+        to_plan = [t / q for t, q in zip(times, predicted, strict=True) if q and math.isfinite(q)]
         errs = [r["verify_err"] for r in done]
         abandoned = sum(1 for r in rows if r["status"] == "abandoned")
         if gloo:
@@ -299,7 +316,9 @@ def op_results(
             median_s=percentile(times, 50),
             p90_s=percentile(times, 90),
             median_over_bound=percentile(ratios, 50),
-            predicted_s=tuple(r["predicted_s"] for r in done),
+            predicted_s=tuple(predicted),
+            planned_s=percentile([q for q in predicted if q and math.isfinite(q)], 50),
+            median_over_planned=percentile(to_plan, 50),
             correct=correct,
             completed=len(done),
             abandoned=abandoned,
@@ -401,6 +420,7 @@ class BenchSpec:
     duration_s: float = 60.0
     target_accuracy: float = 0.85
     allow_missing: frozenset[Impairment] = frozenset()
+    part_bytes: int = 0  # 0: the run's automatic part size (RunConfig.part_elems_for)
 
     @property
     def size_elems(self) -> int:
@@ -464,6 +484,21 @@ def _reap(lab: LabRun) -> None:
             log.error("could not end coordinator pid %d: %s", coord.pid, exc)
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a live process (``/proc/<pid>/stat``), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # fields[0] is the state (field 3 of proc(5)); utime and stime are fields 14 and 15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _workers_cpu_s(lab: LabRun) -> float:
+    return sum(process_cpu_s(p.pid) or 0.0 for p in lab.workers.values())
+
+
 def _db_scalar(lab: LabRun, sql: str) -> Any:
     assert lab.db is not None
     return lab.db.query(sql)[0][0]
@@ -489,11 +524,13 @@ def run_ops(
         seed=spec.seed,
         dashboard=False,
         log_level="WARNING",
+        part_bytes=spec.part_bytes,
         extra={"bench": True, "size_elems": spec.size_elems, "trace": trace, "ops": k},
     )
     startup = STARTUP_TORCH_S if gloo else STARTUP_NUMPY_S
     budget = startup + spec.timeout_per_op_s * k
     error: str | None = None
+    cpu_used: float | None = None
     entered = time.time()
     lab = LabRun(spec.topology, caps, opts, run_dir, net=net)
     try:
@@ -501,6 +538,7 @@ def run_ops(
             progress.update(task, status="running")
             deadline = time.monotonic() + budget
             ended = 0
+            cpu_first: float | None = None
             while ended < k:
                 if time.monotonic() > deadline:
                     raise SchemeFailed(
@@ -516,8 +554,12 @@ def run_ops(
                     or 0
                 )
                 progress.update(task, completed=ended)
+                if cpu_first is None and not gloo and _db_scalar(lab, FIRST_OP_STARTED_SQL):
+                    cpu_first = _workers_cpu_s(lab)
                 if ended < k:
                     time.sleep(POLL_S)
+            if cpu_first is not None:
+                cpu_used = _workers_cpu_s(lab) - cpu_first
             last_end = float(_db_scalar(lab, "SELECT MAX(ended_at) FROM groups") or 0.0)
             wait_until = time.monotonic() + LAST_SAMPLE_WAIT_S
             while time.monotonic() < wait_until:
@@ -546,6 +588,13 @@ def run_ops(
     except Exception as exc:  # no database (the lab never started): report what we know
         result = SchemeResult(
             wall_s=left - entered, error=f"no results: {type(exc).__name__}: {exc}"
+        )
+    if cpu_used is not None:
+        moved_gb = sum(result.planned_link_bytes.values()) / 1e9
+        result = replace(
+            result,
+            worker_cpu_s=cpu_used,
+            cpu_s_per_gb=cpu_used / moved_gb if moved_gb > 0 else None,
         )
     if error is not None:
         result = replace(
@@ -628,11 +677,30 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
 
 
 def results_table(schemes: dict[str, dict[str, Any]], title: str, ops: int) -> Table:
-    """Scheme, median, p90, median/bound, median relative to the best correct scheme, correct."""
+    """Scheme, median, p90, planned, measured/planned, median/bound, median relative to the
+    best correct scheme, CPU per GB moved, ops, correct."""
     medians = [r["median_s"] for r in schemes.values() if r["correct"] and r["median_s"]]
     best = min(medians) if medians else None
-    t = Table(title=title, caption="vs best: median over the fastest correct scheme's median")
-    for col in ("scheme", "median s", "p90 s", "median/bound", "vs best", "ops", "correct"):
+    t = Table(
+        title=title,
+        caption="planned: median of the plans' predicted op times; meas/plan: median over ops"
+        " of measured/planned; /bound: median over ops of measured/fluid lower bound;"
+        " /best: median over the fastest correct scheme's median; CPU: worker CPU s per GB"
+        " moved",
+    )
+    cols = (
+        "scheme",
+        "median s",
+        "p90 s",
+        "planned s",
+        "meas/plan",
+        "/bound",
+        "/best",
+        "CPU s/GB",
+        "ops",
+        "correct",
+    )
+    for col in cols:
         t.add_column(col, justify="left" if col == "scheme" else "right")
     for name, r in schemes.items():
         vs = r["median_s"] / best if best and r["median_s"] is not None else None
@@ -641,8 +709,11 @@ def results_table(schemes: dict[str, dict[str, Any]], title: str, ops: int) -> T
             name,
             _fmt(r["median_s"]),
             _fmt(r["p90_s"]),
+            _fmt(r.get("planned_s")),
+            _fmt(r.get("median_over_planned"), ".2f"),
             _fmt(r["median_over_bound"], ".2f"),
             _fmt(vs, ".2f"),
+            _fmt(r.get("cpu_s_per_gb"), ".1f"),
             f"{r['completed']}/{ops}",
             ok,
         )
@@ -902,6 +973,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --train: held-out accuracy whose first reaching (mean of every "
         "worker's latest) is timed (default 0.85)",
     )
+    p.add_argument(
+        "--part-bytes",
+        type=int,
+        default=0,
+        metavar="B",
+        help="bytes per part (frame payload), a multiple of 4; 0 (default): automatic",
+    )
     add_allow_missing(p)
     p.add_argument("--log-level", default="WARNING", help="log level of the benchmark itself")
     return p
@@ -926,6 +1004,10 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         raise BenchError("--timeout-per-op", f"must be positive, got {args.timeout_per_op}")
     if args.train and not (math.isfinite(args.duration) and args.duration > 0):
         raise BenchError("--duration", f"must be positive, got {args.duration}")
+    if args.part_bytes < 0 or args.part_bytes % 4:
+        raise BenchError(
+            "--part-bytes", f"must be 0 or a positive multiple of 4, got {args.part_bytes}"
+        )
     if not 0 < args.target_accuracy <= 1:
         raise BenchError("--target-accuracy", f"must be in (0, 1], got {args.target_accuracy}")
     return BenchSpec(
@@ -941,6 +1023,7 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         duration_s=args.duration,
         target_accuracy=args.target_accuracy,
         allow_missing=allowed_missing(args),
+        part_bytes=args.part_bytes,
     )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -157,6 +159,8 @@ def test_op_results_of_a_correct_scheme(tmp_path: Path) -> None:
     assert r.median_s == 2.5
     assert r.p90_s == pytest.approx(3.7)
     assert r.median_over_bound == 3.5  # ratios 2, 4, 3, 4
+    assert r.planned_s == pytest.approx(2.4)
+    assert r.median_over_planned == pytest.approx((2 / 1.9 + 3 / 2.9) / 2)
     assert r.correct and r.error is None
     assert r.completed == 4 and r.abandoned == 0 and r.revisions == 1
     assert r.max_verify_err == 1e-6
@@ -305,6 +309,7 @@ def test_table_and_errors(tmp_path: Path) -> None:
     console.print(bench.results_table(schemes, "t", 4))
     text = console.export_text()
     assert "preduce" in text and "2.500" in text and "3.50" in text and "4/4" in text
+    assert "meas/plan" in text and "2.400" in text and "1.04" in text
     assert bench.error_lines(schemes) == ["ps: worker 1 exited with code 1: boom"]
 
 
@@ -320,3 +325,13 @@ def test_html_is_written_when_png_export_fails(tmp_path: Path, monkeypatch) -> N
     assert html.count("<div") >= 2 and "plotly" in html.lower()
     assert not list(tmp_path.glob("*.png"))
     assert any("no PNG" in n and "no browser here" in n for n in notes)
+
+
+def test_process_cpu_s_counts_this_process_and_not_a_missing_one() -> None:
+    before = bench.process_cpu_s(os.getpid())
+    end = time.process_time() + 0.05
+    while time.process_time() < end:
+        pass
+    after = bench.process_cpu_s(os.getpid())
+    assert before is not None and after is not None and after > before
+    assert bench.process_cpu_s(2**22 + 12345) is None  # above pid_max's default: no such pid

@@ -422,3 +422,77 @@ def test_relayed_stars_compute_the_average(cluster: Cluster) -> None:
     expected = 0.2 * v[0] + 0.3 * v[1] + 0.5 * v[2]
     for m in members:
         np.testing.assert_allclose(results[m], expected, rtol=1e-5, atol=1e-6)
+
+
+# -- relays on multi-hop routes, one engine at a time (frames captured, not sent) ---------------
+
+
+def _part(sender: int, kind: FrameKind, block: int, offset: int, values, rev: int = 0) -> Frame:
+    return Frame(
+        kind,
+        sender,
+        RUN,
+        group=61,
+        rev=rev,
+        block=block,
+        offset=offset,
+        payload=np.asarray(values, np.float32).tobytes(),
+    )
+
+
+def _relay_chain(rev: int = 0, members=(0, 1, 2)) -> Assign:
+    # reduce 0 -> 1 -> 3 (root) and 2 -> 3; broadcast 3 -> 1 -> 0 and 3 -> 2. Worker 1 is a
+    # member that relays 0's stream; worker 3 is a non-member root.
+    up = tuple(e for e in ((0, 1), (1, 3), (2, 3)) if e[0] in members or e[0] == 1)
+    down = tuple(e for e in ((3, 1), (1, 0), (3, 2)) if e[1] in members or e[1] == 1)
+    route = Route(0, 6, 3, up=up, down=down)
+    w = [1.0 / len(members)] * len(members)
+    return _assign_routes([route], 6, 61, members, w, rev=rev, part_elems=2)
+
+
+def test_member_relay_adds_its_copy_and_forwards_one_stream_part_by_part() -> None:
+    sent: list[tuple[int, Frame]] = []
+    relay = ReduceEngine(1, 4, RUN, lambda d, f: sent.append((d, f)), lambda *a: None)
+    own = np.arange(6, dtype=np.float32)
+    relay.assign(_relay_chain(), own)
+    assert sent == []  # it waits for its child: its own copy never travels alone
+    relay.on_frame(_part(0, FrameKind.SCATTER, 0, 0, [10, 20]))
+    # Cut-through: part 0 goes up at once, before parts 1 and 2 of the child arrived.
+    assert [(d, f.kind, f.offset) for d, f in sent] == [(3, FrameKind.SCATTER, 0)]
+    np.testing.assert_allclose(np.frombuffer(sent[0][1].payload, np.float32), [10, 20 + 1 / 3])
+    relay.on_frame(_part(0, FrameKind.SCATTER, 0, 0, [10, 20]))  # a duplicate: not summed again
+    relay.on_frame(_part(2, FrameKind.SCATTER, 0, 2, [1, 1]))  # 2 is not its child
+    assert relay.dropped_frames == 2 and len(sent) == 1
+    relay.on_frame(_part(0, FrameKind.SCATTER, 0, 4, [0, 0]))
+    relay.on_frame(_part(0, FrameKind.SCATTER, 0, 2, [0, 0]))
+    assert [f.offset for _, f in sent] == [0, 4, 2]  # each part as it completes, one frame each
+    # The broadcast passes through the same way, one part at a time, and the relay keeps it.
+    sent.clear()
+    relay.on_frame(_part(3, FrameKind.RESULT, 0, 2, [7, 8]))
+    assert [(d, f.kind, f.offset) for d, f in sent] == [(0, FrameKind.RESULT, 2)]
+    assert relay.result(61) is None  # parts 0 and 4 still missing
+    relay.on_frame(_part(3, FrameKind.RESULT, 0, 0, [5, 6]))
+    relay.on_frame(_part(3, FrameKind.RESULT, 0, 4, [9, 9]))
+    np.testing.assert_array_equal(relay.result(61), [5, 6, 7, 8, 9, 9])
+
+
+def test_non_member_relay_holds_nothing_and_a_new_revision_drops_its_partial_sums() -> None:
+    sent: list[tuple[int, Frame]] = []
+    root = ReduceEngine(3, 4, RUN, lambda d, f: sent.append((d, f)), lambda *a: None)
+    root.assign(_relay_chain())
+    root.on_frame(_part(1, FrameKind.SCATTER, 0, 0, [1, 1]))  # 0 + 1 through the relay
+    assert sent == []  # 2's copy of part 0 is still missing
+    # Member 0 dies: revision 1 without it. The relay's sum of rev 0 must not count.
+    root.assign(_relay_chain(rev=1, members=(1, 2)))
+    root.on_frame(_part(1, FrameKind.SCATTER, 0, 0, [1, 1]))  # stale revision: ignored
+    root.on_frame(_part(1, FrameKind.SCATTER, 0, 0, [2, 2], rev=1))
+    root.on_frame(_part(2, FrameKind.SCATTER, 0, 0, [3, 3], rev=1))
+    assert sorted((d, f.rev) for d, f in sent) == [(1, 1), (2, 1)]
+    np.testing.assert_array_equal(np.frombuffer(sent[0][1].payload, np.float32), [5, 5])
+    assert root.result(61) is None  # a relay, not a member: it keeps no result
+
+
+def test_validate_assign_rejects_a_relay_with_nothing_below_it() -> None:
+    dead_end = Route(0, 4, 0, up=((1, 0), (2, 0)), down=((0, 1),))
+    with pytest.raises(ReduceError, match="relay 2 has no children"):
+        validate_assign(_assign_routes([dead_end], 4, 1, [0, 1], [0.5, 0.5]), 3)

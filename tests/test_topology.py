@@ -35,6 +35,10 @@ SHIPPED = {
     "small.yaml": (3, False, frozenset()),
     "bench-hetero.yaml": (8, False, frozenset()),
     "bench-uniform.yaml": (8, True, frozenset()),
+    "bench-slowpair.yaml": (4, True, frozenset()),
+    "bench-uniform4.yaml": (4, True, frozenset()),
+    "bench-fast2.yaml": (2, True, frozenset()),
+    "bench-fast4.yaml": (4, True, frozenset()),
 }
 
 

@@ -24,6 +24,7 @@ from crew.frames import (
     wire_size,
 )
 from crew.transport import (
+    TCP_CONGESTION,
     FlowOrder,
     FrameStream,
     HandshakeError,
@@ -403,3 +404,22 @@ def test_inbound_frame_that_stalls_drops_the_connection(make, codec: FrameCodec)
         s.sendall(codec.encode_bytes(Frame(FrameKind.HELLO, 1, RUN))[:10])  # then silence
         assert s.recv(1) == b""  # the server gave up on the half frame and closed
     assert inbox.frames == [] and t.stats().frames_received == 0
+
+
+def test_data_connections_use_the_transports_congestion_control(codec: FrameCodec) -> None:
+    # BBR (this kernel's default) starves one direction of a pair whose other direction is
+    # busy (see crew.transport.TCP_CONGESTION); every connection must carry the chosen one.
+    available = open("/proc/sys/net/ipv4/tcp_available_congestion_control").read().split()
+    if TCP_CONGESTION not in available:
+        pytest.skip(f"{TCP_CONGESTION} not in this kernel")
+    with closing(socket.create_server((LOOPBACK, 0))) as server:
+        stream = FrameStream.connect(server.getsockname(), codec, timeout=WAIT)
+        accepted, _ = server.accept()
+        inbound = FrameStream(accepted, codec)
+        try:
+            for s in (stream.sock, inbound.sock):
+                cc = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
+                assert cc.rstrip(b"\0").decode() == TCP_CONGESTION
+        finally:
+            stream.close()
+            inbound.close()

@@ -279,6 +279,72 @@ def make_bench_uniform(data: dict[str, Any]) -> Generated:
     )
 
 
+SLOWPAIR_MBIT = {(0, 1): 20, (0, 2): 40, (0, 3): 60, (1, 2): 80, (1, 3): 100, (2, 3): 30}
+
+
+def make_bench_slowpair(_: dict[str, Any]) -> Generated:
+    # p = n = 4 with one slow pair: a direct-only plan must push shares across the 20 Mbit/s
+    # pair, while routes through relays avoid it (issue 10's first case).
+    clouds = GENERIC_CLOUDS[:4]
+    return Generated(
+        "bench-slowpair.yaml",
+        _banner("bench-slowpair.yaml")
+        + "Benchmark topology: 4 workers in 4 clouds, symmetric pair rates 20, 40, 60, 80, 100\n"
+        + "and 30 Mbit/s; the 20 Mbit/s pair is the one a direct-only plan cannot avoid.",
+        {
+            "name": "bench-slowpair",
+            "description": "benchmark: 4 clouds, one slow pair (20-100 Mbit/s, symmetric)",
+            "intra_cloud_mbit": 1000,
+            "clouds": [{"name": c, "workers": 1} for c in clouds],
+            "links": [
+                {"between": [clouds[a], clouds[b]], "mbit": m}
+                for (a, b), m in SLOWPAIR_MBIT.items()
+            ],
+        },
+    )
+
+
+def make_bench_uniform4(_: dict[str, Any]) -> Generated:
+    return Generated(
+        "bench-uniform4.yaml",
+        _banner("bench-uniform4.yaml")
+        + "Benchmark topology: 4 workers in 4 clouds, every directed link 50 Mbit/s (p = n = 4:\n"
+        + "every directed link carries half the vector whatever the plan).",
+        {
+            "name": "bench-uniform4",
+            "description": "benchmark: 4 clouds, every pair 50 Mbit/s both ways",
+            "intra_cloud_mbit": 1000,
+            "defaults": {"mbit": 50},
+            "clouds": [{"name": c, "workers": 1} for c in GENERIC_CLOUDS[:4]],
+        },
+    )
+
+
+def _make_fast(n: int) -> Generated:
+    name = f"bench-fast{n}.yaml"
+    return Generated(
+        name,
+        _banner(name)
+        + f"Benchmark topology: {n} workers in {n} clouds, every directed link 1 Gbit/s:\n"
+        + "where the data path's CPU per byte, not the links, can bound an op.",
+        {
+            "name": f"bench-fast{n}",
+            "description": f"benchmark: {n} clouds, every pair 1 Gbit/s both ways",
+            "intra_cloud_mbit": 1000,
+            "defaults": {"mbit": 1000},
+            "clouds": [{"name": c, "workers": 1} for c in GENERIC_CLOUDS[:n]],
+        },
+    )
+
+
+def make_bench_fast2(_: dict[str, Any]) -> Generated:
+    return _make_fast(2)
+
+
+def make_bench_fast4(_: dict[str, Any]) -> Generated:
+    return _make_fast(4)
+
+
 MAKERS: tuple[Callable[[dict[str, Any]], Generated], ...] = (
     make_default,
     make_aws,
@@ -286,6 +352,10 @@ MAKERS: tuple[Callable[[dict[str, Any]], Generated], ...] = (
     make_small,
     make_bench_hetero,
     make_bench_uniform,
+    make_bench_slowpair,
+    make_bench_uniform4,
+    make_bench_fast2,
+    make_bench_fast4,
 )
 
 
