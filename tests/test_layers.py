@@ -29,6 +29,7 @@ PURE = frozenset(
         "crew.capacity",
         "crew.rejections",
         "crew.worker_control",
+        "crew.compress",
     }
 )
 IMPURE_FOR_PURE = (

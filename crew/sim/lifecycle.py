@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from crew import planner
-from crew.lifecycle import DEADLINE_FACTOR, MAX_REVISIONS
 from crew.grouping import Group, GroupFormer
+from crew.lifecycle import DEADLINE_FACTOR, MAX_REVISIONS
 from crew.schemes import GroupPlan, plan_group
 
 
