@@ -146,9 +146,8 @@ class Worker:
             return
         try:
             stream.send(control_frame(self.me, self.cfg.run_num, msg.to_dict()))
-        except OSError as exc:
+        except OSError as exc:  # the control reader notices too, and reconnects or stops
             log.warning("worker %d: control send failed: %s", self.me, exc)
-            self.stop_event.set()
 
     def _have_all(self, group: int, rev: int, bytes_sent: int) -> None:
         result = self.engine.result(group)
@@ -239,15 +238,40 @@ class Worker:
             except FrameError as exc:
                 log.warning("worker %d: bad control frame: %s", self.me, exc)
                 break
-            except OSError as exc:
+            except OSError as exc:  # StreamClosed included
                 log.warning("worker %d: lost the coordinator: %s", self.me, exc)
-                break
+                if self.stop_event.is_set() or not self._reconnect():
+                    break
+                continue
             try:
                 msg = proto.decode(control_body(frame))
                 self._dispatch(msg)
             except (FrameError, ValueError) as exc:  # ProtocolError, ReduceError, bad values
                 log.warning("worker %d: ignored control message: %s", self.me, exc)
         self.stop_event.set()
+
+    def _reconnect(self) -> bool:
+        """Wait for a restarted coordinator (the lab restarts it), register again, and end
+        the groups it abandoned at its restart; False if it does not come back."""
+        old, self.control = self.control, None
+        if old is not None:
+            old.close()
+        try:
+            if not self.connect():
+                return False
+        except ConnectionError as exc:
+            log.error("worker %d: %s", self.me, exc)
+            return False
+        with self._lock:
+            actions = self.ctl.coordinator_lost()
+            mine = self.ctl.my_group
+        for g in self.engine.groups():
+            if g != mine:
+                self.engine.finish(g)
+        for action in actions:
+            self._act(action, None)
+        log.info("worker %d: registered with the restarted coordinator", self.me)
+        return True
 
     def _dispatch(self, msg: proto.Message) -> None:
         with self._lock:
