@@ -29,6 +29,7 @@ from crew.config import RunConfig
 from crew.frames import COORDINATOR, FrameCodec, FrameError, control_body, control_frame
 from crew.grouping import GroupOutcome
 from crew.rundb import RunDB
+from crew.schemes import GROUP_SCHEMES
 from crew.transport import FrameStream
 
 log = logging.getLogger("crew.coordinator")
@@ -160,6 +161,18 @@ def resume_from_db(db: RunDB, life: lc.GroupLifecycle, now: float) -> int:
     if last is None:
         return 0
     life.former.continue_ids_after(int(last))
+    # What the lab changed at run time: p, the scheme, link rates (cuts: the probes tell).
+    meta = {r["key"]: r["value"] for r in db.query("SELECT key, value FROM meta")}
+    if "p" in meta:
+        life.former.set_p(int(meta["p"]))
+    if meta.get("scheme") in GROUP_SCHEMES:
+        life.scheme = meta["scheme"]
+    for r in db.query(
+        "SELECT src, dst, rate_mbit FROM link_state WHERE id IN"
+        " (SELECT MAX(id) FROM link_state GROUP BY src, dst)"
+    ):
+        if 0 <= r["src"] < life.cfg.n and 0 <= r["dst"] < life.cfg.n and r["src"] != r["dst"]:
+            life.capacity.set_link(int(r["src"]), int(r["dst"]), float(r["rate_mbit"]))
     open_ids = [int(r["id"]) for r in db.query("SELECT id FROM groups WHERE status='open'")]
     for gid in open_ids:
         db.execute(

@@ -95,8 +95,13 @@ def test_a_restarted_coordinator_abandons_the_open_groups_and_numbers_on(tmp_pat
     for m in (2, 3):
         run(db, life.handle(proto.Ready(m, 1, float(m), -1), 3.0))  # group 2: open at the crash
 
+    run(db, life.handle(proto.Admin("set_scheme", {"scheme": "preduce"}), 4.0))
+    db.execute(
+        "INSERT INTO link_state (t, src, dst, rate_mbit, up, reason) VALUES (4, 0, 1, 7.5, 1, 'x')"
+    )
     fresh = lc.GroupLifecycle(make_cfg(n=4, p=2))  # the restarted process
     assert resume_from_db(db, fresh, 5.0) == 1
+    assert fresh.scheme == "preduce" and fresh.capacity.planning[0, 1] == 7.5
     status = {r["id"]: (r["status"], r["reason"]) for r in db.query("SELECT * FROM groups")}
     assert status == {1: ("completed", None), 2: ("abandoned", RESTART_REASON)}
     for w in range(4):
