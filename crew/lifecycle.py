@@ -875,7 +875,7 @@ class GroupLifecycle:
             if dead and og.group.id in self.open:
                 u = dead[0]
                 phase = og.plan.phase_of(u.src, u.dst)
-                self._revise(og, now, f"link {u.src}->{u.dst} died during {phase}")
+                self._revise(og, now, f"link {u.src}->{u.dst} failed during {phase}")
 
     def _link_rates(self, msg: proto.LinkRates, now: float) -> None:
         """Fold measured arrival rates into the estimates; re-plan on drift ("measured" mode)."""

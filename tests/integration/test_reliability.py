@@ -51,6 +51,7 @@ from lab.cleanup import (
     remove_recorded,
     root_link_names,
 )
+from lab.pace import read_pace
 from lab.preflight import check
 from lab.runner import REPO, LabRun, lab_limits
 from lab.scenario import Scenario, ScenarioPlayer, load_scenario
@@ -67,7 +68,10 @@ WARM_GROUPS = 2  # the scenario clock starts once this many groups have complete
 WARM_WAIT_S = 240.0  # torch imports on 2 shared cores; eight workers take the longest
 SETTLE_WAIT_S = 150.0  # after the last step: time for every fault to be followed by a group
 EXACT = 1e-3  # verify_err below this: the group's average was right
-RETRY_LINK_S = 20.0  # crew.capacity.RETRY_LINK_S: a failed link re-enters plans after this
+RETRY_LINK_S = 20.0  # a cut link is out of plans at least this long after its failure
+PACE_MIN_SHARE = 0.2  # issue 16: no 10 s window below 20% of the pre-fault pace ...
+PACE_BACK_S = 15.0  # ... and back to 80% within 15 s of the last repair
+COORDINATOR_BACK_S = 5.0  # a killed coordinator: groups complete again within this
 STOP_WAIT_S = 60.0
 
 
@@ -117,6 +121,8 @@ CASES = [
     Case("contention", SMALL, 0.25),
     Case("random-link-failures", DEFAULT, 0.25, p=3),  # needs n >= 7
     Case("chaos", SMALL, 0.25),
+    Case("overlapping-faults", DEFAULT, 0.25, p=3),  # needs n >= 8
+    Case("coordinator-crash", SMALL, 0.25),
 ]
 
 
@@ -297,6 +303,28 @@ def _check_scenario_after(case: Case, db: Path, sc: Scenario, extra: dict) -> No
     elif case.file == "contention":
         assert len(extra["flows"]) == 4, "the two contention flows (source, sink) did not start"
         assert all(p.poll() is not None for p in extra["flows"]), "a contention flow still runs"
+    elif case.file == "overlapping-faults":
+        # The timeline is compressed x4, so the faults overlap even more than in the file;
+        # the pace is still asserted on 10 s windows, as for the full-length run.
+        conn = sqlite3.connect(db)
+        try:
+            start = rows(db, "SELECT value FROM meta WHERE key='started_at'")[0]["value"]
+            pace = read_pace(conn, float(start), time.time())
+        finally:
+            conn.close()
+        print(f"pace: {pace.describe()}")
+        assert pace.worst_share is not None and pace.worst_share >= PACE_MIN_SHARE, pace
+        assert pace.recovered_after_s is not None and pace.recovered_after_s <= PACE_BACK_S
+    elif case.file == "coordinator-crash":
+        kills = [c for c in applied if c["kind"] == "kill_coordinator"]
+        assert len(kills) == 2
+        for k in kills:
+            after = completed_groups(db, k["applied_at"])
+            assert after, "no group completed after the coordinator was killed"
+            back = min(g["ended_at"] for g in after) - k["applied_at"]
+            assert back <= COORDINATOR_BACK_S, f"groups completed again only {back:.1f} s later"
+        restarted = rows(db, "SELECT t FROM events WHERE message LIKE 'coordinator restarted by%'")
+        assert len(restarted) == 2
     elif case.file == "random-link-failures":
         cut = rows(db, "SELECT src, dst, up FROM link_state")
         assert len(cut) == 20 and not any(r["up"] for r in cut)
