@@ -26,7 +26,6 @@ next one, and the coordinator, the lab's single point of failure, killed mid-run
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 import subprocess
@@ -36,7 +35,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 from labkit import POLL_S, completed_groups, rows, small_opts, wait_until
 
@@ -536,65 +534,3 @@ def test_sigkilled_lab_is_cleaned_up_by_the_next_run(tmp_path: Path) -> None:
                 proc.wait(10)
         _remove_dead_lab(st1)
         _remove_dead_lab(st2)
-
-
-# -- the coordinator: the lab's single point of failure ----------------------------------------
-
-
-def test_coordinator_killed_workers_stop_with_models_saved(tmp_path: Path) -> None:
-    """The lab accepts the coordinator as a single point of failure: without it no group can
-    form or commit. What it guarantees is a clean stop: each worker notices the lost control
-    connection, stops on its own and saves its model, so no local update is lost, and the
-    teardown still removes everything."""
-    topo = load_topology(FOUR)
-    state_dir = tmp_path / "state"
-    run_dir = tmp_path / "run"
-    with LabRun(topo, check(topo), small_opts(), run_dir, state_dir=state_dir) as lab:
-        db = lab.db_path
-
-        # Warm: every worker has averaged at least once, so each has a model worth keeping.
-        def every_worker_averaged() -> bool:
-            seen = {m for g in completed_groups(db) for m in _members(g)}
-            return seen == set(range(topo.n))
-
-        wait_until(lab, every_worker_averaged, WARM_WAIT_S, "every worker in a completed group")
-        assert lab.coordinator is not None
-        coord_pid = lab.coordinator.pid
-        os.kill(coord_pid, signal.SIGKILL)
-        wait_until(
-            lab,
-            lambda: len(lab.exit_codes) == topo.n,
-            STOP_WAIT_S,
-            "every worker to stop on its own",
-        )
-        codes = dict(lab.exit_codes)
-        pids = [p.pid for p in lab.workers.values()] + [coord_pid]
-        tag = lab.tag
-        open_at_kill = {r["id"] for r in rows(db, "SELECT id FROM groups WHERE status='open'")}
-    assert codes == dict.fromkeys(range(topo.n), 0), f"workers did not stop cleanly: {codes}"
-    reported = {
-        r["worker"]: r["k"]
-        for r in rows(db, "SELECT worker, MAX(iteration) AS k FROM iterations GROUP BY worker")
-    }
-    assert set(reported) == set(range(topo.n))
-    for i in range(topo.n):
-        with np.load(run_dir / "checkpoints" / f"w{i}.pt", allow_pickle=False) as ck:
-            assert int(ck["iteration"]) >= reported[i], (
-                f"worker {i} saved iteration {int(ck['iteration'])}, reported {reported[i]}"
-            )
-            assert ck["vector"].size > 0 and np.isfinite(ck["vector"]).all()
-    assert all(_gone(pid) for pid in pids)
-    assert not _tag_links(tag)
-    assert not list(state_dir.glob("*.json")), "the lab's state file was not removed"
-    # Nobody is left to close the groups that were open when it died: the audit says so, and
-    # nothing else. Every local update is averaged or held in a checkpoint.
-    report = lab_audit.audit(run_dir)
-    assert report.check(lab_audit.NO_LOST_UPDATES).ok, report.check(lab_audit.NO_LOST_UPDATES)
-    failed = {c.name for c in report.violations}
-    assert failed == ({lab_audit.GROUPS_ENDED} if open_at_kill else set()), [
-        (c.name, c.detail) for c in report.violations
-    ]
-    print(
-        f"\ncoordinator killed: workers exited {codes}; groups left open {sorted(open_at_kill)};"
-        f" audit: {report.check(lab_audit.NO_LOST_UPDATES).detail}"
-    )
