@@ -379,7 +379,7 @@ class GroupLifecycle:
     def stall_after(self, plan: GroupPlan) -> float:
         """How long a revision may receive no data before it counts as stalled.
 
-        A few progress reports (every ``PROGRESS_S`` on the workers) and a few times its
+        A few progress reports (every ``crew.worker.HEALTH_S``) and a few times its
         predicted time, so a revision queued behind another group's parts on a link is not
         taken for a stalled one."""
         return max(STALL_MIN_S, STALL_FACTOR * plan.predicted_s)
