@@ -469,7 +469,8 @@ class LabRun:
                 "fault", f"coordinator exited with code {coord.returncode}", level="error"
             )
             self._forget_root(coord)
-            if self.coordinator_restarts < MAX_COORDINATOR_RESTARTS:
+            # Exit code 0: it was asked to stop (admin "stop", SIGTERM), so the run is ending.
+            if coord.returncode != 0 and self.coordinator_restarts < MAX_COORDINATOR_RESTARTS:
                 # It resumes the run from the database (crew.coordinator.resume_from_db); the
                 # workers reconnect to it by themselves.
                 self.coordinator_restarts += 1
