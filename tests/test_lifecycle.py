@@ -272,15 +272,6 @@ def test_measured_drift_replans_new_groups() -> None:
     assert life.capacity.planning[0, 1] < 75.0
 
 
-def test_link_retry_is_recorded_on_tick() -> None:
-    life = started()
-    life.handle(proto.LinkFailed(0, 0, 1, "reset"), 1.0)
-    assert life.tick(10.0) == [] or life.capacity.planning[0, 1] == 0.0
-    outs = life.tick(1.0 + 20.0)
-    assert "retrying link 0->1 in new plans" in events(outs, "recovery")
-    assert life.capacity.planning[0, 1] == 100.0
-
-
 def test_reregistration_forgets_link_failures() -> None:
     life = started()
     life.handle(proto.LinkFailed(0, 0, 1, "reset"), 1.0)
