@@ -411,7 +411,6 @@ def test_a_probed_dead_link_revises_at_once_and_returns_when_probes_pass() -> No
 
 def test_a_link_failed_with_data_is_not_retried_before_its_probes_pass() -> None:
     life = started()
-    form(life, (0, 1))
     life.handle(proto.LinkFailed(0, 0, 2, "no progress"), 2.0)
     for t in (5.0, 30.0, 100.0):
         beat(life, t)
