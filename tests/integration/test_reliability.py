@@ -49,7 +49,7 @@ from lab.cleanup import (
     remove_recorded,
     root_link_names,
 )
-from lab.pace import read_pace
+from lab.pace import WINDOW_S, read_pace
 from lab.preflight import check
 from lab.runner import REPO, LabRun, lab_limits
 from lab.scenario import Scenario, ScenarioPlayer, load_scenario
@@ -227,6 +227,15 @@ def _scenario_specific(case: Case, lab: LabRun, sc: Scenario) -> Callable[[], bo
             )
 
         return failed_over
+    if case.file == "overlapping-faults":
+        # Run on past the last repair long enough to see the pace come back (one 10 s window
+        # within PACE_BACK_S of it).
+        def paced() -> bool:
+            last = max((c["applied_at"] for c in _applied(db)), default=None)
+            steps_done = len(_applied(db)) == len(sc.steps)
+            return steps_done and time.time() >= last + PACE_BACK_S + WINDOW_S
+
+        return paced
     if case.file == "random-link-failures":
         return lambda: bool(
             rows(
