@@ -13,9 +13,14 @@ Three matrices, in Mbit/s, ``[src, dst]``, diagonal ``inf``:
   estimate once it drifts more than ``DRIFT`` (relative) from what is planned; 0 for a failed
   link until its retry.
 
-A failed link is tried again ``RETRY_LINK_S`` after its failure, doubling on each further
-failure of the same link: a failure may be transient, and with TCP a one-way cut also fails the
-reverse direction (its ACKs are lost), which nobody would ever report repaired.
+Dead links (docs/architecture.md §5): each receiver's probes (``crew.probes``) say whether a
+directed link is alive. A link a receiver reports dead is planned at 0 at once, and so is its
+reverse direction: the data plane is TCP, whose ACKs travel the other way. It returns when the
+probes say both directions are alive again. A link a sender reports failed with data (a reset,
+no progress) is planned at 0 too, and returns only once a probe report from its receiver, made
+after the failure, says it is alive, and not before ``RETRY_LINK_S`` (doubling on each further
+failure of the same link, up to ``RETRY_MAX_S``): a link that passes probes but stalls data is
+not tried again at once. No link is ever tried again blind, by sending a group's data into it.
 
 Committed capacity (:meth:`CapacityView.residual`): a new group is planned on what groups in
 flight leave. Each open group is assumed ``elapsed / predicted`` done, so the bytes its plan
@@ -35,15 +40,18 @@ import numpy as np
 
 from crew import planner
 
-RETRY_LINK_S = 20.0  # a failed link is tried again after this, doubling on each failure
+RETRY_LINK_S = 2.0  # a failed link waits this long for probes, doubling on each failure
+RETRY_MAX_S = 60.0
 EWMA = 0.3  # weight of a new rate measurement
 DRIFT = 0.25  # relative change of a link's estimate that makes the planner use it
 TCP_GOODPUT = 0.95  # payload share of the frames HTB counts (docs/architecture.md §5)
 
 
 class LinkChange(enum.Enum):
-    FAILED = "failed"  # a sender reported the link broken: planned at 0 until its retry
-    RETRIED = "retried"  # its retry time came: planned at its configured rate again
+    FAILED = "failed"  # a sender reported the link broken: planned at 0 until probes pass
+    RETRIED = "retried"  # probes passed after the failure and its wait: back in plans
+    DEAD = "dead"  # probes: this link or its reverse is dead (planned at 0)
+    ALIVE = "alive"  # probes: both directions alive again (back in plans)
     DRIFTED = "drifted"  # measured mode: the estimate replaced the planned rate
 
 
@@ -69,8 +77,10 @@ class InFlight:
 
 @dataclass(frozen=True)
 class FailedLink:
+    since: float
     retry_at: float
     tries: int
+    probed: bool = False  # a probe report after ``since`` said the link is alive
 
 
 class CapacityView:
@@ -86,6 +96,7 @@ class CapacityView:
         self.configured = bw.copy()
         self.estimated = bw.copy()
         self.failed: dict[tuple[int, int], FailedLink] = {}
+        self.dead: set[tuple[int, int]] = set()  # directed links their receiver's probes call dead
 
     @property
     def n(self) -> int:
@@ -97,21 +108,65 @@ class CapacityView:
         if was <= 0:
             return None
         tries = self.failed[(src, dst)].tries + 1 if (src, dst) in self.failed else 1
-        self.failed[(src, dst)] = FailedLink(now + RETRY_LINK_S * 2 ** (tries - 1), tries)
+        wait = min(RETRY_MAX_S, RETRY_LINK_S * 2 ** (tries - 1))
+        self.failed[(src, dst)] = FailedLink(now, now + wait, tries)
         self.planning[src, dst] = 0.0
         return LinkUpdate(LinkChange.FAILED, src, dst, 0.0, was)
 
     def retry_due(self, now: float) -> list[LinkUpdate]:
-        """Failed links whose retry time has come go back to their configured rate.
+        """Failed links whose probes passed since the failure, and whose wait is over, go back
+        to their configured rate.
 
         They stay in ``failed`` so that a further failure doubles the wait."""
         updates = []
         for (src, dst), f in self.failed.items():
-            if f.retry_at <= now and self.planning[src, dst] == 0.0:
+            if f.probed and f.retry_at <= now and self.planning[src, dst] == 0.0:
+                if self._probed_dead(src, dst):
+                    continue
                 rate = float(self.configured[src, dst])
                 self.planning[src, dst] = self.estimated[src, dst] = rate
                 updates.append(LinkUpdate(LinkChange.RETRIED, src, dst, rate, 0.0))
         return updates
+
+    def _probed_dead(self, src: int, dst: int) -> bool:
+        return (src, dst) in self.dead or (dst, src) in self.dead
+
+    def probe_report(self, dst: int, down: Iterable[int], now: float) -> list[LinkUpdate]:
+        """Receiver ``dst``'s probes: the links ``src -> dst`` for ``src`` in ``down`` are dead,
+        the others alive. Returns the changes of planned rates (both directions of a link)."""
+        down_set = {int(s) for s in down}
+        updates = []
+        for src in range(self.n):
+            if src == dst:
+                continue
+            if src in down_set:
+                if (src, dst) in self.dead:
+                    continue
+                self.dead.add((src, dst))
+                for a, b in ((src, dst), (dst, src)):
+                    was = float(self.planning[a, b])
+                    if was > 0:
+                        self.planning[a, b] = 0.0
+                        updates.append(LinkUpdate(LinkChange.DEAD, a, b, 0.0, was))
+                continue
+            f = self.failed.get((src, dst))
+            if f is not None and not f.probed and now > f.since:
+                self.failed[(src, dst)] = FailedLink(f.since, f.retry_at, f.tries, probed=True)
+            if (src, dst) not in self.dead:
+                continue
+            self.dead.discard((src, dst))
+            for a, b in ((src, dst), (dst, src)):
+                if self.planning[a, b] == 0.0 and not self._probed_dead(a, b):
+                    if (a, b) in self.failed and not self._retry_passed(a, b, now):
+                        continue
+                    rate = float(self.configured[a, b])
+                    self.planning[a, b] = self.estimated[a, b] = rate
+                    updates.append(LinkUpdate(LinkChange.ALIVE, a, b, rate, 0.0))
+        return updates
+
+    def _retry_passed(self, src: int, dst: int, now: float) -> bool:
+        f = self.failed[(src, dst)]
+        return f.probed and f.retry_at <= now
 
     def measure(self, dst: int, samples: Iterable[Sequence[float]]) -> list[LinkUpdate]:
         """Fold a receiver's ``[src, bytes, seconds]`` samples into the estimates.
@@ -138,16 +193,22 @@ class CapacityView:
     def forget_worker(self, worker: int) -> None:
         """A (re)started worker is a new process: failures of links to or from its predecessor
         (peers' connections to it were reset when it died) say nothing about its links."""
+        # Its own probe reports start afresh; its peers' reports of its links stand.
+        self.dead = {(s, d) for s, d in self.dead if d != worker}
         for src, dst in list(self.failed):
             if worker in (src, dst):
                 del self.failed[(src, dst)]
-                self.planning[src, dst] = self.estimated[src, dst] = self.configured[src, dst]
+        for src in range(self.n):
+            for a, b in ((src, worker), (worker, src)):
+                if a != b and self.planning[a, b] == 0.0 and not self._probed_dead(a, b):
+                    self.planning[a, b] = self.estimated[a, b] = self.configured[a, b]
 
     def set_link(self, src: int, dst: int, rate_mbit: float) -> None:
         """The lab changed a link's configured rate: plan on it from now on."""
         rate = max(float(rate_mbit), 0.0)
-        self.planning[src, dst] = self.configured[src, dst] = self.estimated[src, dst] = rate
+        self.configured[src, dst] = self.estimated[src, dst] = rate
         self.failed.pop((src, dst), None)
+        self.planning[src, dst] = 0.0 if self._probed_dead(src, dst) else rate
 
     def residual(self, in_flight: Iterable[InFlight], now: float) -> np.ndarray:
         """``planning`` minus what the groups in flight still send (see the module doc)."""

@@ -29,6 +29,7 @@ from crew.config import RunConfig
 from crew.frames import COORDINATOR, FrameCodec, FrameError, control_body, control_frame
 from crew.grouping import GroupOutcome
 from crew.rundb import RunDB
+from crew.schemes import GROUP_SCHEMES
 from crew.transport import FrameStream
 
 log = logging.getLogger("crew.coordinator")
@@ -145,6 +146,48 @@ def write_record(db: RunDB, rec: lc.Output) -> None:
         )
 
 
+RESTART_REASON = "coordinator restarted"
+
+
+def resume_from_db(db: RunDB, life: lc.GroupLifecycle, now: float) -> int:
+    """A coordinator started on a run database that already has groups: it restarts a run.
+
+    The groups open at the crash are abandoned explicitly (``RESTART_REASON``): their members
+    abandon them too when they reconnect (``crew.worker_control``), keeping their own models,
+    so no update is lost. New groups take ids after the recorded ones. Workers, their readiness
+    and the link states come back as the workers re-register and report. Returns how many
+    groups were abandoned."""
+    last = db.query("SELECT MAX(id) AS m FROM groups")[0]["m"]
+    if last is None:
+        return 0
+    life.former.continue_ids_after(int(last))
+    # What the lab changed at run time: p, the scheme, link rates (cuts: the probes tell).
+    meta = {r["key"]: r["value"] for r in db.query("SELECT key, value FROM meta")}
+    if "p" in meta:
+        life.former.set_p(int(meta["p"]))
+    if meta.get("scheme") in GROUP_SCHEMES:
+        life.scheme = meta["scheme"]
+    for r in db.query(
+        "SELECT src, dst, rate_mbit FROM link_state WHERE id IN"
+        " (SELECT MAX(id) FROM link_state GROUP BY src, dst)"
+    ):
+        if 0 <= r["src"] < life.cfg.n and 0 <= r["dst"] < life.cfg.n and r["src"] != r["dst"]:
+            life.capacity.set_link(int(r["src"]), int(r["dst"]), float(r["rate_mbit"]))
+    open_ids = [int(r["id"]) for r in db.query("SELECT id FROM groups WHERE status='open'")]
+    for gid in open_ids:
+        db.execute(
+            "UPDATE groups SET status=?, ended_at=?, reason=? WHERE id=?",
+            (GroupOutcome.ABANDONED.value, now, RESTART_REASON, gid),
+        )
+    db.event(
+        "recovery",
+        f"coordinator restarted: {len(open_ids)} open group(s) abandoned, ids go on after {last}",
+        data={"abandoned": open_ids},
+        t=now,
+    )
+    return len(open_ids)
+
+
 class Coordinator:
     """One run's coordinator; ``run()`` serves until stopped (admin "stop", SIGTERM)."""
 
@@ -161,6 +204,7 @@ class Coordinator:
         self._conn_lock = threading.Lock()
         self.listener = socket.create_server((host, port), reuse_port=False)
         self.port = self.listener.getsockname()[1]
+        resume_from_db(db, self.life, time.time())
 
     # -- network -----------------------------------------------------------------------------
 

@@ -70,6 +70,7 @@ class FrameKind(enum.IntEnum):
     HELLO = 5  # first frame on every data-plane connection: names the sender
     PAYLOAD = 6  # opaque bulk data (baselines, benchmarks)
     PRESCATTER = 7  # non-blocking mode: an unweighted part sent before its group exists
+    PROBE = 8  # a link probe (crew.probes), UDP: names its receiver in ``block``
 
 
 class FrameError(Exception):

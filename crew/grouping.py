@@ -269,6 +269,10 @@ class GroupFormer:
 
     # ---- configuration ------------------------------------------------------------------
 
+    def continue_ids_after(self, last_id: int) -> None:
+        """A restarted coordinator: new groups take ids after those already recorded."""
+        self._next_id = max(self._next_id, last_id + 1)
+
     @property
     def n(self) -> int:
         return self._n

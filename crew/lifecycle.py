@@ -17,9 +17,18 @@ and when something breaks while it is open:
   themselves; with no survivor left the group is abandoned;
 * an aggregator that is no member dies, or a link the plan uses fails: a new revision is
   planned on what is left (the LP moves the blocks to backup aggregators);
-* no revision completes within its deadline (:meth:`GroupLifecycle.deadline_for`), or
-  revisions run out (``MAX_REVISIONS``): the group is abandoned, its members keep their own
-  models and train on. Every outcome is recorded: no group is left hanging.
+* a revision stops moving data (the workers' ``LinkHealth`` progress reports show no new bytes
+  for ``stall_after``, see :meth:`GroupLifecycle.stall_after`): a new revision is planned at
+  once; a revision that keeps moving bytes is left alone up to its hard deadline
+  (:meth:`GroupLifecycle.deadline_for`, a generous multiple of the prediction);
+* no revision completes within its deadline, or revisions run out (``MAX_REVISIONS``): the
+  group is abandoned, its members keep their own models and train on. Every outcome is
+  recorded: no group is left hanging.
+
+Links: the receivers' probes (``crew.probes``, reported in ``LinkHealth``) take dead links out
+of plans at once and put them back when they pass again; a link a sender reports failed with
+data returns only after its probes pass (``crew.capacity``). A group whose plan uses a link
+that just died is revised at once.
 
 Plans are made on ``capacity.residual`` (committed capacity, when ``cfg.committed_capacity``)
 and the recorded lower bound on ``capacity.planning`` (see ``crew.capacity``).
@@ -52,6 +61,8 @@ log = logging.getLogger("crew.lifecycle")
 
 MAX_REVISIONS = 8
 DEADLINE_FACTOR = 10.0  # a revision may take this many times its predicted time
+STALL_MIN_S = 3.0  # a revision that received no data for this long (at least) has stalled
+STALL_FACTOR = 3.0  # ... or for this many times its predicted time, if longer
 
 PlanFn = Callable[..., GroupPlan]  # plan_group(scheme, bw, members, size, active=, seed=)
 PlanNonblockingFn = Callable[..., GroupPlan]  # plan_group_nonblocking(..., sent, a2a, active=)
@@ -214,6 +225,8 @@ class OpenGroup:
     prescatter: list[list[int]] = field(default_factory=list)  # rev 0 of a non-blocking group
     split_epoch: int = -1
     rev_started: float = 0.0
+    received: dict[int, int] = field(default_factory=dict)  # worker -> bytes of this revision
+    moved_at: float = 0.0  # when this revision last received data (or was assigned)
 
 
 @dataclass(frozen=True)
@@ -234,6 +247,8 @@ class OpenGroupState:
     prescatter: tuple[tuple[int, ...], ...]
     split_epoch: int
     rev_started: float
+    received: tuple[tuple[int, int], ...] = ()
+    moved_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -291,6 +306,9 @@ class GroupLifecycle:
         self.split_epoch = -1
         self.ready_at: dict[int, tuple[float, int]] = {}  # worker -> (time, split epoch used)
         self.rejections = RejectionLimiter()
+        # Whether the workers report their groups' progress (LinkHealth): only then can a
+        # revision be judged stalled before its hard deadline.
+        self.progress_reported = False
         self._out: list[Output] = []
 
     # -- the public calls --------------------------------------------------------------------
@@ -327,6 +345,10 @@ class GroupLifecycle:
         for og in list(self.open.values()):
             if now > og.deadline:
                 self._revise(og, now, f"revision {og.rev} missed its deadline")
+            elif self.progress_reported and now - og.moved_at > self.stall_after(og.plan):
+                self._revise(
+                    og, now, f"revision {og.rev} received no data for {now - og.moved_at:.1f} s"
+                )
         if self.trace is not None:
             self._next_trace_group(now)
         else:
@@ -347,8 +369,20 @@ class GroupLifecycle:
         return self._take()
 
     def deadline_for(self, plan: GroupPlan, now: float) -> float:
-        """When a revision assigned at ``now`` with ``plan`` is given up."""
+        """When a revision assigned at ``now`` with ``plan`` is given up, however it moves.
+
+        A safety net only: a revision that stops moving data is revised after
+        :meth:`stall_after` (when the workers report progress); one that moves at its planned
+        rate ends near its predicted time, far before this."""
         return now + max(self.cfg.group_timeout_min_s, DEADLINE_FACTOR * plan.predicted_s)
+
+    def stall_after(self, plan: GroupPlan) -> float:
+        """How long a revision may receive no data before it counts as stalled.
+
+        A few progress reports (every ``crew.worker.HEALTH_S``) and a few times its
+        predicted time, so a revision queued behind another group's parts on a link is not
+        taken for a stalled one."""
+        return max(STALL_MIN_S, STALL_FACTOR * plan.predicted_s)
 
     def alive(self) -> list[int]:
         return sorted(w for w in self.former.alive() if w in self.connected)
@@ -371,6 +405,8 @@ class GroupLifecycle:
                     prescatter=tuple(tuple(s) for s in og.prescatter),
                     split_epoch=og.split_epoch,
                     rev_started=og.rev_started,
+                    received=tuple(sorted(og.received.items())),
+                    moved_at=og.moved_at,
                 )
                 for og in self.open.values()
             ),
@@ -399,6 +435,8 @@ class GroupLifecycle:
                 prescatter=[list(p) for p in s.prescatter],
                 split_epoch=s.split_epoch,
                 rev_started=s.rev_started,
+                received=dict(s.received),
+                moved_at=s.moved_at,
             )
             for s in snap.open_groups
         }
@@ -462,6 +500,8 @@ class GroupLifecycle:
             self._link_failed(msg.src, msg.dst, msg.reason, now)
         elif isinstance(msg, proto.LinkRates):
             self._link_rates(msg, now)
+        elif isinstance(msg, proto.LinkHealth):
+            self._link_health(msg, now)
         elif isinstance(msg, proto.Rejected):
             for note in self.rejections.rejected(worker, msg.reason, msg.peer, now):
                 self._security_event(note, now)
@@ -621,6 +661,8 @@ class GroupLifecycle:
         og.rev_started = now
         og.have_all = set()
         og.result_projs = {}
+        og.received = {}
+        og.moved_at = now
         og.deadline = self.deadline_for(og.plan, now)
         for w in sorted(og.participants):
             self._send(w, msg)
@@ -760,8 +802,28 @@ class GroupLifecycle:
             self._event(
                 now,
                 "recovery",
-                f"retrying link {u.src}->{u.dst} in new plans",
-                data={"src": u.src, "dst": u.dst},
+                f"link {u.src}->{u.dst} back in plans: its probes pass again",
+                data={"src": u.src, "dst": u.dst, "probe": True},
+            )
+        elif u.kind is LinkChange.ALIVE:
+            self._event(
+                now,
+                "recovery",
+                f"link {u.src}->{u.dst} alive again (probes): back in plans",
+                data={"src": u.src, "dst": u.dst, "probe": True},
+            )
+        elif u.kind is LinkChange.DEAD:
+            self._event(
+                now,
+                "fault",
+                f"link {u.src}->{u.dst} failed: "
+                + (
+                    "no probes arrive"
+                    if (u.src, u.dst) in self.capacity.dead
+                    else f"no probes arrive on {u.dst}->{u.src}, which carries its ACKs"
+                ),
+                level=Level.WARNING,
+                data={"src": u.src, "dst": u.dst, "probe": True},
             )
         else:
             self._event(
@@ -788,6 +850,32 @@ class GroupLifecycle:
             if og.plan.uses(src, dst):
                 phase = og.plan.phase_of(src, dst)
                 self._revise(og, now, f"link {src}->{dst} failed during {phase}")
+
+    def _link_health(self, msg: proto.LinkHealth, now: float) -> None:
+        """Probe states of the links into ``msg.worker``, and its groups' progress."""
+        self.progress_reported = True
+        if any(not 0 <= s < self.cfg.n for s in msg.down):
+            raise proto.ProtocolError(f"link_health.down: {msg.down} names no worker of this run")
+        for entry in msg.received:
+            if len(entry) != 3:
+                raise proto.ProtocolError(f"link_health.received: {entry} is not [group, rev, n]")
+            og = self.open.get(entry[0])
+            if og is not None and entry[1] == og.rev:
+                if entry[2] > og.received.get(msg.worker, 0):
+                    og.received[msg.worker] = entry[2]
+                    og.moved_at = now
+        updates = self.capacity.probe_report(msg.worker, msg.down, now)
+        for u in updates:
+            self._link_event(u, now)
+        if not updates:
+            return
+        self._update_split()
+        for og in list(self.open.values()):
+            dead = [u for u in updates if u.kind is LinkChange.DEAD and og.plan.uses(u.src, u.dst)]
+            if dead and og.group.id in self.open:
+                u = dead[0]
+                phase = og.plan.phase_of(u.src, u.dst)
+                self._revise(og, now, f"link {u.src}->{u.dst} failed during {phase}")
 
     def _link_rates(self, msg: proto.LinkRates, now: float) -> None:
         """Fold measured arrival rates into the estimates; re-plan on drift ("measured" mode)."""

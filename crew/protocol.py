@@ -8,7 +8,7 @@ so a bad message is dropped with a warning instead of crashing the receiver.
 Who sends what::
 
     worker -> coordinator   Register, Heartbeat, Ready, Metrics, HaveAll, LinkFailed,
-                            LinkRates, Rejected, OpTime
+                            LinkRates, LinkHealth, Rejected, OpTime
     coordinator -> worker   Assign, Split, Commit, Abandon, SetSlowdown, Stop
     lab -> coordinator      Admin (set_p, set_scheme, set_link, stop)
 """
@@ -104,6 +104,20 @@ class LinkRates(Message):
     TYPE: ClassVar[str] = "link_rates"
     worker: int
     samples: list[list[float]]
+
+
+@dataclass(frozen=True)
+class LinkHealth(Message):
+    """What this worker sees, sent on every change of a link's probe state and periodically.
+
+    ``down``: peers whose probes stopped arriving (``crew.probes``): the links ``src -> worker``
+    are dead. ``received``: ``[group, rev, bytes]``, the group data bytes this worker received
+    per open group revision so far, so the coordinator sees which groups still move."""
+
+    TYPE: ClassVar[str] = "link_health"
+    worker: int
+    down: list[int]
+    received: list[list[int]]
 
 
 @dataclass(frozen=True)
@@ -216,6 +230,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         HaveAll,
         LinkFailed,
         LinkRates,
+        LinkHealth,
         Rejected,
         OpTime,
         Assign,

@@ -36,6 +36,7 @@ import numpy as np
 from crew import protocol as proto
 from crew.config import RunConfig
 from crew.frames import Frame, FrameCodec, FrameError, FrameKind, control_body, control_frame
+from crew.probes import LinkStateChange, Prober
 from crew.reduce import ReduceEngine, prescatter_frames
 from crew.transport import FlowOrder, FrameStream, Transport
 from crew.verify import check_vector, project
@@ -56,6 +57,9 @@ from crew.worker_control import (
 log = logging.getLogger("crew.worker")
 
 CONNECT_ATTEMPTS = 60  # x 0.5 s: the coordinator may start a moment after the workers
+HEALTH_S = 0.5  # LinkHealth (probe states, group progress) period; changes go at once
+PROGRESS_KEYS = 64  # group revisions whose received bytes are remembered
+GROUP_DATA = (FrameKind.SCATTER, FrameKind.RESULT, FrameKind.RELAY)
 
 
 class Worker:
@@ -86,7 +90,7 @@ class Worker:
             (cfg.identities[me], cfg.data_port),
             peers,
             self.codec,
-            on_frame=self.engine.on_frame,
+            on_frame=self._on_data_frame,
             on_send_error=self._send_failed,
             on_reject=self._rejected,
             flow_order=FlowOrder(cfg.flow_order),
@@ -94,6 +98,11 @@ class Worker:
         )
         self.control: FrameStream | None = None
         self.rejected = 0
+        self.prober = Prober(
+            me, (cfg.identities[me], cfg.data_port), peers, self.codec, self._link_changed
+        )
+        self._received: dict[tuple[int, int], int] = {}  # (group, rev) -> data bytes in
+        self._received_lock = threading.Lock()
 
     def _make_trainer(self):  # noqa: ANN202 - torch types stay out of this module's imports
         from crew.datasets import Partition, load_split, shard
@@ -137,9 +146,8 @@ class Worker:
             return
         try:
             stream.send(control_frame(self.me, self.cfg.run_num, msg.to_dict()))
-        except OSError as exc:
+        except OSError as exc:  # the control reader notices too, and reconnects or stops
             log.warning("worker %d: control send failed: %s", self.me, exc)
-            self.stop_event.set()
 
     def _have_all(self, group: int, rev: int, bytes_sent: int) -> None:
         result = self.engine.result(group)
@@ -156,6 +164,35 @@ class Worker:
             len(unsent),
         )
         self._tell(proto.LinkFailed(self.me, self.me, dst, str(err)[:200]))
+
+    def _on_data_frame(self, frame: Frame) -> None:
+        if frame.kind in GROUP_DATA:
+            with self._received_lock:
+                key = (frame.group, frame.rev)
+                self._received[key] = self._received.pop(key, 0) + frame.nbytes
+                if len(self._received) > PROGRESS_KEYS:
+                    del self._received[next(iter(self._received))]  # the least recent
+        self.engine.on_frame(frame)
+
+    def _health(self) -> proto.LinkHealth:
+        with self._received_lock:
+            received = [[g, r, b] for (g, r), b in self._received.items()]
+        return proto.LinkHealth(self.me, self.prober.down(), received)
+
+    def _link_changed(self, change: LinkStateChange) -> None:
+        log.warning(
+            "worker %d: link %d->%d %s (probes; %.1f s since the last one)",
+            self.me,
+            change.src,
+            change.dst,
+            "alive" if change.alive else "dead",
+            change.silent_s,
+        )
+        self._tell(self._health())
+
+    def _health_reports(self) -> None:
+        while not self.stop_event.wait(HEALTH_S):
+            self._tell(self._health())
 
     def _rejected(self, peer: tuple[str, int], err: FrameError) -> None:
         self.rejected += 1
@@ -201,15 +238,40 @@ class Worker:
             except FrameError as exc:
                 log.warning("worker %d: bad control frame: %s", self.me, exc)
                 break
-            except OSError as exc:
+            except OSError as exc:  # StreamClosed included
                 log.warning("worker %d: lost the coordinator: %s", self.me, exc)
-                break
+                if self.stop_event.is_set() or not self._reconnect():
+                    break
+                continue
             try:
                 msg = proto.decode(control_body(frame))
                 self._dispatch(msg)
             except (FrameError, ValueError) as exc:  # ProtocolError, ReduceError, bad values
                 log.warning("worker %d: ignored control message: %s", self.me, exc)
         self.stop_event.set()
+
+    def _reconnect(self) -> bool:
+        """Wait for a restarted coordinator (the lab restarts it), register again, and end
+        the groups it abandoned at its restart; False if it does not come back."""
+        old, self.control = self.control, None
+        if old is not None:
+            old.close()
+        try:
+            if not self.connect():
+                return False
+        except ConnectionError as exc:
+            log.error("worker %d: %s", self.me, exc)
+            return False
+        with self._lock:
+            actions = self.ctl.coordinator_lost()
+            mine = self.ctl.my_group
+        for g in self.engine.groups():
+            if g != mine:
+                self.engine.finish(g)
+        for action in actions:
+            self._act(action, None)
+        log.info("worker %d: registered with the restarted coordinator", self.me)
+        return True
 
     def _dispatch(self, msg: proto.Message) -> None:
         with self._lock:
@@ -369,6 +431,7 @@ class Worker:
 
     def run(self) -> int:
         self.transport.start()
+        self.prober.start()
         gloo = self.cfg.scheme == "gloo"
         try:
             if not self.connect():
@@ -376,6 +439,7 @@ class Worker:
                 return 0
             threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
             threading.Thread(target=self._control_reader, name="control", daemon=True).start()
+            threading.Thread(target=self._health_reports, name="health", daemon=True).start()
             if self.bench and gloo:
                 self._bench_gloo()
             elif self.bench:
@@ -396,6 +460,7 @@ class Worker:
             if self.control is not None:
                 self.control.close()
             self.transport.close()
+            self.prober.close()
         return 0
 
 

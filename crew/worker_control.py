@@ -85,6 +85,9 @@ class StopWorker:
 Action = JoinGroup | CancelPrescatter | DeliverOutcome | FinishCarried | SetSlowdown | StopWorker
 
 
+NO_GROUP = -1  # the outcome of an offer that no group took
+
+
 class Settlement(enum.Enum):
     """What the training loop does with its group's outcome."""
 
@@ -142,6 +145,15 @@ class WorkerControl:
         if isinstance(msg, proto.Stop):
             return [StopWorker(msg.reason)]
         raise proto.ProtocolError(f"type: {msg.TYPE!r} is not for workers")
+
+    def coordinator_lost(self) -> list[Action]:
+        """The worker reached a restarted coordinator, which abandoned every group open at its
+        crash (``crew.coordinator.resume_from_db``) and knows of no offer: the member's group,
+        or an offer no group took yet, ends as abandoned, and the worker trains on."""
+        if not self.offered or self.bench:
+            return []
+        group = NO_GROUP if self.my_group is None else self.my_group
+        return [DeliverOutcome(Outcome(group, False, "coordinator restarted"))]
 
     def settle(self, outcome: Outcome, *, have_result: bool) -> tuple[Settlement, Action]:
         """The training loop took its group's outcome: what to do with the model, and the

@@ -449,6 +449,9 @@ class Page:
             self.send(K.RESTART_WORKER, {"worker": worker})
         if slow:
             self.send(K.SLOW_WORKER, {"worker": worker, "factor": factor})
+        # The lab restarts a killed coordinator, which resumes the run from the database.
+        if st.button("Kill coordinator", key="kill_coordinator_submit"):
+            self.send(K.KILL_COORDINATOR, {})
 
         with st.form("cut_link_form"):
             st.markdown("**Cut / restore a link**")

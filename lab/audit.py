@@ -37,7 +37,8 @@ Checks (violations make ``ok`` false):
     *lost to crash* if c is finite (reported, not a violation); otherwise it is a violation.
 
 Information only (never violations): ``groups`` (counts by status), ``rounds per worker``
-(completed groups each worker was a member of) and ``lost to crash`` (per worker).
+(completed groups each worker was a member of), ``lost to crash`` (per worker) and ``pace``
+(completed groups per 10 s against the rate before the first fault, ``lab.pace``).
 
 Cost: one pass over each table and a sort per worker; each reported iteration bisects its
 worker's groups and scans forward to the first that averaged it (usually the next one).
@@ -64,6 +65,7 @@ from typing import Any
 import numpy as np
 
 from crew import rundb
+from lab.pace import Pace, read_pace
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,7 @@ NO_LOST_UPDATES = "no lost updates"
 INFO_GROUPS = "groups"
 INFO_ROUNDS = "rounds per worker"
 INFO_LOST_TO_CRASH = "lost to crash"
+INFO_PACE = "pace"
 
 _CRASH_PATTERNS = (
     re.compile(r"\bkill worker (\d+)\b"),
@@ -167,6 +170,7 @@ def audit(
         ]
         crashes = _read_crashes(conn)
         run_end = _run_end(conn)
+        pace = _read_pace(conn, run_end)
     finally:
         conn.close()
     workers = sorted(set(workers) | {w for _, w, _ in iterations})
@@ -184,6 +188,7 @@ def audit(
         _info_groups(groups),
         _info_rounds(groups, workers),
         crash_check,
+        Check(INFO_PACE, True, pace.describe(), info=True),
     )
     return AuditReport(ok=all(c.ok for c in checks), checks=checks, db_path=db)
 
@@ -266,6 +271,18 @@ def _run_end(conn: sqlite3.Connection) -> float:
         " UNION ALL SELECT MAX(formed_at) FROM groups UNION ALL SELECT MAX(t) FROM commands)"
     ).fetchone()[0]
     return float(newest) if newest is not None else time.time()
+
+
+def _read_pace(conn: sqlite3.Connection, run_end: float) -> Pace:
+    row = conn.execute("SELECT value FROM meta WHERE key = 'started_at'").fetchone()
+    try:
+        start = float(row[0]) if row is not None else None
+    except ValueError:
+        start = None
+    if start is None:
+        first = conn.execute("SELECT MIN(formed_at) FROM groups").fetchone()[0]
+        start = float(first) if first is not None else run_end
+    return read_pace(conn, start, run_end)
 
 
 def _checkpoint_iteration(path: Path) -> int | None:

@@ -49,6 +49,7 @@ class CommandKind(enum.Enum):
     SET_LINK = "set_link"
     START_CONTENTION = "start_contention"
     STOP_CONTENTION = "stop_contention"
+    KILL_COORDINATOR = "kill_coordinator"
 
 
 class CommandError(ValueError):
@@ -160,6 +161,13 @@ class StopContention:
     dst: int
 
 
+@dataclass(frozen=True)
+class KillCoordinator:
+    """Kill the coordinator (SIGKILL); the lab restarts it, and it resumes the run."""
+
+    KIND: ClassVar[CommandKind] = CommandKind.KILL_COORDINATOR
+
+
 Command = (
     SetP
     | SetScheme
@@ -171,6 +179,7 @@ Command = (
     | SetLink
     | StartContention
     | StopContention
+    | KillCoordinator
 )
 
 COMMAND_TYPES: dict[CommandKind, type] = {
@@ -186,6 +195,7 @@ COMMAND_TYPES: dict[CommandKind, type] = {
         SetLink,
         StartContention,
         StopContention,
+        KillCoordinator,
     )
 }
 
@@ -358,6 +368,7 @@ _BUILDERS = {
     CommandKind.SET_LINK: _set_link,
     CommandKind.START_CONTENTION: _start_contention,
     CommandKind.STOP_CONTENTION: lambda a, lim: StopContention(*_link(a, lim)),
+    CommandKind.KILL_COORDINATOR: lambda a, lim: KillCoordinator(),
 }
 
 
@@ -394,6 +405,8 @@ def describe(command: Command) -> str:
             return f"start contention {s}→{d} at {r:g} Mbit/s"
         case StopContention(src=s, dst=d):
             return f"stop contention {s}→{d}"
+        case KillCoordinator():
+            return "kill coordinator"
     raise TypeError(f"not a command: {command!r}")
 
 

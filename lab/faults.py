@@ -133,6 +133,11 @@ class FaultInjector:
                 self._start_flow(s, d, rate)
             case cmds.StopContention(src=s, dst=d):
                 self._stop_flow(s, d)
+            case cmds.KillCoordinator():
+                coord = lab.coordinator
+                if coord is None or coord.poll() is not None:
+                    raise FaultError("kind: the coordinator is not running")
+                lab.kill_coordinator()
             case _:
                 raise FaultError(f"kind: no way to apply {command!r}")
         return cmds.describe(command)

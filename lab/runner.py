@@ -44,6 +44,7 @@ MGMT_LOCK = Path("/run/crew-lab.mgmt.lock")  # machine-wide, whatever a lab's st
 COORDINATOR_PORT = 7700
 DATA_PORT = 7701
 STOP_GRACE_S = 15.0
+MAX_COORDINATOR_RESTARTS = 5  # a coordinator that keeps dying is a bug, not a fault
 ROOT_STOP_S = 10.0  # the dashboard, and a coordinator that outlived STOP_GRACE_S
 SPLIT_WAIT_S = 120.0  # importing scikit-learn and splitting: about 1.5 s of CPU
 
@@ -158,6 +159,7 @@ class LabRun:
         self.started_at = 0.0
         self.exit_codes: dict[int, int] = {}
         self._coordinator_gone = False
+        self.coordinator_restarts = 0
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -352,6 +354,14 @@ class LabRun:
         )
         self._record_root(self.coordinator, "coordinator")
 
+    def kill_coordinator(self) -> None:
+        """A fault: SIGKILL the coordinator; ``poll`` restarts it."""
+        coord = self.coordinator
+        if coord is None or coord.poll() is not None:
+            raise RuntimeError("the coordinator is not running")
+        os.killpg(coord.pid, signal.SIGKILL)
+        coord.wait(timeout=5.0)
+
     def start_worker(self, i: int) -> None:
         assert self.net is not None
         out = self._log_file(f"w{i}")
@@ -455,10 +465,19 @@ class LabRun:
                 )
         coord = self.coordinator
         if coord is not None and coord.poll() is not None and not self._coordinator_gone:
-            self._coordinator_gone = True  # the lab accepts it as a single point of failure
             self.db.event(
                 "fault", f"coordinator exited with code {coord.returncode}", level="error"
             )
+            self._forget_root(coord)
+            # Exit code 0: it was asked to stop (admin "stop", SIGTERM), so the run is ending.
+            if coord.returncode != 0 and self.coordinator_restarts < MAX_COORDINATOR_RESTARTS:
+                # It resumes the run from the database (crew.coordinator.resume_from_db); the
+                # workers reconnect to it by themselves.
+                self.coordinator_restarts += 1
+                self._start_coordinator()
+                self.db.event("recovery", "coordinator restarted by the lab")
+            else:
+                self._coordinator_gone = True
 
     def _stop(self) -> None:
         try:

@@ -46,6 +46,7 @@ from crew import rundb
 from lab import shaping
 from lab.audit import audit
 from lab.cleanup import ProcRecord, StateError, is_same_process
+from lab.pace import is_fault_start, read_pace
 from lab.preflight import PreflightError, check
 from lab.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id, summarize
 from lab.scenario import Scenario, ScenarioError, parse_scenario
@@ -59,7 +60,6 @@ SETTLE_S = 45.0  # a (re)started worker's RSS counts for growth from this long a
 LAB_RULE_COMMENTS = ("crew-cut", "crew-loss")
 # Commands that start a fault; their undo counterparts (restart, restore, stop, factor 1,
 # the configured rate) are not faults.
-_FAULT_KINDS = frozenset({"kill_worker", "cut_link", "start_contention"})
 
 
 @dataclass(frozen=True)
@@ -138,6 +138,7 @@ class SoakReport:
     rss_mb: dict[str, dict[str, float]] = field(default_factory=dict)
     audit_ok: bool | None = None
     audit_violations: list[str] = field(default_factory=list)
+    pace: str = ""  # lab.pace: groups per 10 s against the pre-fault rate
     error: str | None = None
 
     @property
@@ -324,17 +325,6 @@ class Sampler:
 # -- after the run -----------------------------------------------------------------------------
 
 
-def _is_fault_start(kind: str, args: dict[str, Any], rates: dict[tuple[int, int], float]) -> bool:
-    if kind in _FAULT_KINDS:
-        return True
-    if kind == "slow_worker":
-        return float(args.get("factor", 1.0)) != 1.0
-    if kind == "set_link":
-        rate = args.get("rate_mbit")
-        return rate is not None and float(rate) < rates.get((args["src"], args["dst"]), 0.0)
-    return False
-
-
 def analyse_db(db_path: Path, report: SoakReport, opts: SoakOptions) -> None:
     """Groups, faults, recovery latencies and liveness, from the run database alone."""
     conn = rundb.connect(db_path, readonly=True)
@@ -354,9 +344,10 @@ def analyse_db(db_path: Path, report: SoakReport, opts: SoakOptions) -> None:
         )
         run_end = conn.execute("SELECT value FROM meta WHERE key='ended_at'").fetchone()
         started = float(conn.execute("SELECT value FROM meta WHERE key='started_at'").fetchone()[0])
+        end = float(run_end[0]) if run_end else time.time()
+        report.pace = read_pace(conn, started, end).describe()
     finally:
         conn.close()
-    end = float(run_end[0]) if run_end else time.time()
     ends = [(float(g["ended_at"]), float(g["formed_at"])) for g in groups]
     _liveness(report, [e for e, _ in ends], started, end, opts)
     next_done, first_new = [], []
@@ -366,7 +357,7 @@ def analyse_db(db_path: Path, report: SoakReport, opts: SoakOptions) -> None:
             report.commands_rejected.append(f"#{c['id']} {c['kind']} {c['args']}: {c['reason']}")
             continue
         args = json.loads(c["args"])
-        if c["status"] != "applied" or not _is_fault_start(c["kind"], args, rates):
+        if c["status"] != "applied" or not is_fault_start(c["kind"], args, rates):
             continue
         t = float(c["applied_at"])
         by_kind[c["kind"]] = by_kind.get(c["kind"], 0) + 1
@@ -423,7 +414,7 @@ def run_soak(opts: SoakOptions) -> SoakReport:
     lab = LabRun(topo, caps, ropts, run_dir, scenario=scenario)
     rates = {(lk.src, lk.dst): lk.rate_mbit for lk in topo.links}
     planned = sum(
-        _is_fault_start(s.command.KIND.value, asdict(s.command), rates) for s in scenario.steps
+        is_fault_start(s.command.KIND.value, asdict(s.command), rates) for s in scenario.steps
     )
     report = SoakReport(
         str(run_dir),
@@ -525,6 +516,7 @@ def print_report(r: SoakReport) -> None:
         f"fault -> next completed group: {lat(r.next_done)}",
         f"fault -> first group formed after it completes: {lat(r.first_new)}",
         f"faults with no group formed and completed after them: {len(r.unrecovered)}",
+        f"pace: {r.pace}",
         f"liveness: {r.groups_in_cooldown} groups completed in the {r.cooldown_s:g} s cool-down"
         f" (all faults undone); longest gap without a completed group {r.longest_gap_s} s,"
         f" from t={r.longest_gap_from_s} s",

@@ -35,19 +35,50 @@ def test_diagonal_is_infinite_and_the_shape_is_checked() -> None:
         CapacityView([[1.0, 2.0]], measured=False)
 
 
-def test_failed_link_is_retried_with_doubling_backoff() -> None:
+def test_failed_link_returns_only_after_probes_pass_with_doubling_backoff() -> None:
     cap = view()
     (u,) = [cap.fail(0, 1, 10.0)]
     assert u is not None and u.kind is LinkChange.FAILED and u.was == 100.0
     assert cap.planning[0, 1] == 0.0 and cap.fail(0, 1, 11.0) is None  # already down
+    # No probe report since the failure: never retried blind, however long it waits.
+    assert cap.retry_due(10.0 + 100 * RETRY_LINK_S) == []
+    assert cap.probe_report(1, [], 10.5) == []  # probes pass: confirmed, but it waits
     assert cap.retry_due(10.0 + RETRY_LINK_S - 0.1) == []
     (r,) = cap.retry_due(10.0 + RETRY_LINK_S)
     assert r.kind is LinkChange.RETRIED and cap.planning[0, 1] == 100.0
     assert cap.retry_due(10.0 + RETRY_LINK_S + 1) == []  # back in plans: nothing more to retry
     cap.fail(0, 1, 50.0)  # second failure: twice the wait
+    cap.probe_report(1, [], 50.1)
     assert cap.retry_due(50.0 + RETRY_LINK_S) == []
     assert len(cap.retry_due(50.0 + 2 * RETRY_LINK_S)) == 1
     assert cap.failed[(0, 1)].tries == 2
+
+
+def test_a_probed_dead_link_takes_both_directions_out_until_probes_pass() -> None:
+    cap = view()
+    dead = cap.probe_report(1, [0], 5.0)  # receiver 1 hears no probes from 0
+    assert {(u.src, u.dst, u.kind) for u in dead} == {
+        (0, 1, LinkChange.DEAD),
+        (1, 0, LinkChange.DEAD),  # TCP on 1 -> 0 needs its ACKs on 0 -> 1
+    }
+    assert cap.planning[0, 1] == cap.planning[1, 0] == 0.0 and cap.planning[0, 2] == 100.0
+    assert cap.probe_report(1, [0], 6.0) == []  # no news
+    assert cap.probe_report(0, [], 6.0) == []  # 1 -> 0 alive, but 0 -> 1 is still dead
+    cap.set_link(0, 1, 100.0)  # the operator's restore does not override the probes
+    assert cap.planning[0, 1] == 0.0
+    alive = cap.probe_report(1, [], 7.0)
+    assert {(u.src, u.dst, u.kind) for u in alive} == {
+        (0, 1, LinkChange.ALIVE),
+        (1, 0, LinkChange.ALIVE),
+    }
+    assert cap.planning[0, 1] == cap.planning[1, 0] == 100.0
+
+
+def test_a_restarted_receiver_reports_afresh() -> None:
+    cap = view()
+    cap.probe_report(2, [0, 1], 1.0)
+    cap.forget_worker(2)
+    assert cap.planning[0, 2] == cap.planning[2, 0] == cap.planning[1, 2] == 100.0
 
 
 def test_forget_worker_and_set_link_clear_failures() -> None:

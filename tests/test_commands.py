@@ -23,6 +23,7 @@ GOOD = [
     ("set_scheme", {"scheme": "crew"}, lc.SetScheme("crew")),
     ("kill_worker", {"worker": 0}, lc.KillWorker(0)),
     ("restart_worker", {"worker": 3}, lc.RestartWorker(3)),
+    ("kill_coordinator", {}, lc.KillCoordinator()),
     ("slow_worker", {"worker": 2, "factor": 2.5}, lc.SlowWorker(2, 2.5)),
     ("slow_worker", {"worker": 2, "factor": 1}, lc.SlowWorker(2, 1.0)),
     ("cut_link", {"src": 0, "dst": 1}, lc.CutLink(0, 1, False)),

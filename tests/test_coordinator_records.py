@@ -80,3 +80,34 @@ def test_abandoned_and_gloo_groups(tmp_path: Path) -> None:
     assert g["status"] == "abandoned" and g["reason"] == "run stopped"
     assert {s.worker for s in sends if isinstance(s.msg, proto.Stop)} == {0, 1, 2, 3}
     db.close()
+
+
+def test_a_restarted_coordinator_abandons_the_open_groups_and_numbers_on(tmp_path: Path) -> None:
+    from crew.coordinator import RESTART_REASON, resume_from_db
+
+    db = RunDB(tmp_path / "lab.db")
+    life = lc.GroupLifecycle(make_cfg(n=4, p=2))
+    for w in range(4):
+        run(db, life.handle(proto.Register(w, 100 + w, 0, SIZE), 0.0))
+    for m in (0, 1):
+        run(db, life.handle(proto.Ready(m, 1, float(m), -1), 1.0))
+    run(db, report_all(life, 1, 2.0))  # group 1 completes
+    for m in (2, 3):
+        run(db, life.handle(proto.Ready(m, 1, float(m), -1), 3.0))  # group 2: open at the crash
+
+    run(db, life.handle(proto.Admin("set_scheme", {"scheme": "preduce"}), 4.0))
+    db.execute(
+        "INSERT INTO link_state (t, src, dst, rate_mbit, up, reason) VALUES (4, 0, 1, 7.5, 1, 'x')"
+    )
+    fresh = lc.GroupLifecycle(make_cfg(n=4, p=2))  # the restarted process
+    assert resume_from_db(db, fresh, 5.0) == 1
+    assert fresh.scheme == "preduce" and fresh.capacity.planning[0, 1] == 7.5
+    status = {r["id"]: (r["status"], r["reason"]) for r in db.query("SELECT * FROM groups")}
+    assert status == {1: ("completed", None), 2: ("abandoned", RESTART_REASON)}
+    for w in range(4):
+        run(db, fresh.handle(proto.Register(w, 200 + w, 1, SIZE), 6.0))
+    for m in (2, 3):
+        run(db, fresh.handle(proto.Ready(m, 2, float(m), -1), 7.0))
+    assert [r["id"] for r in db.query("SELECT id FROM groups WHERE status='open'")] == [3]
+    assert resume_from_db(RunDB(tmp_path / "empty.db"), lc.GroupLifecycle(make_cfg()), 1.0) == 0
+    db.close()

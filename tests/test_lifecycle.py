@@ -272,15 +272,6 @@ def test_measured_drift_replans_new_groups() -> None:
     assert life.capacity.planning[0, 1] < 75.0
 
 
-def test_link_retry_is_recorded_on_tick() -> None:
-    life = started()
-    life.handle(proto.LinkFailed(0, 0, 1, "reset"), 1.0)
-    assert life.tick(10.0) == [] or life.capacity.planning[0, 1] == 0.0
-    outs = life.tick(1.0 + 20.0)
-    assert "retrying link 0->1 in new plans" in events(outs, "recovery")
-    assert life.capacity.planning[0, 1] == 100.0
-
-
 def test_reregistration_forgets_link_failures() -> None:
     life = started()
     life.handle(proto.LinkFailed(0, 0, 1, "reset"), 1.0)
@@ -397,3 +388,61 @@ def test_snapshot_restores_open_groups_into_a_new_life_cycle() -> None:
     assert other.snapshot() == snap
     rec = closed(other.handle(proto.HaveAll(1, 1, 0, 0, 1.5), 2.0))
     assert rec.outcome is GroupOutcome.COMPLETED and rec.verify_err < 1e-9
+
+
+# -- probes and progress ---------------------------------------------------------------------
+
+
+def test_a_probed_dead_link_revises_at_once_and_returns_when_probes_pass() -> None:
+    life = started()
+    form(life, (0, 1))
+    assert life.open[1].plan.uses(0, 2)
+    outs = life.handle(proto.LinkHealth(2, [0], []), 2.0)  # 2 hears no probes from 0
+    assert "link 0->2 failed: no probes arrive" in events(outs, "fault")
+    assert "link 2->0 failed: no probes arrive on 0->2, which carries its ACKs" in events(outs)
+    og = life.open[1]
+    assert og.rev == 1 and not og.plan.uses(0, 2) and not og.plan.uses(2, 0)
+    assert life.handle(proto.LinkHealth(2, [0], []), 2.5) == []  # no news, no revision
+    outs = life.handle(proto.LinkHealth(2, [], []), 3.0)
+    assert "link 0->2 alive again (probes): back in plans" in events(outs, "recovery")
+    assert life.capacity.planning[0, 2] == life.capacity.planning[2, 0] == 100.0
+    assert life.open[1].rev == 1  # a revived link does not disturb a running revision
+
+
+def test_a_link_failed_with_data_is_not_retried_before_its_probes_pass() -> None:
+    life = started()
+    life.handle(proto.LinkFailed(0, 0, 2, "no progress"), 2.0)
+    for t in (5.0, 30.0, 100.0):
+        beat(life, t)
+        assert not events(life.tick(t), "recovery") and life.capacity.planning[0, 2] == 0.0
+    life.handle(proto.LinkHealth(2, [], []), 101.0)
+    beat(life, 101.0 + 2.0)
+    outs = life.tick(101.0 + 2.0)
+    assert "link 0->2 back in plans: its probes pass again" in events(outs, "recovery")
+
+
+def test_a_revision_that_stops_moving_data_is_revised_and_a_moving_one_is_not() -> None:
+    life = started()
+    form(life, (0, 1))
+    og = life.open[1]
+    stall = life.stall_after(og.plan)
+    assert stall >= lc.STALL_MIN_S and og.deadline - 1.0 > 3 * stall
+    # Moving: every report shows new bytes, well past the stall window; no revision.
+    t = 1.0
+    for k in range(1, 12):
+        t = 1.0 + k * 0.5
+        life.handle(proto.LinkHealth(1, [], [[1, 0, 1000 * k]]), t)
+        beat(life, t)
+        assert not events(life.tick(t), "recovery")
+    assert t - 1.0 > stall
+    # Stopped: the same byte count again; revised once the window passes since the last bytes.
+    life.handle(proto.LinkHealth(1, [], [[1, 0, 11000]]), t + 1.0)
+    beat(life, t + stall - 0.1)
+    assert not events(life.tick(t + stall - 0.1), "recovery")
+    beat(life, t + stall + 0.1)
+    outs = life.tick(t + stall + 0.1)
+    assert any("revision 0 received no data for" in e for e in events(outs, "recovery"))
+    assert life.open[1].rev == 1
+    # Reports of the superseded revision are not progress of the new one.
+    life.handle(proto.LinkHealth(1, [], [[1, 0, 99000]]), t + stall + 0.5)
+    assert life.open[1].received == {}

@@ -130,3 +130,20 @@ def test_slowdown_stop_and_foreign_messages() -> None:
 def test_evaluation_schedule() -> None:
     assert evaluation_due(10.0, 0.0, 2.0) and evaluation_due(12.0, 10.0, 2.0)
     assert not evaluation_due(11.9, 10.0, 2.0)
+
+
+def test_a_restarted_coordinator_ends_the_own_group_or_offer_as_abandoned() -> None:
+    from crew.worker_control import NO_GROUP
+
+    ctl = WorkerControl(ME)
+    assert ctl.coordinator_lost() == []  # training, nothing offered: nothing to end
+    ctl.offer()
+    assert ctl.coordinator_lost() == [
+        DeliverOutcome(Outcome(NO_GROUP, False, "coordinator restarted"))
+    ]
+    ctl.on_message(assign())
+    (deliver,) = ctl.coordinator_lost()
+    assert deliver == DeliverOutcome(Outcome(5, False, "coordinator restarted"))
+    assert ctl.settle(deliver.outcome, have_result=False)[0] is Settlement.KEEP_OWN_ABANDONED
+    assert ctl.coordinator_lost() == []
+    assert WorkerControl(ME, bench=True).coordinator_lost() == []

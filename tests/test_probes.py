@@ -1,0 +1,91 @@
+"""Link probes: the pure watch with a fake clock, and real UDP probes on loopback."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from crew.frames import Frame, FrameCodec, FrameKind
+from crew.probes import (
+    DEAD_AFTER_S,
+    PROBE_INTERVAL_S,
+    PROBE_WIRE_BYTES,
+    LinkStateChange,
+    LinkWatch,
+    Prober,
+    ProbeRefused,
+    probe_frame,
+)
+
+RUN = 7
+SECRET = b"s" * 32
+
+
+def test_probe_traffic_is_within_half_a_percent_of_the_slowest_link() -> None:
+    slowest_mbit = 10.0  # topologies/generate.py clips every rate to >= 10 Mbit/s
+    assert PROBE_WIRE_BYTES * 8 / PROBE_INTERVAL_S <= 0.005 * slowest_mbit * 1e6
+
+
+def test_silence_kills_a_link_and_the_next_probe_revives_it() -> None:
+    w = LinkWatch(1, [0, 1, 2], start=100.0)
+    assert w.expire(100.0 + DEAD_AFTER_S - 0.01) == []
+    assert w.observe(probe_frame(0, 1, RUN, 101.0), 101.0) == []
+    (dead,) = w.expire(100.0 + DEAD_AFTER_S + 1e-6)  # 2 was never heard: dead after dead_after
+    assert dead == LinkStateChange(2, 1, False, pytest.approx(DEAD_AFTER_S))
+    assert w.down() == [2] and w.expire(100.0 + DEAD_AFTER_S + 0.1) == []
+    (alive,) = w.observe(probe_frame(2, 1, RUN, 105.0), 105.0)
+    assert alive.alive and alive.src == 2 and w.down() == []
+
+
+def test_replayed_reflected_and_foreign_probes_are_refused() -> None:
+    w = LinkWatch(1, [0, 1, 2], start=0.0)
+    p = probe_frame(0, 1, RUN, 5.0)
+    w.observe(p, 5.0)
+    with pytest.raises(ProbeRefused, match="replay"):
+        w.observe(p, 5.5)
+    with pytest.raises(ProbeRefused, match="block"):
+        w.observe(probe_frame(0, 2, RUN, 6.0), 6.0)
+    with pytest.raises(ProbeRefused, match="not a peer"):
+        w.observe(probe_frame(9, 1, RUN, 6.0), 6.0)
+    with pytest.raises(ProbeRefused, match="not a probe"):
+        w.observe(Frame(FrameKind.SCATTER, sender=0, run=RUN, block=1, offset=10**9), 6.0)
+    # A replay cannot revive a dead link.
+    w.expire(5.0 + DEAD_AFTER_S + 1e-6)
+    with pytest.raises(ProbeRefused):
+        w.observe(p, 9.0)
+    assert w.down() == [0, 2]
+
+
+def test_udp_probes_on_loopback_find_a_stopped_peer_and_survive_garbage() -> None:
+    codec = FrameCodec(SECRET, RUN)
+    changes: list[LinkStateChange] = []
+    got = threading.Event()
+
+    def on_change(c: LinkStateChange) -> None:
+        changes.append(c)
+        got.set()
+
+    a = Prober(0, ("127.0.0.1", 0), {}, codec, on_change, interval=0.05, dead_after=0.4)
+    b = Prober(1, ("127.0.0.1", 0), {0: a.address}, codec, lambda c: None, interval=0.05)
+    a.peers = {1: b.address}
+    a.watch.last_heard = {1: time.time()}
+    a.watch.last_seq = {1: -1}
+    a.start()
+    b.start()
+    try:
+        time.sleep(0.3)
+        # Garbage and a forged probe are dropped, and do not stop the prober.
+        bad = FrameCodec(b"x" * 32, RUN).encode_bytes(probe_frame(1, 0, RUN, time.time() + 1))
+        for junk in (b"hello", bad):
+            b.sock.sendto(junk, a.address)
+        time.sleep(0.2)
+        assert a.down() == [] and a.received > 0 and a.refused >= 2
+        b.close()  # its probes stop: a declares 1 -> 0 dead within dead_after (+ a poll)
+        assert got.wait(2.0)
+        assert changes == [LinkStateChange(1, 0, False, pytest.approx(0.45, abs=0.15))]
+        assert a.down() == [1]
+    finally:
+        a.close()
+        b.close()
