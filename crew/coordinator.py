@@ -148,10 +148,13 @@ def write_record(db: RunDB, rec: lc.Output) -> None:
 class Coordinator:
     """One run's coordinator; ``run()`` serves until stopped (admin "stop", SIGTERM)."""
 
-    def __init__(self, cfg: RunConfig, db: RunDB, host: str, port: int):
+    def __init__(
+        self, cfg: RunConfig, db: RunDB, host: str, port: int, *, secret: bytes | None = None
+    ):
         self.cfg = cfg
         self.db = db
-        self.codec = FrameCodec(cfg.secret(), cfg.run_num, max_payload=cfg.max_payload)
+        key = cfg.secret() if secret is None else secret
+        self.codec = FrameCodec(key, cfg.run_num, max_payload=cfg.max_payload)
         self.life = lc.GroupLifecycle(cfg)
         self.events: queue.Queue[_Event] = queue.Queue()
         self.streams: dict[int, FrameStream] = {}  # conn id -> stream
