@@ -328,10 +328,19 @@ class Averager:
         reason = settled.outcome.reason or "no full result"
         return Round(False, settled.outcome.group, settled.members, staleness, seconds, reason)
 
-    def report(self, loss: float, accuracy: float | None = None) -> None:
-        """Record this worker's training loss (and held-out accuracy) in the run database."""
+    def report(
+        self, loss: float, accuracy: float | None = None, *, iteration: int | None = None
+    ) -> None:
+        """Record this worker's training loss (and held-out accuracy) in the run database, at
+        ``iteration`` (default: the steps taken so far)."""
         if math.isfinite(loss):
-            self._node.tell(proto.Metrics(self.rank, self.iteration, loss, accuracy, time.time()))
+            it = self.iteration if iteration is None else iteration
+            self._node.tell(proto.Metrics(self.rank, it, loss, accuracy, time.time()))
+
+    def stop(self) -> None:
+        """Ask this worker to leave: a waiting :meth:`step` returns with ``stopped=True`` and
+        so does every later one. Safe from a signal handler; call :meth:`close` afterwards."""
+        self._node.stop_event.set()
 
     def wait_stopped(self, timeout: float | None = None) -> bool:
         """Block until the job is over (benchmarks that only carry groups); True if it is."""

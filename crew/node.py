@@ -199,6 +199,10 @@ class Node:
             self._threads.append(thread)
         return True
 
+    def stop(self) -> None:
+        """Make waits return and the threads end; safe from a signal handler."""
+        self.stop_event.set()
+
     def close(self) -> None:
         """Stop the threads and close the control connection and the transport (bounded)."""
         self.stop_event.set()
