@@ -134,7 +134,8 @@ class Averager:
     Arguments read on rank 0 only (it hosts the coordinator): ``group_size`` (p: how many
     ready workers average together; default half the world, at least 1), ``capacities``
     (Mbit/s, ``[src][dst]``: skip the probe and plan on these), ``probe_bytes`` and
-    ``probe_seconds`` (the start-up probe's size per link and time limit), ``run_dir``
+    ``probe_seconds`` (the start-up probe's size per link and time limit; default 2 MiB and
+    8 s, or ``CREW_PROBE_BYTES`` / ``CREW_PROBE_SECONDS``), ``run_dir``
     (where the coordinator keeps its run database; ``CREW_RUN_DIR`` or a temporary dir).
 
     Raises :class:`crew.LaunchError` subclasses: :class:`crew.SecretError` (no secret, or
@@ -150,8 +151,8 @@ class Averager:
         group_size: int | None = None,
         capacities: Sequence[Sequence[float]] | None = None,
         timeout: float = 60.0,
-        probe_bytes: int = DEFAULT_PROBE_BYTES,
-        probe_seconds: float = DEFAULT_PROBE_SECONDS,
+        probe_bytes: int | None = None,
+        probe_seconds: float | None = None,
         run_dir: str | os.PathLike[str] | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
@@ -187,8 +188,10 @@ class Averager:
                     capacities=capacities,
                     run_dir=run_dir or environ.get("CREW_RUN_DIR"),
                     join_timeout=timeout,
-                    probe_bytes=probe_bytes,
-                    probe_seconds=probe_seconds,
+                    probe_bytes=probe_bytes
+                    or int(environ.get("CREW_PROBE_BYTES", DEFAULT_PROBE_BYTES)),
+                    probe_seconds=probe_seconds
+                    or float(environ.get("CREW_PROBE_SECONDS", DEFAULT_PROBE_SECONDS)),
                 )
                 self.host.start()
             transport.start()

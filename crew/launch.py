@@ -263,11 +263,14 @@ class JobHost:
         self.rendezvous.join(timeout)
         coord = self.coordinator
         if coord is not None:
-            seen = False
+            ever: set[int] = set()  # ranks seen registered; every rank registers once started
             while deadline is None or time.monotonic() < deadline:
-                live = len(coord.worker_conn)
-                seen = seen or live > 0
-                if (seen and live == 0) or coord.stop_event.is_set():
+                try:
+                    live = frozenset(coord.life.connected)  # another thread's set: a snapshot
+                except RuntimeError:  # changed size while copied
+                    continue
+                ever |= live
+                if (len(ever) == self.world and not live) or coord.stop_event.is_set():
                     break
                 time.sleep(0.2)
         self.close()

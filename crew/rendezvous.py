@@ -49,6 +49,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from crew import protocol as proto
+from crew.capacity import TCP_GOODPUT
 from crew.config import RunConfig
 from crew.errors import CoordinatorUnreachable, JoinRefused, SecretError
 from crew.frames import Frame, FrameCodec, FrameError, FrameKind, control_body, control_frame
@@ -318,7 +319,7 @@ def capacity_matrix(world: int, reports: dict[int, proto.Message]) -> list[list[
         for src_f, nbytes, seconds in msg.samples:
             src = int(src_f)
             if 0 <= src < world and src != dst and seconds > 0 and nbytes > 0:
-                bw[src][dst] = nbytes * 8 / seconds / 1e6
+                bw[src][dst] = nbytes * 8 / seconds / 1e6 / TCP_GOODPUT
                 measured.append(bw[src][dst])
     fill = statistics.median(measured) if measured else FALLBACK_MBIT
     unmeasured = [(s, d) for s in range(world) for d in range(world) if s != d and bw[s][d] <= 0]
