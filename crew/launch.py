@@ -245,7 +245,12 @@ class JobHost:
         self._db.event(
             "probe",
             f"start-up probe: {figures.seconds:.2f} s, {figures.bytes_per_worker} bytes per worker",
-            data={"bw_mbit": [list(r) for r in cfg.bw_mbit], "measured": measured},
+            data={
+                "bw_mbit": [list(r) for r in cfg.bw_mbit],
+                "measured": measured,
+                "seconds": figures.seconds,
+                "bytes_per_worker": figures.bytes_per_worker,
+            },
         )
         self.coordinator = coord
         self._thread = threading.Thread(target=coord.run, name="crew-coordinator", daemon=True)
