@@ -299,7 +299,7 @@ class Averager:
             raise ValueError(f"vector: shape {vector.shape}, expected ({self.num_values},)")
         if not np.isfinite(vector).all():
             raise ValueError("vector: has non-finite values")
-        flat = torch.from_numpy(np.ascontiguousarray(vector, dtype=np.float32))
+        flat = torch.from_numpy(np.array(vector, dtype=np.float32))  # a writable copy
         offset = 0
         with torch.no_grad():
             for t in self._tensors:
