@@ -14,8 +14,8 @@ Who sends what::
 
 Start-up of a launched job (``crew.rendezvous``, before the coordinator exists)::
 
-    worker -> rendezvous    Join, Probed, LinkRates
-    rendezvous -> worker    Roster, Collect, Start, Refused
+    worker -> rendezvous    Join, RosterTaken, Probed, LinkRates
+    rendezvous -> worker    Roster, Probe, Collect, Start, Refused
 """
 
 from __future__ import annotations
@@ -238,6 +238,21 @@ class Roster(Message):
 
 
 @dataclass(frozen=True)
+class RosterTaken(Message):
+    """A worker knows every peer's address: its transport accepts their connections now."""
+
+    TYPE: ClassVar[str] = "roster_taken"
+    worker: int
+
+
+@dataclass(frozen=True)
+class Probe(Message):
+    """Every worker knows its peers: send the start-up probe bursts."""
+
+    TYPE: ClassVar[str] = "probe"
+
+
+@dataclass(frozen=True)
 class Probed(Message):
     """A worker finished sending its start-up probe bursts."""
 
@@ -289,6 +304,8 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Admin,
         Join,
         Roster,
+        RosterTaken,
+        Probe,
         Probed,
         Collect,
         Start,

@@ -7,6 +7,8 @@ runs this exchange with every rank, over authenticated control frames::
 
     worker -> host   Join(rank, world, data-plane host:port, tensor shapes)
     host -> all      Roster(the data-plane address of every rank)        once all joined
+    worker -> host   RosterTaken               its transport now accepts every peer's HELLO
+    host -> all      Probe                                               once all took it
     (each worker sends a probe burst to every peer; the transport measures arrivals)
     worker -> host   Probed                                              its bursts are out
     host -> all      Collect                                             every burst is out
@@ -211,8 +213,12 @@ class RendezvousHost:
         for _, (conn, _) in by_rank:
             self._send(conn, roster)
         bw = [[0.0] * self.world for _ in range(self.world)]
+        conn_rank = {conn: r for r, (conn, _) in ranks.items()}
+        # A transport refuses HELLOs from peers it does not know: nobody sends before all know.
+        self._wait_all(conn_rank, proto.RosterTaken, self.join_timeout, "take the roster")
         if probe_bytes:
-            conn_rank = {conn: r for r, (conn, _) in ranks.items()}
+            for conn in conn_rank:
+                self._send(conn, proto.Probe())
             self._wait_all(conn_rank, proto.Probed, self.probe_seconds + 30.0, "finish probing")
             for conn in conn_rank:
                 self._send(conn, proto.Collect())
@@ -392,6 +398,8 @@ def join_job(
                 ) from exc
             time.sleep(0.5)
     answered = False
+    peers: list[int] = []
+    probe = (0, 0.0)
     try:
         stream.send(control_frame(join.worker, codec.run, join.to_dict()))
         while True:
@@ -428,12 +436,13 @@ def join_job(
                 for j in peers:
                     host, port = msg.peers[j]
                     transport.set_peer(j, (str(host), int(port)))
-                if msg.probe_bytes > 0:
-                    probe_peers(
-                        transport, join.worker, codec.run, peers, msg.probe_bytes, msg.probe_seconds
-                    )
-                    probed = proto.Probed(join.worker)
-                    stream.send(control_frame(join.worker, codec.run, probed.to_dict()))
+                probe = (msg.probe_bytes, msg.probe_seconds)
+                taken = proto.RosterTaken(join.worker)
+                stream.send(control_frame(join.worker, codec.run, taken.to_dict()))
+            elif isinstance(msg, proto.Probe):
+                probe_peers(transport, join.worker, codec.run, peers, *probe)
+                probed = proto.Probed(join.worker)
+                stream.send(control_frame(join.worker, codec.run, probed.to_dict()))
                 deadline = time.monotonic() + timeout
             elif isinstance(msg, proto.Collect):
                 samples = [
