@@ -64,6 +64,7 @@ PROBE_FRAME_BYTES = 64 << 10
 DEFAULT_PROBE_BYTES = 2 << 20
 DEFAULT_PROBE_SECONDS = 8.0
 COLLECT_TIMEOUT_S = 10.0
+HOST_SLACK_S = 5.0  # a worker waits this much longer than the host's own timeouts
 FALLBACK_MBIT = 1000.0  # a world of one: no link to measure
 
 
@@ -397,6 +398,9 @@ def join_job(
                     f" `python -m crew.coordinator` is running"
                 ) from exc
             time.sleep(0.5)
+    # The host fails a start-up that takes longer than its own timeout and says why: wait a
+    # little longer than it, so that its reason, not a bare timeout, reaches the user.
+    deadline = time.monotonic() + timeout + HOST_SLACK_S
     answered = False
     peers: list[int] = []
     probe = (0, 0.0)
@@ -443,7 +447,7 @@ def join_job(
                 probe_peers(transport, join.worker, codec.run, peers, *probe)
                 probed = proto.Probed(join.worker)
                 stream.send(control_frame(join.worker, codec.run, probed.to_dict()))
-                deadline = time.monotonic() + timeout
+                deadline = time.monotonic() + timeout + HOST_SLACK_S
             elif isinstance(msg, proto.Collect):
                 samples = [
                     [float(src), float(b), s]
