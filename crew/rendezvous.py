@@ -432,6 +432,7 @@ def join_job(
                     f" most likely differs from the coordinator's"
                 ) from exc
             answered = True
+            deadline = time.monotonic() + timeout + HOST_SLACK_S  # each phase has its own wait
             msg = proto.decode(control_body(frame))
             if isinstance(msg, proto.Refused):
                 raise JoinRefused(f"rank {join.worker}: {msg.reason}")
@@ -447,7 +448,6 @@ def join_job(
                 probe_peers(transport, join.worker, codec.run, peers, *probe)
                 probed = proto.Probed(join.worker)
                 stream.send(control_frame(join.worker, codec.run, probed.to_dict()))
-                deadline = time.monotonic() + timeout + HOST_SLACK_S
             elif isinstance(msg, proto.Collect):
                 samples = [
                     [float(src), float(b), s]
