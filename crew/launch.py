@@ -268,14 +268,12 @@ class JobHost:
         self.rendezvous.join(timeout)
         coord = self.coordinator
         if coord is not None:
-            ever: set[int] = set()  # ranks seen registered; every rank registers once started
             while deadline is None or time.monotonic() < deadline:
-                try:
-                    live = frozenset(coord.life.connected)  # another thread's set: a snapshot
-                except RuntimeError:  # changed size while copied
-                    continue
-                ever |= live
-                if (len(ever) == self.world and not live) or coord.stop_event.is_set():
+                # Every rank registers once the job started (a worker_status row each), and
+                # leaves by closing its control connection.
+                live = len(coord.life.connected)  # another thread's set: only its size
+                (row,) = coord.db.query("SELECT COUNT(*) AS n FROM worker_status")
+                if (row["n"] >= self.world and live == 0) or coord.stop_event.is_set():
                     break
                 time.sleep(0.2)
         self.close()
