@@ -154,3 +154,56 @@ def test_params_are_checked():
     with pytest.raises(ValueError, match="nothing to average"):
         crew.Averager([], env={})
     assert np.float32  # numpy is the wire format
+
+
+RANK_SCRIPT = """
+import os, sys, time, torch, crew
+tensors = [torch.full((4,), float(os.environ["RANK"]))]
+with crew.Averager(tensors, group_size=2, timeout=20, probe_bytes=256 << 10) as averager:
+    print("joined", flush=True)
+    for _ in range(int(sys.argv[1])):
+        r = averager.step()
+        print("round", r.averaged, flush=True)
+        time.sleep(0.05)
+print("done", flush=True)
+"""
+
+
+def test_a_rank_killed_after_joining_is_dropped_and_the_others_finish(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    port = free_port()
+    procs = []
+    for rank, steps in ((0, 30), (1, 30), (2, 100000)):
+        env = {**os.environ, **env_for(rank, 3, port), "PYTHONPATH": str(repo)}
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", RANK_SCRIPT, str(steps)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    try:
+        victim = procs[2]
+        for _ in range(200):  # until it has averaged once
+            line = victim.stdout.readline()
+            if line.startswith("round") or not line:
+                break
+        assert line.startswith("round"), line
+        victim.send_signal(signal.SIGKILL)
+        outs = [p.communicate(timeout=90)[0] for p in procs[:2]]
+    finally:
+        for p in procs:
+            p.kill()
+    for rank, out in enumerate(outs):
+        assert procs[rank].returncode == 0, out[-2000:]
+        rounds = [line for line in out.splitlines() if line.startswith("round")]
+        assert len(rounds) == 30 and "done" in out, out[-2000:]
+        assert rounds[-1] == "round True"  # still averaging, without the killed rank
