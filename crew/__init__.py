@@ -1,0 +1,36 @@
+"""CREW: cross-region partial reduce for training across clouds.
+
+The public API (docs/api.md)::
+
+    crew.Averager      average a model's parameters with the other ranks, p at a time
+    crew.Round         what one Averager.step did
+    crew.CrewError     base of the errors below
+    crew.LaunchError   the job could not start: SecretError, CoordinatorUnreachable, JoinRefused
+
+``crew.Averager`` imports torch; it is loaded on first use, so the coordinator and the lab's
+tools import ``crew`` without it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from crew.errors import CoordinatorUnreachable, CrewError, JoinRefused, LaunchError, SecretError
+
+__all__ = [
+    "Averager",
+    "CoordinatorUnreachable",
+    "CrewError",
+    "JoinRefused",
+    "LaunchError",
+    "Round",
+    "SecretError",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Averager", "Round"):
+        from crew import averager
+
+        return getattr(averager, name)
+    raise AttributeError(f"module 'crew' has no attribute {name!r}")

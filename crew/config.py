@@ -85,6 +85,9 @@ class RunConfig:
     heartbeat_s: float = 1.0
     heartbeat_timeout_s: float = 6.0
     group_timeout_min_s: float = 30.0
+    # per-worker data-plane ports (several workers on one host, e.g. torchrun); empty: all
+    # listen on data_port
+    data_ports: tuple[int, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -105,6 +108,8 @@ class RunConfig:
                 f"part_bytes: must be 0 (automatic) or a positive multiple of 4,"
                 f" got {self.part_bytes}"
             )
+        if self.data_ports and len(self.data_ports) != self.n:
+            raise ConfigError(f"data_ports: need {self.n} or none, got {len(self.data_ports)}")
         if self.capacity not in ("configured", "measured"):
             raise ConfigError(f"capacity: 'configured' or 'measured', got {self.capacity!r}")
         if self.part_bytes > self.max_payload:
@@ -120,6 +125,11 @@ class RunConfig:
             return self.part_bytes // 4
         quarter_block = size_elems // (4 * self.n)
         return max(MIN_AUTO_PART_BYTES // 4, min(MAX_AUTO_PART_BYTES // 4, quarter_block))
+
+    def data_address(self, worker: int) -> tuple[str, int]:
+        """Where ``worker``'s data-plane transport listens."""
+        port = self.data_ports[worker] if self.data_ports else self.data_port
+        return (self.identities[worker], port)
 
     def secret(self) -> bytes:
         return Path(self.secret_path).read_bytes()
@@ -140,11 +150,23 @@ class RunConfig:
             raw = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(f"{path}: cannot read run config: {exc}") from exc
+        return cls.from_dict(raw, where=str(path))
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], where: str = "config") -> RunConfig:
+        """A config from its JSON object (``to_json``); ConfigError names what is wrong."""
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where}: expected a JSON object")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
-            raise ConfigError(f"{path}: unknown fields {unknown}")
-        raw["identities"] = tuple(raw["identities"])
-        raw["bw_mbit"] = tuple(tuple(float(x) for x in row) for row in raw["bw_mbit"])
-        raw["stragglers"] = tuple(raw.get("stragglers", ()))
-        return cls(**raw)
+            raise ConfigError(f"{where}: unknown fields {unknown}")
+        raw = dict(raw)
+        try:
+            raw["identities"] = tuple(raw["identities"])
+            raw["bw_mbit"] = tuple(tuple(float(x) for x in row) for row in raw["bw_mbit"])
+            raw["stragglers"] = tuple(raw.get("stragglers", ()))
+            raw["data_ports"] = tuple(raw.get("data_ports", ()))
+            return cls(**raw)
+        except (KeyError, TypeError) as exc:
+            raise ConfigError(f"{where}: {exc}") from exc

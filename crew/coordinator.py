@@ -191,10 +191,13 @@ def resume_from_db(db: RunDB, life: lc.GroupLifecycle, now: float) -> int:
 class Coordinator:
     """One run's coordinator; ``run()`` serves until stopped (admin "stop", SIGTERM)."""
 
-    def __init__(self, cfg: RunConfig, db: RunDB, host: str, port: int):
+    def __init__(
+        self, cfg: RunConfig, db: RunDB, host: str, port: int, *, secret: bytes | None = None
+    ):
         self.cfg = cfg
         self.db = db
-        self.codec = FrameCodec(cfg.secret(), cfg.run_num, max_payload=cfg.max_payload)
+        key = cfg.secret() if secret is None else secret
+        self.codec = FrameCodec(key, cfg.run_num, max_payload=cfg.max_payload)
         self.life = lc.GroupLifecycle(cfg)
         self.events: queue.Queue[_Event] = queue.Queue()
         self.streams: dict[int, FrameStream] = {}  # conn id -> stream
@@ -326,19 +329,64 @@ class Coordinator:
             del self.worker_conn[worker]
 
 
+def _serve_launched_job(args: argparse.Namespace) -> int:
+    """A coordinator for a job started by torchrun (CREW_COORDINATOR=host:port on its ranks)."""
+    from crew.errors import LaunchError
+    from crew.launch import JobHost, read_secret, run_number
+
+    try:
+        secret = read_secret()
+        host = JobHost(
+            secret,
+            args.world,
+            ("", args.port),
+            args.advertise,
+            run_num=run_number(secret, args.run_id),
+            group_size=args.group_size or max(1, args.world // 2),
+            run_dir=args.run_dir,
+            join_timeout=args.join_timeout,
+        )
+    except (LaunchError, OSError) as exc:
+        log.error("%s", exc)
+        return 2
+    host.start()
+    signal.signal(signal.SIGTERM, lambda *_: host.close())
+    host.serve()
+    if host.rendezvous.failure:
+        log.error("the job did not start: %s", host.rendezvous.failure)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m crew.coordinator",
         description="The CREW coordinator: forms partial-reduce groups and plans them."
-        " Started by the lab in the root namespace.",
+        " With --config, a lab run's (started by the lab in the root namespace); with --world,"
+        " a launched job's (its ranks set CREW_COORDINATOR=host:port and CREW_SECRET).",
     )
-    parser.add_argument("--config", required=True, help="the run's config.json")
-    parser.add_argument("--db", required=True, help="the run database (SQLite)")
+    parser.add_argument("--config", help="the run's config.json (a lab run)")
+    parser.add_argument("--db", help="the run database (SQLite; a lab run)")
+    parser.add_argument("--world", type=int, help="a launched job: its number of ranks")
+    parser.add_argument("--port", type=int, default=29501, help="a launched job: listen port")
+    parser.add_argument(
+        "--advertise",
+        default="127.0.0.1",
+        help="a launched job: this host's address as the ranks reach it",
+    )
+    parser.add_argument("--group-size", type=int, help="a launched job: p (default world/2)")
+    parser.add_argument("--run-id", default="crew", help="a launched job: TORCHELASTIC_RUN_ID")
+    parser.add_argument("--run-dir", help="a launched job: where to keep run.db")
+    parser.add_argument("--join-timeout", type=float, default=60.0)
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s coord %(levelname)s %(name)s: %(message)s"
     )
+    if args.world is not None:
+        return _serve_launched_job(args)
+    if not args.config or not args.db:
+        parser.error("--config and --db (a lab run), or --world (a launched job)")
     cfg = RunConfig.load(args.config)
     db = RunDB(args.db)
     coord = Coordinator(cfg, db, cfg.coordinator_host, cfg.coordinator_port)

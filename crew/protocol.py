@@ -11,6 +11,11 @@ Who sends what::
                             LinkRates, LinkHealth, Rejected, OpTime
     coordinator -> worker   Assign, Split, Commit, Abandon, SetSlowdown, Stop
     lab -> coordinator      Admin (set_p, set_scheme, set_link, stop)
+
+Start-up of a launched job (``crew.rendezvous``, before the coordinator exists)::
+
+    worker -> rendezvous    Join, RosterTaken, Probed, LinkRates
+    rendezvous -> worker    Roster, Probe, Collect, Start, Refused
 """
 
 from __future__ import annotations
@@ -220,6 +225,78 @@ class Admin(Message):
     args: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Join(Message):
+    """A launched worker asks to join the job: its rank, the world it expects, where its
+    data-plane transport listens, and the shapes of the tensors it averages."""
+
+    TYPE: ClassVar[str] = "join"
+    worker: int
+    world: int
+    host: str
+    port: int
+    shapes: list[list[int]]
+    pid: int
+
+
+@dataclass(frozen=True)
+class Roster(Message):
+    """Every rank joined: the data-plane address ``[host, port]`` of each, by rank, and the
+    start-up probe to run (``probe_bytes`` to every peer, cut at ``probe_seconds``; 0 bytes:
+    no probe, the job uses configured capacities)."""
+
+    TYPE: ClassVar[str] = "roster"
+    peers: list[list[Any]]
+    probe_bytes: int
+    probe_seconds: float
+
+
+@dataclass(frozen=True)
+class RosterTaken(Message):
+    """A worker knows every peer's address: its transport accepts their connections now."""
+
+    TYPE: ClassVar[str] = "roster_taken"
+    worker: int
+
+
+@dataclass(frozen=True)
+class Probe(Message):
+    """Every worker knows its peers: send the start-up probe bursts."""
+
+    TYPE: ClassVar[str] = "probe"
+
+
+@dataclass(frozen=True)
+class Probed(Message):
+    """A worker finished sending its start-up probe bursts."""
+
+    TYPE: ClassVar[str] = "probed"
+    worker: int
+
+
+@dataclass(frozen=True)
+class Collect(Message):
+    """Every worker finished probing: report what arrived (as ``LinkRates``)."""
+
+    TYPE: ClassVar[str] = "collect"
+
+
+@dataclass(frozen=True)
+class Start(Message):
+    """The job's run configuration (``RunConfig.to_json``'s object): register and train."""
+
+    TYPE: ClassVar[str] = "start"
+    config: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Refused(Message):
+    """The job cannot start, or this worker may not join it; ``reason`` says why."""
+
+    TYPE: ClassVar[str] = "refused"
+    reason: str
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.TYPE: cls
     for cls in (
@@ -240,6 +317,14 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         SetSlowdown,
         Stop,
         Admin,
+        Join,
+        Roster,
+        RosterTaken,
+        Probe,
+        Probed,
+        Collect,
+        Start,
+        Refused,
     )
 }
 

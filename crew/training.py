@@ -221,6 +221,11 @@ class FlatTrainer:
         return self._iteration
 
     @property
+    def model(self) -> nn.Module:
+        """The model itself (for ``crew.Averager``, which averages its parameters in place)."""
+        return self._model
+
+    @property
     def num_params(self) -> int:
         return self._num_params
 

@@ -1,0 +1,384 @@
+"""The public API: average a model with CREW's partial reduce from any training loop.
+
+::
+
+    import crew
+
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with crew.Averager(model, group_size=2) as averager:   # reads torchrun's variables
+        for batch in data:
+            loss = train_step(model, optimizer, batch)     # your step, unchanged
+            round = averager.step()                        # ready; maybe averaged in place
+            if round.averaged:
+                print(f"averaged with ranks {round.peers} in {round.seconds:.3f} s")
+
+What :meth:`Averager.step` does: it offers a copy of the parameters to the coordinator as
+*ready*. As soon as ``group_size`` workers are ready, the coordinator forms a group of them
+and plans how their data travels over the measured links; the members average their copies
+(weighted) and every member writes the average back into its parameters, in place. A worker
+that is not in a group meanwhile keeps carrying other groups' blocks in background threads,
+but its own parameters are only read when it offers them and only written at the end of its
+own call, so the training loop never sees a half-written model. If a group is abandoned (a
+member died, a link failed and no re-plan could finish it), the worker keeps its own
+parameters, and the call says so.
+
+Only the parameters are averaged: optimizer state (momentum, Adam moments) stays local, as in
+local SGD and DiLoCo-style training. The wire format is float32; tensors of other floating
+dtypes (or on another device) are converted for the wire and written back in their own dtype
+and device.
+
+Launch: :class:`Averager` reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` and
+``CREW_SECRET`` / ``CREW_SECRET_FILE`` (see :mod:`crew.launch`); rank 0 hosts the
+coordinator. At start-up the ranks measure their links with a short probe
+(:mod:`crew.rendezvous`) unless ``capacities`` are given.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from crew import protocol as proto
+from crew.config import RunConfig
+from crew.frames import Frame, FrameCodec, FrameError
+from crew.launch import JobHost, LaunchEnv, read_secret, run_number
+from crew.node import Node
+from crew.rendezvous import DEFAULT_PROBE_BYTES, DEFAULT_PROBE_SECONDS, join_job
+from crew.transport import Transport
+from crew.worker_control import Settlement
+
+__all__ = ["Averager", "Round"]
+
+log = logging.getLogger("crew.averager")
+
+
+@dataclass(frozen=True)
+class Round:
+    """What one :meth:`Averager.step` did.
+
+    ``averaged``: the parameters now hold the group's weighted average.
+    ``group``: the coordinator's id of the group (None if no group formed, e.g. stopped).
+    ``peers``: the ranks whose models were averaged, this one included (empty if none).
+    ``staleness``: local steps this worker took since its parameters were last averaged
+    (1 when it averages after every step; larger when it trained on alone).
+    ``seconds``: wall time from offering the parameters to the end of the call (waiting for a
+    group, then the reduce).
+    ``reason``: why not averaged ("" when averaged).
+    ``stopped``: the job is over (the coordinator said stop, or was lost): stop training.
+    """
+
+    averaged: bool
+    group: int | None
+    peers: tuple[int, ...]
+    staleness: int
+    seconds: float
+    reason: str = ""
+    stopped: bool = False
+
+
+def _tensors_of(params: nn.Module | Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    tensors = list(params.parameters()) if isinstance(params, nn.Module) else list(params)
+    if not tensors:
+        raise ValueError("params: nothing to average (no tensors)")
+    for k, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"params[{k}]: expected a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"params[{k}]: dtype {t.dtype} is not a floating-point type")
+    return tensors
+
+
+class _Deferred:
+    """The transport's callbacks before the Node exists (the transport starts first, for the
+    start-up probe): probe frames are only counted by the transport, nothing else arrives."""
+
+    def __init__(self) -> None:
+        self.node: Node | None = None
+
+    def on_frame(self, frame: Frame) -> None:
+        if self.node is not None:
+            self.node.on_frame(frame)
+
+    def on_send_error(self, dst: int, err: BaseException, unsent: list[Frame]) -> None:
+        if self.node is not None:
+            self.node._send_failed(dst, err, unsent)
+
+    def on_reject(self, peer: tuple[str, int], err: FrameError) -> None:
+        if self.node is not None:
+            self.node._rejected(peer, err)
+        else:
+            log.warning("rejected a data-plane frame from %s during start-up: %s", peer, err)
+
+
+class Averager:
+    """Averages ``params`` (a ``torch.nn.Module`` or a list of tensors) with the other ranks
+    of a CREW job, ``group_size`` at a time. One :meth:`step` after each local step.
+
+    Started by ``torchrun`` (or anything that sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``
+    and ``MASTER_PORT``), with ``CREW_SECRET`` or ``CREW_SECRET_FILE`` set on every rank.
+    The constructor blocks until every rank has joined (at most ``timeout`` seconds) and
+    the links are measured; then the parameters of every rank should be equal (seed your
+    model's initialisation, or load the same checkpoint).
+
+    Arguments read on rank 0 only (it hosts the coordinator): ``group_size`` (p: how many
+    ready workers average together; default half the world, at least 1), ``capacities``
+    (Mbit/s, ``[src][dst]``: skip the probe and plan on these), ``probe_bytes`` and
+    ``probe_seconds`` (the start-up probe's size per link and time limit; default 2 MiB and
+    8 s, or ``CREW_PROBE_BYTES`` / ``CREW_PROBE_SECONDS``), ``run_dir``
+    (where the coordinator keeps its run database; ``CREW_RUN_DIR`` or a temporary dir).
+
+    Raises :class:`crew.LaunchError` subclasses: :class:`crew.SecretError` (no secret, or
+    not the coordinator's), :class:`crew.CoordinatorUnreachable`, :class:`crew.JoinRefused`
+    (a rank with other tensor shapes, ranks missing after ``timeout``, a rank that left
+    during start-up).
+    """
+
+    def __init__(
+        self,
+        params: nn.Module | Iterable[torch.Tensor],
+        *,
+        group_size: int | None = None,
+        capacities: Sequence[Sequence[float]] | None = None,
+        timeout: float = 60.0,
+        probe_bytes: int | None = None,
+        probe_seconds: float | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self._tensors = _tensors_of(params)
+        environ = dict(os.environ) if env is None else env
+        launch = LaunchEnv.from_environ(environ)
+        secret = read_secret(environ)
+        run_num = run_number(secret, launch.run_id)
+        self.rank = launch.rank
+        self.world_size = launch.world
+        self.host: JobHost | None = None
+        codec = FrameCodec(secret, run_num)
+        deferred = _Deferred()
+        transport = Transport(
+            launch.rank,
+            ("0.0.0.0", 0),
+            {},
+            codec,
+            on_frame=deferred.on_frame,
+            on_send_error=deferred.on_send_error,
+            on_reject=deferred.on_reject,
+        )
+        try:
+            if launch.host_coordinator and launch.rank == 0:
+                p = group_size if group_size is not None else max(1, launch.world // 2)
+                self.host = JobHost(
+                    secret,
+                    launch.world,
+                    ("", launch.coordinator[1]),
+                    launch.coordinator[0],
+                    run_num=run_num,
+                    group_size=p,
+                    capacities=capacities,
+                    run_dir=run_dir or environ.get("CREW_RUN_DIR"),
+                    join_timeout=timeout,
+                    probe_bytes=probe_bytes
+                    or int(environ.get("CREW_PROBE_BYTES", DEFAULT_PROBE_BYTES)),
+                    probe_seconds=probe_seconds
+                    or float(environ.get("CREW_PROBE_SECONDS", DEFAULT_PROBE_SECONDS)),
+                )
+                self.host.start()
+            transport.start()
+            data_host = environ.get("CREW_DATA_HOST") or _route_to(launch.coordinator)
+            join = proto.Join(
+                launch.rank,
+                launch.world,
+                data_host,
+                transport.port,
+                [list(t.shape) for t in self._tensors],
+                os.getpid(),
+            )
+            cfg = join_job(codec, launch.coordinator, join, transport, timeout=timeout)
+        except BaseException:
+            transport.close()
+            if self.host is not None:
+                self.host.close()
+            raise
+        self._start(cfg, launch.rank, secret, transport=transport, deferred=deferred)
+
+    @classmethod
+    def for_run(
+        cls,
+        params: nn.Module | Iterable[torch.Tensor],
+        cfg: RunConfig,
+        rank: int,
+        *,
+        secret: bytes | None = None,
+        iteration: int = 0,
+        on_slowdown: Any = None,
+    ) -> Averager:
+        """Join a run whose configuration already exists (the lab's ``config.json``, with a
+        coordinator started by ``python -m crew.coordinator --config``) as worker ``rank``.
+        ``iteration`` is the local iteration to resume from (a checkpoint's)."""
+        self = cls.__new__(cls)
+        self._tensors = _tensors_of(params)
+        self.rank = rank
+        self.world_size = cfg.n
+        self.host = None
+        self._start(cfg, rank, secret, iteration=iteration, on_slowdown=on_slowdown)
+        return self
+
+    def _start(
+        self,
+        cfg: RunConfig,
+        rank: int,
+        secret: bytes | None,
+        *,
+        transport: Transport | None = None,
+        deferred: _Deferred | None = None,
+        iteration: int = 0,
+        on_slowdown: Any = None,
+    ) -> None:
+        self.config = cfg
+        if transport is not None:
+            transport.set_stall_timeout(cfg.stall_timeout_s)
+        self.iteration = iteration
+        self._last_averaged = iteration
+        self._closed = False
+        size = sum(t.numel() for t in self._tensors)
+        self._node = Node(
+            cfg,
+            rank,
+            size,
+            secret=secret,
+            iteration=lambda: self.iteration,
+            on_slowdown=on_slowdown,
+            transport=transport,
+        )
+        if deferred is not None:
+            deferred.node = self._node
+        try:
+            started = self._node.start(transport_started=transport is not None)
+        except BaseException:
+            self._node.close()
+            if self.host is not None:
+                self.host.close()
+            raise
+        if not started:
+            self.close()
+
+    # -- the loop's calls --------------------------------------------------------------------
+
+    @property
+    def stopped(self) -> bool:
+        """The job is over: the coordinator said stop, was lost, or :meth:`close` was called."""
+        return self._closed or self._node.stop_event.is_set()
+
+    @property
+    def num_values(self) -> int:
+        """How many values are averaged (the sum of the tensors' sizes)."""
+        return self._node.vector_len
+
+    def vector(self) -> np.ndarray:
+        """A flat float32 copy of the parameters, in the order given."""
+        with torch.no_grad():
+            flat = torch.cat(
+                [t.detach().reshape(-1).to("cpu", torch.float32) for t in self._tensors]
+            )
+        return flat.numpy()
+
+    def load_vector(self, vector: np.ndarray) -> None:
+        """Write a flat float32 vector (as :meth:`vector` returns) into the parameters."""
+        if vector.shape != (self.num_values,):
+            raise ValueError(f"vector: shape {vector.shape}, expected ({self.num_values},)")
+        if not np.isfinite(vector).all():
+            raise ValueError("vector: has non-finite values")
+        flat = torch.from_numpy(np.array(vector, dtype=np.float32))  # a writable copy
+        offset = 0
+        with torch.no_grad():
+            for t in self._tensors:
+                n = t.numel()
+                t.copy_(flat[offset : offset + n].view(t.shape))
+                offset += n
+
+    def step(self) -> Round:
+        """Report this worker ready after a local step; return when its group has averaged
+        (the parameters now hold the average) or was given up (they are unchanged).
+
+        Blocks while the group forms and reduces; the coordinator's group deadlines bound
+        that wait. Returns a :class:`Round` with ``stopped=True`` at once if the job is over."""
+        self.iteration += 1
+        staleness = self.iteration - self._last_averaged
+        if self.stopped:
+            return Round(False, None, (), staleness, 0.0, "stopped", stopped=True)
+        started = time.perf_counter()
+        self._node.offer(self.vector(), self.iteration)
+        settled = self._node.settle()
+        seconds = time.perf_counter() - started
+        if settled is None:
+            return Round(False, None, (), staleness, seconds, "stopped", stopped=True)
+        if settled.settlement is Settlement.APPLY_AVERAGE:
+            assert settled.result is not None
+            self.load_vector(settled.result)
+            self._last_averaged = self.iteration
+            return Round(True, settled.outcome.group, settled.members, staleness, seconds)
+        reason = settled.outcome.reason or "no full result"
+        return Round(False, settled.outcome.group, settled.members, staleness, seconds, reason)
+
+    def report(
+        self, loss: float, accuracy: float | None = None, *, iteration: int | None = None
+    ) -> None:
+        """Record this worker's training loss (and held-out accuracy) in the run database, at
+        ``iteration`` (default: the steps taken so far)."""
+        if math.isfinite(loss):
+            it = self.iteration if iteration is None else iteration
+            self._node.tell(proto.Metrics(self.rank, it, loss, accuracy, time.time()))
+
+    def stop(self) -> None:
+        """Ask this worker to leave: a waiting :meth:`step` returns with ``stopped=True`` and
+        so does every later one. Safe from a signal handler; call :meth:`close` afterwards."""
+        self._node.stop_event.set()
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        """Block until the job is over (benchmarks that only carry groups); True if it is."""
+        return self._node.stop_event.wait(timeout)
+
+    def close(self, timeout: float = 120.0) -> None:
+        """Leave the job: stop the threads and close the sockets. On the rank that hosts the
+        coordinator, first wait (at most ``timeout`` s) until the other ranks have left, so
+        their last groups can finish. Idempotent."""
+        if self._closed and self.host is None:
+            return
+        self._closed = True
+        self._node.close()
+        if self.host is not None:
+            host, self.host = self.host, None
+            host.serve(timeout)
+
+    def __enter__(self) -> Averager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"Averager(rank={self.rank}, world_size={self.world_size}, p={self.config.p},"
+            f" values={self.num_values}, iteration={self.iteration})"
+        )
+
+
+def _route_to(addr: tuple[str, int]) -> str:
+    """The local address this host uses to reach ``addr`` (no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"

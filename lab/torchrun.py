@@ -1,0 +1,161 @@
+"""A user's script in the lab: one ``torchrun --nnodes n --node-rank i`` per emulated cloud.
+
+No lab runner and no ``config.json``: each host namespace runs the script through ``torchrun``
+(static rendezvous at host 0's identity address) over the shaped WAN links, exactly as on real
+machines, and rank 0 hosts the CREW coordinator. Used by the root integration test and to
+measure the start-up probe against a topology's emulated capacities::
+
+    sudo python -m lab.torchrun --topology topologies/default.yaml --steps 2
+
+prints the probe's time and bytes and, per link, measured / emulated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from crew import rundb
+from lab.mesh import LabNetwork
+from lab.topology import TopologySpec, load_topology
+
+REPO = Path(__file__).resolve().parents[1]
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+RDZV_PORT = 29400
+EXAMPLE = "examples/train_digits.py"
+
+
+@dataclass(frozen=True)
+class ScriptRun:
+    codes: list[int | None]  # per host; None: killed after the timeout
+    output: str  # every host's output, host by host
+    db: Path  # rank 0's run database
+
+
+def run_in_lab(
+    topo: TopologySpec,
+    work: Path,
+    script_args: list[str],
+    *,
+    mgmt_subnet: str = "198.19.246.0/24",
+    probe_bytes: int = 4 << 20,
+    timeout: float = 300.0,
+) -> ScriptRun:
+    """Run ``EXAMPLE script_args`` on every host of ``topo`` through torchrun; wait for all."""
+    n = topo.n
+    run_dir = work / "run"
+    logs = []
+    with LabNetwork(
+        topo, tag="t" + secrets.token_hex(2), state_dir=work / "state", mgmt_subnet=mgmt_subnet
+    ) as net:
+        host0 = net.identity_address(0)
+        secret = secrets.token_hex(16)  # the same on every rank of this run
+        procs = []
+        for i in range(n):
+            env = {
+                **os.environ,
+                "CREW_SECRET": secret,
+                "CREW_DATA_HOST": net.identity_address(i),
+                "CREW_RUN_DIR": str(run_dir),
+                "CREW_PROBE_BYTES": str(probe_bytes),
+                "PYTHONPATH": str(REPO),
+                "OMP_NUM_THREADS": "1",
+            }
+            argv = [
+                str(TORCHRUN),
+                "--nnodes", str(n),
+                "--node-rank", str(i),
+                "--nproc-per-node", "1",
+                "--rdzv-backend", "static",
+                "--rdzv-endpoint", f"{host0}:{RDZV_PORT}",
+                "--master-addr", host0,
+                "--master-port", str(RDZV_PORT),
+                EXAMPLE, *script_args,
+            ]  # fmt: skip
+            log = open(work / f"w{i}.log", "w")  # noqa: SIM115 - closed below
+            logs.append(log)
+            procs.append(
+                net.popen(i, argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+            )
+        codes: list[int | None] = []
+        for proc in procs:
+            try:
+                codes.append(proc.wait(timeout=timeout))
+            except subprocess.TimeoutExpired:
+                net.stop_process(proc)
+                codes.append(None)
+    for log in logs:
+        log.close()
+    output = "\n".join((work / f"w{i}.log").read_text(errors="replace") for i in range(n))
+    return ScriptRun(codes, output, run_dir / "run.db")
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    message: str  # the coordinator's event: time and bytes
+    seconds: float
+    bytes_per_worker: int
+    ratio: dict[tuple[int, int], float]  # measured / emulated, per link
+
+
+def probe_result(db: Path, topo: TopologySpec) -> ProbeResult:
+    """The start-up probe's record in ``db`` against ``topo``'s emulated capacities."""
+    conn = rundb.connect(db, readonly=True)
+    try:
+        row = conn.execute("SELECT message, data FROM events WHERE kind = 'probe'").fetchone()
+    except sqlite3.Error as exc:
+        raise RuntimeError(f"{db}: no probe record: {exc}") from exc
+    finally:
+        conn.close()
+    if row is None:
+        raise RuntimeError(f"{db}: no probe record")
+    data = json.loads(row["data"])
+    measured = data["bw_mbit"]
+    emulated = topo.bw_matrix()
+    n = topo.n
+    ratio = {
+        (i, j): measured[i][j] / float(emulated[i][j]) for i in range(n) for j in range(n) if i != j
+    }
+    return ProbeResult(row["message"], data["seconds"], data["bytes_per_worker"], ratio)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lab.torchrun", description=__doc__)
+    parser.add_argument("--topology", default="topologies/default.yaml")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--probe-bytes", type=int, default=4 << 20)
+    args = parser.parse_args(argv)
+    topo = load_topology(args.topology)
+    with tempfile.TemporaryDirectory(prefix="crew-torchrun-") as tmp:
+        run = run_in_lab(
+            topo,
+            Path(tmp),
+            ["--group-size", "2", "--steps", str(args.steps)],
+            probe_bytes=args.probe_bytes,
+        )
+        if run.codes != [0] * topo.n:
+            print(run.output[-4000:])
+            print(f"exit codes {run.codes}")
+            return 1
+        res = probe_result(run.db, topo)
+    errs = sorted(abs(r - 1) for r in res.ratio.values())
+    print(f"{topo.name}: n={topo.n}, {res.message}")
+    print(
+        f"measured/emulated over {len(errs)} links: median error {errs[len(errs) // 2]:.1%},"
+        f" max {errs[-1]:.1%}; within 15%: {sum(e <= 0.15 for e in errs)}/{len(errs)}"
+    )
+    for (i, j), r in sorted(res.ratio.items()):
+        print(f"  {i}->{j}: {r:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

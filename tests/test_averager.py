@@ -1,0 +1,209 @@
+"""crew.Averager on loopback, several ranks as threads of this process: the average is exact,
+and every bad start-up case ends in a clear error within its time bound (no root, no lab)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import crew
+from crew.launch import LaunchEnv, read_secret
+
+SECRET = "test-secret-0123456789"
+
+
+def free_port() -> int:
+    """A MASTER_PORT whose +1 (the coordinator's port) is free too."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            with socket.socket() as s2:
+                s2.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair")
+
+
+def env_for(rank: int, world: int, port: int, secret: str = SECRET) -> dict[str, str]:
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(rank),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "CREW_SECRET": secret,
+        "CREW_DATA_HOST": "127.0.0.1",
+    }
+
+
+def run_ranks(world: int, body, envs=None, **kw):
+    """Run ``body(rank, averager)`` on ``world`` threads; per rank its result or exception."""
+    port = free_port()
+    results: dict[int, object] = {}
+
+    def one(rank: int) -> None:
+        env = envs[rank] if envs else env_for(rank, world, port)
+        try:
+            tensors = kw.get("tensors", lambda r: [torch.full((3, 4), float(r)), torch.ones(5)])(
+                rank
+            )
+            with crew.Averager(tensors, env=env, **kw.get("args", {})) as averager:
+                results[rank] = body(rank, averager, tensors)
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            results[rank] = exc
+
+    threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=90)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    return results
+
+
+ARGS = {"group_size": 2, "timeout": 10.0, "probe_bytes": 512 << 10, "probe_seconds": 3.0}
+
+
+def test_two_ranks_average_exactly_in_place():
+    def body(rank, averager, tensors):
+        rnd = averager.step()
+        return rnd, [t.clone() for t in tensors]
+
+    res = run_ranks(2, body, args=ARGS)
+    for rank in (0, 1):
+        assert not isinstance(res[rank], Exception), res[rank]
+        rnd, tensors = res[rank]
+        assert rnd.averaged and set(rnd.peers) == {0, 1} and rnd.staleness == 1
+        assert rnd.seconds > 0 and rnd.reason == "" and not rnd.stopped
+        assert torch.equal(tensors[0], torch.full((3, 4), 0.5))  # (0 + 1) / 2, exactly
+        assert torch.equal(tensors[1], torch.ones(5))
+
+
+def test_a_rank_that_leaves_after_joining_does_not_stop_the_others():
+    def body(rank, averager, tensors):
+        if rank == 2:
+            return averager.step()  # one round, then close() leaves the job
+        rounds = [averager.step() for _ in range(4)]
+        return rounds
+
+    res = run_ranks(3, body, args=ARGS)
+    assert not any(isinstance(r, Exception) for r in res.values()), res
+    for rank in (0, 1):
+        later = res[rank][-2:]
+        assert all(r.averaged for r in later), later  # groups re-formed without rank 2
+
+
+def test_wrong_secret_is_named():
+    port = free_port()
+    envs = [env_for(0, 2, port), env_for(1, 2, port, secret="another-secret-0123456789")]
+    res = run_ranks(2, lambda *a: None, envs=envs, args={**ARGS, "timeout": 4.0})
+    assert isinstance(res[1], crew.SecretError), res[1]
+    assert "CREW_SECRET" in str(res[1])
+    assert isinstance(res[0], crew.JoinRefused) and "[1] did not join" in str(res[0])
+
+
+def test_unreachable_coordinator_is_named_within_the_timeout():
+    env = {**env_for(1, 2, free_port())}
+    started = time.monotonic()
+    with pytest.raises(crew.CoordinatorUnreachable, match="127.0.0.1"):
+        crew.Averager([torch.zeros(3)], env=env, timeout=2.0)
+    assert time.monotonic() - started < 10
+
+
+def test_a_model_of_another_shape_is_refused_naming_both():
+    def tensors(rank):
+        return [torch.zeros(4, 4 if rank == 0 else 5)]
+
+    res = run_ranks(2, lambda *a: None, tensors=tensors, args=ARGS)
+    for rank in (0, 1):
+        assert isinstance(res[rank], crew.JoinRefused), res[rank]
+    assert "4x5" in str(res[1]) and "4x4" in str(res[1])
+
+
+def test_a_rank_missing_at_start_is_named():
+    port = free_port()
+    envs = [env_for(r, 3, port) for r in range(3)]
+    res = run_ranks(2, lambda *a: None, envs=envs, args={**ARGS, "timeout": 3.0})
+    for rank in (0, 1):
+        assert isinstance(res[rank], crew.JoinRefused), res[rank]
+        assert "ranks [2] did not join within 3 s" in str(res[rank])
+
+
+def test_no_secret_and_no_launcher_are_clear_errors():
+    with pytest.raises(crew.SecretError, match="CREW_SECRET"):
+        read_secret({})
+    with pytest.raises(crew.SecretError, match="at least 16"):
+        read_secret({"CREW_SECRET": "short"})
+    with pytest.raises(crew.LaunchError, match="RANK is not set"):
+        LaunchEnv.from_environ({})
+    env = LaunchEnv.from_environ({"RANK": "1", "WORLD_SIZE": "2", "CREW_COORDINATOR": "h:7"})
+    assert env.coordinator == ("h", 7) and not env.host_coordinator
+
+
+def test_params_are_checked():
+    with pytest.raises(TypeError, match="not a floating-point"):
+        crew.Averager([torch.zeros(3, dtype=torch.int64)], env={})
+    with pytest.raises(ValueError, match="nothing to average"):
+        crew.Averager([], env={})
+    assert np.float32  # numpy is the wire format
+
+
+RANK_SCRIPT = """
+import os, sys, time, torch, crew
+tensors = [torch.full((4,), float(os.environ["RANK"]))]
+with crew.Averager(tensors, group_size=2, timeout=20, probe_bytes=256 << 10) as averager:
+    print("joined", flush=True)
+    for _ in range(int(sys.argv[1])):
+        r = averager.step()
+        print("round", r.averaged, flush=True)
+        time.sleep(0.05)
+print("done", flush=True)
+"""
+
+
+def test_a_rank_killed_after_joining_is_dropped_and_the_others_finish(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    port = free_port()
+    procs = []
+    for rank, steps in ((0, 30), (1, 30), (2, 100000)):
+        env = {**os.environ, **env_for(rank, 3, port), "PYTHONPATH": str(repo)}
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", RANK_SCRIPT, str(steps)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    try:
+        victim = procs[2]
+        for _ in range(200):  # until it has averaged once
+            line = victim.stdout.readline()
+            if line.startswith("round") or not line:
+                break
+        assert line.startswith("round"), line
+        victim.send_signal(signal.SIGKILL)
+        outs = [p.communicate(timeout=90)[0] for p in procs[:2]]
+    finally:
+        for p in procs:
+            p.kill()
+    for rank, out in enumerate(outs):
+        assert procs[rank].returncode == 0, out[-2000:]
+        rounds = [line for line in out.splitlines() if line.startswith("round")]
+        assert len(rounds) == 30 and "done" in out, out[-2000:]
+        assert rounds[-1] == "round True"  # still averaging, without the killed rank
