@@ -7,8 +7,9 @@ One :class:`Simulation` is one run in simulated time. It owns
   ``seed * 1000 + worker``; the iteration takes ``max(sample, compute_s)``, where
   ``compute_s`` stands for the real step time the lab pads up to), then reports ready and
   waits for its group's commit or abandonment;
-* the life cycle (``crew.sim.lifecycle.SimLifecycle``: group former, planner, revisions,
-  deadlines), fed with events and obeyed;
+* the life cycle: the real ``crew.lifecycle.GroupLifecycle`` (group former, planner,
+  revisions, failover, deadlines) behind the adapter ``crew.sim.lifecycle.SimLifecycle``,
+  fed with events and obeyed;
 * the network (``crew.sim.network``): each assigned revision's routes are timed on FCFS
   link queues (``RouteTimer`` on ``LinkQueues``);
 * faults: link cuts (permanent) and worker crashes at given times.
@@ -186,7 +187,7 @@ class Simulation:
     def run(self) -> SimResult:
         wall0 = time.perf_counter()
         for w in range(self.n):
-            self.life.join(w, 0.0)
+            self._apply(self.life.join(w, 0.0))
             self._compute(w)
         for f in self.faults:
             self._push(f.at, _Ev.FAULT, f)
@@ -263,17 +264,13 @@ class Simulation:
             self.rec.fault(self.now, f)
         if f.kind is FaultKind.CUT_LINK:
             self.net.cut(f.a, f.b, self.now)
-            self._apply(self.life.link_failed(f.a, f.b, self.now, self._uses))
+            self._apply(self.life.link_failed(f.a, f.b, self.now))
         elif self.alive[f.a]:
             self.alive[f.a] = False
             self.token[f.a] += 1
             self._apply(self.life.worker_lost(f.a, self.now))
             if self.rec:
                 self.rec.worker_dead(f.a)
-
-    def _uses(self, gid: int, src: int, dst: int) -> bool:
-        plan = self.plans.get(gid)
-        return gid in self.transfers and plan is not None and plan.uses(src, dst)  # type: ignore[attr-defined]
 
     def _sample(self) -> None:
         sent = self.net.sent_by(self.now, self.cap)
