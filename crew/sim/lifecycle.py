@@ -147,7 +147,7 @@ class SimLifecycle:
         self.size_elems = int(size_bytes) // 4
         self.records: list[lc.Output] = []  # everything the life cycle recorded, in order
         self._bound: dict[int, float] = {}  # gid -> lower bound recorded when it opened
-        self._open: dict[int, lc.OpenGroup] = {}  # gid -> the life cycle's open group, once assigned
+        self._open: dict[int, lc.OpenGroup] = {}  # gid -> its open group, once assigned
 
     def _timed_plan(self, *args, **kw) -> GroupPlan:  # noqa: ANN002, ANN003
         t0 = time.perf_counter()
