@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from crew.sim.lifecycle import Abandon, Assign, Commit, Decision, Note, SimLifecycle
+from crew.sim.lifecycle import Abandon, Assign, Commit, Decision, SimLifecycle
 from crew.sim.network import LinkQueues, RouteTimer, part_bytes
 from crew.sim.record import Recorder
 from crew.sim.topogen import SimTopology
@@ -286,20 +286,10 @@ class Simulation:
                 self.transfers.pop(d.group.id, None)
                 self._end(d.group.id, d.group.members, d.group.dropped)
                 self.completed += 1
-                if self.rec:
-                    self.rec.group_end(
-                        self.now, d.group, "completed", d.rev, d.bytes_moved, None, None
-                    )
             elif isinstance(d, Abandon):
                 self.transfers.pop(d.group.id, None)
                 self._end(d.group.id, d.group.members, d.group.dropped)
                 self.abandoned += 1
-                if self.rec:
-                    self.rec.group_end(
-                        self.now, d.group, "abandoned", d.rev, d.bytes_moved, d.plan, d.reason
-                    )
-            elif isinstance(d, Note) and self.rec:
-                self.rec.event(self.now, d.kind, d.message, d.level, d.worker)
         if self.life.former.holding and not self.tick_pending:
             self.tick_pending = True
             self._push(self.now + TICK_S, _Ev.TICK, None)
@@ -323,8 +313,6 @@ class Simulation:
         timer.start(self.now)
         self._follow(gid, d.rev, timer)
         self._push(d.deadline + 1e-9, _Ev.TICK, None)
-        if self.rec:
-            self.rec.group_assign(self.now, d)
 
     def _end(self, gid: int, members: Sequence[int], dropped: Sequence[int]) -> None:
         self.result_times.append((gid, self.group_start.get(gid, self.now), self.now))
