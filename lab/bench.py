@@ -982,6 +982,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_allow_missing(p)
     p.add_argument("--log-level", default="WARNING", help="log level of the benchmark itself")
+    p.add_argument("--sim", action="store_true", help="also print simulated / emulated per op")
     return p
 
 
@@ -1154,6 +1155,10 @@ def main(argv: list[str] | None = None) -> int:
         for note in write_figures(build_figures(results), spec.out):
             console.print(note)
         console.print(f"results: {spec.out / 'results.json'}")
+        if args.sim:  # the same trace, sizes and topology in crew.sim's network model
+            from lab.simcompare import bench_report
+
+            console.print(bench_report(results, args.topology), highlight=False)
     if train is not None:
         console.print(train_table(train["schemes"], spec.target_accuracy))
         failed |= any(r["error"] for r in train["schemes"].values())

@@ -8,8 +8,7 @@ coordinator does: one group at a time, all workers active) and timed on fresh FC
 (``crew.sim.network``), and prints simulated / emulated per op (median and spread) for every
 scheme the results hold. Gloo is not planned per group and is skipped.
 
-Intended hook in ``lab.bench`` (not wired yet): after writing ``results.json``, ``--sim`` calls
-``compare(results, topology)`` and prints ``report(...)``.
+``lab.bench --sim`` calls :func:`bench_report` after the emulated runs.
 """
 
 from __future__ import annotations
@@ -98,13 +97,22 @@ def report(cmp: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def bench_report(results: dict[str, Any], topology: Path) -> str:
+    """What ``lab.bench --sim`` prints: every scheme of the results, simulated or why not."""
+    cmp = compare(results, topology)
+    skipped = [s for s in results["schemes"] if s not in cmp]
+    lines = [report(cmp)]
+    lines += [f"{s:11s} not simulated (no per-group plan, or no op time)" for s in skipped]
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lab.simcompare", description=__doc__)
     parser.add_argument("results", type=Path, help="a lab.bench results.json")
     parser.add_argument("--topology", type=Path, required=True, help="the topology it ran on")
     args = parser.parse_args(argv)
     results = json.loads(args.results.read_text())
-    print(report(compare(results, args.topology)))
+    print(bench_report(results, args.topology))
     return 0
 
 

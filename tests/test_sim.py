@@ -37,17 +37,32 @@ def _run(topo: SimTopology, **kw):  # noqa: ANN202
     return Simulation(topo, cfg).run()
 
 
-@pytest.mark.parametrize("scheme", ["crew", "preduce"])
-def test_two_workers_timed_by_hand(scheme: str) -> None:
+def test_two_workers_timed_by_hand_preduce() -> None:
     # 8 Mbit/s = 1 MB/s each way, 4 MB model, both ready at t=1. Each worker aggregates half:
-    # preduce scatters 2 MB each way (2 s) then broadcasts 2 MB (2 s); crew streams, but each
-    # link carries 2 MB of scatter and 2 MB of broadcast, 4 s, and the broadcast parts queue
-    # behind the scatter. Both end at t=5; the next iteration readies them at 6, done at 10.
-    res = _run(_uniform(2), scheme=scheme, p=2, size_bytes=4 * MB, duration_s=12.0)
+    # preduce scatters 2 MB each way (2 s) then broadcasts 2 MB (2 s): both end at t=5; the
+    # next iteration readies them at 6, done at 10.
+    res = _run(_uniform(2), scheme="preduce", p=2, size_bytes=4 * MB, duration_s=12.0)
     assert [(round(a, 9), round(b, 9)) for _, a, b in res.group_times[:2]] == [
         (1.0, 5.0),
         (6.0, 10.0),
     ]
+    assert res.rounds == [2, 2]
+
+
+def test_two_workers_timed_by_hand_crew() -> None:
+    # Same run with crew. The route LP's optimum is ONE route rooted at worker 0 (links 1->0
+    # and 0->1 carry the whole 4 MB each: T_bw = 4 s, which is also what two half-roots give).
+    # Root 0 forwards a part once it has all of it: the last part (part_bytes(4 MB, 2) =
+    # 500,000 B) is in at t = 1 + 4 and reaches worker 1 one part time (0.5 s) later. The
+    # planner predicts 4 s: its cost model has no fill term unless given part_bytes, which
+    # the coordinator does not pass (see docs/simulator.md, "Known gaps").
+    part = part_bytes(4 * MB, 2)
+    assert part == 500_000
+    res = _run(_uniform(2), scheme="crew", p=2, size_bytes=4 * MB, duration_s=12.0)
+    end = 1.0 + 4.0 + part / MB
+    expect = [(1.0, end), (end + 1.0, end + 1.0 + 4.0 + part / MB)]
+    got = [(a, b) for _, a, b in res.group_times[:2]]
+    assert np.allclose(got, expect, atol=1e-9), got
     assert res.rounds == [2, 2]
 
 

@@ -7,8 +7,9 @@ One :class:`Simulation` is one run in simulated time. It owns
   ``seed * 1000 + worker``; the iteration takes ``max(sample, compute_s)``, where
   ``compute_s`` stands for the real step time the lab pads up to), then reports ready and
   waits for its group's commit or abandonment;
-* the life cycle (``crew.sim.lifecycle.SimLifecycle``: group former, planner, revisions,
-  deadlines), fed with events and obeyed;
+* the life cycle: the real ``crew.lifecycle.GroupLifecycle`` (group former, planner,
+  revisions, failover, deadlines) behind the adapter ``crew.sim.lifecycle.SimLifecycle``,
+  fed with events and obeyed;
 * the network (``crew.sim.network``): each assigned revision's routes are timed on FCFS
   link queues (``RouteTimer`` on ``LinkQueues``);
 * faults: link cuts (permanent) and worker crashes at given times.
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from crew.sim.lifecycle import Abandon, Assign, Commit, Decision, Note, SimLifecycle
+from crew.sim.lifecycle import Abandon, Assign, Commit, Decision, SimLifecycle
 from crew.sim.network import LinkQueues, RouteTimer, part_bytes
 from crew.sim.record import Recorder
 from crew.sim.topogen import SimTopology
@@ -186,7 +187,7 @@ class Simulation:
     def run(self) -> SimResult:
         wall0 = time.perf_counter()
         for w in range(self.n):
-            self.life.join(w, 0.0)
+            self._apply(self.life.join(w, 0.0))
             self._compute(w)
         for f in self.faults:
             self._push(f.at, _Ev.FAULT, f)
@@ -263,17 +264,13 @@ class Simulation:
             self.rec.fault(self.now, f)
         if f.kind is FaultKind.CUT_LINK:
             self.net.cut(f.a, f.b, self.now)
-            self._apply(self.life.link_failed(f.a, f.b, self.now, self._uses))
+            self._apply(self.life.link_failed(f.a, f.b, self.now))
         elif self.alive[f.a]:
             self.alive[f.a] = False
             self.token[f.a] += 1
             self._apply(self.life.worker_lost(f.a, self.now))
             if self.rec:
                 self.rec.worker_dead(f.a)
-
-    def _uses(self, gid: int, src: int, dst: int) -> bool:
-        plan = self.plans.get(gid)
-        return gid in self.transfers and plan is not None and plan.uses(src, dst)  # type: ignore[attr-defined]
 
     def _sample(self) -> None:
         sent = self.net.sent_by(self.now, self.cap)
@@ -289,20 +286,10 @@ class Simulation:
                 self.transfers.pop(d.group.id, None)
                 self._end(d.group.id, d.group.members, d.group.dropped)
                 self.completed += 1
-                if self.rec:
-                    self.rec.group_end(
-                        self.now, d.group, "completed", d.rev, d.bytes_moved, None, None
-                    )
             elif isinstance(d, Abandon):
                 self.transfers.pop(d.group.id, None)
                 self._end(d.group.id, d.group.members, d.group.dropped)
                 self.abandoned += 1
-                if self.rec:
-                    self.rec.group_end(
-                        self.now, d.group, "abandoned", d.rev, d.bytes_moved, d.plan, d.reason
-                    )
-            elif isinstance(d, Note) and self.rec:
-                self.rec.event(self.now, d.kind, d.message, d.level, d.worker)
         if self.life.former.holding and not self.tick_pending:
             self.tick_pending = True
             self._push(self.now + TICK_S, _Ev.TICK, None)
@@ -326,8 +313,6 @@ class Simulation:
         timer.start(self.now)
         self._follow(gid, d.rev, timer)
         self._push(d.deadline + 1e-9, _Ev.TICK, None)
-        if self.rec:
-            self.rec.group_assign(self.now, d)
 
     def _end(self, gid: int, members: Sequence[int], dropped: Sequence[int]) -> None:
         self.result_times.append((gid, self.group_start.get(gid, self.now), self.now))

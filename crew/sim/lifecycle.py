@@ -1,38 +1,41 @@
-"""The seam between the simulator and the group life cycle: events in, decisions out.
+"""The seam between the simulator and the group life cycle: an adapter over the real one.
 
-The lab's coordinator (``crew/coordinator.py``) runs a group's life cycle on real sockets.
-The simulator needs the same decisions in simulated time, so it talks to one small class,
-:class:`SimLifecycle`, and nothing else: the engine feeds it events (a worker ready, a group's
-data all delivered, a link cut, a worker lost, a clock tick) and carries out what it returns
-(:class:`Assign`, :class:`Commit`, :class:`Abandon`, :class:`Note`).
+The group life cycle is ``crew.lifecycle.GroupLifecycle``, the same pure state machine the lab's
+coordinator (``crew/coordinator.py``) wraps in sockets. The simulator drives it with simulated
+time through :class:`SimLifecycle`, which only translates:
 
-It is built from the real parts: ``crew.grouping.GroupFormer`` (FIFO queue, several groups in
-flight, staleness, isolation guard), ``crew.schemes.plan_group`` (every scheme's routes),
-``crew.planner.residual_capacity`` and ``crew.planner.lower_bound``, and the coordinator's own
-constants for revisions and deadlines. The glue is kept to what the coordinator does:
+* simulated events into the protocol messages the coordinator would receive: a worker joins
+  (``Register``), finishes an iteration (``Ready``, with the projection of its offered vector),
+  holds its group's result (``HaveAll``, one per member, with the projection of the exact
+  weighted average, as a correct worker reports it), a link is cut (``LinkFailed``), a worker
+  dies (``WorkerDisconnected``); the clock (``tick``) and the end (``shutdown``);
+* its outputs into what the engine does: ``SendTo(.., Assign)`` (one per participant) becomes
+  one :class:`Assign` (start the routes on the network model), ``SendTo(.., Commit)`` /
+  ``SendTo(.., Abandon)`` become one :class:`Commit` / :class:`Abandon` (the members resume
+  computing), ``EventRecord`` becomes a :class:`Note`. Every record output is also kept in
+  :attr:`SimLifecycle.records` order for a run database (``crew.coordinator.write_record``).
 
-* a formed group is planned on the capacity left by the groups in flight (each assumed
-  ``elapsed / predicted`` done, as the coordinator estimates), with the failed links at 0;
-* a member lost: the survivors get a new revision planned without it (no survivor: abandon);
-  an aggregator lost or a used link cut: a new revision on what is left;
-* a revision not done by ``max(group_timeout_min_s, DEADLINE_FACTOR x predicted)`` is revised,
-  and after ``MAX_REVISIONS`` or when no plan exists the group is abandoned.
-
-When the pure life cycle being split out of the coordinator lands, this class becomes a thin
-adapter over it (same events in, same decisions out) and the engine does not change.
+So revisions, failover, deadlines, committed capacity, the group former (FIFO, several groups
+in flight, staleness, isolation guard) and the planner calls are all the real code's. The only
+knob the simulator sets differently from the lab is the former's heartbeat timeout: simulated
+workers never go silent, they die by an explicit fault.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from crew import planner
+from crew import lifecycle as lc
+from crew import protocol as proto
+from crew.config import RunConfig
 from crew.grouping import Group, GroupFormer
-from crew.lifecycle import DEADLINE_FACTOR, MAX_REVISIONS
 from crew.schemes import GroupPlan, plan_group
+
+NEVER_SILENT_S = 1e9  # the former's heartbeat timeout: simulated workers never go silent
 
 
 @dataclass(frozen=True)
@@ -76,18 +79,27 @@ class Note:
 Decision = Assign | Commit | Abandon | Note
 
 
-@dataclass
-class _Open:
-    group: Group
-    rev: int
-    plan: GroupPlan
-    started: float
-    deadline: float
-    bytes_moved: int
+def offered_proj(worker: int, iteration: int) -> float:
+    """The projection a simulated worker offers (any distinct, exactly representable value)."""
+    return float(worker * 1000 + iteration % 1000)
+
+
+def _current(og: lc.OpenGroup) -> Group:
+    """The open group as it stands: members lost since formation moved to ``dropped``."""
+    g = og.group
+    its = dict(zip(g.members, g.iterations, strict=True))
+    dropped = tuple(m for m in g.members if m not in og.members)
+    return dataclasses.replace(
+        g,
+        members=og.members,
+        weights=og.weights,
+        iterations=tuple(its[m] for m in og.members),
+        dropped=tuple(sorted(set(g.dropped) | set(dropped))),
+    )
 
 
 class SimLifecycle:
-    """Group life cycle for the simulator; see the module docstring."""
+    """``crew.lifecycle.GroupLifecycle`` driven in simulated time; see the module docstring."""
 
     def __init__(
         self,
@@ -103,146 +115,130 @@ class SimLifecycle:
         group_timeout_min_s: float = 30.0,
         isolation_max_wait: float = 10.0,
     ) -> None:
-        self.former = GroupFormer(n, p, staleness=staleness, isolation_max_wait=isolation_max_wait)
-        self.scheme = scheme
-        self.size = int(size_bytes)
         bw = np.array(bw_mbit, dtype=float)
-        np.fill_diagonal(bw, np.inf)
-        self.bw = bw  # what the planner knows: configured rates, failed links at 0
-        self.seed = seed
-        self.committed_capacity = committed_capacity
-        self.group_timeout_min_s = group_timeout_min_s
-        self.open: dict[int, _Open] = {}
-        self.plan_seconds: list[float] = []  # wall time of each plan_group call (for scale)
+        np.fill_diagonal(bw, 0.0)
+        self.cfg = RunConfig(
+            run_id="sim",
+            run_num=0,
+            run_dir="",
+            secret_path="",
+            n=n,
+            p=p,
+            scheme=scheme,
+            coordinator_host="",
+            coordinator_port=0,
+            data_port=0,
+            identities=tuple(f"sim{i}" for i in range(n)),
+            bw_mbit=tuple(tuple(float(x) for x in row) for row in bw),
+            seed=seed,
+            staleness=staleness,
+            committed_capacity=committed_capacity,
+            group_timeout_min_s=group_timeout_min_s,
+        )
+        self.former = GroupFormer(
+            n,
+            p,
+            heartbeat_timeout=NEVER_SILENT_S,
+            staleness=staleness,
+            isolation_max_wait=isolation_max_wait,
+        )
+        self.plan_seconds: list[float] = []  # wall time of each planner call (for scale)
+        self.life = lc.GroupLifecycle(self.cfg, former=self.former, plan=self._timed_plan)
+        self.size_elems = int(size_bytes) // 4
+        self.records: list[lc.Output] = []  # everything the life cycle recorded, in order
+        self._bound: dict[int, float] = {}  # gid -> lower bound recorded when it opened
+        self._open: dict[int, lc.OpenGroup] = {}  # gid -> its open group, once assigned
+
+    def _timed_plan(self, *args, **kw) -> GroupPlan:  # noqa: ANN002, ANN003
+        t0 = time.perf_counter()
+        try:
+            return plan_group(*args, **kw)
+        finally:
+            self.plan_seconds.append(time.perf_counter() - t0)
 
     # ---- events in ------------------------------------------------------------------------
 
-    def join(self, worker: int, now: float) -> None:
-        self.former.join(worker, now)
+    def join(self, worker: int, now: float) -> list[Decision]:
+        msg = proto.Register(worker=worker, pid=0, iteration=0, vector_len=self.size_elems)
+        return self._drive(lambda: self.life.handle(msg, now))
 
     def ready(self, worker: int, iteration: int, now: float) -> list[Decision]:
-        out: list[Decision] = []
-        for g in self.former.ready(worker, iteration, now):
-            out += self._start(g, now)
-        return out
+        msg = proto.Ready(worker, iteration, offered_proj(worker, iteration), -1)
+        return self._drive(lambda: self.life.handle(msg, now))
 
     def delivered(self, gid: int, now: float) -> list[Decision]:
-        """Every member holds the result of the current revision (all HaveAll in)."""
-        og = self.open.pop(gid)
-        g = self.former.complete(gid, now)
-        return [Commit(g, og.rev, og.bytes_moved)]
+        """Every member holds the result of the current revision: each sends HaveAll."""
+        og = self.life.open[gid]
+        result = sum(
+            w * self.life.offered_proj[m] for m, w in zip(og.members, og.weights, strict=True)
+        )
+        msgs = [proto.HaveAll(m, gid, og.rev, 0, result) for m in og.members]
+        return self._drive(lambda: [o for msg in msgs for o in self.life.handle(msg, now)])
 
-    def link_failed(self, src: int, dst: int, now: float, uses) -> list[Decision]:  # noqa: ANN001
-        """Link src -> dst is gone for good; ``uses(gid, src, dst)`` says whether an open
-        group's transfer still needs it."""
-        out: list[Decision] = []
-        if self.bw[src, dst] > 0:
-            self.bw[src, dst] = 0.0
-            out.append(Note("fault", f"link {src}->{dst} failed", "warning"))
-        for gid in sorted(self.open):
-            if uses(gid, src, dst):
-                out += self._revise(self.open[gid], now, f"link {src}->{dst} failed")
-        return out
+    def link_failed(self, src: int, dst: int, now: float) -> list[Decision]:
+        """Link src -> dst is gone for good (reported by its sender, as a worker does)."""
+        msg = proto.LinkFailed(src, src, dst, "cut (simulated)")
+        return self._drive(lambda: self.life.handle(msg, now))
 
     def worker_lost(self, worker: int, now: float) -> list[Decision]:
-        self.former.mark_dead(worker, now)
-        out: list[Decision] = [Note("fault", f"worker {worker} lost", "warning", worker)]
-        for gid in sorted(self.open):
-            og = self.open[gid]
-            if worker in og.group.members:
-                if og.group.size == 1:
-                    out.append(self._abandon(og, now, f"worker {worker} lost"))
-                    continue
-                og.group = self.former.drop_member(gid, worker)
-                out += self._revise(og, now, f"member {worker} lost")
-            elif worker in og.plan.participants():
-                out += self._revise(og, now, f"aggregator {worker} lost")
-        for g in self.former.form(now):  # fewer live workers may lower p_eff
-            out += self._start(g, now)
-        return out
+        ev = lc.WorkerDisconnected(worker, "crashed (simulated)")
+        return self._drive(lambda: self.life.handle(ev, now))
 
     def tick(self, now: float) -> list[Decision]:
-        """Deadlines, and groups the isolation guard held back."""
-        out: list[Decision] = []
-        for gid in sorted(self.open):
-            og = self.open.get(gid)
-            if og is not None and now > og.deadline:
-                out += self._revise(og, now, f"revision {og.rev} missed its deadline")
-        for g in self.former.form(now):
-            out += self._start(g, now)
-        return out
+        return self._drive(lambda: self.life.tick(now))
 
     def stop(self, now: float) -> list[Decision]:
-        return [self._abandon(og, now, "run stopped") for og in list(self.open.values())]
+        return self._drive(lambda: self.life.shutdown(now, "run stopped"))
 
     # ---- queries --------------------------------------------------------------------------
 
     def next_deadline(self) -> float | None:
-        return min((og.deadline for og in self.open.values()), default=None)
+        return min((og.deadline for og in self.life.open.values()), default=None)
 
     def alive(self) -> list[int]:
-        return sorted(self.former.alive())
+        return self.life.alive()
 
-    # ---- internals ------------------------------------------------------------------------
+    # ---- translation ----------------------------------------------------------------------
 
-    def _planning_bw(self, now: float) -> np.ndarray:
-        """The coordinator's estimate of what groups in flight still send (see
-        ``Coordinator._planning_bw``): each is ``elapsed / predicted`` done."""
-        if not self.committed_capacity or not self.open:
-            return self.bw
-        committed = np.zeros_like(self.bw)
-        horizon = 0.0
-        for og in self.open.values():
-            predicted = max(og.plan.predicted_s, 1e-3)
-            left = max(0.0, 1.0 - (now - og.started) / predicted)
-            committed += og.plan.link_bytes() * left
-            horizon = max(horizon, predicted * left)
-        if horizon <= 0.0:
-            return self.bw
-        return planner.residual_capacity(self.bw, committed, horizon)
+    def _drive(self, call) -> list[Decision]:  # noqa: ANN001
+        """Run one life-cycle call and translate its outputs, in order."""
+        outs = call()
+        decided: list[Decision] = []
+        seen: set[tuple[str, int, int]] = set()
+        for o in outs:
+            if not isinstance(o, lc.SendTo):
+                self.records.append(o)
+            if isinstance(o, lc.GroupOpenedRecord):
+                self._bound[o.group.id] = o.bound_s
+            elif isinstance(o, lc.GroupUnplannedRecord):
+                decided.append(Abandon(o.group, 0, o.reason, 0, None))
+                seen.add(("end", o.group.id, 0))
+            elif isinstance(o, lc.EventRecord):
+                decided.append(Note(o.kind, o.message, o.level.value, o.worker))
+            elif isinstance(o, lc.SendTo):
+                decided += self._message(o.msg, seen)
+        return decided
 
-    def _plan(self, members: Sequence[int], now: float) -> tuple[GroupPlan, float]:
-        import time
-
-        active = self.alive()
-        bw = self._planning_bw(now)
-        t0 = time.perf_counter()
-        plan = plan_group(self.scheme, bw, members, self.size, active=active, seed=self.seed)
-        self.plan_seconds.append(time.perf_counter() - t0)
-        bound = planner.lower_bound(self.bw, members, self.size, active=active)
-        return plan, bound
-
-    def _deadline(self, plan: GroupPlan, now: float) -> float:
-        return now + max(self.group_timeout_min_s, DEADLINE_FACTOR * plan.predicted_s)
-
-    def _start(self, g: Group, now: float) -> list[Decision]:
-        try:
-            plan, bound = self._plan(g.members, now)
-        except planner.PlanError as exc:
-            self.former.abandon(g.id, now)
-            return [Abandon(g, 0, f"no plan: {exc}", 0, None)]
-        og = _Open(g, 0, plan, now, self._deadline(plan, now), int(plan.link_bytes().sum()))
-        self.open[g.id] = og
-        return [Assign(g, 0, plan, bound, og.deadline)]
-
-    def _revise(self, og: _Open, now: float, why: str) -> list[Decision]:
-        if og.rev + 1 >= MAX_REVISIONS:
-            return [self._abandon(og, now, f"too many revisions ({why})")]
-        try:
-            plan, bound = self._plan(og.group.members, now)
-        except planner.PlanError as exc:
-            return [self._abandon(og, now, f"no plan after {why}: {exc}")]
-        og.rev += 1
-        og.plan = plan
-        og.started = now
-        og.deadline = self._deadline(plan, now)
-        og.bytes_moved += int(plan.link_bytes().sum())
-        return [
-            Note("recovery", f"group {og.group.id} revision {og.rev}: {why}"),
-            Assign(og.group, og.rev, plan, bound, og.deadline, why),
-        ]
-
-    def _abandon(self, og: _Open, now: float, reason: str) -> Abandon:
-        self.open.pop(og.group.id, None)
-        g = self.former.abandon(og.group.id, now)
-        return Abandon(g, og.rev, reason, og.bytes_moved, og.plan)
+    def _message(self, msg: proto.Message, seen: set[tuple[str, int, int]]) -> list[Decision]:
+        if isinstance(msg, proto.Assign):
+            key = ("assign", msg.group, msg.rev)
+            if key in seen:
+                return []
+            seen.add(key)
+            og = self.life.open[msg.group]
+            self._open[msg.group] = og
+            why = "" if msg.rev == 0 else "revised"
+            bound = self._bound.get(msg.group, 0.0)
+            return [Assign(_current(og), msg.rev, og.plan, bound, og.deadline, why)]
+        if isinstance(msg, proto.Commit | proto.Abandon):
+            key = ("end", msg.group, 0)
+            if key in seen:
+                return []
+            seen.add(key)
+            # The closed group's last state (the life cycle mutates it until it closes).
+            og = self._open.pop(msg.group)
+            self._bound.pop(msg.group, None)
+            if isinstance(msg, proto.Commit):
+                return [Commit(_current(og), msg.rev, og.bytes_moved)]
+            return [Abandon(_current(og), og.rev, msg.reason, og.bytes_moved, og.plan)]
+        return []  # Split, Stop: nothing for a simulated worker to do

@@ -11,19 +11,19 @@ Loss and accuracy are NULL: the simulator moves no model.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from crew import lifecycle as lc
+from crew.coordinator import write_record
 from crew.rundb import RunDB
-from crew.sim.lifecycle import Assign
 
 if TYPE_CHECKING:
-    from crew.grouping import Group
-    from crew.schemes import GroupPlan
     from crew.sim.engine import Fault, SimConfig, Simulation
     from crew.sim.topogen import SimTopology
 
@@ -39,8 +39,6 @@ class Recorder:
         self.samples: list[tuple] = []
         self.events: list[tuple] = []
         self.link_state: list[tuple] = []
-        self.groups: dict[int, dict[str, Any]] = {}
-        self.members: dict[int, list[tuple]] = {}
         self.dead: set[int] = set()
 
     def t(self, sim_t: float) -> float:
@@ -84,70 +82,22 @@ class Recorder:
             )
         )
 
-    def group_assign(self, now: float, d: Assign) -> None:
-        g = d.group
-        row = self.groups.get(g.id)
-        if row is None:
-            self.groups[g.id] = {
-                "id": g.id,
-                "members": json.dumps(list(g.members)),
-                "weights": json.dumps(list(g.weights)),
-                "formed_at": self.t(g.formed_at),
-                "started_at": self.t(now),
-                "predicted_s": d.plan.predicted_s,
-                "bound_s": d.bound_s,
-                "plan": d.plan.to_json(),
-                "status": "open",
-                "revisions": 0,
-            }
-            st = g.staleness
-            self.members[g.id] = [
-                (g.id, m, it, s, w)
-                for m, it, s, w in zip(g.members, g.iterations, st, g.weights, strict=True)
-            ]
-        else:
-            row["plan"] = d.plan.to_json()
-            row["revisions"] = d.rev
-
-    def group_end(
-        self,
-        now: float,
-        g: Group,
-        status: str,
-        rev: int,
-        bytes_moved: int,
-        plan: GroupPlan | None,
-        reason: str | None,
-    ) -> None:
-        row = self.groups.setdefault(
-            g.id,
-            {
-                "id": g.id,
-                "members": json.dumps(list(g.members)),
-                "weights": json.dumps(list(g.weights)),
-                "formed_at": self.t(g.formed_at),
-                "started_at": None,
-                "predicted_s": None,
-                "bound_s": None,
-                "plan": None if plan is None else plan.to_json(),
-                "revisions": rev,
-            },
-        )
-        row.update(
-            status=status,
-            ended_at=self.t(now),
-            bytes=bytes_moved,
-            reason=reason,
-            members=json.dumps(list(g.members)),
-            weights=json.dumps(list(g.weights)),
-            revisions=rev,
-        )
-        if g.dropped and g.id in self.members:
-            self.members[g.id] = [r for r in self.members[g.id] if r[1] not in g.dropped]
-        if status == "abandoned":
-            self.event(now, "group", f"group {g.id} abandoned: {reason}", "warning", None)
-
     # ---- writing ---------------------------------------------------------------------------
+
+    def shift(self, rec: lc.Output) -> lc.Output:
+        """A life-cycle record with its simulated times moved to ``epoch + t``."""
+        rp = dataclasses.replace
+        if isinstance(rec, lc.EventRecord | lc.IterationRecord):
+            return rp(rec, t=self.t(rec.t))
+        if isinstance(rec, lc.GroupOpenedRecord):
+            g = rp(rec.group, formed_at=self.t(rec.group.formed_at))
+            return rp(rec, group=g, started_at=self.t(rec.started_at))
+        if isinstance(rec, lc.GroupUnplannedRecord):
+            g = rp(rec.group, formed_at=self.t(rec.group.formed_at))
+            return rp(rec, group=g, ended_at=self.t(rec.ended_at))
+        if isinstance(rec, lc.GroupClosedRecord):
+            return rp(rec, ended_at=self.t(rec.ended_at))
+        return rec
 
     def start(self, topo: SimTopology, cfg: SimConfig, faults: list[Fault]) -> None:
         """Nothing is written before the run ends; this only records what to write."""
@@ -203,25 +153,10 @@ class Recorder:
                 "INSERT INTO iterations (t, worker, iteration, loss, accuracy) VALUES (?,?,?,?,?)",
                 self.iterations,
             )
-            cols = (
-                "id", "scheme", "members", "weights", "formed_at", "started_at", "ended_at",
-                "status", "bytes", "predicted_s", "bound_s", "plan", "reason", "revisions",
-            )  # fmt: skip
-            db.executemany(
-                f"INSERT INTO groups ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                [
-                    tuple(
-                        {**r, "scheme": cfg.scheme}.get(c, 0 if c == "bytes" else None)
-                        for c in cols
-                    )
-                    for r in sorted(self.groups.values(), key=lambda r: r["id"])
-                ],
-            )
-            db.executemany(
-                "INSERT INTO group_members (group_id, worker, iteration, staleness, weight)"
-                " VALUES (?,?,?,?,?)",
-                [r for gid in sorted(self.members) for r in self.members[gid]],
-            )
+            # Groups, their members, the life cycle's events and worker states: the records
+            # of the real life cycle, written by the coordinator's own code.
+            for rec in sim.life.records:
+                write_record(db, self.shift(rec))
             now = self.t(sim.now)
             db.executemany(
                 "INSERT OR REPLACE INTO worker_status (worker, state, iteration, group_id,"
