@@ -1,7 +1,7 @@
 """Train a small MLP on the bundled digits with CREW: p of n ranks average after each step.
 
-    export CREW_SECRET=$(openssl rand -hex 32)
-    torchrun --standalone --nproc-per-node 4 examples/train_digits.py --group-size 2
+export CREW_SECRET=$(openssl rand -hex 32)
+torchrun --standalone --nproc-per-node 4 examples/train_digits.py --group-size 2
 """
 
 import argparse
@@ -26,7 +26,7 @@ with crew.Averager(model, group_size=args.group_size) as averager:
     mine = shard(train, averager.world_size, averager.rank, Partition.IID, seed=0)
     x, y = torch.from_numpy(mine.x.copy()), torch.from_numpy(mine.y.copy())
     averaged = 0
-    for step in range(args.steps):
+    for _ in range(args.steps):
         batch = torch.randint(len(y), (32,))
         loss = nn.functional.cross_entropy(model(x[batch]), y[batch])
         optimizer.zero_grad()
