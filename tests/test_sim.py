@@ -50,17 +50,14 @@ def test_two_workers_timed_by_hand_preduce() -> None:
 
 
 def test_two_workers_timed_by_hand_crew() -> None:
-    # Same run with crew. The route LP's optimum is ONE route rooted at worker 0 (links 1->0
-    # and 0->1 carry the whole 4 MB each: T_bw = 4 s, which is also what two half-roots give).
-    # Root 0 forwards a part once it has all of it: the last part (part_bytes(4 MB, 2) =
-    # 500,000 B) is in at t = 1 + 4 and reaches worker 1 one part time (0.5 s) later. The
-    # planner predicts 4 s: its cost model has no fill term unless given part_bytes, which
-    # the coordinator does not pass (see docs/simulator.md, "Known gaps").
-    part = part_bytes(4 * MB, 2)
-    assert part == 500_000
+    # Same run with crew. The route LP's optimum is degenerate here: ONE route rooted at worker
+    # 0 (links 1->0 and 0->1 carry the whole 4 MB each) and two half-vector stars both give
+    # T_bw = 4 s. crew takes the stars on such a tie (schemes._star_on_tie), and they finish
+    # as planned: each root holds its own half, so broadcast parts follow scatter parts with
+    # no relay wait, and the group ends at 1 + 4 s, like preduce. The single-root plan would
+    # end one part time later (the root forwards the last 500,000 B part only once it has it).
     res = _run(_uniform(2), scheme="crew", p=2, size_bytes=4 * MB, duration_s=12.0)
-    end = 1.0 + 4.0 + part / MB
-    expect = [(1.0, end), (end + 1.0, end + 1.0 + 4.0 + part / MB)]
+    expect = [(1.0, 5.0), (6.0, 10.0)]
     got = [(a, b) for _, a, b in res.group_times[:2]]
     assert np.allclose(got, expect, atol=1e-9), got
     assert res.rounds == [2, 2]
