@@ -125,7 +125,14 @@ GOOD_CONTROLS = [
         {"set_link_src": 0, "set_link_dst": 1, "set_link_rate": 25.0, "set_link_loss": 1.0},
         "set_link_submit",
         "set_link",
-        {"src": 0, "dst": 1, "rate_mbit": 25.0, "delay_ms": None, "loss_pct": 1.0},
+        {
+            "src": 0,
+            "dst": 1,
+            "rate_mbit": 25.0,
+            "delay_ms": None,
+            "loss_pct": 1.0,
+            "jitter_ms": None,
+        },
     ),
     (
         {"contention_src": 1, "contention_dst": 2, "contention_rate": 40.0},
