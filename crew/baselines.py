@@ -20,8 +20,8 @@ The schemes, and how they relate to what the CREW paper compares against:
   maximum spanning trees greedily (see :func:`pack_trees`) and offer both a streamed
   (``blink-pipe``) and a store-and-forward (``blink``) execution.
 * **TopoAdopt** (:func:`plan_topoadopt`): simulated annealing over a few spanning trees of the
-  members, their roots and data fractions, minimising the store-and-forward time. DESIGN.md
-  describes it only at that level; the moves, temperature schedule and start point are ours.
+  members, their roots and data fractions, minimising the store-and-forward time. The published
+  description stops at that level; the moves, temperature schedule and start point are ours.
 * P-Reduce and CREW itself are stars over planner plans (:func:`crew.routes.star_routes`).
 
 Two cost models price route sets (both ignore latency and aggregation time, and treat every

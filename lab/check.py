@@ -8,7 +8,7 @@ time (``--parallel``); the machine has few cores, so keep that small.
 
 Expected ceiling: TCP payload over Ethernet with timestamps is 1448 of every 1514 frame bytes
 HTB counts, 95.6%; HTB itself was measured at ~95% of the configured rate up to 200 Mbit/s
-(DESIGN.md section 4). A link fails when its goodput is more than ``--tolerance`` (10%) below
+(docs/architecture.md §6). A link fails when its goodput is more than ``--tolerance`` (10%) below
 that ceiling, and also when its sender counter did not carry the bytes (wrong path). Links
 with emulated delay or loss are measured but not judged: a short TCP transfer does not reach
 the rate there.

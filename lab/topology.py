@@ -14,7 +14,8 @@ Model and assumptions:
   lab, so workers of one cloud do *not* share the cloud-pair rate: the capacity is per pair.
 * Two workers in the same cloud get ``intra_cloud_mbit`` and no impairments.
 * ``delay_ms`` is one-way; ``jitter_ms`` may not exceed it (the delay would go negative).
-* Rates are what HTB is configured to; expect ~95% of it as goodput (DESIGN.md section 4).
+* Rates are what HTB is configured to; expect ~95% of it as goodput (docs/architecture.md §6;
+  lab.check measures it).
 
 Run ``python -m lab.topology PATH...`` to validate files and print a summary.
 """
