@@ -29,9 +29,9 @@ dtypes (or on another device) are converted for the wire and written back in the
 and device.
 
 Launch: :class:`Averager` reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` and
-``CREW_SECRET`` / ``CREW_SECRET_FILE`` (see :mod:`crew.launch`); rank 0 hosts the
+``CREW_SECRET`` / ``CREW_SECRET_FILE`` (see :mod:`crew.runtime.launch`); rank 0 hosts the
 coordinator. At start-up the ranks measure their links with a short probe
-(:mod:`crew.rendezvous`) unless ``capacities`` are given.
+(:mod:`crew.runtime.rendezvous`) unless ``capacities`` are given.
 """
 
 from __future__ import annotations
@@ -49,14 +49,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from crew import protocol as proto
 from crew.config import RunConfig
-from crew.frames import Frame, FrameCodec, FrameError
-from crew.launch import JobHost, LaunchEnv, read_secret, run_number
-from crew.node import Node
-from crew.rendezvous import DEFAULT_PROBE_BYTES, DEFAULT_PROBE_SECONDS, join_job
-from crew.transport import Transport
-from crew.worker_control import Settlement
+from crew.control.worker_control import Settlement
+from crew.runtime.launch import JobHost, LaunchEnv, read_secret, run_number
+from crew.runtime.node import Node
+from crew.runtime.rendezvous import DEFAULT_PROBE_BYTES, DEFAULT_PROBE_SECONDS, join_job
+from crew.wire import protocol as proto
+from crew.wire.frames import Frame, FrameCodec, FrameError
+from crew.wire.transport import Transport
 
 __all__ = ["Averager", "Round"]
 
@@ -224,7 +224,7 @@ class Averager:
         on_slowdown: Any = None,
     ) -> Averager:
         """Join a run whose configuration already exists (the lab's ``config.json``, with a
-        coordinator started by ``python -m crew.coordinator --config``) as worker ``rank``.
+        coordinator started by ``python -m crew.runtime.coordinator --config``) as worker ``rank``.
         ``iteration`` is the local iteration to resume from (a checkpoint's)."""
         self = cls.__new__(cls)
         self._tensors = _tensors_of(params)

@@ -15,9 +15,9 @@ from typing import Any
 
 
 class Scheme(enum.Enum):
-    """How a group's members average their vectors (see ``crew.schemes``)."""
+    """How a group's members average their vectors (see ``crew.plan.schemes``)."""
 
-    CREW = "crew"  # the route LP over stars, relays, trees and ring segments (crew.routelp)
+    CREW = "crew"  # the route LP over stars, relays, trees and ring segments (crew.plan.routelp)
     CREW_STAR = "crew-star"  # one star per active aggregator; pipelined per-link-load LP
     CREW_RELAY = "crew-relay"  # crew-star through one-hop relays, priced honestly
     CREW_PAPER = "crew-paper"  # the paper's form: p2a LP (X + Y), blocks stored and forwarded
@@ -40,7 +40,7 @@ MAX_AUTO_PART_BYTES = 1 << 20
 
 
 def run_data_dir(run_dir: str | Path) -> Path:
-    """Where a run keeps its data split (crew.datasets' cache), beside its database."""
+    """Where a run keeps its data split (crew.train.datasets' cache), beside its database."""
     return Path(run_dir) / "data"
 
 

@@ -6,9 +6,9 @@ runs/<id>``. The run is found, in this order, from ``st.session_state["run_path"
 name the run directory or its ``lab.db``.
 
 The page reads the database through one read-only connection per browser session and writes
-nothing but ``commands`` rows, through ``lab.commands.submit``; the lab applies them. Every
-command goes through ``lab.commands.parse_command`` first, so a refused one shows its reason
-and writes nothing.
+nothing but ``commands`` rows, through ``lab.orchestrate.commands.submit``; the lab applies them.
+Every command goes through ``lab.orchestrate.commands.parse_command`` first, so a refused one shows
+its reason and writes nothing.
 
 Every panel is on one page, in a fixed grid (network, utilisation, groups, plans and training,
 events), so a click in the sidebar and its effect are in view together, and a screenshot shows
@@ -41,10 +41,10 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from crew import rundb  # noqa: E402
+from crew.runtime import rundb  # noqa: E402
 from dashboard import figures, queries  # noqa: E402
-from lab import commands as lc  # noqa: E402
 from lab import export  # noqa: E402
+from lab.orchestrate import commands as lc  # noqa: E402
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,8 @@
 
 All reads take an ``asof`` time (Unix seconds): a live page passes "now", a replay passes the
 slider's time, and every panel then shows the run as it was at that moment. Statements are
-parameterised and shaped for the indexes in ``crew.rundb``: time ranges on ``link_samples_t``,
+parameterised and shaped for the indexes in ``crew.runtime.rundb``: time ranges on
+``link_samples_t``,
 ``iterations_t``, ``events_t`` and ``groups_formed``; per-link lookups on ``link_state_link``.
 
 The two tables that grow with the run's length (``link_samples``: n·(n−1) rows a second;

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import crew
-from crew.datasets import Partition, load_split, shard
+from crew.train.datasets import Partition, load_split, shard
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--group-size", type=int, default=2, help="p: ranks per averaging group")

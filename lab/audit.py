@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from crew import rundb
+from crew.runtime import rundb
 from lab.pace import Pace, read_pace
 
 log = logging.getLogger(__name__)

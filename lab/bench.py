@@ -6,7 +6,7 @@ One seeded **trace** of K groups (each p distinct workers drawn with
 ``random.Random(seed).sample``) is replayed by every partial-reduce scheme on the *same*
 ``LabNetwork``: the coordinator runs the trace's groups one at a time, each as soon as the
 previous one ended, among numpy-only workers that offer a fixed random vector of M bytes
-(``crew.worker`` benchmark mode). One op = one group's reduce; its time is
+(``crew.runtime.worker`` benchmark mode). One op = one group's reduce; its time is
 ``ended_at - started_at`` of its ``groups`` row, i.e. from the coordinator's Assign to the last
 member's HaveAll, as the coordinator saw it (control messages travel the unshaped management
 network, so this adds a few milliseconds at most).
@@ -16,7 +16,7 @@ Per scheme (``results.json`` → ``schemes.<name>``):
 ``op_times_s``
     the times of the completed ops, in trace order;
 ``bound_s``
-    the fluid lower bound of each completed op (``crew.planner.lower_bound`` on the topology's
+    the fluid lower bound of each completed op (``crew.plan.planner.lower_bound`` on the topology's
     capacity matrix with every worker active): no scheme can beat it;
 ``median_s``, ``p90_s``
     median and 90th percentile of ``op_times_s`` (linear interpolation between order statistics,
@@ -34,7 +34,7 @@ Per scheme (``results.json`` → ``schemes.<name>``):
     cost, which bounds ops on fast links;
 ``correct``
     all K ops completed, none abandoned, and each result passed the coordinator's projection
-    check (``verify_err`` < ``crew.verify.CHECK_TOLERANCE``, i.e. the members ended with the
+    check (``verify_err`` < ``crew.control.verify.CHECK_TOLERANCE``, i.e. the members ended with the
     weighted average of what they offered);
 ``link_bytes``
     bytes each directed link "i->j" carried during the scheme's ops, **measured**: the
@@ -44,11 +44,11 @@ Per scheme (``results.json`` → ``schemes.<name>``):
     payload) and, at 1 Hz, up to a second of whatever else moved around the ops (for Gloo: its
     rendezvous and barriers);
 ``planned_link_bytes``
-    the same, as the plans say: the sum over completed ops of ``crew.routes.link_load`` of the
+    the same, as the plans say: the sum over completed ops of ``crew.plan.routes.link_load`` of the
     final plan (payload only; empty for Gloo, which has no plan).
 
 **Gloo** (``gloo``) is not a partial reduce: its workers run K timed
-``torch.distributed.all_reduce`` ops among *all* n workers (``crew.gloo``), the trace is not
+``torch.distributed.all_reduce`` ops among *all* n workers (``crew.runtime.gloo``), the trace is not
 used, and worker 0 reports each op as a ``groups`` row. Its ``bound_s`` is
 ``lower_bound(bw, all n workers, M)`` and ``correct`` means only that every op completed: its
 result is torch's and is verified separately by ``tests/test_gloo.py``. Compare it with the
@@ -99,14 +99,14 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from crew import planner
-from crew.routes import Route, link_load
-from crew.rundb import connect
-from crew.schemes import GROUP_SCHEMES
-from crew.verify import CHECK_TOLERANCE
-from lab.cleanup import ROOT_NAME_PREFIX, root_link_names
-from lab.mesh import LabNetwork
-from lab.preflight import (
+from crew.control.verify import CHECK_TOLERANCE
+from crew.plan import planner
+from crew.plan.routes import Route, link_load
+from crew.plan.schemes import GROUP_SCHEMES
+from crew.runtime.rundb import connect
+from lab.net.cleanup import ROOT_NAME_PREFIX, root_link_names
+from lab.net.mesh import LabNetwork
+from lab.net.preflight import (
     Capabilities,
     PreflightError,
     add_allow_missing,
@@ -114,7 +114,7 @@ from lab.preflight import (
     check,
     describe,
 )
-from lab.runner import LabRun, RunOptions, free_mgmt_subnet
+from lab.orchestrate.runner import LabRun, RunOptions, free_mgmt_subnet
 from lab.topology import Impairment, TopologyError, TopologySpec, load_topology
 
 log = logging.getLogger(__name__)

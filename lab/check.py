@@ -2,7 +2,7 @@
 
     sudo python -m lab.check --topology topologies/small.yaml
 
-For each link i->j a sink in host j and a source in host i (lab.goodput) run one TCP transfer
+For each link i->j a sink in host j and a source in host i (lab.net.goodput) run one TCP transfer
 over the direct link for ``--seconds``. Links whose hosts are disjoint may run at the same
 time (``--parallel``); the machine has few cores, so keep that small.
 
@@ -14,7 +14,7 @@ with emulated delay or loss are measured but not judged: a short TCP transfer do
 the rate there.
 
 Delay, jitter and loss, where configured and emulated, are measured too: after the transfers,
-``--probes`` pings over every pair with an impairment in either direction, judged by lab.probe
+``--probes`` pings over every pair with an impairment in either direction, judged by lab.net.probe
 (RTT median and p90 within 10%, jitter within 25%, loss within the larger of 10% and 3
 binomial standard deviations of the probe count). A pair out of bounds fails the check.
 
@@ -37,12 +37,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from lab import preflight
-from lab.cleanup import DEFAULT_STATE_DIR, cleanup_leftovers
-from lab.mesh import LabError, LabNetwork
-from lab.preflight import ImpairmentMode, PreflightError
-from lab.probe import Row, loss_row, ping, rtt_rows
-from lab.shaping import ShapingError
+from lab.net import preflight
+from lab.net.cleanup import DEFAULT_STATE_DIR, cleanup_leftovers
+from lab.net.mesh import LabError, LabNetwork
+from lab.net.preflight import ImpairmentMode, PreflightError
+from lab.net.probe import Row, loss_row, ping, rtt_rows
+from lab.net.shaping import ShapingError
 from lab.topology import Impairment, LinkSpec, TopologyError, load_topology
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ def measure_batch(
     sink_args: tuple[str, ...] = (),
 ) -> list[LinkResult]:
     """Run one transfer per link in ``batch`` at the same time; judge each. ``meter_args`` go
-    to both ends of lab.goodput (``("--frames",)`` measures crew's data plane), ``sink_args``
+    to both ends of lab.net.goodput (``("--frames",)`` measures crew's data plane), ``sink_args``
     to the sink alone (``("--skip", "2")`` leaves a long link's slow start out)."""
     before = net.tx_bytes()
     sinks, sources = [], []
@@ -124,7 +124,7 @@ def measure_batch(
                 [
                     sys.executable,
                     "-m",
-                    "lab.goodput",
+                    "lab.net.goodput",
                     "sink",
                     "--bind",
                     addr,
@@ -148,7 +148,7 @@ def measure_batch(
                 [
                     sys.executable,
                     "-m",
-                    "lab.goodput",
+                    "lab.net.goodput",
                     "source",
                     "--to",
                     addr,

@@ -1,4 +1,5 @@
-"""Error of int8 layouts on real model deltas: why ``crew.compress`` uses min/max blocks of 256.
+"""Error of int8 layouts on real model deltas: why ``crew.train.compress`` uses min/max blocks of
+256.
 
 ``python -m lab.codecstudy [--steps 8]``: trains the default MLP on one digits shard for a few
 local steps (what a worker sends after H = 8 local steps), and prints for the pseudo-gradient
@@ -13,7 +14,7 @@ import argparse
 
 import numpy as np
 
-from crew.compress import Codec, decode, encode, encoded_size
+from crew.train.compress import Codec, decode, encode, encoded_size
 
 
 def _minmax(x: np.ndarray, block: int) -> np.ndarray:
@@ -53,8 +54,8 @@ def _rel(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def vectors(steps: int) -> dict[str, np.ndarray]:
-    from crew.datasets import Partition, load_split, shard
-    from crew.training import ModelConfig, TrainConfig, Trainer
+    from crew.train.datasets import Partition, load_split, shard
+    from crew.train.training import ModelConfig, TrainConfig, Trainer
 
     train, test = load_split(seed=0)
     t = Trainer(

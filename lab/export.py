@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from crew.rundb import connect
+from crew.runtime.rundb import connect
 
 
 class ExportError(Exception):

@@ -44,8 +44,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from lab import browser
-from lab.runner import REPO, new_run_id
+from lab.orchestrate import browser
+from lab.orchestrate.runner import REPO, new_run_id
 
 PANELS = (
     "header",
@@ -65,8 +65,8 @@ STOP_WAIT_S = 90.0  # lab.run's teardown: workers' checkpoints, the network, the
 VIEWPORT = {"width": 1600, "height": 1000}
 OUTPUT_LINES_KEPT = 200  # of lab.run's output, for the error when it printed no address
 
-# One evaluate for all panels (the link table is read by lab.browser.link_table): the page
-# re-renders panels every few seconds, so element handles taken one by one could come from
+# One evaluate for all panels (the link table is read by lab.orchestrate.browser.link_table): the
+# page re-renders panels every few seconds, so element handles taken one by one could come from
 # different renders.
 _SEEN = """() => {
   const q = s => document.querySelector(s);
@@ -176,7 +176,7 @@ class _LabProcess:
 
     def stop(self) -> None:
         """SIGTERM (lab.run tears down as on Ctrl-C), SIGKILL if it hangs; the next lab run
-        or ``python -m lab.cleanup`` removes what a killed one left."""
+        or ``python -m lab.net.cleanup`` removes what a killed one left."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

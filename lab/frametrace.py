@@ -1,6 +1,6 @@
 """Where an op's time goes, link by link, from the workers' frame traces.
 
-Run a lab or a benchmark with ``CREW_FRAME_TRACE=DIR`` (``crew.transport.FrameTrace``): every
+Run a lab or a benchmark with ``CREW_FRAME_TRACE=DIR`` (``crew.wire.transport.FrameTrace``): every
 worker appends one line per frame event to ``DIR/frames-w<i>.tsv``. Then
 
     python -m lab.frametrace DIR [--group G] [--window S]
@@ -10,7 +10,7 @@ first frame was queued and sent, when its first and last frames arrived (seconds
 group's first queued frame), the rate over its span, and the first frame's delay (sent ->
 received) over the link's steady per-frame time. A healthy link starts at once and runs at its
 rate to the end; a link whose first frame takes many frame times while the others run is
-starved (this is how the BBR-on-a-busy-reverse-path stall of ``crew.transport.TCP_CONGESTION``
+starved (this is how the BBR-on-a-busy-reverse-path stall of ``crew.wire.transport.TCP_CONGESTION``
 showed: first-frame delays of 0.55-0.7 s against 0.17 s per frame).
 
 Group ids restart in every run, so a directory shared by several runs mixes them: ``--window``

@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from crew.frames import (
+from crew.wire.frames import (
     DEFAULT_MAX_PAYLOAD,
     HEADER,
     HEADER_SIZE,

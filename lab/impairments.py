@@ -2,7 +2,7 @@
 
     python -m lab.vm -- python -m lab.impairments        # needs sch_netem: run it in lab.vm
 
-RTT, jitter and loss by ping (bounds in lab.probe); rate with delay by one bulk TCP transfer
+RTT, jitter and loss by ping (bounds in lab.net.probe); rate with delay by one bulk TCP transfer
 (lab.check's meter), within 10% of HTB's payload ceiling. After the run-time change, w0->w1
 carries 100 ms of RTT, so its goodput row is the long-fat-link figure at the case's rate.
 
@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from lab import preflight
 from lab.check import PAYLOAD_FRACTION, measure_batch
-from lab.mesh import LabNetwork, LinkState
-from lab.probe import TOLERANCE, Row, loss_row, ping, rtt_rows
+from lab.net import preflight
+from lab.net.mesh import LabNetwork, LinkState
+from lab.net.probe import TOLERANCE, Row, loss_row, ping, rtt_rows
 from lab.topology import LinkSpec, TopologySpec, parse_topology
 
 

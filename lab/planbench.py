@@ -3,22 +3,22 @@
 * ``sweep`` -- ``--matrices`` seeded random capacity matrices (per directed pair a HotCloud'18
   inter-cloud sample x ``--scale``, the data the shipped topologies use), a random group of
   ``--p`` of ``--n`` workers each. Every scheme plans the group; the table gives plan / bound
-  (``crew.planner.lower_bound``) per scheme: median, p90, max, and on how many matrices the
+  (``crew.plan.planner.lower_bound``) per scheme: median, p90, max, and on how many matrices the
   scheme's plan was below crew's (it must be 0: crew's route LP contains every baseline's
   routes or proves that none beats it). Exit status 1 if any baseline beat crew.
 * ``cases`` -- the named cases of issue 10: 4 clouds with one slow pair (20, 40, 60, 80, 100,
   30 Mbit/s, p = n = 4, 16.8 MB), 4 uniform 50 Mbit/s clouds (16.8 MB), and the shipped
   ``bench-hetero`` and ``bench-uniform`` topologies (p = 4 of 8, 8 MB; every one of the 70
   groups, median and max over them).
-* ``timing`` -- wall time of ``crew``'s planner (``crew.routelp.plan_routes``) per group at
+* ``timing`` -- wall time of ``crew``'s planner (``crew.plan.routelp.plan_routes``) per group at
   n = 8, 16, 32, 60, 128, 256: *cold* (caches cleared before each plan) and *warm* (the same
   group re-planned on capacities perturbed by up to 5%, as the coordinator does when groups in
   flight change the residual capacity). Median and p90 per n. Run it under the CPU lock
   (``flock -x /tmp/crew-cpu.lock python -m lab.planbench timing``): figures from a busy
   machine are worthless.
 
-A plan's time is its scheme's own cost model (``crew.schemes.plan_group``): crew's is the route
-LP's (fluid, per-link and shared capacities), the baselines' are those of ``crew.baselines``.
+A plan's time is its scheme's own cost model (``crew.plan.schemes.plan_group``): crew's is the route
+LP's (fluid, per-link and shared capacities), the baselines' are those of ``crew.plan.baselines``.
 ``--json`` prints the results as JSON instead of tables.
 """
 
@@ -40,9 +40,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from crew import routelp
-from crew.planner import PlanError, lower_bound
-from crew.schemes import GROUP_SCHEMES, plan_group
+from crew.plan import routelp
+from crew.plan.planner import PlanError, lower_bound
+from crew.plan.schemes import GROUP_SCHEMES, plan_group
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "crew" / "data" / "inter-cloud-bandwidth-samples.json"

@@ -23,8 +23,8 @@ from rich.live import Live
 from rich.table import Table
 
 from crew.config import Scheme
-from lab.preflight import PreflightError, add_allow_missing, allowed_missing, check, describe
-from lab.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id, summarize
+from lab.net.preflight import PreflightError, add_allow_missing, allowed_missing, check, describe
+from lab.orchestrate.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id, summarize
 from lab.scenario import ScenarioError, load_scenario
 from lab.topology import TopologyError, load_topology
 

@@ -1,10 +1,10 @@
 """Scripted fault scenarios: a YAML timeline of lab commands.
 
 A scenario is a list of steps; each step fires one command of the lab's vocabulary
-(``lab.commands``) at a time since the run started (``at``) or once a number of groups have
-completed (``after_groups``). A due step becomes a ``pending`` row of the run database's
-``commands`` table through ``lab.commands.submit``, exactly as a dashboard button does, and the
-lab's fault injector applies it. Scenarios therefore have no fault path of their own.
+(``lab.orchestrate.commands``) at a time since the run started (``at``) or once a number of groups
+have completed (``after_groups``). A due step becomes a ``pending`` row of the run database's
+``commands`` table through ``lab.orchestrate.commands.submit``, exactly as a dashboard button does,
+and the lab's fault injector applies it. Scenarios therefore have no fault path of their own.
 
 Format reference: ``scenarios/README.md``. In short::
 
@@ -39,7 +39,7 @@ timeline is exactly what will be submitted):
     ``rate`` needs the topology's rates.
 
 Validation happens in full at load time: every step's arguments go through
-``lab.commands.parse_command`` with the lab's ``LabLimits``, and problems raise
+``lab.orchestrate.commands.parse_command`` with the lab's ``LabLimits``, and problems raise
 ``ScenarioError`` naming the file, the field (``steps[3].args.dst``) and the problem.
 
 Ordering: time steps fire in time order and ``after_groups`` steps in count order; ties keep
@@ -68,10 +68,10 @@ from typing import Any
 
 import numpy as np
 
-from crew import rundb
-from lab import commands as cmds
-from lab.commands import Command, CommandError, CommandKind, LabLimits
+from crew.runtime import rundb
 from lab.fields import FieldError, FieldReader, describe, read_yaml, suggest
+from lab.orchestrate import commands as cmds
+from lab.orchestrate.commands import Command, CommandError, CommandKind, LabLimits
 
 log = logging.getLogger(__name__)
 
@@ -573,11 +573,10 @@ class ScenarioPlayer:
     """Submits a scenario's steps to a run database as they fall due.
 
     The lab calls ``poll`` about twice a second with the wall-clock time and the number of
-    completed groups; each due step is written once, via ``lab.commands.submit``, with the
-    poll's ``now`` as its time. Construction re-checks every step against the run's own limits
-    (``lab.commands.load_limits``), so a scenario written for another worker count or for
-    impairments this kernel lacks fails before the run, not halfway through it.
-    """
+    completed groups; each due step is written once, via ``lab.orchestrate.commands.submit``, with
+    the poll's ``now`` as its time. Construction re-checks every step against the run's own limits
+    (``lab.orchestrate.commands.load_limits``), so a scenario written for another worker count or
+    for impairments this kernel lacks fails before the run, not halfway through it."""
 
     def __init__(self, scenario: Scenario, db_path: str | Path, start_time: float):
         self.scenario = scenario

@@ -3,7 +3,7 @@
 ``lab.bench`` runs one seeded trace of groups, one group at a time, on the emulated network and
 writes ``results.json`` (per scheme: the op time of every group of the trace). This module
 replays the same trace, the same sizes and the same topology in ``crew.sim``'s network model:
-each op is planned by ``crew.schemes.plan_group`` on the idle network (as the benchmark's
+each op is planned by ``crew.plan.schemes.plan_group`` on the idle network (as the benchmark's
 coordinator does: one group at a time, all workers active) and timed on fresh FCFS link queues
 (``crew.sim.network``), and prints simulated / emulated per op (median and spread) for every
 scheme the results hold. Gloo is not planned per group and is skipped.
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from crew.schemes import GROUP_SCHEMES, plan_group
+from crew.plan.schemes import GROUP_SCHEMES, plan_group
 from crew.sim.network import LinkQueues, RouteTimer, part_bytes
 from lab.simrun import sim_topology
 from lab.topology import load_topology

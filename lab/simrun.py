@@ -29,7 +29,7 @@ import numpy as np
 from crew.sim.__main__ import add_run_options, config_from, faults_from, run, summary
 from crew.sim.engine import Fault, FaultKind
 from crew.sim.topogen import SimTopology
-from lab import commands as cmds
+from lab.orchestrate import commands as cmds
 from lab.scenario import Scenario, TriggerKind, load_scenario
 from lab.topology import TopologySpec, load_topology
 

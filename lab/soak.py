@@ -42,13 +42,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crew import rundb
-from lab import shaping
+from crew.runtime import rundb
 from lab.audit import audit
-from lab.cleanup import ProcRecord, StateError, is_same_process
+from lab.net import shaping
+from lab.net.cleanup import ProcRecord, StateError, is_same_process
+from lab.net.preflight import PreflightError, check
+from lab.orchestrate.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id, summarize
 from lab.pace import is_fault_start, read_pace
-from lab.preflight import PreflightError, check
-from lab.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id, summarize
 from lab.scenario import Scenario, ScenarioError, parse_scenario
 from lab.topology import TopologyError, TopologySpec, load_topology
 

@@ -23,8 +23,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from crew import rundb
-from lab.mesh import LabNetwork
+from crew.runtime import rundb
+from lab.net.mesh import LabNetwork
 from lab.topology import TopologySpec, load_topology
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ order, into groups of p (as partial reduce groups the first p ready workers, and
 speeds the order of readiness is random). Each group reduces as a CREW star: the root adds its
 own vector in float32, every other member's weighted vector is encoded, decoded and added, the
 sum is encoded once for the broadcast, and every member loads the decoded result, through the
-same ``crew.outer`` and ``crew.compress`` code the worker and engine are meant to call.
+same ``crew.train.outer`` and ``crew.train.compress`` code the worker and engine are meant to call.
 
 It measures quality against local steps, not time: the lab's benchmark owns time to target.
 Prints one line per evaluation and a summary line: local steps per worker and rounds to reach
@@ -23,16 +23,16 @@ import time
 
 import numpy as np
 
-from crew.compress import Codec, add_encoded, decode, encode, encoded_size
-from crew.datasets import Partition
-from crew.outer import OuterConfig, OuterLoop, SyncMode
-from crew.workloads import DEFAULTS, Workload, make_trainer
+from crew.train.compress import Codec, add_encoded, decode, encode, encoded_size
+from crew.train.datasets import Partition
+from crew.train.outer import OuterConfig, OuterLoop, SyncMode
+from crew.train.workloads import DEFAULTS, Workload, make_trainer
 
 
 def _trainers(args: argparse.Namespace) -> list:
     w = Workload(args.workload)
     if w is Workload.LM:
-        from crew.textdata import load_text_split, unigram_cross_entropy
+        from crew.train.textdata import load_text_split, unigram_cross_entropy
 
         train, test = load_text_split(cache_dir=args.cache_dir)
         print(f"unigram baseline loss {unigram_cross_entropy(train, test):.4f}")

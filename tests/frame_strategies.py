@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from crew.frames import Frame, FrameKind
+from crew.wire.frames import Frame, FrameKind
 
 U16 = 0xFFFF
 U32 = 0xFFFF_FFFF

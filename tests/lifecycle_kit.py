@@ -1,12 +1,12 @@
-"""Shared helpers for driving crew.lifecycle in unit tests."""
+"""Shared helpers for driving crew.control.lifecycle in unit tests."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from crew import lifecycle as lc
-from crew import protocol as proto
 from crew.config import RunConfig
+from crew.control import lifecycle as lc
+from crew.wire import protocol as proto
 
 SIZE = 1 << 14  # elements of every worker's vector
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from crew.transport import ArrivalRate
+from crew.wire.transport import ArrivalRate
 
 
 def test_back_to_back_frames_give_the_pacing_rate() -> None:

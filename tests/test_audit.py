@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crew import rundb
+from crew.runtime import rundb
 from lab import audit as la
 from lab.audit import (
     GROUP_MEMBERSHIP,
@@ -84,7 +84,9 @@ class Run:
     def checkpoint(self, worker: int, iteration: int) -> None:
         path = self.dir / "checkpoints" / f"w{worker}.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("wb") as fh:  # like crew.training.Trainer.save: an .npz under a .pt name
+        with path.open(
+            "wb"
+        ) as fh:  # like crew.train.training.Trainer.save: an .npz under a .pt name
             np.savez(fh, vector=np.zeros(4, np.float32), iteration=np.int64(iteration))
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import crew
-from crew.launch import LaunchEnv, read_secret
+from crew.runtime.launch import LaunchEnv, read_secret
 
 SECRET = "test-secret-0123456789"
 

@@ -1,5 +1,5 @@
-"""Unit tests for crew.baselines: every scheme's routes compute the exact sum, use no dead link,
-respect the lower bound, and the hand-checked choices (PS server, ring order) are the best."""
+"""Unit tests for crew.plan.baselines: every scheme's routes compute the exact sum, use no dead
+link, respect the lower bound, and the hand-checked choices (PS server, ring order) are the best."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from crew.baselines import (
+from crew.plan.baselines import (
     ELEM_BYTES,
     RoutePlan,
     Scheme,
@@ -24,8 +24,8 @@ from crew.baselines import (
     plan_ring,
     plan_topoadopt,
 )
-from crew.planner import BYTES_PER_S_PER_MBIT, PlanError, lower_bound
-from crew.routes import Route, RouteError, validate_routes
+from crew.plan.planner import BYTES_PER_S_PER_MBIT, PlanError, lower_bound
+from crew.plan.routes import Route, RouteError, validate_routes
 
 M = 400_000  # bytes: 1e5 float32 elements
 REL = 1e-9

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crew import planner
-from crew.rundb import connect
-from crew.schemes import GROUP_SCHEMES
+from crew.plan import planner
+from crew.plan.schemes import GROUP_SCHEMES
+from crew.runtime.rundb import connect
 from lab import bench
 from lab.bench import BenchError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crew.capacity import (
+from crew.control.capacity import (
     DRIFT,
     EWMA,
     RETRY_LINK_S,

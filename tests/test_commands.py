@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from crew import rundb
-from lab import commands as lc
-from lab.commands import CommandError, CommandKind, LabLimits
+from crew.runtime import rundb
+from lab.orchestrate import commands as lc
+from lab.orchestrate.commands import CommandError, CommandKind, LabLimits
 
 LIMITS = LabLimits(n=4, schemes=("preduce", "crew"), impairments=frozenset({"rate", "loss"}))
 NETEM = LabLimits(n=4, impairments=frozenset({"rate", "delay", "loss"}))

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from crew.compress import (
+from crew.train.compress import (
     FP16_MAX,
     INT8_BLOCK,
     Codec,

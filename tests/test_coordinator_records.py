@@ -1,5 +1,6 @@
 """The coordinator's records as the run database holds them: the life cycle's outputs written
-by ``crew.coordinator.write_record`` into a real SQLite run database (no sockets, no root)."""
+by ``crew.runtime.coordinator.write_record`` into a real SQLite run database (no sockets, no
+root)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from pathlib import Path
 
 from lifecycle_kit import SIZE, make_cfg, report_all
 
-from crew import lifecycle as lc
-from crew import protocol as proto
-from crew.coordinator import write_record
-from crew.rundb import RunDB
+from crew.control import lifecycle as lc
+from crew.runtime.coordinator import write_record
+from crew.runtime.rundb import RunDB
+from crew.wire import protocol as proto
 
 
 def run(db: RunDB, outs: list[lc.Output]) -> list[lc.SendTo]:
@@ -83,7 +84,7 @@ def test_abandoned_and_gloo_groups(tmp_path: Path) -> None:
 
 
 def test_a_restarted_coordinator_abandons_the_open_groups_and_numbers_on(tmp_path: Path) -> None:
-    from crew.coordinator import RESTART_REASON, resume_from_db
+    from crew.runtime.coordinator import RESTART_REASON, resume_from_db
 
     db = RunDB(tmp_path / "lab.db")
     life = lc.GroupLifecycle(make_cfg(n=4, p=2))

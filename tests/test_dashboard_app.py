@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from crew import rundb
+from crew.runtime import rundb
 
 try:
     from test_dashboard_figures import make_run

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from crew import rundb
+from crew.runtime import rundb
 from dashboard import figures, queries
 
 RATE = {(0, 1): 1000.0, (1, 0): 1000.0}  # intra-cloud; every other pair is 100 Mbit/s

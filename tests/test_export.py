@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from crew.rundb import RunDB
+from crew.runtime.rundb import RunDB
 from lab.export import export_csv, main
 
 

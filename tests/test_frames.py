@@ -12,7 +12,7 @@ from frame_strategies import frames
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crew.frames import (
+from crew.wire.frames import (
     COORDINATOR,
     HEADER,
     HEADER_SIZE,

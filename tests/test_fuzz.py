@@ -13,7 +13,7 @@ from frame_strategies import frames
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crew.frames import (
+from crew.wire.frames import (
     HEADER,
     HEADER_SIZE,
     MAGIC,
@@ -27,7 +27,7 @@ from crew.frames import (
     Truncated,
     WrongRun,
 )
-from crew.transport import Transport
+from crew.wire.transport import Transport
 from lab import fuzz
 from lab.fuzz import Case, Mutation
 

@@ -1,6 +1,6 @@
 """The gloo scheme on loopback: three real ranks averaging through Gloo, and its failure modes.
 
-Ranks run as ``python -m crew.gloo`` subprocesses (each imports torch, so they are separate
+Ranks run as ``python -m crew.runtime.gloo`` subprocesses (each imports torch, so they are separate
 processes anyway); every wait on them is bounded, so a hang fails the test instead of stalling
 the suite.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crew.gloo import (
+from crew.runtime.gloo import (
     GlooAllReduce,
     GlooClosedError,
     GlooSetupError,
@@ -41,13 +41,13 @@ def _free_port() -> int:
 def _run_ranks(
     ports: list[int], *, length: int, rounds: int, seed: int, timeout_s: float
 ) -> list[subprocess.CompletedProcess[str]]:
-    """Start one ``crew.gloo`` process per entry of ``ports`` (rank r uses ports[r]); wait all."""
+    """Start one ``crew.runtime.gloo`` process per entry of ``ports`` (rank r: ports[r]); wait."""
     addresses = ",".join([LOOP] * len(ports))
     procs = []
     try:
         for rank, port in enumerate(ports):
             argv = [
-                sys.executable, "-m", "crew.gloo",
+                sys.executable, "-m", "crew.runtime.gloo",
                 "--rank", str(rank), "--addresses", addresses, "--store-port", str(port),
                 "--timeout", str(timeout_s), "--length", str(length),
                 "--rounds", str(rounds), "--seed", str(seed),
@@ -107,7 +107,7 @@ def test_rank_with_wrong_store_port_fails_clearly_and_nobody_hangs() -> None:
 
 
 def test_importing_the_module_does_not_import_torch() -> None:
-    code = "import sys, crew.gloo; print('torch' in sys.modules)"
+    code = "import sys, crew.runtime.gloo; print('torch' in sys.modules)"
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          timeout=PROC_LIMIT_S, check=True)  # fmt: skip
     assert res.stdout.strip() == "False"

@@ -1,4 +1,4 @@
-"""Tests for crew.grouping: FIFO partial-reduce group formation against a fake clock."""
+"""Tests for crew.control.grouping: FIFO partial-reduce group formation against a fake clock."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from crew.grouping import (
+from crew.control.grouping import (
     Group,
     GroupFormer,
     GroupingError,

@@ -1,6 +1,6 @@
 """The group life cycle driven with events and a fake clock: no sockets, no root.
 
-Plans come from the real planners (``crew.schemes.plan_group``) on small matrices, except where
+Plans come from the real planners (``crew.plan.schemes.plan_group``) on small matrices, except where
 a test needs a planner that fails or records what it was given."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from lifecycle_kit import SIZE, make_cfg, report_all
 
-from crew import lifecycle as lc
-from crew import planner
-from crew import protocol as proto
 from crew.config import RunConfig
-from crew.grouping import GroupOutcome, WorkerState
-from crew.rejections import REJECT_EVENTS, REJECT_WINDOW_S
-from crew.schemes import plan_group
+from crew.control import lifecycle as lc
+from crew.control.grouping import GroupOutcome, WorkerState
+from crew.control.rejections import REJECT_EVENTS, REJECT_WINDOW_S
+from crew.plan import planner
+from crew.plan.schemes import plan_group
+from crew.wire import protocol as proto
 
 
 def started(cfg: RunConfig | None = None, **kw: Any) -> lc.GroupLifecycle:

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crew.datasets import DatasetError, Partition
-from crew.lm import LMConfig, LMConfigError
-from crew.textdata import (
+from crew.train.datasets import DatasetError, Partition
+from crew.train.lm import LMConfig, LMConfigError
+from crew.train.textdata import (
     TextShard,
     load_text_split,
     stdlib_files,
@@ -21,8 +21,8 @@ from crew.textdata import (
 
 torch = pytest.importorskip("torch")
 
-from crew.training import InnerOptimizer, TrainConfig, _Adam  # noqa: E402
-from crew.transformer import CausalLM, LMTrainer  # noqa: E402
+from crew.train.training import InnerOptimizer, TrainConfig, _Adam  # noqa: E402
+from crew.train.transformer import CausalLM, LMTrainer  # noqa: E402
 
 SMALL = LMConfig(d_model=32, layers=1, heads=2, context=32)
 CAPS = {"train_bytes": 300_000, "test_bytes": 60_000}
@@ -154,7 +154,7 @@ def test_lm_vector_and_checkpoint_round_trip(
     assert np.array_equal(other.get_vector(), t.get_vector()) and other.iteration == 1
     assert other.evaluate() == t.evaluate()
     wider = LMTrainer(LMConfig(d_model=64, layers=1, heads=2, context=32), cfg, train, test)
-    from crew.training import CheckpointError
+    from crew.train.training import CheckpointError
 
     with pytest.raises(CheckpointError, match="d_model, layers, heads, context"):
         wider.load(tmp_path / "lm.npz")
@@ -162,7 +162,7 @@ def test_lm_vector_and_checkpoint_round_trip(
 
 @pytest.mark.parametrize("workload", ["mlp", "lm"])
 def test_make_trainer_builds_each_workload_at_its_size(workload: str, tmp_path: Path) -> None:
-    from crew.workloads import DEFAULTS, Workload, make_trainer, num_params, prepare_cache
+    from crew.train.workloads import DEFAULTS, Workload, make_trainer, num_params, prepare_cache
 
     w = Workload(workload)
     prepare_cache(w, tmp_path)

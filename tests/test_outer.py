@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crew.outer import OuterConfig, OuterConfigError, OuterLoop, OuterStateError, SyncMode
+from crew.train.outer import OuterConfig, OuterConfigError, OuterLoop, OuterStateError, SyncMode
 
 F = np.float32
 DILOCO = OuterConfig(SyncMode.DILOCO, local_steps=8, outer_lr=0.7, outer_momentum=0.9)

@@ -1,4 +1,4 @@
-"""Unit tests for crew.planner: hand-checked optima, input checks, and random invariants."""
+"""Unit tests for crew.plan.planner: hand-checked optima, input checks, and random invariants."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from crew.planner import (
+from crew.plan.planner import (
     Plan,
     PlanError,
     PlanKind,
@@ -494,7 +494,7 @@ def test_plan_built_from_numpy_ints_serialises() -> None:
 
 
 def test_two_hop_finds_faster_relays_and_never_uses_dead_links() -> None:
-    from crew.planner import two_hop
+    from crew.plan.planner import two_hop
 
     bw = np.array([[np.inf, 10.0, 80.0], [50.0, np.inf, 0.0], [70.0, 60.0, np.inf]])
     better, relay = two_hop(bw)

@@ -1,11 +1,11 @@
-"""lab.probe: ping output parsing and the bounds RTT, jitter and loss are judged by."""
+"""lab.net.probe: ping output parsing and the bounds RTT, jitter and loss are judged by."""
 
 from __future__ import annotations
 
 import pytest
 
-from lab.mesh import LinkState
-from lab.probe import expected_rtt, loss_row, parse_ping, rtt_rows
+from lab.net.mesh import LinkState
+from lab.net.probe import expected_rtt, loss_row, parse_ping, rtt_rows
 
 PING_OUTPUT = """\
 PING 198.18.0.2 (198.18.0.2) from 198.18.0.1 : 56(84) bytes of data.

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from crew.frames import Frame, FrameCodec, FrameKind
-from crew.probes import (
+from crew.wire.frames import Frame, FrameCodec, FrameKind
+from crew.wire.probes import (
     DEAD_AFTER_S,
     PROBE_INTERVAL_S,
     PROBE_WIRE_BYTES,

@@ -8,18 +8,18 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from crew import planner
-from crew.frames import Frame, FrameCodec, FrameKind
-from crew.protocol import Assign
-from crew.reduce import (
+from crew.plan import planner
+from crew.plan.routes import Route, relayed_star_routes, star_routes
+from crew.runtime.reduce import (
     ReduceEngine,
     ReduceError,
     covered_parts,
     prescatter_frames,
     validate_assign,
 )
-from crew.routes import Route, relayed_star_routes, star_routes
-from crew.transport import Transport
+from crew.wire.frames import Frame, FrameCodec, FrameKind
+from crew.wire.protocol import Assign
+from crew.wire.transport import Transport
 
 RUN = 7
 SECRET = b"s" * 32

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from crew import protocol as proto
-from crew.capacity import TCP_GOODPUT
-from crew.rendezvous import capacity_matrix, describe_shapes
+from crew.control.capacity import TCP_GOODPUT
+from crew.runtime.rendezvous import capacity_matrix, describe_shapes
+from crew.wire import protocol as proto
 
 
 def test_capacity_matrix_is_indexed_src_dst_and_scaled_like_the_estimator():

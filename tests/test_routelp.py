@@ -1,4 +1,4 @@
-"""Unit tests for crew.routelp, CREW's route LP: no baseline beats it, routes are exact, and
+"""Unit tests for crew.plan.routelp, CREW's route LP: no baseline beats it, routes are exact, and
 latency and shared capacities change the plan the way the cost model says."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crew import baselines, planner, routelp
-from crew.planner import PlanError, SharedLink, lower_bound
-from crew.routes import validate_routes
-from crew.schemes import plan_group
+from crew.plan import baselines, planner, routelp
+from crew.plan.planner import PlanError, SharedLink, lower_bound
+from crew.plan.routes import validate_routes
+from crew.plan.schemes import plan_group
 
 MB16 = 16_777_216
 REL = 1e-6  # whole elements move a time by about one element in millions

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crew import rundb
-from lab import commands as lc
+from crew.runtime import rundb
 from lab import scenario as sc
-from lab.commands import LabLimits
+from lab.orchestrate import commands as lc
+from lab.orchestrate.commands import LabLimits
 from lab.scenario import ScenarioError, ScenarioPlayer, TriggerKind, load_scenario
 from lab.topology import load_topology
 

@@ -1,4 +1,4 @@
-"""lab.shaping's command batches (read-only `ip` commands in this process's own namespace)."""
+"""lab.net.shaping's command batches (read-only `ip` commands in this process's own namespace)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from lab import shaping
+from lab.net import shaping
 
 pytestmark = pytest.mark.skipif(shutil.which("ip") is None, reason="needs iproute2's ip")
 

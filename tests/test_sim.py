@@ -8,7 +8,7 @@ import sqlite3
 import numpy as np
 import pytest
 
-from crew.routes import Route
+from crew.plan.routes import Route
 from crew.sim.__main__ import main as sim_main
 from crew.sim.engine import Fault, FaultKind, SimConfig, Simulation
 from crew.sim.network import LinkQueues, RouteTimer, part_bytes

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from crew.stragglers import (
+from crew.train.stragglers import (
     ComputeDelay,
     StragglerError,
     StragglerProfile,
@@ -159,8 +159,8 @@ def test_bad_actual_time_rejected() -> None:
 def test_torch_free_modules_do_not_import_torch() -> None:
     # A fresh interpreter: this test process may already have torch from test_training.
     code = (
-        "import sys, crew.stragglers, crew.datasets, crew.modelsize\n"
-        "crew.modelsize.ModelConfig().size_bytes\n"
+        "import sys, crew.train.stragglers, crew.train.datasets, crew.plan.modelsize\n"
+        "crew.plan.modelsize.ModelConfig().size_bytes\n"
         "sys.exit(1 if 'torch' in sys.modules else 0)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crew.datasets import (
+from crew.plan.modelsize import ModelConfig, ModelConfigError
+from crew.train.datasets import (
     DatasetError,
     Partition,
     Shard,
@@ -18,11 +19,10 @@ from crew.datasets import (
     shard_indices,
     split_cache_path,
 )
-from crew.modelsize import ModelConfig, ModelConfigError
 
 torch = pytest.importorskip("torch")
 
-from crew.training import (  # noqa: E402  (after the importorskip guard)
+from crew.train.training import (  # noqa: E402  (after the importorskip guard)
     CheckpointError,
     TrainConfig,
     TrainConfigError,
@@ -294,7 +294,7 @@ def test_split_cache_gives_the_same_split_without_sklearn(
     path = split_cache_path(tmp_path, 0, 0.2)
     assert path.is_file()
     code = (
-        "import sys; from crew.datasets import load_split;"
+        "import sys; from crew.train.datasets import load_split;"
         f" tr, te = load_split(seed=0, cache_dir={str(tmp_path)!r});"
         " print(len(tr), len(te), 'sklearn' in sys.modules)"
     )

@@ -10,7 +10,7 @@ from contextlib import closing
 
 import pytest
 
-from crew.frames import (
+from crew.wire.frames import (
     BadMac,
     BadMagic,
     Frame,
@@ -23,7 +23,7 @@ from crew.frames import (
     control_frame,
     wire_size,
 )
-from crew.transport import (
+from crew.wire.transport import (
     TCP_CONGESTION,
     FlowOrder,
     FrameStream,
@@ -408,7 +408,7 @@ def test_inbound_frame_that_stalls_drops_the_connection(make, codec: FrameCodec)
 
 def test_data_connections_use_the_transports_congestion_control(codec: FrameCodec) -> None:
     # BBR (this kernel's default) starves one direction of a pair whose other direction is
-    # busy (see crew.transport.TCP_CONGESTION); every connection must carry the chosen one.
+    # busy (see crew.wire.transport.TCP_CONGESTION); every connection must carry the chosen one.
     available = open("/proc/sys/net/ipv4/tcp_available_congestion_control").read().split()
     if TCP_CONGESTION not in available:
         pytest.skip(f"{TCP_CONGESTION} not in this kernel")

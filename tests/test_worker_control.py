@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from crew import protocol as proto
-from crew.worker_control import (
+from crew.control.worker_control import (
     CancelPrescatter,
     DeliverOutcome,
     FinishCarried,
@@ -17,6 +16,7 @@ from crew.worker_control import (
     WorkerControl,
     evaluation_due,
 )
+from crew.wire import protocol as proto
 
 ME = 1
 
@@ -133,7 +133,7 @@ def test_evaluation_schedule() -> None:
 
 
 def test_a_restarted_coordinator_ends_the_own_group_or_offer_as_abandoned() -> None:
-    from crew.worker_control import NO_GROUP
+    from crew.control.worker_control import NO_GROUP
 
     ctl = WorkerControl(ME)
     assert ctl.coordinator_lost() == []  # training, nothing offered: nothing to end

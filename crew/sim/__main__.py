@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crew.schemes import GROUP_SCHEMES
+from crew.plan.schemes import GROUP_SCHEMES
 from crew.sim.engine import Fault, FaultKind, SimConfig, SimResult, Simulation
 from crew.sim.record import Recorder
 from crew.sim.topogen import BWD_SETTINGS, SimTopology, generate

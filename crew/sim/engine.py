@@ -3,11 +3,11 @@
 One :class:`Simulation` is one run in simulated time. It owns
 
 * the workers: each computes an iteration whose time is drawn from its straggler profile
-  exactly as the lab's worker draws it (``crew.stragglers.ComputeDelay`` seeded
+  exactly as the lab's worker draws it (``crew.train.stragglers.ComputeDelay`` seeded
   ``seed * 1000 + worker``; the iteration takes ``max(sample, compute_s)``, where
   ``compute_s`` stands for the real step time the lab pads up to), then reports ready and
   waits for its group's commit or abandonment;
-* the life cycle: the real ``crew.lifecycle.GroupLifecycle`` (group former, planner,
+* the life cycle: the real ``crew.control.lifecycle.GroupLifecycle`` (group former, planner,
   revisions, failover, deadlines) behind the adapter ``crew.sim.lifecycle.SimLifecycle``,
   fed with events and obeyed;
 * the network (``crew.sim.network``): each assigned revision's routes are timed on FCFS
@@ -39,7 +39,7 @@ from crew.sim.lifecycle import Abandon, Assign, Commit, Decision, SimLifecycle
 from crew.sim.network import LinkQueues, RouteTimer, part_bytes
 from crew.sim.record import Recorder
 from crew.sim.topogen import SimTopology
-from crew.stragglers import ComputeDelay, get_profile
+from crew.train.stragglers import ComputeDelay, get_profile
 
 TICK_S = 0.25  # the coordinator's tick: isolation-guard holds are re-tried this often
 

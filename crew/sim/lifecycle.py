@@ -1,8 +1,8 @@
 """The seam between the simulator and the group life cycle: an adapter over the real one.
 
-The group life cycle is ``crew.lifecycle.GroupLifecycle``, the same pure state machine the lab's
-coordinator (``crew/coordinator.py``) wraps in sockets. The simulator drives it with simulated
-time through :class:`SimLifecycle`, which only translates:
+The group life cycle is ``crew.control.lifecycle.GroupLifecycle``, the same pure state machine the
+lab's coordinator (``crew/runtime/coordinator.py``) wraps in sockets. The simulator drives it with
+simulated time through :class:`SimLifecycle`, which only translates:
 
 * simulated events into the protocol messages the coordinator would receive: a worker joins
   (``Register``), finishes an iteration (``Ready``, with the projection of its offered vector),
@@ -13,7 +13,7 @@ time through :class:`SimLifecycle`, which only translates:
   one :class:`Assign` (start the routes on the network model), ``SendTo(.., Commit)`` /
   ``SendTo(.., Abandon)`` become one :class:`Commit` / :class:`Abandon` (the members resume
   computing), ``EventRecord`` becomes a :class:`Note`. Every record output is also kept in
-  :attr:`SimLifecycle.records` order for a run database (``crew.coordinator.write_record``).
+  :attr:`SimLifecycle.records` order for a run database (``crew.runtime.coordinator.write_record``).
 
 So revisions, failover, deadlines, committed capacity, the group former (FIFO, several groups
 in flight, staleness, isolation guard) and the planner calls are all the real code's. The only
@@ -29,11 +29,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from crew import lifecycle as lc
-from crew import protocol as proto
 from crew.config import RunConfig
-from crew.grouping import Group, GroupFormer
-from crew.schemes import GroupPlan, plan_group
+from crew.control import lifecycle as lc
+from crew.control.grouping import Group, GroupFormer
+from crew.plan.schemes import GroupPlan, plan_group
+from crew.wire import protocol as proto
 
 NEVER_SILENT_S = 1e9  # the former's heartbeat timeout: simulated workers never go silent
 
@@ -99,7 +99,7 @@ def _current(og: lc.OpenGroup) -> Group:
 
 
 class SimLifecycle:
-    """``crew.lifecycle.GroupLifecycle`` driven in simulated time; see the module docstring."""
+    """``crew.control.lifecycle.GroupLifecycle`` in simulated time; see the module docstring."""
 
     def __init__(
         self,

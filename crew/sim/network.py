@@ -3,7 +3,7 @@
 Pure and deterministic: no clock, no sockets; the engine passes the time in.
 
 **Links.** In the lab every directed pair is one TCP connection with one FCFS frame queue
-(``crew.transport``), shared by all routes and groups, shaped to the link's rate: frames
+(``crew.wire.transport``), shared by all routes and groups, shaped to the link's rate: frames
 queued first leave first, at the full rate. :class:`LinkQueues` models exactly that at the
 granularity of one route's range over one edge (a *job*): a job queued at time ``t`` on link
 ``l`` starts at ``max(t, free_l)`` and ends ``bytes / c_l`` later, and ``free_l`` moves to
@@ -12,7 +12,7 @@ under constant capacities a job's end is known the moment it is queued. Capaciti
 ``rate_mbit x 1e6 / 8 x goodput`` bytes/s (``goodput``: payload share of the shaped rate; the
 lab measures ~0.95 with TCP/IP headers). A job then arrives ``delay_l`` (one-way) later.
 
-**Routes** (``crew.routes``): a range climbs a reduce tree to its root and comes down a
+**Routes** (``crew.plan.routes``): a range climbs a reduce tree to its root and comes down a
 broadcast tree. :class:`RouteTimer` times one revision's routes:
 
 * *pipelined* plans (crew, blink-pipe, ...): a node forwards each part as soon as it has it,
@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from crew.planner import BYTES_PER_S_PER_MBIT
-from crew.routes import Route
+from crew.plan.planner import BYTES_PER_S_PER_MBIT
+from crew.plan.routes import Route
 
 MIN_PART_BYTES = 64 << 10  # crew.config: MIN_AUTO_PART_BYTES
 MAX_PART_BYTES = 1 << 20  # crew.config: MAX_AUTO_PART_BYTES

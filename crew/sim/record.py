@@ -1,4 +1,4 @@
-"""Writes a simulated run into the lab's run database (``crew.rundb``), same schema.
+"""Writes a simulated run into the lab's run database (``crew.runtime.rundb``), same schema.
 
 Rows are collected in memory and written in a few bulk inserts at the end: a 60-worker run
 makes ~200k link samples, and one transaction per row would cost more than the simulation.
@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from crew import lifecycle as lc
-from crew.coordinator import write_record
-from crew.rundb import RunDB
+from crew.control import lifecycle as lc
+from crew.runtime.coordinator import write_record
+from crew.runtime.rundb import RunDB
 
 if TYPE_CHECKING:
     from crew.sim.engine import Fault, SimConfig, Simulation

@@ -2,7 +2,7 @@
 
 A :class:`SimTopology` is what the simulator needs and no more: worker names and clouds, the
 directed rate matrix (Mbit/s) and one-way delays (ms), and each worker's straggler spec
-(``crew.stragglers.get_profile``). The lab's YAML becomes one through ``lab.simrun`` (``crew``
+(``crew.train.stragglers.get_profile``). The lab's YAML becomes one through ``lab.simrun`` (``crew``
 never imports ``lab``); :func:`generate` builds the paper's.
 
 Generated topologies (:func:`generate`): ``n`` clouds of one worker each, every ordered pair

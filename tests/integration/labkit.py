@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from crew import rundb
-from lab.runner import LabRun, RunOptions
+from crew.runtime import rundb
+from lab.orchestrate.runner import LabRun, RunOptions
 
 POLL_S = 0.5  # between two polls of a lab; a group takes seconds, so finer polling buys nothing
 LOG_TAIL_CHARS = 2000  # of each process log in a timeout's failure message

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from lab import bench
-from lab.cleanup import ROOT_NAME_PREFIX, root_link_names
-from lab.runner import REPO
+from lab.net.cleanup import ROOT_NAME_PREFIX, root_link_names
+from lab.orchestrate.runner import REPO
 
 pytestmark = pytest.mark.root
 

@@ -1,6 +1,6 @@
 """CREW on a real lab: correctness with groups in flight, and failover under faults.
 
-Every completed group's result is checked by the coordinator (``crew.verify``): each member
+Every completed group's result is checked by the coordinator (``crew.control.verify``): each member
 reports the projection of what it received, and ``groups.verify_err`` is its relative
 deviation from the weighted average of the members' offered vectors.
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from labkit import completed_groups, rows, small_opts, wait_until
 
-from lab import commands as cmds
-from lab.preflight import check
-from lab.runner import REPO, LabRun
+from lab.net.preflight import check
+from lab.orchestrate import commands as cmds
+from lab.orchestrate.runner import REPO, LabRun
 from lab.topology import load_topology
 
 pytestmark = pytest.mark.root

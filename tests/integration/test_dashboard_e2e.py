@@ -21,10 +21,10 @@ from typing import Any, TypeVar
 
 import pytest
 
-from lab import browser
-from lab.browser import CHROMIUM, free_port, link_table, util_pct
-from lab.preflight import check
-from lab.runner import REPO, LabRun, RunOptions
+from lab.net.preflight import check
+from lab.orchestrate import browser
+from lab.orchestrate.browser import CHROMIUM, free_port, link_table, util_pct
+from lab.orchestrate.runner import REPO, LabRun, RunOptions
 from lab.topology import load_topology
 
 pytestmark = [

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from lab.browser import CHROMIUM
 from lab.firstpaint import DATA, PANELS, main
-from lab.runner import REPO
+from lab.orchestrate.browser import CHROMIUM
+from lab.orchestrate.runner import REPO
 
 pytestmark = [
     pytest.mark.root,

@@ -3,7 +3,7 @@
 The fixture builds three namespaces of its own (random names), joins every pair with a veth
 pair, gives each namespace a 198.18.x.y/32 identity address on ``lo`` with /32 routes to its
 peers over the veths (the lab's addressing, without Mininet), and always deletes them. Each
-rank then runs ``python -m crew.gloo`` inside its namespace through ``ip netns exec``.
+rank then runs ``python -m crew.runtime.gloo`` inside its namespace through ``ip netns exec``.
 
 ``ip netns`` does not unshare the UTS namespace, so all ranks see the root hostname: the case
 where Gloo's own address choice goes wrong. The second test shows that it does, so the first
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crew.gloo import demo_vector
+from crew.runtime.gloo import demo_vector
 
 pytestmark = pytest.mark.root
 
@@ -138,7 +138,7 @@ def test_gloo_binds_identity_addresses_across_namespaces(ns_mesh: NsMesh) -> Non
     common += ["--timeout", "30", "--length", str(length), "--rounds", str(rounds)]
     common += ["--seed", str(seed)]
     jobs = [
-        (ns, [sys.executable, "-m", "crew.gloo", "--rank", str(r), *common])
+        (ns, [sys.executable, "-m", "crew.runtime.gloo", "--rank", str(r), *common])
         for r, ns in enumerate(ns_mesh.namespaces)
     ]
     before = {k: _tx_bytes(*v) for k, v in ns_mesh.links.items()}
@@ -157,8 +157,8 @@ def test_gloo_binds_identity_addresses_across_namespaces(ns_mesh: NsMesh) -> Non
             msg = f"rank {rank} round {k}"
             np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=msg)
 
-    # The vectors crossed the veths, in Gloo's ring order (crew.gloo's cost model): each round
-    # rank r sends 2(n-1)/n of the vector to rank r-1, and only control bytes to anyone else.
+    # The vectors crossed the veths, in Gloo's ring order (crew.runtime.gloo's cost model): each
+    # round rank r sends 2(n-1)/n of the vector to rank r-1, and only control bytes to anyone else.
     print("bytes sent per directed link:", dict(sorted(sent.items())))
     ring_bytes = rounds * 2 * (WORLD - 1) / WORLD * length * 4
     for (i, j), b in sent.items():

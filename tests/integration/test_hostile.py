@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from labkit import completed_groups, rows, small_opts, wait_until
 
-from crew import rundb
-from lab.preflight import check
-from lab.runner import REPO, LabRun
+from crew.runtime import rundb
+from lab.net.preflight import check
+from lab.orchestrate.runner import REPO, LabRun
 from lab.topology import load_topology
 
 pytestmark = pytest.mark.root

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from labkit import completed_groups, rows, small_opts, wait_until
 
-from lab import commands as cmds
-from lab.cleanup import ROOT_NAME_PREFIX, root_link_names
-from lab.preflight import check
-from lab.runner import REPO, LabRun, RunOptions, summarize
+from lab.net.cleanup import ROOT_NAME_PREFIX, root_link_names
+from lab.net.preflight import check
+from lab.orchestrate import commands as cmds
+from lab.orchestrate.runner import REPO, LabRun, RunOptions, summarize
 from lab.topology import load_topology
 
 pytestmark = pytest.mark.root

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from crew.rundb import RunDB
-from lab import shaping
+from crew.runtime.rundb import RunDB
 from lab.check import schedule
-from lab.cleanup import (
+from lab.net import shaping
+from lab.net.cleanup import (
     CleanupReport,
     LabState,
     ProcRecord,
@@ -33,9 +33,9 @@ from lab.cleanup import (
     proc_start_time,
     root_link_names,
 )
-from lab.mesh import LabError, LabNetwork
-from lab.monitor import LinkMonitor
-from lab.preflight import Capabilities, ImpairmentMode, capabilities, describe
+from lab.net.mesh import LabError, LabNetwork
+from lab.net.monitor import LinkMonitor
+from lab.net.preflight import Capabilities, ImpairmentMode, capabilities, describe
 from lab.topology import Impairment, LinkSpec, load_topology
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,7 +92,7 @@ def transfer(net, i: int, j: int, seconds: float = 0.3, port: int = 17000) -> di
         [
             sys.executable,
             "-m",
-            "lab.goodput",
+            "lab.net.goodput",
             "sink",
             "--bind",
             addr,
@@ -112,7 +112,7 @@ def transfer(net, i: int, j: int, seconds: float = 0.3, port: int = 17000) -> di
             [
                 sys.executable,
                 "-m",
-                "lab.goodput",
+                "lab.net.goodput",
                 "source",
                 "--to",
                 addr,
@@ -185,7 +185,7 @@ def test_management_network_reaches_the_root_namespace(net: LabNetwork) -> None:
             [
                 sys.executable,
                 "-m",
-                "lab.goodput",
+                "lab.net.goodput",
                 "sink",
                 "--bind",
                 addr,
@@ -202,7 +202,16 @@ def test_management_network_reaches_the_root_namespace(net: LabNetwork) -> None:
             assert "listening" in sink.stdout.readline()
             src = net.popen(
                 i,
-                [sys.executable, "-m", "lab.goodput", "source", "--to", addr, "--seconds", "0.1"],
+                [
+                    sys.executable,
+                    "-m",
+                    "lab.net.goodput",
+                    "source",
+                    "--to",
+                    addr,
+                    "--seconds",
+                    "0.1",
+                ],
                 stdout=subprocess.DEVNULL,
                 cwd=REPO,
             )
@@ -345,7 +354,7 @@ def test_teardown_runs_on_exceptions(tmp_path: Path) -> None:
 
 CRASHING_LAB = textwrap.dedent("""
     import sys
-    from lab.mesh import LabNetwork
+    from lab.net.mesh import LabNetwork
     from lab.topology import load_topology
     net = LabNetwork(load_topology(sys.argv[1]), tag=sys.argv[2], state_dir=sys.argv[3],
                      mgmt_subnet=sys.argv[4])

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from labkit import completed_groups, rows, small_opts, wait_until
 
-from crew.routes import Route
+from crew.plan.routes import Route
 from lab import audit as lab_audit
-from lab import commands as cmds
-from lab.preflight import check
-from lab.runner import REPO, LabRun
+from lab.net.preflight import check
+from lab.orchestrate import commands as cmds
+from lab.orchestrate.runner import REPO, LabRun
 from lab.topology import load_topology
 
 pytestmark = pytest.mark.root

@@ -11,7 +11,7 @@ For every scenario, whatever it injected:
 
 * every command was applied (none rejected), and after each one at least one group that
   formed after it completed: the lab keeps training through every fault and every undo;
-* every completed group averaged exactly (``verify_err`` < 1e-3, see ``crew.verify``);
+* every completed group averaged exactly (``verify_err`` < 1e-3, see ``crew.control.verify``);
 * no group is left open once the lab has stopped, and ``lab.audit`` passes on the finished
   run (no lost update, no overlapping or hung group, consistent records);
 
@@ -39,7 +39,7 @@ import pytest
 from labkit import POLL_S, completed_groups, rows, small_opts, wait_until
 
 from lab import audit as lab_audit
-from lab.cleanup import (
+from lab.net.cleanup import (
     DEFAULT_STATE_DIR,
     ROOT_NAME_PREFIX,
     CleanupReport,
@@ -49,9 +49,9 @@ from lab.cleanup import (
     remove_recorded,
     root_link_names,
 )
+from lab.net.preflight import check
+from lab.orchestrate.runner import REPO, LabRun, lab_limits
 from lab.pace import WINDOW_S, read_pace
-from lab.preflight import check
-from lab.runner import REPO, LabRun, lab_limits
 from lab.scenario import Scenario, ScenarioPlayer, load_scenario
 from lab.topology import load_topology
 

@@ -1,5 +1,5 @@
 """Impairments measured in lab.vm's guest (a kernel with sch_netem): delay per direction,
-jitter, loss and rate with delay, as built and after a run-time change. Bounds: lab.probe."""
+jitter, loss and rate with delay, as built and after a run-time change. Bounds: lab.net.probe."""
 
 from __future__ import annotations
 

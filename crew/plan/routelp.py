@@ -1,0 +1,983 @@
+"""CREW's route planner: one LP over every route a group's vector can take. Pure, no I/O.
+
+Conventions are :mod:`crew.plan.planner`'s: ``bw`` is n x n Mbit/s (``bw[i][j]`` the rate of i -> j,
+0 = dead link, diagonal ignored), ``members`` the group, ``active`` who may relay or aggregate,
+``size`` the bytes of the vector (4-byte elements), times in seconds.
+
+**Routes.** A route (:mod:`crew.plan.routes`) carries one element range up a reduce in-tree to its
+root and back down a broadcast out-tree. A *column* of the LP is a route shape without its range
+(or a bundle of shapes that together deliver a range to every member once, like all-to-all);
+the LP gives each column a fraction x_c of the vector. Every tree edge a -> b of a column puts
+x_c * M bytes on link a -> b, in both phases (an edge used by the reduce and the broadcast tree
+counts twice).
+
+**Resources.** Each directed pair is a resource of capacity ``bw[a][b]``; a
+:class:`SharedLink` is one more resource: a set of directed pairs whose *sum* is capped (a
+cloud's WAN uplink shared by the cloud's workers). The cost model is the lab's: every resource
+drains its load at its rate, all at once (fluid, cut-through forwarding of parts, free adds),
+so the bandwidth time is ``T_bw = max over resources of load / rate``.
+
+**Latency.** With a one-way delay matrix, a route also needs the delay of its longest reduce
+path plus its longest broadcast path before its last part lands (pipeline fill); with
+``part_bytes`` each hop also adds one part's serialisation time at the hop's rate. The plan's
+time is ``T = T_bw + max over used columns of L_c``: the links drain while the slowest route's
+first part is still on its way, and the slowest route ends at most L_c after its links drained
+(exact for one route on idle links in the fluid limit; a model, not a bound). Since a column
+either is used or not, T is not linear in x; it is minimised exactly over the column pool by
+solving the LP once per latency level lambda (only columns with L_c <= lambda allowed) in
+decreasing lambda, stopping as soon as T_bw(lambda) alone is no better than the best T found
+(T_bw only grows as lambda falls).
+
+**LP** (HiGHS through ``highspy``, one model kept warm while columns and rows are added)::
+
+    minimise t  s.t.  sum_c x_c = 1,  x >= 0,
+                      sum_c x_c * uses_c(k) * M / rate_k <= t     for every resource k
+
+then a second LP keeps t within 1e-7 of its optimum and minimises the total link time
+``sum_c x_c sum_{e in c} M / rate_e``: among equally fast plans, the one moving fewest bytes
+over slow links (no relay where a direct link does as well).
+
+**Column generation.** The pool starts with today's CREW stars (one per usable aggregator, which
+is also every PS plan), BLINK's packed trees, the all-to-all bundle, per root the trees of least
+total link time and, when the pricing below is heuristic, the ring's routes. With the LP duals
+y_k >= 0 of the resources and mu of ``sum x = 1``, a new column's reduced cost is ``sum_{e in c}
+w_e - mu`` where the link weight ``w_e = sum_{k contains e} y_k / rate_k``. The cheapest column
+is, for each root v, a min-cost Steiner in-tree from the members to v plus a min-cost Steiner
+out-tree from v to the members, over dual-weighted links among active workers. The LP duals are
+very degenerate (most links price at 0 until they bind), so pricing first tries Wentges-smoothed
+duals (a mix with those of the best Lagrangian bound so far) and falls back to the plain duals.
+For small groups (3^p * n small) the cheapest column is found *exactly* by Dreyfus-Wagner
+dynamic programming for all roots at once; then the loop stops when no column has negative
+reduced cost (Lagrangian gap <= 1e-7), and the plan is optimal over all routes, so no
+route-based scheme (PS, ring, all-to-all, BLINK, TopoAdopt, today's CREW) has a lower pipelined
+cost, hence none beats it on its own (never lower) cost model. For larger groups the pricing is
+heuristic (shortest-path trees per root) and the seeded columns keep the guarantee for every
+seeded baseline. The loop is bounded (``MAX_ROUNDS``, ``time_budget_s``); if it stops early the
+ring's routes are added before the final solve, so the plan stays at least as good as every
+seeded baseline, and ``RoutePlanResult.optimal`` says the optimum over all routes was not
+proved.
+
+This is the path (column) form of the tree-packing LPs of ForestColl (Zhao et al., 2024:
+aggregation and broadcast trees, throughput-optimal via spanning-tree packing) and of TE-CCL's
+flow formulation, restricted to what the lab's engine runs: per range one reduce tree and one
+broadcast tree through the same root, cut-through, with shared capacities and latency added.
+
+**Whole elements.** Each used column gets the floor of its share; the few elements left over
+go one by one where they raise the busiest resource least; the predicted time is recomputed
+from the whole-element routes (``bandwidth_time`` + ``route_latency``).
+
+Not modelled: TCP's and HTB's sharing of one connection among several flows (the fluid model
+assumes each link drains its load at its rate whatever the mix), aggregation CPU, and that
+each route is a separate stream in the engine (a plan may have ten or more routes).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from highspy._core import HighsModelStatus, _Highs, kHighsInf
+from scipy.sparse import csr_array
+from scipy.sparse.csgraph import shortest_path
+
+from crew.plan.planner import (
+    BYTES_PER_S_PER_MBIT,
+    PlanError,
+    SharedLink,
+    _check_active,
+    _check_bw,
+    _check_delays,
+    _check_group,
+    _check_size,
+    _is_int,
+    largest_remainder,
+)
+from crew.plan.routes import Route
+
+log = logging.getLogger(__name__)
+
+Edge = tuple[int, int]
+
+ELEM_BYTES = 4
+MAX_ROUNDS = 60
+"""Column-generation rounds at most (each: one LP, one pricing)."""
+DEFAULT_TIME_BUDGET_S = 2.0
+"""Wall time after which column generation stops (the plan stays >= every seeded baseline)."""
+COLUMNS_PER_ROUND = 4
+"""New columns added per round at most (the best roots by reduced cost)."""
+EXACT_PRICING_WORK = 3_000_000
+"""Dreyfus-Wagner is used while 3^p * n and 2^p * n^2 stay below this."""
+MAX_LATENCY_LEVELS = 48
+"""Latency levels tried at most (slowest first; the loop usually stops after a few)."""
+GAP = 1e-7
+"""Relative Lagrangian gap at which column generation counts as converged."""
+SMOOTHING = 0.7
+"""Weight of the best-bound duals in the pricing duals (Wentges smoothing)."""
+CACHE_RESULTS = 256
+"""Plans kept for repeated identical inputs."""
+CACHE_GROUPS = 512
+"""Groups (members, active set) whose recently used columns are kept for warm starts."""
+POOL_SHAPES = 48
+"""Warm columns kept per group."""
+_RESULTS: OrderedDict[tuple, RoutePlanResult] = OrderedDict()
+_POOL: OrderedDict[tuple, list[Shape]] = OrderedDict()
+_INF = kHighsInf
+_OPTIMAL = HighsModelStatus.kOptimal
+_TIE = 1e-9  # relative weight of link time in pricing: ties go to routes over fewer/faster links
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A route without its range: reduce in-tree to ``root``, broadcast out-tree from it."""
+
+    root: int
+    up: tuple[Edge, ...]
+    down: tuple[Edge, ...]
+
+
+@dataclass(frozen=True)
+class Column:
+    """Shapes that together deliver one range to every member exactly once."""
+
+    shapes: tuple[Shape, ...]
+    origin: str  # "star", "blink", "ring", "a2a", "priced": where the column came from
+
+    def edge_uses(self) -> dict[Edge, int]:
+        out: dict[Edge, int] = {}
+        for s in self.shapes:
+            for e in (*s.up, *s.down):
+                out[e] = out.get(e, 0) + 1
+        return out
+
+
+@dataclass(frozen=True)
+class RoutePlanResult:
+    """The chosen routes (whole elements) and their time under the model above."""
+
+    routes: tuple[Route, ...]
+    predicted_s: float  # bandwidth time + latency, from the integer split
+    bandwidth_s: float
+    latency_s: float
+    lp_s: float  # the LP optimum (fractional), same model
+    rounds: int
+    columns: int
+    optimal: bool  # column generation proved optimality over all routes (exact pricing)
+    origins: tuple[str, ...]  # origin of each route's column
+
+
+def _check_shared(shared: Sequence[SharedLink] | None, n: int) -> tuple[SharedLink, ...]:
+    out = tuple(shared or ())
+    for s in out:
+        if not isinstance(s, SharedLink):
+            raise PlanError("shared", f"must be SharedLink, got {s!r}")
+        if any(not (0 <= a < n and 0 <= b < n) for a, b in s.pairs):
+            raise PlanError("shared", f"a pair is outside 0..{n - 1}: {s.pairs}")
+    return out
+
+
+# --------------------------------------------------------------------------- the master LP
+
+
+class _Master:
+    """The restricted master LP over a growing column pool, kept in one HiGHS instance so that
+    every re-solve after adding columns (or rows, as new links appear) warm-starts from the
+    previous basis. Column 0 is t; row 0 is ``sum x = 1``; every other row is a resource."""
+
+    def __init__(
+        self, w: np.ndarray, shared: tuple[SharedLink, ...], hop: np.ndarray | None
+    ) -> None:
+        finite = w[np.isfinite(w) & (w > 0)]
+        self.r_ref = float(finite.max()) if finite.size else 1.0
+        self.w = w
+        self.shared = shared
+        self.hop = hop
+        self.row_of: dict[tuple[str, int, int], int] = {}
+        self.row_rate: list[float] = [0.0]  # row 0: convexity
+        self.shared_of: dict[Edge, list[int]] = {}
+        for k, s in enumerate(shared):
+            for e in s.pairs:
+                self.shared_of.setdefault(e, []).append(k)
+        self.cols: list[Column] = []
+        self.keys: set[tuple[Shape, ...]] = set()
+        self.coefs: list[dict[int, float]] = []
+        self.tie: list[float] = []
+        self.lat: list[float] = []
+        # highspy.Highs (the public wrapper) prints a banner to fd 1 on first use, which would
+        # corrupt `lab.planbench --json`; the core class is the same solver without it.
+        self.h = _Highs()
+        for opt, val in (("output_flag", False), ("threads", 1), ("presolve", "off")):
+            self.h.setOptionValue(opt, val)
+        self.h.addVar(0.0, _INF)
+        self.h.changeColCost(0, 1.0)
+        self.h.addRow(1.0, 1.0, 0, np.zeros(0, dtype=np.int32), np.zeros(0))
+
+    def _row(self, key: tuple[str, int, int], rate: float) -> int:
+        row = self.row_of.get(key)
+        if row is None:
+            row = self.row_of[key] = len(self.row_rate)
+            self.row_rate.append(rate)
+            self.h.addRow(-_INF, 0.0, 1, np.zeros(1, dtype=np.int32), np.array([-1.0]))
+        return row
+
+    def add(self, col: Column) -> bool:
+        key = col.shapes
+        if key in self.keys:
+            return False
+        coef: dict[int, float] = {0: 1.0}
+        tie = 0.0
+        for (a, b), uses in col.edge_uses().items():
+            rate = float(self.w[a, b])
+            if not rate > 0:
+                raise AssertionError(f"column {col.origin} uses dead link {a}->{b}")
+            r = self._row(("link", a, b), rate)
+            coef[r] = coef.get(r, 0.0) + uses * self.r_ref / rate
+            tie += uses * self.r_ref / rate
+            for k in self.shared_of.get((a, b), ()):
+                r = self._row(("shared", k, 0), self.shared[k].mbit)
+                coef[r] = coef.get(r, 0.0) + uses * self.r_ref / self.shared[k].mbit
+        rows = np.fromiter(coef.keys(), dtype=np.int32, count=len(coef))
+        vals = np.fromiter(coef.values(), dtype=float, count=len(coef))
+        self.h.addCol(0.0, 0.0, _INF, rows.size, rows, vals)
+        self.keys.add(key)
+        self.cols.append(col)
+        self.coefs.append(coef)
+        self.tie.append(tie)
+        self.lat.append(0.0 if self.hop is None else column_latency(col, self.hop))
+        return True
+
+    def _run(self) -> None:
+        self.h.run()
+        status = self.h.getModelStatus()
+        if status != _OPTIMAL:
+            raise PlanError("bw", f"route LP: {self.h.modelStatusToString(status)}")
+
+    def solve(
+        self, allowed: np.ndarray | None = None, tie_break: bool = False
+    ) -> tuple[np.ndarray, float, np.ndarray, float] | None:
+        """(x over all columns, t, resource duals y >= 0, mu); None if no allowed column.
+
+        ``allowed``: only these columns may be used (the others are fixed at 0 for this solve).
+        ``tie_break``: then keep t within GAP of its optimum and minimise the link time."""
+        k = len(self.cols)
+        if k == 0 or (allowed is not None and not allowed.any()):
+            return None
+        idx = np.arange(1, k + 1, dtype=np.int32)
+        if allowed is not None:
+            upper = np.where(allowed, _INF, 0.0)
+            self.h.changeColsBounds(k, idx, np.zeros(k), upper)
+        try:
+            self._run()
+            sol = self.h.getSolution()
+            values = np.asarray(sol.col_value)
+            duals = np.asarray(sol.row_dual)
+            t = float(values[0])
+            x = values[1:].copy()
+            if tie_break:
+                tie = np.asarray(self.tie) / max(max(self.tie), 1e-300)
+                self.h.changeColCost(0, 0.0)
+                self.h.changeColsCost(k, idx, tie)
+                self.h.changeColBounds(0, 0.0, t * (1 + GAP) + 1e-12)
+                try:
+                    self._run()
+                    x = np.asarray(self.h.getSolution().col_value)[1:].copy()
+                except PlanError:
+                    pass  # keep the first optimum
+                finally:
+                    self.h.changeColCost(0, 1.0)
+                    self.h.changeColsCost(k, idx, np.zeros(k))
+                    self.h.changeColBounds(0, 0.0, _INF)
+        finally:
+            if allowed is not None:
+                self.h.changeColsBounds(k, idx, np.zeros(k), np.full(k, _INF))
+        y = np.clip(-duals[1:], 0.0, None)
+        return np.clip(x, 0.0, None), t, np.concatenate([[0.0], y]), float(duals[0])
+
+    def link_weights(self, y: np.ndarray) -> np.ndarray:
+        """Dual weight of every directed pair in LP units (0 where no resource is binding)."""
+        n = self.w.shape[0]
+        y = np.concatenate([y, np.zeros(len(self.row_rate) - y.size)])  # rows added since
+        wt = np.zeros((n, n))
+        sy = np.zeros(len(self.shared))
+        for (kind, a, b), r in self.row_of.items():
+            if kind == "link":
+                wt[a, b] += y[r] * self.r_ref / self.row_rate[r]
+            else:
+                sy[a] = y[r]
+        for k, s in enumerate(self.shared):
+            if sy[k] > 0:
+                for a, b in s.pairs:
+                    wt[a, b] += sy[k] * self.r_ref / s.mbit
+        return wt
+
+
+def column_latency(col: Column, hop: np.ndarray) -> float:
+    """Longest reduce path + longest broadcast path of the slowest shape (seconds)."""
+    worst = 0.0
+    for s in col.shapes:
+        parent = dict(s.up)
+        depth: dict[int, float] = {s.root: 0.0}
+
+        def up_depth(x: int, parent: dict[int, int] = parent, depth: dict = depth) -> float:
+            chain = []
+            while x not in depth:  # bounded: a valid tree reaches the root
+                chain.append(x)
+                x = parent[x]
+            d = depth[x]
+            for y in reversed(chain):
+                d += float(hop[y, parent[y]])
+                depth[y] = d
+            return depth[chain[0]] if chain else d
+
+        up = max((up_depth(c) for c, _ in s.up), default=0.0)
+        dpar = {c: p for p, c in s.down}
+        ddepth: dict[int, float] = {s.root: 0.0}
+
+        def down_depth(x: int, dpar: dict[int, int] = dpar, ddepth: dict = ddepth) -> float:
+            chain = []
+            while x not in ddepth:
+                chain.append(x)
+                x = dpar[x]
+            d = ddepth[x]
+            for y in reversed(chain):
+                d += float(hop[dpar[y], y])
+                ddepth[y] = d
+            return ddepth[chain[0]] if chain else d
+
+        down = max((down_depth(c) for _, c in s.down), default=0.0)
+        worst = max(worst, up + down)
+    return worst
+
+
+# --------------------------------------------------------------------------- pricing
+
+
+@functools.lru_cache(maxsize=16)
+def _splits(q: int) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], int]:
+    """Per subset size k >= 2: (subsets S, reduceat starts, S1, S2) with S1 holding S's lowest
+    bit, S1 and S2 = S minus S1 non-empty: every way to merge two sub-trees at a node."""
+    by_size: dict[int, list[int]] = {}
+    for s in range(1, 1 << q):
+        by_size.setdefault(s.bit_count(), []).append(s)
+    levels = []
+    for k in range(2, q + 1):
+        subsets, starts, s1s, s2s = [], [], [], []
+        for s in by_size[k]:
+            low = s & -s
+            rest = s ^ low
+            starts.append(len(s1s))
+            subsets.append(s)
+            sub = rest
+            while True:  # subsets of rest, each with low added; S2 must be non-empty
+                a = sub | low
+                if a != s:
+                    s1s.append(a)
+                    s2s.append(s ^ a)
+                if sub == 0:
+                    break
+                sub = (sub - 1) & rest
+        levels.append((np.array(subsets), np.array(starts), np.array(s1s), np.array(s2s)))
+    return levels, (1 << q) - 1
+
+
+@functools.lru_cache(maxsize=16)
+def _split_of(q: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Subset -> (its S1 choices, matching S2) for the tree reconstruction."""
+    out = {}
+    for subsets, starts, s1, s2 in _splits(q)[0]:
+        for j, s in enumerate(subsets.tolist()):
+            end = starts[j + 1] if j + 1 < len(starts) else len(s1)
+            out[s] = (s1[starts[j] : end], s2[starts[j] : end])
+    return out
+
+
+def _dreyfus_wagner(dist: np.ndarray, terms: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """dp[S][v]: cheapest in-tree to v spanning terminals S (dist[u][v]: path u -> v), and
+    merge[S][u]: cheapest two sub-trees of S joined at u. All roots at once."""
+    q = len(terms)
+    n = dist.shape[0]
+    dp = np.full((1 << q, n), np.inf)
+    merge = np.full((1 << q, n), np.inf)
+    for i, t in enumerate(terms):
+        dp[1 << i] = dist[t]
+    levels, _ = _splits(q)
+    for subsets, starts, s1, s2 in levels:
+        vals = dp[s1] + dp[s2]
+        m = np.minimum.reduceat(vals, starts, axis=0)
+        merge[subsets] = m
+        dp[subsets] = (m[:, :, None] + dist[None, :, :]).min(axis=1)
+    return dp, merge
+
+
+def _path(pred: np.ndarray, u: int, v: int, edges: set[Edge]) -> None:
+    x = v
+    for _ in range(pred.shape[0]):
+        if x == u:
+            return
+        p = int(pred[u, x])
+        if p < 0:
+            raise AssertionError(f"no path {u}->{v} in the pricing graph")
+        edges.add((p, x))
+        x = p
+    raise AssertionError("shortest-path predecessors loop")
+
+
+def _dw_tree(
+    v: int,
+    dp: np.ndarray,
+    merge: np.ndarray,
+    dist: np.ndarray,
+    pred: np.ndarray,
+    terms: Sequence[int],
+) -> set[Edge]:
+    """Edges (towards v) of the Dreyfus-Wagner tree of all terminals rooted at v."""
+    q = len(terms)
+    full = (1 << q) - 1
+    split_of = _split_of(q)
+    edges: set[Edge] = set()
+    stack = [(full, v)]
+    for _ in range(4 * (1 << q)):  # each entry splits a set: at most 2^(q+1) entries
+        if not stack:
+            break
+        s, x = stack.pop()
+        if s & (s - 1) == 0:
+            _path(pred, terms[s.bit_length() - 1], x, edges)
+            continue
+        u = int(np.argmin(merge[s] + dist[:, x]))
+        _path(pred, u, x, edges)
+        a, b = split_of[s]
+        j = int(np.argmin(dp[a, u] + dp[b, u]))
+        stack.append((int(a[j]), u))
+        stack.append((int(b[j]), u))
+    return edges
+
+
+def _as_in_tree(root: int, edges: set[Edge], members: Collection[int]) -> tuple[Edge, ...]:
+    """One parent per node: BFS from the root over reversed edges, then prune idle leaves."""
+    into: dict[int, list[int]] = {}
+    for a, b in edges:
+        into.setdefault(b, []).append(a)
+    parent: dict[int, int] = {}
+    order = [root]
+    for x in order:
+        for a in sorted(into.get(x, ())):
+            if a != root and a not in parent:
+                parent[a] = x
+                order.append(a)
+    mset = set(members)
+    for _ in range(len(parent) + 1):  # prune leaves that are not members
+        has_child = set(parent.values())
+        idle = [c for c in parent if c not in has_child and c not in mset]
+        if not idle:
+            break
+        for c in idle:
+            del parent[c]
+    return tuple(sorted(parent.items()))
+
+
+def _all_pairs(wt: np.ndarray, usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Shortest paths (dist[u][v] of u -> v) and predecessors (pred[u][x]: the node before x
+    on the path from u; -9999 for none), by Floyd-Warshall in numpy for small n."""
+    n = wt.shape[0]
+    if n > 48:
+        return shortest_path(
+            _pricing_graph(wt, usable), method="D", directed=True, return_predecessors=True
+        )
+    dist = np.where(usable, wt, np.inf)
+    np.fill_diagonal(dist, 0.0)
+    pred = np.where(usable, np.arange(n)[:, None], -9999)
+    for k in range(n):
+        alt = dist[:, k, None] + dist[None, k, :]
+        better = alt < dist
+        dist = np.where(better, alt, dist)
+        pred = np.where(better, pred[k][None, :], pred)
+    return dist, pred
+
+
+def _pricing_graph(wt: np.ndarray, usable: np.ndarray) -> csr_array:
+    """Sparse weights for csgraph on the usable links (a dense matrix would drop weights
+    below 1e-8: scipy masks values close to its null value)."""
+    r, c = np.nonzero(usable)
+    return csr_array((wt[r, c], (r, c)), shape=wt.shape)
+
+
+def _price_exact(
+    wt: np.ndarray,
+    usable: np.ndarray,
+    members: Sequence[int],
+    roots: np.ndarray,
+    cut: float,
+    limit: int | None = None,
+) -> tuple[float, list[tuple[float, Shape]]]:
+    """Cheapest (in-tree + out-tree) over all roots, exactly (Dreyfus-Wagner), and the trees
+    of the roots whose cost is below ``cut`` (at most COLUMNS_PER_ROUND, cheapest first)."""
+    dist_in, pred_in = _all_pairs(wt, usable)
+    dist_out, pred_out = _all_pairs(wt.T, usable.T)
+    dp_in, merge_in = _dreyfus_wagner(dist_in, members)
+    dp_out, merge_out = _dreyfus_wagner(dist_out, members)
+    full = (1 << len(members)) - 1
+    cost = dp_in[full] + dp_out[full]
+    out = []
+    order = roots[np.argsort(cost[roots], kind="stable")]
+    for v in order[: COLUMNS_PER_ROUND if limit is None else limit]:
+        v = int(v)
+        if not cost[v] < cut:
+            break
+        up = _as_in_tree(v, _dw_tree(v, dp_in, merge_in, dist_in, pred_in, members), members)
+        rev = _dw_tree(v, dp_out, merge_out, dist_out, pred_out, members)
+        down_in = _as_in_tree(v, rev, members)  # in the reversed graph
+        down = tuple(sorted((p, c) for c, p in down_in))
+        out.append((float(cost[v]), Shape(v, up, down)))
+    return float(cost[order[0]]), out
+
+
+def _price_spt(
+    wt: np.ndarray,
+    usable: np.ndarray,
+    members: Sequence[int],
+    roots: np.ndarray,
+    cut: float,
+    limit: int | None = None,
+) -> tuple[float, list[tuple[float, Shape]]]:
+    """Heuristic: shortest-path in-tree + out-tree per root (for groups too big for DW)."""
+    g = _pricing_graph(wt, usable)
+    n = g.shape[0]
+    dense = np.where(usable, wt, np.inf)
+    _, pred_to = shortest_path(g.T, method="D", directed=True, return_predecessors=True)
+    _, pred_from = shortest_path(g, method="D", directed=True, return_predecessors=True)
+    mem = np.zeros(n, dtype=bool)
+    mem[list(members)] = True
+    # pred_to[v][u]: next hop from u towards v; pred_from[v][u]: parent of u from v
+    cost = np.zeros(n)
+    trees = {}
+    for which, pred in (("up", pred_to), ("down", pred_from)):
+        marked = np.zeros((n, n), dtype=bool)
+        marked[:, mem] = True
+        marked[np.arange(n), np.arange(n)] = False
+        bad = (pred < 0) & marked
+        dead = bad.any(axis=1)
+        for _ in range(n):
+            r, c = np.nonzero(marked & (pred >= 0))
+            nxt = pred[r, c]
+            newly = ~marked[r, nxt] & (nxt != r)
+            if not newly.any():
+                break
+            marked[r[newly], nxt[newly]] = True
+        r, c = np.nonzero(marked & (pred >= 0))
+        p = pred[r, c]
+        wts = dense[c, p] if which == "up" else dense[p, c]
+        part = np.zeros(n)
+        np.add.at(part, r, wts)
+        part[dead] = np.inf
+        cost += part
+        trees[which] = (marked, pred)
+    out = []
+    order = roots[np.argsort(cost[roots], kind="stable")]
+    for v in order[: COLUMNS_PER_ROUND if limit is None else limit]:
+        v = int(v)
+        if not cost[v] < cut:
+            break
+        m_up, p_up = trees["up"]
+        m_dn, p_dn = trees["down"]
+        up = tuple(sorted((int(u), int(p_up[v, u])) for u in np.flatnonzero(m_up[v])))
+        down = tuple(sorted((int(p_dn[v, u]), int(u)) for u in np.flatnonzero(m_dn[v])))
+        out.append((float(cost[v]), Shape(v, up, down)))
+    return float(cost[order[0]]), out
+
+
+# --------------------------------------------------------------------------- seeds
+
+
+def _cost(s: Shape, wt: np.ndarray) -> float:
+    return float(sum(wt[a, b] for a, b in (*s.up, *s.down)))
+
+
+def _star(root: int, members: Sequence[int]) -> Shape:
+    others = [m for m in members if m != root]
+    return Shape(root, tuple((m, root) for m in others), tuple((root, m) for m in others))
+
+
+def _route_shape(r: Route) -> Shape:
+    return Shape(r.root, tuple(sorted(r.up)), tuple(sorted(r.down)))
+
+
+def _seed_columns(
+    w: np.ndarray, members: tuple[int, ...], act: np.ndarray, with_ring: bool
+) -> list[Column]:
+    from crew.plan import baselines
+
+    out: list[Column] = []
+    rows = w[list(members), :]
+    cols = w[:, list(members)]
+    usable = act & (rows.min(axis=0) > 0) & (cols.min(axis=1) > 0)
+    for v in np.flatnonzero(usable):  # today's CREW stars, and every PS server
+        out.append(Column((_star(int(v), members),), "star"))
+    trees = baselines.pack_trees(w, members, 4)
+    if trees:
+        roots = [baselines._eccentric_root(t.edges, members) for t in trees]
+        routes = baselines._tree_routes([t.edges for t in trees], roots, [1] * len(trees))
+        out.extend(Column((_route_shape(r),), "blink") for r in routes)
+    ms = list(members)
+    sub = w[np.ix_(ms, ms)]
+    if np.all(sub[~np.eye(len(ms), dtype=bool)] > 0):
+        out.append(
+            Column(
+                tuple(Shape(m, tuple(sorted((g, m) for g in ms if g != m)), ()) for m in ms),
+                "a2a",
+            )
+        )
+        if with_ring:
+            out.extend(_ring_columns(w, members))
+    return out
+
+
+def _ring_columns(w: np.ndarray, members: tuple[int, ...]) -> list[Column]:
+    from crew.plan import baselines
+
+    try:
+        order, _ = baselines._ring_order(w, members)
+    except PlanError:
+        return []
+    p = len(order)
+    out = []
+    for k in range(p):
+        ring = [order[(k + 1 + j) % p] for j in range(p)]
+        bcast = [order[(k + j) % p] for j in range(p)]
+        up = tuple(sorted(zip(ring[:-1], ring[1:], strict=True)))
+        down = tuple(sorted(zip(bcast[:-1], bcast[1:], strict=True)))
+        out.append(Column((Shape(order[k], up, down),), "ring"))
+    return out
+
+
+# --------------------------------------------------------------------------- the planner
+
+
+def hop_latency(
+    bw: np.ndarray, delay_s: np.ndarray | None, part_bytes: int = 0
+) -> np.ndarray | None:
+    """Seconds one part needs per hop: one-way delay + its serialisation at the link's rate."""
+    w = _check_bw(bw)
+    if delay_s is None and part_bytes == 0:
+        return None
+    n = w.shape[0]
+    hop = np.zeros((n, n)) if delay_s is None else np.array(delay_s, dtype=float)
+    if part_bytes:
+        with np.errstate(divide="ignore"):
+            fill = np.where(w > 0, part_bytes / (w * BYTES_PER_S_PER_MBIT), np.inf)
+        hop = hop + fill
+    np.fill_diagonal(hop, 0.0)
+    return hop
+
+
+def plan_routes(
+    bw: np.ndarray,
+    members: Sequence[int],
+    size: int,
+    active: Collection[int] | None = None,
+    *,
+    shared: Sequence[SharedLink] | None = None,
+    delay_s: np.ndarray | None = None,
+    part_bytes: int = 0,
+    time_budget_s: float = DEFAULT_TIME_BUDGET_S,
+    exact: bool | None = None,
+    warm: bool = True,
+) -> RoutePlanResult:
+    """CREW's plan for one group: the route LP of this module's docstring.
+
+    ``shared``: extra capacities over sets of pairs. ``delay_s``: n x n one-way delays in
+    seconds (``None``: no latency term); ``part_bytes`` adds each part's serialisation per hop.
+    ``exact`` forces (True) or forbids (False) Dreyfus-Wagner pricing (default: by size).
+
+    ``warm``: reuse work of earlier calls in this process. The same inputs return the cached
+    result; otherwise the columns that earlier plans of the same members and active set used
+    join the seeds (a warm start: column generation then usually ends within a round or two).
+    Either way the plan is the one this function would compute, up to the LP's GAP: warm
+    columns only start the pool, pricing still has the last word.
+    Raises PlanError when the members cannot reach each other through active workers.
+    """
+    w = _check_bw(bw)
+    n = w.shape[0]
+    ms = _check_group(members, n)
+    act = _check_active(active, n, ms)
+    total = _check_size(size, ELEM_BYTES)
+    sh = _check_shared(shared, n)
+    if not _is_int(part_bytes) or part_bytes < 0:
+        raise PlanError("part_bytes", f"must be an int >= 0, got {part_bytes!r}")
+    delays = _check_delays(delay_s, n, sh)
+    if not isinstance(time_budget_s, int | float) or not time_budget_s > 0:
+        raise PlanError("time_budget_s", f"must be a positive number, got {time_budget_s!r}")
+    key = (
+        w.tobytes(), ms, act.tobytes(), total, sh,
+        None if delays is None else delays.tobytes(), int(part_bytes), exact,
+    )  # fmt: skip
+    if warm and key in _RESULTS:
+        _RESULTS.move_to_end(key)
+        return _RESULTS[key]
+    result = _plan(w, ms, act, total, sh, delays, int(part_bytes), time_budget_s, exact, warm)
+    if warm:
+        _RESULTS[key] = result
+        while len(_RESULTS) > CACHE_RESULTS:
+            _RESULTS.popitem(last=False)
+    return result
+
+
+def _plan(
+    w: np.ndarray,
+    ms: tuple[int, ...],
+    act: np.ndarray,
+    total: int,
+    sh: tuple[SharedLink, ...],
+    delays: np.ndarray | None,
+    part_bytes: int,
+    time_budget_s: float,
+    exact: bool | None,
+    warm: bool,
+) -> RoutePlanResult:
+    n = w.shape[0]
+    size = total * ELEM_BYTES
+    hop = hop_latency(w, delays, part_bytes)
+    if len(ms) == 1:
+        route = Route(0, total, ms[0], (), ())
+        return RoutePlanResult((route,), 0.0, 0.0, 0.0, 0.0, 0, 1, True, ("trivial",))
+    p = len(ms)
+    if exact is None:
+        exact = 3**p * n <= EXACT_PRICING_WORK and 2**p * n * n <= EXACT_PRICING_WORK
+    usable = act[:, None] & act[None, :] & (w > 0)
+    np.fill_diagonal(usable, False)
+    master = _Master(w, sh, hop)
+    for col in _seed_columns(w, ms, act, with_ring=not exact):
+        master.add(col)
+    pool_key = (n, ms, act.tobytes())
+    if warm:
+        for shape in _POOL.get(pool_key, ()):
+            if all(usable[e] for e in (*shape.up, *shape.down)):
+                master.add(Column((shape,), "warm"))
+    roots = np.flatnonzero(act)
+    eps = _TIE * master.r_ref / np.where(usable, w, np.inf)
+    eps[~usable] = 0.0
+    price = _price_exact if exact else _price_spt
+    seconds_per_unit = size / (master.r_ref * BYTES_PER_S_PER_MBIT)
+    t0 = time.perf_counter()
+    rounds, optimal = 0, False
+    # Also seed, per root, the trees of least total link time (the duals of an LP where every
+    # link is equally loaded): they start the pool near the optimum and save rounds.
+    _, trees = price(eps / _TIE, usable, ms, roots, math.inf, limit=roots.size)
+    for _, shape in trees:
+        master.add(Column((shape,), "tree"))
+    sol = master.solve() if master.cols else None
+    lower = -math.inf  # best Lagrangian bound so far, and the dual weights that gave it
+    center: np.ndarray | None = None
+    for rounds in range(1, MAX_ROUNDS + 1):  # noqa: B007 - rounds is reported
+        if sol is None:  # no seed column (e.g. no usable star): price on zero duals
+            t, mu, wt = math.inf, math.inf, np.zeros((n, n))
+        else:
+            _, t, y, mu = sol
+            wt = master.link_weights(y)
+        cut = mu - GAP * (t if math.isfinite(t) else 0.0)
+        # Wentges smoothing: the duals are very degenerate (most links price at 0), so price
+        # first at a mix with the duals of the best bound so far; fall back to the plain duals
+        # when that finds no improving column (a mis-price).
+        new: list[Shape] = []
+        smoothed = [] if center is None else [SMOOTHING * center + (1 - SMOOTHING) * wt]
+        for weights in [*smoothed, wt]:
+            best, found = price(weights + eps, usable, ms, roots, math.inf)
+            if best > lower:  # any weights with sum(y) = 1 give t >= min column cost
+                lower, center = best, weights
+            new = [s for _, s in found if _cost(s, wt) < cut]
+            if new:
+                break
+        log.debug("route LP round %d: t=%.9g, bound %.9g", rounds, t, lower)
+        if sol is not None and exact and t - lower <= GAP * t:
+            optimal = True  # Lagrangian bound: no mix of routes beats t by more than GAP
+            break
+        added = sum(master.add(Column((s,), "priced")) for s in new)
+        if not added:
+            optimal = exact  # exact pricing found no improving column
+            break
+        sol = master.solve()
+        if time.perf_counter() - t0 > time_budget_s:
+            log.warning("route LP: column generation stopped after %d rounds (time budget)", rounds)
+            break
+    if sol is None:
+        raise PlanError("bw", f"no route connects the members {ms} through active workers")
+    if not optimal:
+        for col in _ring_columns(w, ms):  # keep the guarantee over the ring when unproven
+            master.add(col)
+    x, t_lp, lat_used = _choose(master, seconds_per_unit)
+    if warm:
+        _remember(pool_key, master, x)
+    return _integer_plan(master, x, total, size, t_lp, lat_used, rounds, optimal)
+
+
+def _remember(key: tuple, master: _Master, x: np.ndarray) -> None:
+    """Keep the single-shape columns this plan used, most recent first, for warm starts."""
+    used = [
+        master.cols[c].shapes[0] for c in np.flatnonzero(x > 0) if len(master.cols[c].shapes) == 1
+    ]
+    old = [s for s in _POOL.pop(key, ()) if s not in used]
+    _POOL[key] = (used + old)[:POOL_SHAPES]
+    while len(_POOL) > CACHE_GROUPS:
+        _POOL.popitem(last=False)
+
+
+def clear_caches() -> None:
+    """Forget cached results and warm columns (benchmarks measure cold planning with it)."""
+    _RESULTS.clear()
+    _POOL.clear()
+
+
+def _choose(master: _Master, seconds_per_unit: float) -> tuple[np.ndarray, float, float]:
+    """Best fractions under T = T_bw + max latency of used columns (module docstring).
+
+    Returns (x, T_bw in seconds, latency in seconds) of the fractional optimum."""
+    lat = np.asarray(master.lat)
+    sol = master.solve(tie_break=True)
+    assert sol is not None
+    x, t, _, _ = sol
+
+    def worst(x: np.ndarray) -> float:
+        used = x > 1e-9
+        return float(lat[used].max()) if used.any() else 0.0
+
+    best = (t * seconds_per_unit + worst(x), x, t * seconds_per_unit)
+    if master.hop is None:
+        return x, best[2], 0.0
+    tried = 0
+    for lam in np.unique(lat)[::-1]:  # latency levels, slowest first
+        if lam >= worst(best[1]):
+            continue
+        if tried >= MAX_LATENCY_LEVELS:
+            log.warning("route LP: stopped after %d latency levels", tried)
+            break
+        tried += 1
+        sol = master.solve(allowed=lat <= lam, tie_break=True)
+        if sol is None:
+            break
+        x, t, _, _ = sol
+        t_s = t * seconds_per_unit
+        if t_s + worst(x) < best[0]:
+            best = (t_s + worst(x), x, t_s)
+        if t_s >= best[0]:
+            break  # T_bw only grows as the latency cap falls
+    return best[1], best[2], worst(best[1])
+
+
+def _round(master: _Master, x: np.ndarray, total: int) -> np.ndarray:
+    """Whole elements per column: the floor of each share, then each element left over goes
+    to the used column that raises the busiest resource least (ties: the largest remainder).
+    Never worse than largest remainder on the busiest resource, and it keeps ties with other
+    plans of the same LP value from being lost to rounding."""
+    used = np.flatnonzero(x > 0)
+    quota = x[used] / x[used].sum() * total
+    elems = np.floor(quota).astype(np.int64)
+    left = int(total - elems.sum())
+    if left < 0 or left > used.size:  # float error only; fall back to the classic rounding
+        out = np.zeros(x.size, dtype=np.int64)
+        out[used] = largest_remainder(x[used], total)
+        return out
+    m = len(master.row_rate)
+    coef = np.zeros((used.size, m))
+    for k, c in enumerate(used):
+        for r, v in master.coefs[c].items():
+            coef[k, r] = v
+    coef[:, 0] = 0.0  # the convexity row is no resource
+    load = elems @ coef
+    frac = quota - elems
+    for _ in range(left):  # one element each: at most used.size steps
+        worst = np.max(load[None, :] + coef, axis=1)
+        k = int(np.lexsort((-frac, worst))[0])
+        elems[k] += 1
+        frac[k] -= 1.0  # its remainder is spent
+        load += coef[k]
+    out = np.zeros(x.size, dtype=np.int64)
+    out[used] = elems
+    if out.sum() != total:
+        raise AssertionError("rounding lost elements")
+    return out
+
+
+def _integer_plan(
+    master: _Master,
+    x: np.ndarray,
+    total: int,
+    size: int,
+    t_lp: float,
+    lat_used: float,
+    rounds: int,
+    optimal: bool,
+) -> RoutePlanResult:
+    x = np.where(x > 1e-9 * x.sum(), x, 0.0)
+    elems = _round(master, x, total)
+    routes: list[Route] = []
+    origins: list[str] = []
+    pos = 0
+    used_lat = 0.0
+    for c in np.flatnonzero(elems):
+        e = int(elems[c])
+        col = master.cols[int(c)]
+        for s in col.shapes:
+            routes.append(Route(pos, pos + e, s.root, s.up, s.down))
+            origins.append(col.origin)
+        used_lat = max(used_lat, master.lat[int(c)])
+        pos += e
+    t_bw = bandwidth_time(routes, master.w, master.shared)
+    return RoutePlanResult(
+        tuple(routes),
+        t_bw + used_lat,
+        t_bw,
+        used_lat,
+        t_lp + lat_used,
+        rounds,
+        len(master.cols),
+        optimal,
+        tuple(origins),
+    )
+
+
+def bandwidth_time(
+    routes: Sequence[Route], bw: np.ndarray, shared: Sequence[SharedLink] = ()
+) -> float:
+    """T_bw of routes: max over pairs and shared links of bytes / rate (seconds)."""
+    w = _check_bw(bw)
+    n = w.shape[0]
+    load = np.zeros((n, n))
+    for r in routes:
+        nbytes = r.elems * ELEM_BYTES
+        for a, b in (*r.up, *r.down):
+            load[a, b] += nbytes
+    used = load > 0
+    if not used.any():
+        return 0.0
+    if np.any(w[used] <= 0):
+        raise PlanError("routes", "a route uses a dead link")
+    t = float((load[used] / (w[used] * BYTES_PER_S_PER_MBIT)).max())
+    for s in shared:
+        tot = sum(load[a, b] for a, b in s.pairs)
+        t = max(t, tot / (s.mbit * BYTES_PER_S_PER_MBIT))
+    return t
+
+
+def route_latency(routes: Sequence[Route], hop: np.ndarray | None) -> float:
+    """Latency term of routes: the slowest route's longest reduce + broadcast path."""
+    if hop is None:
+        return 0.0
+    return max((column_latency(Column((_route_shape(r),), ""), hop) for r in routes), default=0.0)
+
+
+def route_time(
+    routes: Sequence[Route],
+    bw: np.ndarray,
+    shared: Sequence[SharedLink] | None = None,
+    delay_s: np.ndarray | None = None,
+    part_bytes: int = 0,
+) -> float:
+    """Any routes' time under this module's model: T_bw + the slowest route's latency."""
+    w = _check_bw(bw)
+    sh = _check_shared(shared, w.shape[0])
+    hop = hop_latency(w, _check_delays(delay_s, w.shape[0], sh), part_bytes)
+    return bandwidth_time(routes, w, sh) + route_latency(routes, hop)

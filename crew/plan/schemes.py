@@ -1,0 +1,225 @@
+"""From a scheme's name to the routes a group's data takes: the one place schemes are chosen.
+
+Every scheme except Gloo plans a group as routes (``crew.plan.routes``) that the same engine
+(``crew.runtime.reduce``) executes, so schemes differ only in where data goes, never in how it is
+sent.
+
+=============  ===========================================================================
+scheme         plan
+=============  ===========================================================================
+crew           the route LP (``crew.plan.routelp``): a mix of routes (stars per aggregator, relays,
+               reduce/broadcast trees, ring segments) chosen by column generation to empty
+               the busiest link (or shared link) first, latency counted; parts stream through
+crew-star      the previous default: one star per active aggregator, block sizes from the
+               per-link-load LP (``planner.solve_pipelined``); parts stream through
+crew-relay     crew-star's split planned on capacities improved by one relay hop and routed
+               through those relays (``planner.two_hop``); its prediction is the honest cost
+               of those routes (both hops' load counted), so it is usually worse than crew
+crew-paper     the paper's form: p2a LP minimising X + Y; each block stored and forwarded
+preduce        the original partial reduce: members only (p2p LP), stored and forwarded
+ps, ring, a2a, blink, blink-pipe, topoadopt
+               the baselines of ``crew.plan.baselines``
+gloo           not planned here: torch.distributed all-reduce among all workers
+=============  ===========================================================================
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from crew.plan import planner, routelp
+from crew.plan.planner import SharedLink
+from crew.plan.routes import Route, link_load, relayed_star_routes, star_routes
+
+STAR_SCHEMES = ("crew", "crew-paper", "preduce", "crew-relay", "crew-star")
+ROUTE_SCHEMES = ("ps", "ring", "a2a", "blink", "blink-pipe", "topoadopt")
+ALL_SCHEMES = (*STAR_SCHEMES, *ROUTE_SCHEMES, "gloo")
+GROUP_SCHEMES = STAR_SCHEMES + ROUTE_SCHEMES  # planned per group by the coordinator
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    scheme: str
+    members: tuple[int, ...]
+    routes: tuple[Route, ...]
+    pipelined: bool
+    predicted_s: float
+    n: int
+    total: int
+
+    @property
+    def elems(self) -> list[int]:
+        """Elements whose sum each worker computes (roots of routes): the 'block sizes'."""
+        out = [0] * self.n
+        for r in self.routes:
+            out[r.root] += r.elems
+        return out
+
+    def participants(self) -> set[int]:
+        nodes: set[int] = set(self.members)
+        for r in self.routes:
+            nodes |= r.nodes()
+        return nodes
+
+    def uses(self, src: int, dst: int) -> bool:
+        return any((src, dst) in r.up or (src, dst) in r.down for r in self.routes)
+
+    def phase_of(self, src: int, dst: int) -> str:
+        """Which phase link src->dst serves in this plan: scatter, broadcast or both."""
+        up = any((src, dst) in r.up for r in self.routes)
+        down = any((src, dst) in r.down for r in self.routes)
+        return "scatter and broadcast" if up and down else "scatter" if up else "broadcast"
+
+    def link_bytes(self) -> np.ndarray:
+        return link_load(self.routes, self.n)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "scheme": self.scheme,
+                "members": list(self.members),
+                "elems": self.elems,
+                "pipelined": self.pipelined,
+                "predicted_s": self.predicted_s,
+                "routes": [r.to_list() for r in self.routes],
+            }
+        )
+
+
+def _star(
+    scheme: str, plan: planner.Plan, members: tuple[int, ...], pipelined: bool, n: int, total: int
+) -> GroupPlan:
+    segments = [(s.worker, s.start, s.stop) for s in plan.segments]
+    return GroupPlan(
+        scheme,
+        members,
+        tuple(star_routes(segments, members)),
+        pipelined,
+        plan.predicted_s,
+        n,
+        total,
+    )
+
+
+def plan_group_nonblocking(
+    scheme: str,
+    bw: np.ndarray,
+    members: Sequence[int],
+    size: int,
+    sent: np.ndarray,
+    a2a: planner.Plan,
+    active: Sequence[int] | None = None,
+) -> GroupPlan:
+    """CREW's non-blocking re-solve (``planner.solve_p2a_nonblocking``) as star routes."""
+    members = tuple(members)
+    plan = planner.solve_p2a_nonblocking(bw, members, size, sent, active=active, a2a=a2a)
+    return _star(scheme, plan, members, scheme == "crew", bw.shape[0], size // 4)
+
+
+STAR_TIE = 1e-6
+"""Relative margin within which ``crew`` takes the one-star-per-aggregator plan over an
+equally fast mix of routes (see ``_star_on_tie``)."""
+
+
+def _star_on_tie(
+    bw: np.ndarray,
+    members: tuple[int, ...],
+    size: int,
+    active: Sequence[int] | None,
+    shared: Sequence[SharedLink] | None,
+    delay_s: np.ndarray | None,
+    part_bytes: int,
+    route_lp_s: float,
+) -> tuple[tuple[Route, ...], float] | None:
+    """The star plan (crew-star's split) when the route LP cannot beat it, else None.
+
+    Why: the fluid model charges a route only for its bytes, so when links are uniform many
+    mixes of stars, relays and trees tie (on 4 uniform clouds with p = n every route crosses at
+    least half the links). The executor is not indifferent: a relay or tree node forwards a
+    part only once it has all of it, so every extra hop adds a part's time and more parts in
+    flight. Measured on 4 uniform 50 Mbit/s clouds (16.8 MB, p = n = 4), a tied tree mix took
+    1.38x its plan and stars 1.16x. A star has the fewest hops a partial reduce can have, so
+    ties go to it. The star is priced by the same cost model (``routelp.route_time``), so
+    ``crew`` stays no worse than the route LP by more than ``STAR_TIE``."""
+    try:
+        plan = planner.solve_pipelined(bw, members, size, active=active)
+    except planner.PlanError:
+        return None  # no star reaches every member: only relays or trees do
+    routes = tuple(star_routes([(g.worker, g.start, g.stop) for g in plan.segments], members))
+    star_s = routelp.route_time(routes, bw, shared, delay_s, part_bytes)
+    if star_s <= route_lp_s * (1 + STAR_TIE):
+        return routes, star_s
+    return None
+
+
+def plan_group(
+    scheme: str,
+    bw: np.ndarray,
+    members: Sequence[int],
+    size: int,
+    active: Sequence[int] | None = None,
+    *,
+    seed: int = 0,
+    shared: Sequence[SharedLink] | None = None,
+    delay_s: np.ndarray | None = None,
+    part_bytes: int = 0,
+) -> GroupPlan:
+    """Plan one group of ``members`` moving ``size`` bytes on capacity matrix ``bw``.
+
+    ``shared`` (capacities shared by several pairs), ``delay_s`` (one-way delays, seconds) and
+    ``part_bytes`` (per-hop serialisation of a part) reach ``crew``'s route LP and the cost of
+    ``crew-relay``'s routes; the other schemes keep their own cost models, which ignore them.
+    """
+    members = tuple(members)
+    n = bw.shape[0]
+    total = size // 4
+    if scheme == "crew":
+        rp = routelp.plan_routes(
+            bw, members, size, active, shared=shared, delay_s=delay_s, part_bytes=part_bytes
+        )
+        star = _star_on_tie(bw, members, size, active, shared, delay_s, part_bytes, rp.predicted_s)
+        if star is not None:
+            return GroupPlan(scheme, members, star[0], True, star[1], n, total)
+        return GroupPlan(scheme, members, rp.routes, True, rp.predicted_s, n, total)
+    if scheme in STAR_SCHEMES:
+        if scheme == "crew-star":
+            plan = planner.solve_pipelined(bw, members, size, active=active)
+            pipelined = True
+        elif scheme == "crew-relay":
+            live = np.array(bw, dtype=float)  # relays only through active workers
+            if active is not None:
+                off = np.setdiff1d(np.arange(n), np.asarray(list(active), dtype=int))
+                live[off, :] = 0.0
+                live[:, off] = 0.0
+            better, relay = planner.two_hop(live)
+            plan = planner.solve_pipelined(better, members, size, active=active)
+            segments = [(s.worker, s.start, s.stop) for s in plan.segments]
+            routes = tuple(relayed_star_routes(segments, members, relay))
+            return GroupPlan(
+                scheme,
+                members,
+                routes,
+                True,
+                routelp.route_time(routes, bw, shared, delay_s, part_bytes),
+                n,
+                total,
+            )
+        elif scheme == "crew-paper":
+            plan = planner.solve_p2a(bw, members, size, active=active)
+            pipelined = False
+        else:
+            plan = planner.solve_p2p(bw, members, size)
+            pipelined = False
+        return _star(scheme, plan, members, pipelined, n, total)
+    if scheme in ROUTE_SCHEMES:
+        from crew.plan import baselines
+
+        rp = baselines.plan_for(scheme, bw, members, size, active=active, seed=seed)
+        return GroupPlan(scheme, members, tuple(rp.routes), rp.pipelined, rp.predicted_s, n, total)
+    raise planner.PlanError(
+        "scheme", f"{scheme!r} is not planned per group; known: {', '.join(GROUP_SCHEMES)}"
+    )

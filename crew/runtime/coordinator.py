@@ -1,0 +1,400 @@
+"""The coordinator: the socket shell around the group life cycle (``crew.control.lifecycle``).
+
+Runs in the lab's root namespace, reached by every worker over the unshaped management
+network, and is the only writer of groups, iterations and worker states in the run database.
+
+All decisions are made by one :class:`~crew.control.lifecycle.GroupLifecycle` on one thread, the
+event loop, fed by a queue: the connection readers only decode and enqueue. So group state needs no
+locks, and the order of events in the database is the order in which they were decided. This module
+only turns frames into events, sends the life cycle's messages and writes its records
+(docs/architecture.md §2 "Layers")."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from crew.config import RunConfig
+from crew.control import lifecycle as lc
+from crew.control.grouping import GroupOutcome
+from crew.plan.schemes import GROUP_SCHEMES
+from crew.runtime.rundb import RunDB
+from crew.wire import protocol as proto
+from crew.wire.frames import COORDINATOR, FrameCodec, FrameError, control_body, control_frame
+from crew.wire.transport import FrameStream
+
+log = logging.getLogger("crew.runtime.coordinator")
+
+TICK_S = 0.25
+
+
+@dataclass(frozen=True)
+class _Event:
+    kind: str  # "msg" (a decoded message), "closed" (connection ended), "rejected" (bad frame)
+    conn: int
+    msg: proto.Message | None = None
+
+
+def write_record(db: RunDB, rec: lc.Output) -> None:
+    """Write one of the life cycle's records to the run database (SendTo/StopRequested: no)."""
+    if isinstance(rec, lc.EventRecord):
+        db.event(
+            rec.kind,
+            rec.message,
+            level=rec.level.value,
+            worker=rec.worker,
+            data=None if rec.data is None else dict(rec.data),
+            t=rec.t,
+        )
+    elif isinstance(rec, lc.WorkerStatusRecord):
+        db.set_worker_status(
+            rec.worker, rec.state.value, iteration=rec.iteration, group_id=rec.group_id, pid=rec.pid
+        )
+    elif isinstance(rec, lc.GroupOpenedRecord):
+        g = rec.group
+        db.execute(
+            "INSERT INTO groups (id, scheme, members, weights, formed_at, started_at, status,"
+            " predicted_s, bound_s, plan) VALUES (?,?,?,?,?,?, 'open', ?,?,?)",
+            (
+                g.id,
+                rec.scheme,
+                json.dumps(g.members),
+                json.dumps(g.weights),
+                g.formed_at,
+                rec.started_at,
+                rec.predicted_s,
+                rec.bound_s,
+                rec.plan_json,
+            ),
+        )
+        db.executemany(
+            "INSERT INTO group_members (group_id, worker, iteration, staleness, weight)"
+            " VALUES (?,?,?,?,?)",
+            [
+                (g.id, m, it, max(g.iterations) - it + 1, w)
+                for m, it, w in zip(g.members, g.iterations, g.weights, strict=True)
+            ],
+        )
+    elif isinstance(rec, lc.GroupUnplannedRecord):
+        g = rec.group
+        db.execute(
+            "INSERT INTO groups (id, scheme, members, weights, formed_at, status, reason,"
+            " ended_at) VALUES (?,?,?,?,?, 'abandoned', ?, ?)",
+            (
+                g.id,
+                rec.scheme,
+                json.dumps(g.members),
+                json.dumps(g.weights),
+                g.formed_at,
+                rec.reason,
+                rec.ended_at,
+            ),
+        )
+    elif isinstance(rec, lc.GroupClosedRecord):
+        db.execute(
+            "UPDATE groups SET ended_at=?, status=?, bytes=?, reason=?, members=?, weights=?,"
+            " plan=?, revisions=?, verify_err=? WHERE id=?",
+            (
+                rec.ended_at,
+                rec.outcome.value,
+                rec.bytes_moved,
+                rec.reason or None,
+                json.dumps(rec.members),
+                json.dumps(rec.weights),
+                rec.plan_json,
+                rec.revisions,
+                rec.verify_err,
+                rec.group_id,
+            ),
+        )
+        if rec.dropped:
+            db.execute(
+                f"DELETE FROM group_members WHERE group_id=? AND worker IN"
+                f" ({','.join('?' * len(rec.dropped))})",
+                (rec.group_id, *rec.dropped),
+            )
+    elif isinstance(rec, lc.MetaRecord):
+        db.set_meta(dict(rec.values))
+    elif isinstance(rec, lc.IterationRecord):
+        db.execute(
+            "INSERT INTO iterations (t, worker, iteration, loss, accuracy) VALUES (?,?,?,?,?)",
+            (rec.t, rec.worker, rec.iteration, rec.loss, rec.accuracy),
+        )
+    elif isinstance(rec, lc.AllReduceRecord):
+        db.execute(
+            "INSERT INTO groups (scheme, members, weights, formed_at, started_at, ended_at,"
+            " status, bytes) VALUES (?,?,?,?,?,?,?,?)",
+            (
+                rec.scheme,
+                json.dumps(list(range(rec.n))),
+                json.dumps([1 / rec.n] * rec.n),
+                rec.started,
+                rec.started,
+                rec.ended,
+                GroupOutcome.COMPLETED.value,
+                rec.bytes_moved,
+            ),
+        )
+
+
+RESTART_REASON = "coordinator restarted"
+
+
+def resume_from_db(db: RunDB, life: lc.GroupLifecycle, now: float) -> int:
+    """A coordinator started on a run database that already has groups: it restarts a run.
+
+    The groups open at the crash are abandoned explicitly (``RESTART_REASON``): their members
+    abandon them too when they reconnect (``crew.control.worker_control``), keeping their own
+    models, so no update is lost. New groups take ids after the recorded ones. Workers, their
+    readiness and the link states come back as the workers re-register and report. Returns how many
+    groups were abandoned."""
+    last = db.query("SELECT MAX(id) AS m FROM groups")[0]["m"]
+    if last is None:
+        return 0
+    life.former.continue_ids_after(int(last))
+    # What the lab changed at run time: p, the scheme, link rates (cuts: the probes tell).
+    meta = {r["key"]: r["value"] for r in db.query("SELECT key, value FROM meta")}
+    if "p" in meta:
+        life.former.set_p(int(meta["p"]))
+    if meta.get("scheme") in GROUP_SCHEMES:
+        life.scheme = meta["scheme"]
+    for r in db.query(
+        "SELECT src, dst, rate_mbit FROM link_state WHERE id IN"
+        " (SELECT MAX(id) FROM link_state GROUP BY src, dst)"
+    ):
+        if 0 <= r["src"] < life.cfg.n and 0 <= r["dst"] < life.cfg.n and r["src"] != r["dst"]:
+            life.capacity.set_link(int(r["src"]), int(r["dst"]), float(r["rate_mbit"]))
+    open_ids = [int(r["id"]) for r in db.query("SELECT id FROM groups WHERE status='open'")]
+    for gid in open_ids:
+        db.execute(
+            "UPDATE groups SET status=?, ended_at=?, reason=? WHERE id=?",
+            (GroupOutcome.ABANDONED.value, now, RESTART_REASON, gid),
+        )
+    db.event(
+        "recovery",
+        f"coordinator restarted: {len(open_ids)} open group(s) abandoned, ids go on after {last}",
+        data={"abandoned": open_ids},
+        t=now,
+    )
+    return len(open_ids)
+
+
+class Coordinator:
+    """One run's coordinator; ``run()`` serves until stopped (admin "stop", SIGTERM)."""
+
+    def __init__(
+        self, cfg: RunConfig, db: RunDB, host: str, port: int, *, secret: bytes | None = None
+    ):
+        self.cfg = cfg
+        self.db = db
+        key = cfg.secret() if secret is None else secret
+        self.codec = FrameCodec(key, cfg.run_num, max_payload=cfg.max_payload)
+        self.life = lc.GroupLifecycle(cfg)
+        self.events: queue.Queue[_Event] = queue.Queue()
+        self.streams: dict[int, FrameStream] = {}  # conn id -> stream
+        self.worker_conn: dict[int, int] = {}  # worker -> conn id
+        self.stop_event = threading.Event()
+        self._next_conn = 0
+        self._conn_lock = threading.Lock()
+        self.listener = socket.create_server((host, port), reuse_port=False)
+        self.port = self.listener.getsockname()[1]
+        resume_from_db(db, self.life, time.time())
+
+    # -- network -----------------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        self.listener.settimeout(0.5)
+        while not self.stop_event.is_set():
+            try:
+                sock, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            sock.settimeout(None)
+            with self._conn_lock:
+                conn = self._next_conn
+                self._next_conn += 1
+                self.streams[conn] = FrameStream(sock, self.codec)
+            threading.Thread(
+                target=self._reader, args=(conn,), name=f"conn{conn}", daemon=True
+            ).start()
+
+    def _reader(self, conn: int) -> None:
+        stream = self.streams[conn]
+        while not self.stop_event.is_set():
+            try:
+                frame = stream.recv()
+            except FrameError as exc:
+                log.warning("connection %d: bad frame, closing: %s", conn, exc)
+                self.events.put(_Event("rejected", conn, None))
+                break
+            except OSError:
+                break
+            try:
+                msg = proto.decode(control_body(frame))
+            except (FrameError, proto.ProtocolError) as exc:
+                log.warning("connection %d: ignored message: %s", conn, exc)
+                continue
+            self.events.put(_Event("msg", conn, msg))
+        self.events.put(_Event("closed", conn))
+
+    def _send(self, worker: int, msg: proto.Message) -> None:
+        conn = self.worker_conn.get(worker)
+        stream = self.streams.get(conn) if conn is not None else None
+        if stream is None:
+            return
+        try:
+            stream.send(control_frame(COORDINATOR, self.cfg.run_num, msg.to_dict()))
+        except OSError as exc:
+            log.warning("send to worker %d failed: %s", worker, exc)
+
+    def _apply(self, outputs: list[lc.Output]) -> None:
+        for out in outputs:
+            if isinstance(out, lc.SendTo):
+                self._send(out.worker, out.msg)
+            elif isinstance(out, lc.StopRequested):
+                self.stop_event.set()
+            else:
+                write_record(self.db, out)
+
+    # -- the event loop ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        threading.Thread(target=self._accept_loop, name="accept", daemon=True).start()
+        self.db.event("coordinator", f"coordinator listening on port {self.port}")
+        while not self.stop_event.is_set():
+            try:
+                ev = self.events.get(timeout=TICK_S)
+            except queue.Empty:
+                ev = None
+            now = time.time()
+            if ev is not None:
+                self._handle(ev, now)
+            self._apply(self.life.tick(now))
+        self._apply(self.life.shutdown(time.time(), "coordinator stopping"))
+        self.listener.close()
+
+    def _handle(self, ev: _Event, now: float) -> None:
+        if ev.kind == "closed":
+            self.streams.pop(ev.conn, None)
+            for worker, conn in list(self.worker_conn.items()):
+                if conn == ev.conn:
+                    del self.worker_conn[worker]
+                    self._apply(
+                        self.life.handle(
+                            lc.WorkerDisconnected(worker, "control connection closed"), now
+                        )
+                    )
+            return
+        if ev.kind == "rejected":
+            self.db.event(
+                "security", f"connection {ev.conn} sent a frame that failed checks", level="warning"
+            )
+            return
+        msg = ev.msg
+        assert msg is not None
+        worker = getattr(msg, "worker", None)
+        if not isinstance(worker, int) or not 0 <= worker < self.cfg.n:
+            self._apply(self.life.handle(msg, now))  # refused there, or an Admin request
+            return
+        if not isinstance(msg, proto.Register):
+            if self.worker_conn.get(worker) != ev.conn:
+                exc = proto.ProtocolError(
+                    f"worker {worker}: message on a connection it does not own"
+                )
+                log.warning("event msg from connection %d refused: %s", ev.conn, exc)
+                self.db.event("warning", f"refused msg: {exc}", level="warning", t=now)
+                return
+            self._apply(self.life.handle(msg, now))
+            return
+        old = self.worker_conn.get(worker)
+        if old is not None and old != ev.conn:
+            del self.worker_conn[worker]
+            lost = lc.WorkerDisconnected(worker, "re-registered on a new connection")
+            self._apply(self.life.handle(lost, now))
+        # Owned before the life cycle sees it, so the Split it answers with reaches the worker.
+        self.worker_conn[worker] = ev.conn
+        self._apply(self.life.handle(msg, now))
+        if worker not in self.life.connected:  # refused (e.g. a vector of another size)
+            del self.worker_conn[worker]
+
+
+def _serve_launched_job(args: argparse.Namespace) -> int:
+    """A coordinator for a job started by torchrun (CREW_COORDINATOR=host:port on its ranks)."""
+    from crew.errors import LaunchError
+    from crew.runtime.launch import JobHost, read_secret, run_number
+
+    try:
+        secret = read_secret()
+        host = JobHost(
+            secret,
+            args.world,
+            ("", args.port),
+            args.advertise,
+            run_num=run_number(secret, args.run_id),
+            group_size=args.group_size or max(1, args.world // 2),
+            run_dir=args.run_dir,
+            join_timeout=args.join_timeout,
+        )
+    except (LaunchError, OSError) as exc:
+        log.error("%s", exc)
+        return 2
+    host.start()
+    signal.signal(signal.SIGTERM, lambda *_: host.close())
+    host.serve()
+    if host.rendezvous.failure:
+        log.error("the job did not start: %s", host.rendezvous.failure)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m crew.runtime.coordinator",
+        description="The CREW coordinator: forms partial-reduce groups and plans them."
+        " With --config, a lab run's (started by the lab in the root namespace); with --world,"
+        " a launched job's (its ranks set CREW_COORDINATOR=host:port and CREW_SECRET).",
+    )
+    parser.add_argument("--config", help="the run's config.json (a lab run)")
+    parser.add_argument("--db", help="the run database (SQLite; a lab run)")
+    parser.add_argument("--world", type=int, help="a launched job: its number of ranks")
+    parser.add_argument("--port", type=int, default=29501, help="a launched job: listen port")
+    parser.add_argument(
+        "--advertise",
+        default="127.0.0.1",
+        help="a launched job: this host's address as the ranks reach it",
+    )
+    parser.add_argument("--group-size", type=int, help="a launched job: p (default world/2)")
+    parser.add_argument("--run-id", default="crew", help="a launched job: TORCHELASTIC_RUN_ID")
+    parser.add_argument("--run-dir", help="a launched job: where to keep run.db")
+    parser.add_argument("--join-timeout", type=float, default=60.0)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s coord %(levelname)s %(name)s: %(message)s"
+    )
+    if args.world is not None:
+        return _serve_launched_job(args)
+    if not args.config or not args.db:
+        parser.error("--config and --db (a lab run), or --world (a launched job)")
+    cfg = RunConfig.load(args.config)
+    db = RunDB(args.db)
+    coord = Coordinator(cfg, db, cfg.coordinator_host, cfg.coordinator_port)
+    signal.signal(signal.SIGTERM, lambda *_: coord.stop_event.set())
+    signal.signal(signal.SIGINT, lambda *_: coord.stop_event.set())
+    coord.run()
+    db.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+"""Launching a CREW job with ``torchrun`` (or any launcher that sets the same variables).
+
+Read from the environment (:meth:`LaunchEnv.from_environ`):
+
+* ``RANK``, ``WORLD_SIZE`` (and ``LOCAL_RANK``): this worker and the job's size;
+* ``MASTER_ADDR``, ``MASTER_PORT``: where the CREW coordinator is, on port ``MASTER_PORT + 1``
+  (``torchrun`` itself uses ``MASTER_PORT``). ``CREW_COORDINATOR=host:port`` overrides both
+  and means that a separate ``python -m crew.runtime.coordinator --world N`` hosts the coordinator;
+  otherwise rank 0 hosts it, in a thread of its own process;
+* ``CREW_SECRET`` or ``CREW_SECRET_FILE``: the run's key (at least 16 bytes), the same on every
+  rank. There is no default: frames are authenticated with it;
+* ``CREW_DATA_HOST`` (optional): the address peers reach this worker's data plane at; by
+  default the local address of its connection to the coordinator;
+* ``CREW_RUN_DIR`` (optional, host only): where the coordinator keeps its run database
+  (``run.db``); a fresh temporary directory by default;
+* ``TORCHELASTIC_RUN_ID`` (set by ``torchrun``): makes frames of another job's run refused.
+
+:class:`JobHost` is the host's side: the rendezvous (``crew.runtime.rendezvous``), then the
+coordinator (``crew.runtime.coordinator``) on its own thread, serving until every worker has left.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from crew.config import ConfigError, RunConfig, Scheme
+from crew.errors import JoinRefused, LaunchError, SecretError
+from crew.runtime.rendezvous import (
+    DEFAULT_PROBE_BYTES,
+    DEFAULT_PROBE_SECONDS,
+    ProbeFigures,
+    RendezvousHost,
+)
+from crew.wire.frames import FrameCodec
+from crew.wire.transport import Address
+
+log = logging.getLogger("crew.runtime.launch")
+
+MIN_SECRET_BYTES = 16
+CLOSE_WAIT_S = 120.0  # the host's close() waits at most this long for the other workers
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """Where this worker stands in the job, from the launcher's environment variables."""
+
+    rank: int
+    world: int
+    local_rank: int
+    coordinator: Address
+    host_coordinator: bool  # rank 0 hosts it (no CREW_COORDINATOR given)
+    run_id: str
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str] | None = None) -> LaunchEnv:
+        """Read the variables; :class:`LaunchError` names a missing or malformed one."""
+        env = os.environ if env is None else env
+
+        def number(name: str, default: str | None = None) -> int:
+            raw = env.get(name, default)
+            if raw is None:
+                raise LaunchError(
+                    f"{name} is not set: start the script with torchrun (or set RANK, WORLD_SIZE,"
+                    f" MASTER_ADDR and MASTER_PORT)"
+                )
+            try:
+                return int(raw)
+            except ValueError:
+                raise LaunchError(f"{name}={raw!r} is not an integer") from None
+
+        rank, world = number("RANK"), number("WORLD_SIZE")
+        if world < 1 or not 0 <= rank < world:
+            raise LaunchError(f"RANK={rank} must be in 0..WORLD_SIZE-1 (WORLD_SIZE={world})")
+        given = env.get("CREW_COORDINATOR")
+        if given:
+            host, sep, port = given.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise LaunchError(f"CREW_COORDINATOR={given!r} must be host:port")
+            coordinator = (host, int(port))
+        else:
+            host = env.get("MASTER_ADDR")
+            if not host:
+                raise LaunchError("MASTER_ADDR is not set (or set CREW_COORDINATOR=host:port)")
+            coordinator = (host, number("MASTER_PORT") + 1)
+        return cls(
+            rank=rank,
+            world=world,
+            local_rank=number("LOCAL_RANK", "0"),
+            coordinator=coordinator,
+            host_coordinator=not given,
+            run_id=env.get("TORCHELASTIC_RUN_ID", "") or "crew",
+        )
+
+
+def read_secret(env: Mapping[str, str] | None = None) -> bytes:
+    """The run's secret from ``CREW_SECRET_FILE`` (its bytes, a trailing newline dropped) or
+    ``CREW_SECRET``; :class:`SecretError` if neither is set or it is shorter than 16 bytes."""
+    env = os.environ if env is None else env
+    path = env.get("CREW_SECRET_FILE")
+    if path:
+        try:
+            secret = Path(path).read_bytes().rstrip(b"\r\n")
+        except OSError as exc:
+            raise SecretError(f"CREW_SECRET_FILE={path}: cannot read it: {exc}") from exc
+        where = f"CREW_SECRET_FILE={path}"
+    elif env.get("CREW_SECRET"):
+        secret = env["CREW_SECRET"].encode()
+        where = "CREW_SECRET"
+    else:
+        raise SecretError(
+            "no secret: set CREW_SECRET_FILE (a file readable only by you) or CREW_SECRET to the"
+            " same random string on every rank, e.g. `openssl rand -hex 32`"
+        )
+    if len(secret) < MIN_SECRET_BYTES:
+        raise SecretError(f"{where}: the secret has {len(secret)} bytes, at least 16 needed")
+    return secret
+
+
+def run_number(secret: bytes, run_id: str) -> int:
+    """The u32 every frame of this job carries, from the secret and the launcher's run id, so
+    frames of another job are refused even under the same secret."""
+    digest = hmac.new(secret, f"crew-run:{run_id}".encode(), hashlib.sha256).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
+def job_config(
+    addresses: Sequence[Address],
+    bw_mbit: Sequence[Sequence[float]],
+    *,
+    run_num: int,
+    run_dir: Path,
+    group_size: int,
+    coordinator: Address,
+    scheme: str = "crew",
+    measured: bool = True,
+) -> RunConfig:
+    """The RunConfig of a launched job (one data-plane port per worker)."""
+    n = len(addresses)
+    try:
+        return RunConfig(
+            run_id=run_dir.name,
+            run_num=run_num,
+            run_dir=str(run_dir),
+            secret_path="",  # launched jobs hold the secret in memory, never in the config
+            n=n,
+            p=group_size,
+            scheme=scheme,
+            coordinator_host=coordinator[0],
+            coordinator_port=coordinator[1],
+            data_port=0,
+            identities=tuple(h for h, _ in addresses),
+            data_ports=tuple(p for _, p in addresses),
+            bw_mbit=tuple(tuple(float(x) for x in row) for row in bw_mbit),
+            capacity="measured" if measured else "configured",
+        )
+    except ConfigError as exc:
+        raise JoinRefused(f"the job's configuration is invalid: {exc}") from exc
+
+
+class JobHost:
+    """The host of a launched job: rendezvous, then the coordinator on a thread.
+
+    ``capacities`` (Mbit/s, ``[src][dst]``) replaces the start-up probe when given."""
+
+    def __init__(
+        self,
+        secret: bytes,
+        world: int,
+        bind: Address,
+        advertised_host: str,
+        *,
+        run_num: int,
+        group_size: int,
+        capacities: Sequence[Sequence[float]] | None = None,
+        scheme: str = Scheme.CREW.value,
+        run_dir: str | Path | None = None,
+        join_timeout: float = 60.0,
+        probe_bytes: int = DEFAULT_PROBE_BYTES,
+        probe_seconds: float = DEFAULT_PROBE_SECONDS,
+    ) -> None:
+        if capacities is not None and (
+            len(capacities) != world or any(len(row) != world for row in capacities)
+        ):
+            raise LaunchError(f"capacities: must be {world}x{world} (Mbit/s, [src][dst])")
+        self.secret = secret
+        self.world = world
+        self.bind = bind
+        self.advertised_host = advertised_host
+        self.run_num = run_num
+        self.group_size = group_size
+        self.capacities = capacities
+        self.scheme = scheme
+        self.run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="crew-run-"))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.probe: ProbeFigures | None = None
+        self.coordinator = None  # crew.runtime.coordinator.Coordinator once the job starts
+        self._db = None
+        self._thread: threading.Thread | None = None
+        self.rendezvous = RendezvousHost(
+            FrameCodec(secret, run_num),
+            world,
+            bind,
+            self._make_config,
+            join_timeout=join_timeout,
+            probe_bytes=probe_bytes,
+            probe_seconds=probe_seconds,
+            measure=capacities is None,
+        )
+
+    @property
+    def port(self) -> int:
+        return self.rendezvous.port
+
+    def _make_config(
+        self, addresses: list[Address], bw: list[list[float]], figures: ProbeFigures
+    ) -> RunConfig:
+        from crew.runtime.coordinator import Coordinator
+        from crew.runtime.rundb import RunDB
+
+        self.probe = figures
+        measured = self.capacities is None
+        cfg = job_config(
+            addresses,
+            bw if measured else self.capacities,
+            run_num=self.run_num,
+            run_dir=self.run_dir,
+            group_size=self.group_size,
+            coordinator=(self.advertised_host, 0),
+            scheme=self.scheme,
+            measured=measured,
+        )
+        self._db = RunDB(self.run_dir / "run.db")
+        coord = Coordinator(cfg, self._db, self.bind[0], 0, secret=self.secret)
+        cfg = replace(cfg, coordinator_port=coord.port)
+        coord.cfg = cfg  # the life cycle only reads n, p and capacities, the same in both
+        self._db.event(
+            "probe",
+            f"start-up probe: {figures.seconds:.2f} s, {figures.bytes_per_worker} bytes per worker",
+            data={
+                "bw_mbit": [list(r) for r in cfg.bw_mbit],
+                "measured": measured,
+                "seconds": figures.seconds,
+                "bytes_per_worker": figures.bytes_per_worker,
+            },
+        )
+        self.coordinator = coord
+        self._thread = threading.Thread(target=coord.run, name="crew-coordinator", daemon=True)
+        self._thread.start()
+        log.info("coordinator for %d workers on port %d", self.world, coord.port)
+        return cfg
+
+    def start(self) -> None:
+        self.rendezvous.start()
+
+    def serve(self, timeout: float | None = None) -> None:
+        """Block until every worker has left after the job started (or the rendezvous
+        failed), at most ``timeout`` seconds; then stop the coordinator."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.rendezvous.join(timeout)
+        coord = self.coordinator
+        if coord is not None:
+            while deadline is None or time.monotonic() < deadline:
+                # Every rank registers once the job started (a worker_status row each), and
+                # leaves by closing its control connection.
+                live = len(coord.life.connected)  # another thread's set: only its size
+                (row,) = coord.db.query("SELECT COUNT(*) AS n FROM worker_status")
+                if (row["n"] >= self.world and live == 0) or coord.stop_event.is_set():
+                    break
+                time.sleep(0.2)
+        self.close()
+
+    def close(self) -> None:
+        self.rendezvous.close()
+        coord = self.coordinator
+        if coord is not None:
+            coord.stop_event.set()
+            if self._thread is not None:
+                self._thread.join(timeout=5.0)
+        if self._db is not None:
+            self._db.close()
+            self._db = None

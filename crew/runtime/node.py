@@ -1,0 +1,422 @@
+"""One worker's side of CREW, without training: the engine under :class:`crew.Averager`.
+
+A :class:`Node` owns the worker's data-plane :class:`~crew.wire.transport.Transport`, its
+:class:`~crew.runtime.reduce.ReduceEngine`, its control connection to the coordinator and two
+threads:
+
+* the **control reader**: messages from the coordinator, turned into actions by the pure
+  :class:`~crew.control.worker_control.WorkerControl` and carried out here;
+* the **heartbeat**: so the coordinator notices a silent worker, with the measured arrival
+  rates of the data-plane links (the online capacity estimator's input);
+* the **health report**: every ``HEALTH_S`` (and at once when a link changes state) the
+  incoming links its probes (``crew.wire.probes``) found dead and the bytes each group revision
+  received, so the coordinator re-plans around dead links and stalled revisions.
+
+If the control connection breaks, the node waits for a restarted coordinator, registers
+again and ends the groups the restart abandoned (``WorkerControl.coordinator_lost``).
+
+The caller's training loop calls :meth:`Node.offer` with its flat float32 vector after a local
+step and then :meth:`Node.settle`, which blocks until the worker's group commits (the average
+is returned) or is abandoned. While the loop trains, the transport threads keep aggregating
+and forwarding other groups' blocks: CREW's "non-members work in the background".
+
+Both the public API (``crew.averager``) and the lab's benchmark worker (``crew.runtime.worker``,
+which offers one fixed vector and only carries groups) run on this class: one code path."""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from crew.config import RunConfig
+from crew.control.verify import check_vector, project
+from crew.control.worker_control import (
+    Action,
+    CancelPrescatter,
+    DeliverOutcome,
+    FinishCarried,
+    JoinGroup,
+    Outcome,
+    SetSlowdown,
+    Settlement,
+    StopWorker,
+    WorkerControl,
+)
+from crew.errors import CoordinatorUnreachable
+from crew.runtime.reduce import ReduceEngine, prescatter_frames
+from crew.wire import protocol as proto
+from crew.wire.frames import Frame, FrameCodec, FrameError, FrameKind, control_body, control_frame
+from crew.wire.probes import LinkStateChange, Prober
+from crew.wire.transport import FlowOrder, FrameStream, Transport
+
+log = logging.getLogger("crew.runtime.node")
+
+CONNECT_ATTEMPTS = 60  # x 0.5 s: the coordinator may start a moment after the workers
+HEALTH_S = 0.5  # LinkHealth (probe states, group progress) period; changes go at once
+PROGRESS_KEYS = 64  # group revisions whose received bytes are remembered
+GROUP_DATA = (FrameKind.SCATTER, FrameKind.RESULT, FrameKind.RELAY)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """How the worker's own group ended, from :meth:`Node.settle`."""
+
+    settlement: Settlement
+    outcome: Outcome
+    result: np.ndarray | None  # the weighted average when ``settlement`` is APPLY_AVERAGE
+    members: tuple[int, ...]  # the group's members as last assigned (empty if never assigned)
+
+
+class Node:
+    """One worker's transport, reduce engine and control connection (see the module doc).
+
+    ``data_address`` is where the transport listens (``cfg``'s address for ``me`` when None);
+    ``secret`` is the run's key (``cfg.secret()`` when None). ``iteration`` reports the
+    caller's local iteration in heartbeats; ``on_slowdown`` receives the coordinator's
+    straggler factor (lab experiments)."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        me: int,
+        vector_len: int,
+        *,
+        secret: bytes | None = None,
+        bench: bool = False,
+        iteration: Callable[[], int] = lambda: 0,
+        on_slowdown: Callable[[float], None] | None = None,
+        transport: Transport | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.me = me
+        self.vector_len = vector_len
+        self.codec = FrameCodec(
+            cfg.secret() if secret is None else secret, cfg.run_num, max_payload=cfg.max_payload
+        )
+        self._iteration = iteration
+        self._on_slowdown = on_slowdown
+        self.stop_event = threading.Event()
+        self.outcomes: queue.Queue[Outcome] = queue.Queue()
+        self.ctl = WorkerControl(me, bench=bench, nonblocking=cfg.nonblocking)
+        self._vector_offered: np.ndarray | None = None
+        self._members: dict[int, tuple[int, ...]] = {}  # group -> members, own groups only
+        self._lock = threading.Lock()
+        self.check = check_vector(cfg.run_num, vector_len)
+        self.engine = ReduceEngine(me, cfg.n, cfg.run_num, self._send_data, self._have_all)
+        if transport is None:
+            transport = Transport(
+                me,
+                cfg.data_address(me),
+                {j: cfg.data_address(j) for j in range(cfg.n) if j != me},
+                self.codec,
+                on_frame=self.on_frame,
+                on_send_error=self._send_failed,
+                on_reject=self._rejected,
+                flow_order=FlowOrder(cfg.flow_order),
+                stall_timeout=cfg.stall_timeout_s,
+            )
+        self.transport = transport
+        self.control: FrameStream | None = None
+        self.rejected = 0
+        self._threads: list[threading.Thread] = []
+        self.prober = Prober(
+            me,
+            cfg.data_address(me),
+            {j: cfg.data_address(j) for j in range(cfg.n) if j != me},
+            self.codec,
+            self._link_changed,
+        )
+        self._received: dict[tuple[int, int], int] = {}  # (group, rev) -> data bytes in
+        self._received_lock = threading.Lock()
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def on_frame(self, frame: Frame) -> None:
+        """The transport's frame handler: start-up probe bursts are only counted (by the
+        transport's arrival rates), everything else goes to the reduce engine."""
+        if frame.kind == FrameKind.PAYLOAD:
+            return
+        if frame.kind in GROUP_DATA:
+            with self._received_lock:
+                key = (frame.group, frame.rev)
+                self._received[key] = self._received.pop(key, 0) + frame.nbytes
+                if len(self._received) > PROGRESS_KEYS:
+                    del self._received[next(iter(self._received))]  # the least recent
+        self.engine.on_frame(frame)
+
+    def _send_data(self, dst: int, frame: Frame) -> None:
+        self.transport.send(dst, frame)
+
+    def tell(self, msg: proto.Message) -> None:
+        """Send one message to the coordinator (dropped while it is unreachable: the control
+        reader notices the broken connection too, and reconnects or stops)."""
+        stream = self.control
+        if stream is None:
+            return
+        try:
+            stream.send(control_frame(self.me, self.cfg.run_num, msg.to_dict()))
+        except OSError as exc:
+            log.warning("worker %d: control send failed: %s", self.me, exc)
+
+    def _have_all(self, group: int, rev: int, bytes_sent: int) -> None:
+        result = self.engine.result(group)
+        proj = project(self.check, result) if result is not None else float("nan")
+        self.tell(proto.HaveAll(self.me, group, rev, bytes_sent, proj))
+
+    def _send_failed(self, dst: int, err: BaseException, unsent: list[Frame]) -> None:
+        log.warning(
+            "worker %d: link %d->%d failed (%s); %d frames unsent",
+            self.me,
+            self.me,
+            dst,
+            err,
+            len(unsent),
+        )
+        self.tell(proto.LinkFailed(self.me, self.me, dst, str(err)[:200]))
+
+    def _health(self) -> proto.LinkHealth:
+        with self._received_lock:
+            received = [[g, r, b] for (g, r), b in self._received.items()]
+        return proto.LinkHealth(self.me, self.prober.down(), received)
+
+    def _link_changed(self, change: LinkStateChange) -> None:
+        log.warning(
+            "worker %d: link %d->%d %s (probes; %.1f s since the last one)",
+            self.me,
+            change.src,
+            change.dst,
+            "alive" if change.alive else "dead",
+            change.silent_s,
+        )
+        self.tell(self._health())
+
+    def _rejected(self, peer: tuple[str, int], err: FrameError) -> None:
+        self.rejected += 1
+        log.warning("worker %d: rejected frame from %s: %s", self.me, peer, err)
+        self.tell(proto.Rejected(self.me, f"{peer[0]}:{peer[1]}", type(err).__name__))
+
+    # -- start and stop ----------------------------------------------------------------------
+
+    def connect(self, attempts: int = CONNECT_ATTEMPTS) -> bool:
+        """Reach the coordinator and register; False if told to stop before that.
+
+        Raises :class:`CoordinatorUnreachable` after ``attempts`` x 0.5 s without success."""
+        addr = (self.cfg.coordinator_host, self.cfg.coordinator_port)
+        last: OSError | None = None
+        for _ in range(attempts):
+            if self.stop_event.is_set():
+                return False
+            try:
+                self.control = FrameStream.connect(addr, self.codec, timeout=5.0)
+                break
+            except OSError as exc:
+                last = exc
+                self.stop_event.wait(0.5)
+        else:
+            raise CoordinatorUnreachable(
+                f"cannot reach the CREW coordinator at {addr[0]}:{addr[1]} after"
+                f" {attempts * 0.5:.0f} s: {last}"
+            )
+        self.tell(proto.Register(self.me, os.getpid(), self._iteration(), self.vector_len))
+        return True
+
+    def start(self, *, transport_started: bool = False) -> bool:
+        """Start the transport, register with the coordinator and start the control threads.
+        False if stopped before the coordinator was reached."""
+        if not transport_started:
+            self.transport.start()
+        self.prober.start()
+        if not self.connect():
+            return False
+        for target, name in (
+            (self._heartbeats, "heartbeat"),
+            (self._control_reader, "control"),
+            (self._health_reports, "health"),
+        ):
+            thread = threading.Thread(target=target, name=f"crew-{name}-{self.me}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return True
+
+    def stop(self) -> None:
+        """Make waits return and the threads end; safe from a signal handler."""
+        self.stop_event.set()
+
+    def close(self) -> None:
+        """Stop the threads and close the control connection and the transport (bounded)."""
+        self.stop_event.set()
+        if self.control is not None:
+            self.control.close()
+        self.transport.close()
+        self.prober.close()
+        for thread in self._threads:
+            thread.join(timeout=2.0)
+
+    # -- threads -----------------------------------------------------------------------------
+
+    def _heartbeats(self) -> None:
+        while not self.stop_event.wait(self.cfg.heartbeat_s):
+            self.tell(proto.Heartbeat(self.me, self._iteration()))
+            samples = [
+                [float(src), float(b), s]
+                for src, (b, s) in self.transport.arrival_rates().items()
+                if s > 0
+            ]
+            if samples:
+                self.tell(proto.LinkRates(self.me, samples))
+
+    def _control_reader(self) -> None:
+        assert self.control is not None
+        while not self.stop_event.is_set():
+            try:
+                frame = self.control.recv()
+            except FrameError as exc:
+                log.warning("worker %d: bad control frame: %s", self.me, exc)
+                break
+            except OSError as exc:  # StreamClosed included
+                if self.stop_event.is_set():
+                    break
+                log.warning("worker %d: lost the coordinator: %s", self.me, exc)
+                if not self._reconnect():
+                    break
+                continue
+            try:
+                msg = proto.decode(control_body(frame))
+                self._dispatch(msg)
+            except (FrameError, ValueError) as exc:  # ProtocolError, ReduceError, bad values
+                log.warning("worker %d: ignored control message: %s", self.me, exc)
+        self.stop_event.set()
+
+    def _health_reports(self) -> None:
+        while not self.stop_event.wait(HEALTH_S):
+            self.tell(self._health())
+
+    def _reconnect(self) -> bool:
+        """Wait for a restarted coordinator (the lab restarts it), register again, and end
+        the groups it abandoned at its restart; False if it does not come back."""
+        old, self.control = self.control, None
+        if old is not None:
+            old.close()
+        try:
+            if not self.connect():
+                return False
+        except CoordinatorUnreachable as exc:
+            log.error("worker %d: %s", self.me, exc)
+            return False
+        with self._lock:
+            actions = self.ctl.coordinator_lost()
+            mine = self.ctl.my_group
+        for g in self.engine.groups():
+            if g != mine:
+                self.engine.finish(g)
+        for action in actions:
+            self._act(action, None)
+        log.info("worker %d: registered with the restarted coordinator", self.me)
+        return True
+
+    def _dispatch(self, msg: proto.Message) -> None:
+        with self._lock:
+            actions = self.ctl.on_message(msg)
+            vector = self._vector_offered
+        for action in actions:
+            self._act(action, vector)
+
+    def _act(self, action: Action, vector: np.ndarray | None) -> None:
+        """Carry out one of the control logic's actions (``crew.control.worker_control``)."""
+        if isinstance(action, JoinGroup):
+            if action.member:
+                self._members[action.assign.group] = tuple(action.assign.members)
+            self.engine.assign(action.assign, vector if action.member else None)
+        elif isinstance(action, CancelPrescatter):
+            keep = action.keep
+            self.transport.cancel(
+                lambda f: f.kind == FrameKind.PRESCATTER and (f.block, f.offset) not in keep
+            )
+        elif isinstance(action, DeliverOutcome):
+            self.outcomes.put(action.outcome)
+        elif isinstance(action, FinishCarried):
+            self.engine.finish(action.group)
+        elif isinstance(action, SetSlowdown):
+            if self._on_slowdown is not None:
+                self._on_slowdown(action.factor)
+            log.info("worker %d: slowdown now x%.2f", self.me, action.factor)
+        elif isinstance(action, StopWorker):
+            log.info("worker %d: stop (%s)", self.me, action.reason)
+            self.stop_event.set()
+
+    # -- a round: offer, then settle -----------------------------------------------------------
+
+    def offer(self, vector: np.ndarray, iteration: int) -> None:
+        """Offer ``vector`` (flat float32, kept unchanged until settled) and send ``Ready``;
+        in non-blocking mode, start pre-scattering it first."""
+        with self._lock:
+            self._vector_offered = vector
+            self.ctl.offer()
+            split = self.ctl.prescatter_split()
+        epoch = -1
+        if split is not None:
+            for dst, frame in prescatter_frames(
+                self.me,
+                self.cfg.run_num,
+                vector,
+                split.segments,
+                split.epoch,
+                iteration,
+                split.part_elems,
+            ):
+                self.transport.send(dst, frame)
+            epoch = split.epoch
+        self.tell(proto.Ready(self.me, iteration, project(self.check, vector), epoch))
+
+    def settle(self, timeout: float | None = None) -> Settled | None:
+        """Block until the offered vector's group commits or is abandoned; None if the node
+        stopped (or ``timeout`` seconds passed) first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.stop_event.is_set():
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            try:
+                out = self.outcomes.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            result = self.engine.finish(out.group)
+            with self._lock:
+                settlement, cleanup = self.ctl.settle(out, have_result=result is not None)
+                self._vector_offered = None
+            self._act(cleanup, None)
+            members = self._members.pop(out.group, ())
+            if settlement is Settlement.KEEP_OWN_MISSING:
+                log.error(
+                    "worker %d: commit of group %d without a full result; keeping own model",
+                    self.me,
+                    out.group,
+                )
+            elif settlement is Settlement.KEEP_OWN_ABANDONED:
+                log.info(
+                    "worker %d: group %d abandoned (%s); keeping own model",
+                    self.me,
+                    out.group,
+                    out.reason,
+                )
+            return Settled(
+                settlement,
+                out,
+                result if settlement is Settlement.APPLY_AVERAGE else None,
+                members,
+            )
+        return None
+
+    def offer_fixed(self, vector: np.ndarray) -> None:
+        """Benchmark mode: offer one fixed vector once; groups are driven by the coordinator's
+        trace and never settled by this node."""
+        with self._lock:
+            self._vector_offered = vector
+            self.ctl.offer()
+        self.tell(proto.Ready(self.me, 0, project(self.check, vector), -1))

@@ -1,0 +1,495 @@
+"""The engine that carries one worker's share of every group, for every scheme.
+
+One engine per worker. A group revision arrives as a set of routes (``crew.plan.routes``): for
+each element range, a reduce tree towards a root and a broadcast tree from it. For every route
+the engine plays whatever part the plan gives this worker:
+
+* **member leaf**: send its weighted copy of the range up to its parent;
+* **inner node or root**: add its own copy (if it is a member) and its children's partial sums,
+  part by part; when a part has them all, pass the sum up, or, at the root, start the
+  broadcast;
+* **on the broadcast tree**: keep the sum (if it is a member) and pass it on to its children.
+
+CREW and the original partial reduce are stars (one per block, rooted at the block's
+aggregator), PS is one star, Ring is paths, BLINK and TopoAdopt are spanning trees: all run on
+this engine, so they are compared on the same transport, framing and bookkeeping.
+
+Parts (``part_elems`` elements, about 1 MB) stream through the trees when the plan is
+``pipelined``: a node passes a part on as soon as it is complete. Otherwise a node waits until
+the whole range is complete before passing anything on (store and forward, as the paper's
+phased design and non-pipelined BLINK do).
+
+Revisions: when a group changes (a member dies, a link fails) the coordinator sends a new
+revision with a new plan. All state of older revisions is discarded and the members send
+again, so a result always sums exactly the members of one revision, and no contribution is
+counted twice: every part remembers which children contributed.
+
+Frames can arrive before the assignment that explains them (the control and data planes are
+separate networks), so early frames are parked, within a byte budget, until it arrives.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from crew.control.assignment import (
+    ReduceError,
+    covered_parts,
+    part_starts,
+    validate_assign,
+)
+from crew.plan.routes import Route
+from crew.wire.frames import Frame, FrameKind
+from crew.wire.protocol import Assign
+
+log = logging.getLogger(__name__)
+
+DTYPE = np.dtype("<f4")
+EARLY_FRAME_BUDGET = 512 << 20  # bytes of frames parked before their assignment arrives
+
+
+def prescatter_frames(
+    me: int,
+    run: int,
+    vector: np.ndarray,
+    segments: list[list[int]],
+    epoch: int,
+    iteration: int,
+    part_elems: int,
+) -> list[tuple[int, Frame]]:
+    """Non-blocking mode: the unweighted parts a ready member sends along the a2a split.
+
+    ``part`` carries the offered iteration and ``rev`` the split's epoch, so an aggregator can
+    match them to the group that later forms."""
+    out = []
+    for agg, start, stop in segments:
+        if agg == me:
+            continue
+        for s in range(start, stop, part_elems):
+            e = min(s + part_elems, stop)
+            out.append(
+                (
+                    agg,
+                    Frame(
+                        kind=FrameKind.PRESCATTER,
+                        sender=me,
+                        run=run,
+                        rev=epoch,
+                        block=agg,
+                        part=iteration,
+                        offset=s,
+                        payload=np.ascontiguousarray(vector[s:e]).tobytes(),
+                    ),
+                )
+            )
+    return out
+
+
+@dataclass
+class _Acc:
+    """One part's partial sum at one node, and who is in it. Once the part has gone on up,
+    ``total`` is released but the contributors stay, so a late duplicate is still refused."""
+
+    total: np.ndarray | None
+    contributors: set[int] = field(default_factory=set)
+    complete: bool = False
+
+
+@dataclass
+class _RouteState:
+    route: Route
+    parts: list[int]  # part starts
+    expect: frozenset[int]  # contributors expected at this node: up-children (+ me if member)
+    parent: int | None
+    down: tuple[int, ...]
+    receiver: bool  # this node holds the sum when done (root or broadcast child)
+    acc: dict[int, _Acc] = field(default_factory=dict)
+    completed_up: int = 0  # parts whose sum is complete here
+    held_down: dict[int, np.ndarray] = field(default_factory=dict)  # store-and-forward buffer
+
+
+@dataclass
+class _Pre:
+    """Parts one sender pre-scattered to this aggregator for one offer (non-blocking mode)."""
+
+    epoch: int
+    iteration: int
+    parts: dict[int, np.ndarray] = field(default_factory=dict)  # offset -> unweighted values
+
+
+@dataclass
+class _Group:
+    assign: Assign
+    routes: dict[int, _RouteState]  # route index -> state, only routes this node is on
+    member: bool
+    covered: frozenset[tuple[int, int]] = frozenset()
+    result: np.ndarray | None = None
+    received: set[tuple[int, int]] = field(default_factory=set)
+    expected_results: int = 0
+    done: bool = False
+    bytes_sent: int = 0
+
+
+class ReduceEngine:
+    """One worker's side of every group in flight. Thread-safe; frames arrive on many threads.
+
+    ``send(dst, frame)`` enqueues a frame for another worker (never called with ``dst == me``).
+    ``on_have_all(group, rev, bytes_sent)`` fires once per revision when this member holds the
+    whole result.
+    """
+
+    def __init__(
+        self,
+        me: int,
+        n: int,
+        run: int,
+        send: Callable[[int, Frame], None],
+        on_have_all: Callable[[int, int, int], None],
+    ):
+        self.me = me
+        self.n = n
+        self.run = run
+        self._send = send
+        self._on_have_all = on_have_all
+        self._lock = threading.RLock()
+        self._groups: dict[int, _Group] = {}
+        self._vectors: dict[int, np.ndarray] = {}  # group -> this member's unweighted vector
+        self._early: dict[tuple[int, int], list[Frame]] = {}
+        self._early_bytes = 0
+        self._finished: set[int] = set()
+        self._pre: dict[int, _Pre] = {}  # sender -> its latest pre-scattered offer
+        self.dropped_frames = 0
+
+    # -- control ---------------------------------------------------------------------------
+
+    def assign(self, assign: Assign, vector: np.ndarray | None = None) -> None:
+        """Take part in a group revision; members pass the vector they offered when ready."""
+        routes = validate_assign(assign, self.n)
+        member = self.me in assign.members
+        with self._lock:
+            if assign.group in self._finished:
+                return
+            current = self._groups.get(assign.group)
+            if current is not None and current.assign.rev >= assign.rev:
+                return  # stale or repeated revision
+            if member:
+                if vector is not None:
+                    self._vectors[assign.group] = np.asarray(vector, dtype=DTYPE)
+                held = self._vectors.get(assign.group)
+                if held is None:
+                    raise ReduceError(f"group {assign.group}: member {self.me} has no vector")
+                if held.size != assign.total:
+                    raise ReduceError(
+                        f"group {assign.group}: vector has {held.size} elements,"
+                        f" plan covers {assign.total}"
+                    )
+            g = _Group(assign=assign, routes={}, member=member, covered=covered_parts(assign))
+            for k, r in enumerate(routes):
+                on_route = self.me in r.nodes()
+                if not on_route:
+                    continue
+                expect = set(r.children_up(self.me))
+                if member:
+                    expect.add(self.me)
+                st = _RouteState(
+                    route=r,
+                    parts=part_starts(r, assign.part_elems),
+                    expect=frozenset(expect),
+                    parent=r.parent(self.me),
+                    down=r.children_down(self.me),
+                    receiver=self.me in r.receivers(),
+                )
+                g.routes[k] = st
+                if member and st.receiver:
+                    g.expected_results += len(st.parts)
+            if member:
+                g.result = np.empty(assign.total, dtype=DTYPE)
+            self._groups[assign.group] = g
+            for key in [k for k in self._early if k[0] == assign.group and k[1] <= assign.rev]:
+                frames = self._early.pop(key)
+                self._early_bytes -= sum(len(f.payload) for f in frames)
+                if key[1] == assign.rev:
+                    for frame in frames:
+                        self._handle(frame)
+            if member:
+                self._contribute_own(g)
+            for sender in list(self._pre):
+                self._use_prescattered(g, sender)
+            self._check_done(g)
+
+    def finish(self, group: int) -> np.ndarray | None:
+        """Forget a group (committed or abandoned); return this member's result if complete."""
+        with self._lock:
+            g = self._groups.pop(group, None)
+            self._vectors.pop(group, None)
+            if g is not None and g.covered:
+                for m, it in zip(g.assign.members, g.assign.iterations, strict=True):
+                    pre = self._pre.get(m)
+                    if pre is not None and pre.iteration == it:
+                        del self._pre[m]
+            self._finished.add(group)
+            for key in [k for k in self._early if k[0] == group]:
+                self._early_bytes -= sum(len(f.payload) for f in self._early.pop(key))
+            if g is not None and g.done:
+                return g.result
+            return None
+
+    def result(self, group: int) -> np.ndarray | None:
+        """This member's whole result of the group's current revision, once it has it."""
+        with self._lock:
+            g = self._groups.get(group)
+            return g.result if g is not None and g.done else None
+
+    def groups(self) -> list[int]:
+        with self._lock:
+            return sorted(self._groups)
+
+    # -- data ------------------------------------------------------------------------------
+
+    def on_frame(self, frame: Frame) -> None:
+        with self._lock:
+            self._handle(frame)
+
+    def _handle(self, frame: Frame) -> None:
+        if frame.kind == FrameKind.PRESCATTER:
+            try:
+                self._on_prescatter(frame)
+            except ReduceError as exc:
+                self.dropped_frames += 1
+                log.warning(
+                    "worker %d: dropped pre-scattered part from %d: %s", self.me, frame.sender, exc
+                )
+            return
+        if frame.group in self._finished:
+            return
+        g = self._groups.get(frame.group)
+        if g is None or frame.rev > g.assign.rev:
+            self._park(frame)
+            return
+        if frame.rev < g.assign.rev:
+            return  # a superseded revision: not part of the new sum
+        try:
+            st = g.routes.get(frame.block)
+            if st is None:
+                raise ReduceError(f"route {frame.block} does not pass through worker {self.me}")
+            if frame.kind == FrameKind.SCATTER:
+                self._on_up(g, st, frame)
+            elif frame.kind == FrameKind.RESULT:
+                self._on_down(g, st, frame)
+            else:
+                raise ReduceError(f"unexpected frame kind {frame.kind!r} on the data plane")
+        except ReduceError as exc:
+            self.dropped_frames += 1
+            log.warning("worker %d: dropped frame from %d: %s", self.me, frame.sender, exc)
+
+    def _park(self, frame: Frame) -> None:
+        size = len(frame.payload)
+        if self._early_bytes + size > EARLY_FRAME_BUDGET:
+            self.dropped_frames += 1
+            log.warning(
+                "worker %d: dropped early frame of group %d (budget full)", self.me, frame.group
+            )
+            return
+        self._early.setdefault((frame.group, frame.rev), []).append(frame)
+        self._early_bytes += size
+
+    # non-blocking mode
+
+    def _on_prescatter(self, frame: Frame) -> None:
+        if not 0 <= frame.sender < self.n or frame.sender == self.me:
+            raise ReduceError(f"pre-scattered part from invalid sender {frame.sender}")
+        if frame.block != self.me:
+            raise ReduceError(f"pre-scattered part for aggregator {frame.block} reached {self.me}")
+        if len(frame.payload) % DTYPE.itemsize:
+            raise ReduceError("pre-scattered part is not whole float32 values")
+        values = self._values(frame, len(frame.payload) // DTYPE.itemsize)
+        pre = self._pre.get(frame.sender)
+        if pre is None or (pre.epoch, pre.iteration) != (frame.rev, frame.part):
+            pre = self._pre[frame.sender] = _Pre(frame.rev, frame.part)  # a newer offer
+        pre.parts[frame.offset] = values
+        for g in self._groups.values():
+            self._use_prescattered(g, frame.sender)
+
+    def _use_prescattered(self, g: _Group, sender: int) -> None:
+        """Count ``sender``'s pre-scattered parts that ``g``'s plan says it will not resend."""
+        a = g.assign
+        pre = self._pre.get(sender)
+        if not g.covered or pre is None or sender not in a.members or a.split_epoch != pre.epoch:
+            return
+        if a.iterations[a.members.index(sender)] != pre.iteration:
+            return
+        weight = np.float32(a.weights[a.members.index(sender)])
+        for k, st in g.routes.items():
+            if st.route.root != self.me or sender not in st.expect:
+                continue
+            for start in st.parts:
+                values = pre.parts.get(start)
+                acc = st.acc.get(start)
+                if (self.me, start) not in g.covered or values is None:
+                    continue
+                if acc is not None and sender in acc.contributors:
+                    continue
+                length = self._part_len(g, st, start)
+                self._add(g, k, st, start, sender, values[:length] * weight, owned=True)
+
+    def _part_len(self, g: _Group, st: _RouteState, start: int) -> int:
+        if start not in range(st.route.start, st.route.stop, g.assign.part_elems):
+            raise ReduceError(
+                f"offset {start} is not a part of route [{st.route.start}, {st.route.stop})"
+            )
+        return min(start + g.assign.part_elems, st.route.stop) - start
+
+    def _values(self, frame: Frame, length: int) -> np.ndarray:
+        if len(frame.payload) != length * DTYPE.itemsize:
+            raise ReduceError(
+                f"part at {frame.offset}: {len(frame.payload)} bytes, expected"
+                f" {length * DTYPE.itemsize}"
+            )
+        values = np.frombuffer(frame.payload, dtype=DTYPE)
+        if not np.all(np.isfinite(values)):
+            raise ReduceError(f"part at {frame.offset}: non-finite values")
+        return values
+
+    def _frame(self, kind: FrameKind, g: _Group, k: int, start: int, values: np.ndarray) -> Frame:
+        return Frame(
+            kind=kind,
+            sender=self.me,
+            run=self.run,
+            group=g.assign.group,
+            rev=g.assign.rev,
+            block=k,
+            part=(start - g.routes[k].route.start) // g.assign.part_elems,
+            offset=start,
+            # No copy: ``values`` is never written again once framed (a passed-on sum is
+            # released, received parts are read-only), as Transport.send requires.
+            payload=memoryview(np.ascontiguousarray(values, dtype=DTYPE)).cast("B"),
+        )
+
+    def _send_to(self, g: _Group, dst: int, frame: Frame) -> None:
+        g.bytes_sent += len(frame.payload)
+        self._send(dst, frame)
+
+    # reduce tree
+
+    def _contribute_own(self, g: _Group) -> None:
+        a = g.assign
+        weight = np.float32(a.weights[a.members.index(self.me)])
+        vec = self._vectors[a.group]
+        for k, st in g.routes.items():
+            if self.me not in st.expect:
+                continue
+            for start in st.parts:
+                stop = start + self._part_len(g, st, start)
+                self._add(g, k, st, start, self.me, vec[start:stop] * weight, owned=True)
+
+    def _on_up(self, g: _Group, st: _RouteState, frame: Frame) -> None:
+        if frame.sender not in st.expect or frame.sender == self.me:
+            raise ReduceError(
+                f"worker {frame.sender} is no child of {self.me} on route {frame.block}"
+            )
+        length = self._part_len(g, st, frame.offset)
+        self._add(g, frame.block, st, frame.offset, frame.sender, self._values(frame, length))
+
+    def _add(
+        self,
+        g: _Group,
+        k: int,
+        st: _RouteState,
+        start: int,
+        who: int,
+        values: np.ndarray,
+        *,
+        owned: bool = False,
+    ) -> None:
+        """Count ``who``'s part. ``owned``: ``values`` is a fresh array nobody else holds, so it
+        may become the running sum itself; otherwise (a received, read-only part) it is copied
+        only if something will be added to it."""
+        acc = st.acc.get(start)
+        if acc is None:
+            # The first contribution is the sum so far. A node with one contributor (a leaf,
+            # or a relay with one child) passes it on without a copy.
+            first = values if owned or len(st.expect) == 1 else values.copy()
+            acc = st.acc[start] = _Acc(first, {who})
+        elif who in acc.contributors or acc.total is None:
+            raise ReduceError(f"duplicate contribution from {who} at offset {start}")
+        else:
+            acc.total += values
+            acc.contributors.add(who)
+        if len(acc.contributors) < len(st.expect) or acc.complete:
+            return
+        acc.complete = True
+        st.completed_up += 1
+        if self._pipelined(g):
+            self._pass_up(g, k, st, start)
+        elif st.completed_up == len(st.parts):
+            for s in st.parts:
+                self._pass_up(g, k, st, s)
+
+    def _pass_up(self, g: _Group, k: int, st: _RouteState, start: int) -> None:
+        acc = st.acc[start]
+        total = acc.total
+        assert total is not None
+        if (
+            st.parent is not None
+            and (st.parent, start) in g.covered
+            and st.parent == st.route.root
+            and not st.route.children_up(self.me)
+        ):
+            acc.total = None  # pre-scattered already: the aggregator uses that copy
+            return
+        if st.parent is not None:
+            self._send_to(g, st.parent, self._frame(FrameKind.SCATTER, g, k, start, total))
+            acc.total = None  # a non-root node is done with this part's values
+        else:
+            self._deliver(g, k, st, start, total)
+            acc.total = None  # _deliver copied what it keeps
+
+    # broadcast tree
+
+    def _on_down(self, g: _Group, st: _RouteState, frame: Frame) -> None:
+        parent = next((p for p, c in st.route.down if c == self.me), None)
+        if frame.sender != parent:
+            raise ReduceError(
+                f"result from {frame.sender}, but {self.me}'s broadcast parent on"
+                f" route {frame.block} is {parent}"
+            )
+        length = self._part_len(g, st, frame.offset)
+        self._deliver(g, frame.block, st, frame.offset, self._values(frame, length))
+
+    def _deliver(self, g: _Group, k: int, st: _RouteState, start: int, values: np.ndarray) -> None:
+        if (k, start) in g.received:
+            return
+        g.received.add((k, start))
+        if g.member and g.result is not None:
+            g.result[start : start + values.size] = values
+        if st.down:
+            if self._pipelined(g):
+                for child in st.down:
+                    self._send_to(g, child, self._frame(FrameKind.RESULT, g, k, start, values))
+            else:
+                st.held_down[start] = np.array(values, dtype=DTYPE)
+                if len(st.held_down) == len(st.parts):
+                    for s in st.parts:
+                        for child in st.down:
+                            self._send_to(
+                                g, child, self._frame(FrameKind.RESULT, g, k, s, st.held_down[s])
+                            )
+                    st.held_down.clear()
+        self._check_done(g)
+
+    def _check_done(self, g: _Group) -> None:
+        if g.done or not g.member:
+            return
+        got = sum(1 for k, _ in g.received if g.routes[k].receiver)
+        if got == g.expected_results:
+            g.done = True
+            self._on_have_all(g.assign.group, g.assign.rev, g.bytes_sent)
+
+    @staticmethod
+    def _pipelined(g: _Group) -> bool:
+        return g.assign.pipelined

@@ -1,0 +1,462 @@
+"""Start-up of a launched job: peers find each other, measure their links, get the config.
+
+A job started by ``torchrun`` (or any launcher) has no ``config.json``: the workers know only
+their rank, the world size, the coordinator's address and the run's secret. Before the coordinator
+exists, the rendezvous host (on rank 0, or ``python -m crew.runtime.coordinator --world``) runs this
+exchange with every rank, over authenticated control frames::
+
+    worker -> host   Join(rank, world, data-plane host:port, tensor shapes)
+    host -> all      Roster(the data-plane address of every rank)        once all joined
+    worker -> host   RosterTaken               its transport now accepts every peer's HELLO
+    host -> all      Probe                                               once all took it
+    (each worker sends a probe burst to every peer; the transport measures arrivals)
+    worker -> host   Probed                                              its bursts are out
+    host -> all      Collect                                             every burst is out
+    worker -> host   LinkRates(bytes, seconds per peer -> it)
+    host -> all      Start(RunConfig)                                    register and train
+
+or ``Refused(reason)`` to everyone as soon as the job cannot start. Every wait is bounded:
+
+* a rank that has not joined by ``join_timeout`` fails the job, naming the missing ranks;
+* a rank whose tensor shapes differ from the first rank's is refused, naming both shapes, and
+  so is the job (a model that cannot be averaged is a bug in the script, not a straggler);
+* a rank that leaves during start-up fails the job, naming it;
+* a client with another secret cannot send a frame the host accepts: the host drops the
+  connection, and the client, hearing nothing valid back, raises :class:`SecretError`.
+
+The probe (:func:`probe_peers`). Each worker queues ``probe_bytes`` of PAYLOAD frames to every
+peer at once; the transport has one sender thread and one TCP connection per destination, so
+all its links are measured in parallel, and the receiver's
+:class:`~crew.wire.transport.ArrivalRate` times the back-to-back arrivals (the first frame's
+queueing excluded). Cost: every worker sends ``(n - 1) * probe_bytes``, so the job moves
+``n (n - 1) probe_bytes`` in total, in about ``max(probe_bytes / slowest link,
+(n - 1) probe_bytes / the worker's egress)`` seconds, cut at ``probe_seconds`` (frames still
+queued are dropped; a link that delivered less than ``ArrivalRate.min_bytes`` has no sample).
+After its bursts a sender waits a little longer than the burst gap and sends one tiny frame,
+which closes the receiver's last burst. The host turns the reports into the initial capacity
+matrix (Mbit/s, ``bw[src][dst]``, measured at ``dst``); a link without a sample gets the
+median of the others, with a warning. The coordinator's online estimator (``LinkRates`` in
+heartbeats) keeps it current afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from crew.config import RunConfig
+from crew.control.capacity import TCP_GOODPUT
+from crew.errors import CoordinatorUnreachable, JoinRefused, SecretError
+from crew.wire import protocol as proto
+from crew.wire.frames import Frame, FrameCodec, FrameError, FrameKind, control_body, control_frame
+from crew.wire.transport import Address, ArrivalRate, FrameStream, StreamClosed, Transport
+
+log = logging.getLogger("crew.runtime.rendezvous")
+
+HOST_ID = 0xFFFF  # sender id of the host's frames (as crew.wire.frames.COORDINATOR)
+PROBE_FRAME_BYTES = 64 << 10
+DEFAULT_PROBE_BYTES = 2 << 20
+DEFAULT_PROBE_SECONDS = 8.0
+COLLECT_TIMEOUT_S = 10.0
+HOST_SLACK_S = 5.0  # a worker waits this much longer than the host's own timeouts
+FALLBACK_MBIT = 1000.0  # a world of one: no link to measure
+
+
+@dataclass(frozen=True)
+class ProbeFigures:
+    """What the start-up probe cost: wall time at the host, bytes each worker sent."""
+
+    seconds: float
+    bytes_per_worker: int
+
+
+MakeConfig = Callable[[list[Address], list[list[float]], ProbeFigures], RunConfig]
+
+
+class RendezvousHost:
+    """Runs the start-up exchange for ``world`` ranks (see the module doc), then stops.
+
+    ``make_config(addresses, bw_mbit, figures)`` builds the job's RunConfig once the links are
+    measured. With ``measure=False`` there is no probe: ``bw_mbit`` is all zeros, for a
+    ``make_config`` that uses configured capacities."""
+
+    def __init__(
+        self,
+        codec: FrameCodec,
+        world: int,
+        bind: Address,
+        make_config: MakeConfig,
+        *,
+        join_timeout: float = 60.0,
+        probe_seconds: float = DEFAULT_PROBE_SECONDS,
+        probe_bytes: int = DEFAULT_PROBE_BYTES,
+        measure: bool = True,
+    ) -> None:
+        if world < 1:
+            raise ValueError(f"world: must be at least 1, got {world}")
+        self.codec = codec
+        self.world = world
+        self.make_config = make_config
+        self.join_timeout = join_timeout
+        self.probe_seconds = probe_seconds
+        self.probe_bytes = probe_bytes
+        self.measure = measure
+        self.listener = socket.create_server(bind)
+        self.port: int = self.listener.getsockname()[1]
+        self.events: queue.Queue[tuple[int, proto.Message | None]] = queue.Queue()
+        self.streams: dict[int, FrameStream] = {}
+        self.config: RunConfig | None = None
+        self.failure: str | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        threading.Thread(target=self._accept_loop, name="crew-rdzv-accept", daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name="crew-rdzv", daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            self.listener.close()
+        except OSError:
+            pass
+        with self._lock:
+            streams = list(self.streams.values())
+        for stream in streams:
+            stream.close()
+
+    # -- network -----------------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        self.listener.settimeout(0.25)
+        conn = 0
+        while not self._stop.is_set():
+            try:
+                sock, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            sock.settimeout(None)
+            stream = FrameStream(sock, self.codec)
+            with self._lock:
+                self.streams[conn] = stream
+            threading.Thread(
+                target=self._reader, args=(conn, stream), name=f"crew-rdzv-{conn}", daemon=True
+            ).start()
+            conn += 1
+
+    def _reader(self, conn: int, stream: FrameStream) -> None:
+        while not self._stop.is_set():
+            try:
+                msg = proto.decode(control_body(stream.recv()))
+            except FrameError as exc:  # another secret, another run, garbage: drop it
+                log.warning("rendezvous: connection %d refused: %s", conn, exc)
+                break
+            except (OSError, proto.ProtocolError):
+                break
+            self.events.put((conn, msg))
+        stream.close()
+        self.events.put((conn, None))
+
+    def _send(self, conn: int, msg: proto.Message) -> None:
+        with self._lock:
+            stream = self.streams.get(conn)
+        if stream is None:
+            return
+        try:
+            stream.send(control_frame(HOST_ID, self.codec.run, msg.to_dict()))
+        except OSError as exc:
+            log.warning("rendezvous: send to connection %d failed: %s", conn, exc)
+
+    # -- the exchange ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._exchange()
+        except JoinRefused as exc:
+            self.failure = str(exc)
+            log.error("rendezvous: %s", exc)
+            for conn in list(self.streams):
+                self._send(conn, proto.Refused(str(exc)))
+        finally:
+            time.sleep(0.2)  # let the last replies leave before the sockets close
+            self.close()
+
+    def _next(self, deadline: float) -> tuple[int, proto.Message | None] | None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        try:
+            return self.events.get(timeout=min(remaining, 0.5))
+        except queue.Empty:
+            return (-1, None) if time.monotonic() < deadline else None
+
+    def _exchange(self) -> None:
+        ranks = self._gather_joins()
+        by_rank = sorted(ranks.items())
+        addresses = [(join.host, join.port) for _, (_, join) in by_rank]
+        probe_bytes = self.probe_bytes if self.measure and self.world > 1 else 0
+        roster = proto.Roster([[h, p] for h, p in addresses], probe_bytes, self.probe_seconds)
+        started = time.monotonic()
+        for _, (conn, _) in by_rank:
+            self._send(conn, roster)
+        bw = [[0.0] * self.world for _ in range(self.world)]
+        conn_rank = {conn: r for r, (conn, _) in ranks.items()}
+        # A transport refuses HELLOs from peers it does not know: nobody sends before all know.
+        self._wait_all(conn_rank, proto.RosterTaken, self.join_timeout, "take the roster")
+        if probe_bytes:
+            for conn in conn_rank:
+                self._send(conn, proto.Probe())
+            self._wait_all(conn_rank, proto.Probed, self.probe_seconds + 30.0, "finish probing")
+            for conn in conn_rank:
+                self._send(conn, proto.Collect())
+            reports = self._wait_all(conn_rank, proto.LinkRates, COLLECT_TIMEOUT_S, "report")
+            bw = capacity_matrix(self.world, reports)
+        figures = ProbeFigures(time.monotonic() - started, (self.world - 1) * probe_bytes)
+        self.config = self.make_config(addresses, bw, figures)
+        start = proto.Start(json_object(self.config))
+        for _, (conn, _) in by_rank:
+            self._send(conn, start)
+
+    def _gather_joins(self) -> dict[int, tuple[int, proto.Join]]:
+        joined: dict[int, tuple[int, proto.Join]] = {}
+        deadline = time.monotonic() + self.join_timeout
+        while len(joined) < self.world:
+            item = self._next(deadline)
+            if item is None:
+                missing = sorted(set(range(self.world)) - set(joined))
+                raise JoinRefused(
+                    f"ranks {missing} did not join within {self.join_timeout:g} s"
+                    f" (joined: {sorted(joined)})"
+                )
+            conn, msg = item
+            if msg is None:
+                left = [r for r, (c, _) in joined.items() if c == conn]
+                if left:
+                    raise JoinRefused(f"rank {left[0]} left during start-up")
+                continue
+            if not isinstance(msg, proto.Join):
+                continue
+            problem = self._check_join(msg, joined)
+            if problem is not None:
+                self._send(conn, proto.Refused(problem))
+                if problem.startswith("shape"):
+                    raise JoinRefused(problem)
+                continue
+            joined[msg.worker] = (conn, msg)
+            log.info("rendezvous: rank %d joined from %s:%d", msg.worker, msg.host, msg.port)
+        return joined
+
+    def _check_join(self, msg: proto.Join, joined: dict[int, tuple[int, proto.Join]]) -> str | None:
+        if msg.world != self.world:
+            return f"rank {msg.worker} expects a world of {msg.world}, the job has {self.world}"
+        if not 0 <= msg.worker < self.world:
+            return f"rank {msg.worker} is outside 0..{self.world - 1}"
+        if msg.worker in joined:
+            return f"rank {msg.worker} joined twice"
+        if joined:
+            ref_rank, (_, ref) = min(joined.items())
+            if msg.shapes != ref.shapes:
+                return (
+                    f"shapes differ: rank {msg.worker} averages tensors of shapes"
+                    f" {describe_shapes(msg.shapes)}, rank {ref_rank} of"
+                    f" {describe_shapes(ref.shapes)}; every rank must average the same model"
+                )
+        return None
+
+    def _wait_all(
+        self, conn_rank: dict[int, int], kind: type[proto.Message], timeout: float, what: str
+    ) -> dict[int, proto.Message]:
+        got: dict[int, proto.Message] = {}
+        deadline = time.monotonic() + timeout
+        while len(got) < len(conn_rank):
+            item = self._next(deadline)
+            if item is None:
+                missing = sorted(set(conn_rank.values()) - set(got))
+                raise JoinRefused(f"ranks {missing} did not {what} within {timeout:g} s")
+            conn, msg = item
+            if conn not in conn_rank:
+                continue
+            if msg is None:
+                raise JoinRefused(f"rank {conn_rank[conn]} left during start-up")
+            if isinstance(msg, kind):
+                got[conn_rank[conn]] = msg
+        return got
+
+
+def describe_shapes(shapes: Sequence[Sequence[int]], limit: int = 4) -> str:
+    """``[64x640, 640, ...] (8 tensors, 451,850 values)``: short enough for an error line."""
+    total = 0
+    for shape in shapes:
+        count = 1
+        for d in shape:
+            count *= d
+        total += count
+    head = ", ".join("x".join(map(str, s)) or "scalar" for s in shapes[:limit])
+    more = ", ..." if len(shapes) > limit else ""
+    return f"[{head}{more}] ({len(shapes)} tensors, {total:,} values)"
+
+
+def json_object(cfg: RunConfig) -> dict:
+    import json
+
+    return json.loads(cfg.to_json())
+
+
+def capacity_matrix(world: int, reports: dict[int, proto.Message]) -> list[list[float]]:
+    """``bw[src][dst]`` in Mbit/s from each receiver's ``LinkRates``; a link without a sample
+    gets the median of the measured ones (with a warning)."""
+    bw = [[0.0] * world for _ in range(world)]
+    measured: list[float] = []
+    for dst, msg in reports.items():
+        assert isinstance(msg, proto.LinkRates)
+        for src_f, nbytes, seconds in msg.samples:
+            src = int(src_f)
+            if 0 <= src < world and src != dst and seconds > 0 and nbytes > 0:
+                bw[src][dst] = nbytes * 8 / seconds / 1e6 / TCP_GOODPUT
+                measured.append(bw[src][dst])
+    fill = statistics.median(measured) if measured else FALLBACK_MBIT
+    unmeasured = [(s, d) for s in range(world) for d in range(world) if s != d and bw[s][d] <= 0]
+    if unmeasured:
+        log.warning(
+            "probe: no sample for links %s; assuming %.0f Mbit/s (the median) until measured",
+            unmeasured,
+            fill,
+        )
+    for s, d in unmeasured:
+        bw[s][d] = fill
+    return bw
+
+
+# -- the worker's side -------------------------------------------------------------------------
+
+
+def probe_peers(
+    transport: Transport,
+    me: int,
+    run_num: int,
+    peers: Sequence[int],
+    probe_bytes: int,
+    probe_seconds: float,
+) -> None:
+    """Send ``probe_bytes`` of PAYLOAD frames to every peer at once, wait until they are out
+    (at most ``probe_seconds``, then drop what is queued), then close each receiver's burst
+    with one tiny frame sent after the burst gap."""
+    chunk = bytes(PROBE_FRAME_BYTES)
+    frames = max(1, probe_bytes // PROBE_FRAME_BYTES)
+    for dst in peers:
+        for k in range(frames):
+            transport.send(dst, Frame(FrameKind.PAYLOAD, me, run_num, part=k, payload=chunk))
+    if not transport.flush(probe_seconds):
+        dropped = transport.cancel(lambda f: f.kind == FrameKind.PAYLOAD)
+        log.warning("probe: cut at %.1f s, %d frames not sent", probe_seconds, dropped)
+    time.sleep(3 * ArrivalRate().gap_s)
+    for dst in peers:
+        transport.send(dst, Frame(FrameKind.PAYLOAD, me, run_num, part=frames))
+    transport.flush(2.0)
+
+
+def join_job(
+    codec: FrameCodec,
+    coordinator: Address,
+    join: proto.Join,
+    transport: Transport,
+    *,
+    timeout: float = 60.0,
+) -> RunConfig:
+    """Take part in the start-up exchange as rank ``join.worker``; the job's RunConfig.
+
+    ``transport`` is this worker's started data-plane transport (its address is in ``join``);
+    the roster's peers are set on it. Raises :class:`CoordinatorUnreachable`,
+    :class:`SecretError` or :class:`JoinRefused`, each within ``timeout`` (plus the probe)."""
+    where = f"{coordinator[0]}:{coordinator[1]}"
+    deadline = time.monotonic() + timeout
+    stream = None
+    last: OSError | None = None
+    while stream is None:
+        try:
+            stream = FrameStream.connect(coordinator, codec, timeout=5.0)
+        except OSError as exc:
+            last = exc
+            if time.monotonic() + 0.5 >= deadline:
+                raise CoordinatorUnreachable(
+                    f"no CREW coordinator at {where} after {timeout:g} s ({last}); check"
+                    f" MASTER_ADDR/MASTER_PORT (or CREW_COORDINATOR) and that rank 0 or"
+                    f" `python -m crew.runtime.coordinator` is running"
+                ) from exc
+            time.sleep(0.5)
+    # The host fails a start-up that takes longer than its own timeout and says why: wait a
+    # little longer than it, so that its reason, not a bare timeout, reaches the user.
+    deadline = time.monotonic() + timeout + HOST_SLACK_S
+    answered = False
+    peers: list[int] = []
+    probe = (0, 0.0)
+    try:
+        stream.send(control_frame(join.worker, codec.run, join.to_dict()))
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                frame = stream.recv(idle_timeout=max(remaining, 0.01))
+            except TimeoutError:
+                raise JoinRefused(
+                    f"rank {join.worker}: no answer from the coordinator at {where} within"
+                    f" {timeout:g} s"
+                ) from None
+            except FrameError as exc:
+                raise SecretError(
+                    f"rank {join.worker}: the coordinator's reply failed authentication ({exc}):"
+                    f" this rank's secret (CREW_SECRET / CREW_SECRET_FILE) differs"
+                ) from exc
+            except (StreamClosed, OSError) as exc:
+                if answered:
+                    raise JoinRefused(
+                        f"rank {join.worker}: the coordinator at {where} went away during"
+                        f" start-up ({exc})"
+                    ) from exc
+                raise SecretError(
+                    f"rank {join.worker}: the coordinator at {where} closed the connection"
+                    f" without answering: this rank's secret (CREW_SECRET / CREW_SECRET_FILE)"
+                    f" most likely differs from the coordinator's"
+                ) from exc
+            answered = True
+            deadline = time.monotonic() + timeout + HOST_SLACK_S  # each phase has its own wait
+            msg = proto.decode(control_body(frame))
+            if isinstance(msg, proto.Refused):
+                raise JoinRefused(f"rank {join.worker}: {msg.reason}")
+            if isinstance(msg, proto.Roster):
+                peers = [j for j in range(len(msg.peers)) if j != join.worker]
+                for j in peers:
+                    host, port = msg.peers[j]
+                    transport.set_peer(j, (str(host), int(port)))
+                probe = (msg.probe_bytes, msg.probe_seconds)
+                taken = proto.RosterTaken(join.worker)
+                stream.send(control_frame(join.worker, codec.run, taken.to_dict()))
+            elif isinstance(msg, proto.Probe):
+                probe_peers(transport, join.worker, codec.run, peers, *probe)
+                probed = proto.Probed(join.worker)
+                stream.send(control_frame(join.worker, codec.run, probed.to_dict()))
+            elif isinstance(msg, proto.Collect):
+                samples = [
+                    [float(src), float(b), s]
+                    for src, (b, s) in transport.arrival_rates().items()
+                    if s > 0
+                ]
+                report = proto.LinkRates(join.worker, samples)
+                stream.send(control_frame(join.worker, codec.run, report.to_dict()))
+            elif isinstance(msg, proto.Start):
+                return RunConfig.from_dict(msg.config, where="the coordinator's Start")
+    finally:
+        stream.close()

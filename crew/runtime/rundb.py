@@ -1,0 +1,208 @@
+"""The run database: one SQLite file per run, ``runs/<run-id>/lab.db``.
+
+Everything a run records goes here, and the dashboard, the audit and the benchmark read only
+this. SQLite in WAL mode lets the coordinator, the link monitor and the lab's command applier
+write while the dashboard reads. All times are Unix epoch seconds (float).
+
+Schema (see ``SCHEMA``):
+
+``meta(key, value)``
+    run_id, started_at, ended_at, scheme, p, topology (YAML text), config (JSON).
+``workers(id, name, cloud, address)``
+    one row per worker; ``address`` is the identity address peers use.
+``links(src, dst, rate_mbit, delay_ms, jitter_ms, loss_pct, intf)``
+    every directed link as configured at start; ``intf`` is the sender-side interface.
+``link_state(id, t, src, dst, rate_mbit, up, reason)``
+    every change of a link at run time (rate change, cut, restore); the newest row per link wins.
+``link_samples(t, src, dst, tx_bytes, mbit)``
+    1 Hz samples of the sender interface's byte counter (cumulative) and the rate over the last
+    interval in Mbit/s.
+``groups(id, scheme, members, weights, formed_at, started_at, ended_at, status, bytes,
+predicted_s, bound_s, plan, reason, revisions, verify_err)``
+    every group; ``members``/``weights``/``plan`` are JSON; ``status`` is one of
+    ``open``, ``completed``, ``abandoned``; ``bytes`` is what the plans of all its revisions
+    put on the links (payload, without headers); ``revisions`` counts re-plans after faults;
+    ``verify_err`` is the relative error of the result check (``crew.control.verify``), NULL when
+    the group did not complete.
+``group_members(group_id, worker, iteration, staleness, weight)``
+    who was in each group, with the local iteration its update came from.
+``iterations(t, worker, iteration, loss, accuracy)``
+    per-worker training progress; ``accuracy`` is held-out accuracy, NULL when not evaluated.
+``worker_status(worker, state, iteration, group_id, updated_at, pid)``
+    the newest state of each worker (``training``, ``ready``, ``reducing``, ``dead``, ...).
+``worker_states(t, worker, state, iteration, group_id)``
+    every change of ``worker_status``, in order: the history that replay shows.
+``events(id, t, level, kind, worker, message, data)``
+    the event log: start, stop, warnings, faults, recoveries; ``data`` is JSON.
+``commands(id, t, kind, args, status, reason, applied_at)``
+    what the dashboard (or a scenario) asks the lab to do; ``status`` is ``pending``,
+    ``applied`` or ``rejected`` with ``reason``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS workers (
+    id INTEGER PRIMARY KEY, name TEXT NOT NULL, cloud TEXT NOT NULL, address TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS links (
+    src INTEGER NOT NULL, dst INTEGER NOT NULL, rate_mbit REAL NOT NULL,
+    delay_ms REAL NOT NULL DEFAULT 0, jitter_ms REAL NOT NULL DEFAULT 0,
+    loss_pct REAL NOT NULL DEFAULT 0, intf TEXT, PRIMARY KEY (src, dst));
+CREATE TABLE IF NOT EXISTS link_state (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL, src INTEGER NOT NULL,
+    dst INTEGER NOT NULL, rate_mbit REAL NOT NULL, up INTEGER NOT NULL, reason TEXT);
+CREATE INDEX IF NOT EXISTS link_state_link ON link_state (src, dst, id);
+CREATE TABLE IF NOT EXISTS link_samples (
+    t REAL NOT NULL, src INTEGER NOT NULL, dst INTEGER NOT NULL,
+    tx_bytes INTEGER NOT NULL, mbit REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS link_samples_t ON link_samples (t);
+CREATE INDEX IF NOT EXISTS link_samples_link ON link_samples (src, dst, t);
+CREATE TABLE IF NOT EXISTS groups (
+    id INTEGER PRIMARY KEY, scheme TEXT NOT NULL, members TEXT NOT NULL,
+    weights TEXT NOT NULL, formed_at REAL NOT NULL, started_at REAL, ended_at REAL,
+    status TEXT NOT NULL DEFAULT 'open', bytes INTEGER NOT NULL DEFAULT 0,
+    predicted_s REAL, bound_s REAL, plan TEXT, reason TEXT, revisions INTEGER NOT NULL DEFAULT 0,
+    verify_err REAL);
+CREATE INDEX IF NOT EXISTS groups_formed ON groups (formed_at);
+CREATE INDEX IF NOT EXISTS groups_status ON groups (status);
+CREATE TABLE IF NOT EXISTS group_members (
+    group_id INTEGER NOT NULL, worker INTEGER NOT NULL, iteration INTEGER NOT NULL,
+    staleness INTEGER NOT NULL DEFAULT 1, weight REAL NOT NULL,
+    PRIMARY KEY (group_id, worker));
+CREATE INDEX IF NOT EXISTS group_members_worker ON group_members (worker, group_id);
+CREATE TABLE IF NOT EXISTS iterations (
+    t REAL NOT NULL, worker INTEGER NOT NULL, iteration INTEGER NOT NULL,
+    loss REAL, accuracy REAL);
+CREATE INDEX IF NOT EXISTS iterations_t ON iterations (t);
+CREATE INDEX IF NOT EXISTS iterations_worker ON iterations (worker, t);
+CREATE TABLE IF NOT EXISTS worker_status (
+    worker INTEGER PRIMARY KEY, state TEXT NOT NULL, iteration INTEGER NOT NULL DEFAULT 0,
+    group_id INTEGER, updated_at REAL NOT NULL, pid INTEGER);
+CREATE TABLE IF NOT EXISTS worker_states (
+    t REAL NOT NULL, worker INTEGER NOT NULL, state TEXT NOT NULL, iteration INTEGER,
+    group_id INTEGER);
+CREATE INDEX IF NOT EXISTS worker_states_worker ON worker_states (worker, t);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL, level TEXT NOT NULL,
+    kind TEXT NOT NULL, worker INTEGER, message TEXT NOT NULL, data TEXT);
+CREATE INDEX IF NOT EXISTS events_t ON events (t);
+CREATE TABLE IF NOT EXISTS commands (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL, kind TEXT NOT NULL,
+    args TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending', reason TEXT, applied_at REAL);
+CREATE INDEX IF NOT EXISTS commands_status ON commands (status, id);
+"""
+
+BUSY_TIMEOUT_S = 10.0
+
+
+def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
+    """Open the run database. Writers create the schema; readers never write."""
+    path = Path(path)
+    if readonly:
+        conn = sqlite3.connect(
+            f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S, check_same_thread=False
+        )
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.executescript(SCHEMA)
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+class RunDB:
+    """A thread-safe writer for one run database.
+
+    Each process that writes (lab, coordinator) holds one ``RunDB``; a lock serialises its
+    threads, and SQLite's WAL plus the busy timeout serialise the processes.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._conn = connect(self.path)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def execute(self, sql: str, params: Iterable[Any] = ()) -> sqlite3.Cursor:
+        with self._lock, self._conn:
+            return self._conn.execute(sql, tuple(params))
+
+    def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> None:
+        with self._lock, self._conn:
+            self._conn.executemany(sql, [tuple(r) for r in rows])
+
+    def query(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._conn.execute(sql, tuple(params)).fetchall()
+
+    # -- the writes every part of the lab shares -------------------------------------------
+
+    def set_meta(self, values: Mapping[str, Any]) -> None:
+        rows = [(k, v if isinstance(v, str) else json.dumps(v)) for k, v in values.items()]
+        self.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", rows)
+
+    def event(
+        self,
+        kind: str,
+        message: str,
+        *,
+        level: str = "info",
+        worker: int | None = None,
+        data: Mapping[str, Any] | None = None,
+        t: float | None = None,
+    ) -> None:
+        self.execute(
+            "INSERT INTO events (t, level, kind, worker, message, data) VALUES (?,?,?,?,?,?)",
+            (
+                time.time() if t is None else t,
+                level,
+                kind,
+                worker,
+                message,
+                None if data is None else json.dumps(data),
+            ),
+        )
+
+    def set_worker_status(
+        self,
+        worker: int,
+        state: str,
+        *,
+        iteration: int | None = None,
+        group_id: int | None = None,
+        pid: int | None = None,
+        t: float | None = None,
+    ) -> None:
+        """Set a worker's newest state (``worker_status``) and append it to its history
+        (``worker_states``), in one transaction; ``iteration`` and ``pid`` keep their previous
+        values when not given."""
+        now = time.time() if t is None else t
+        with self._lock, self._conn:
+            self._conn.execute(
+                "INSERT INTO worker_status (worker, state, iteration, group_id, updated_at, pid)"
+                " VALUES (?, ?, COALESCE(?, 0), ?, ?, ?)"
+                " ON CONFLICT(worker) DO UPDATE SET state=excluded.state,"
+                " iteration=COALESCE(?, worker_status.iteration), group_id=excluded.group_id,"
+                " updated_at=excluded.updated_at, pid=COALESCE(excluded.pid, worker_status.pid)",
+                (worker, state, iteration, group_id, now, pid, iteration),
+            )
+            self._conn.execute(
+                "INSERT INTO worker_states (t, worker, state, iteration, group_id)"
+                " SELECT updated_at, worker, state, iteration, group_id FROM worker_status"
+                " WHERE worker = ?",
+                (worker,),
+            )

@@ -1,0 +1,254 @@
+"""A CREW worker: trains its shard, offers its model when ready, and carries groups' data.
+
+Run one per host namespace::
+
+    python -m crew.runtime.worker --config runs/<id>/config.json --id 3
+
+The lab's worker is a user of the public API: its training loop is a local iteration (with
+its straggler padding), then :meth:`crew.Averager.step`, exactly what a user's script does;
+the Averager's :class:`~crew.runtime.node.Node` holds the transport, the reduce engine and the
+control connection. Gloo baselines and benchmark workers (a fixed numpy vector that is only
+offered once and then carries groups) run on the same Node.
+
+A completed local update is never lost: until a group commits, the worker keeps its own model,
+and it saves a checkpoint after every commit and when it stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from crew.config import RunConfig
+from crew.control.worker_control import evaluation_due
+from crew.runtime.node import Node
+from crew.wire import protocol as proto
+
+log = logging.getLogger("crew.runtime.worker")
+
+
+class Worker:
+    """One worker process. ``cfg.extra["bench"]`` makes it a numpy-only benchmark worker that
+    offers a fixed random vector and only carries groups (no torch, no training)."""
+
+    def __init__(self, cfg: RunConfig, me: int):
+        self.cfg = cfg
+        self.me = me
+        self.bench = bool(cfg.extra.get("bench"))
+        self.checkpoint = Path(cfg.run_dir) / "checkpoints" / f"w{me}.pt"
+        self.delay = None
+        self.trainer = None if self.bench else self._make_trainer()
+        if self.bench:
+            size = int(cfg.extra["size_elems"])
+            rng = np.random.default_rng([cfg.seed, me])
+            self.base_vector = rng.standard_normal(size).astype(np.float32)
+        self.stop_event = threading.Event()
+        self.node: Node | None = None
+        self.averager = None  # crew.Averager while training with partial reduce
+
+    def _make_trainer(self):  # noqa: ANN202 - torch types stay out of this module's imports
+        from crew.train.datasets import Partition, load_split, shard
+        from crew.train.stragglers import ComputeDelay, get_profile
+        from crew.train.training import ModelConfig, TrainConfig, Trainer
+
+        cfg, me = self.cfg, self.me
+        train, test = load_split(seed=cfg.seed, cache_dir=cfg.data_dir)
+        trainer = Trainer(
+            ModelConfig(width=cfg.width, depth=cfg.depth),
+            TrainConfig(
+                lr=cfg.lr, batch_size=cfg.batch_size, local_steps=cfg.local_steps, seed=cfg.seed
+            ),
+            shard(train, cfg.n, me, Partition(cfg.partition), cfg.seed),
+            test,
+        )
+        if self.checkpoint.exists():
+            trainer.load(self.checkpoint)
+            log.info(
+                "worker %d: resumed from %s at iteration %d", me, self.checkpoint, trainer.iteration
+            )
+        spec = cfg.stragglers[me] if me < len(cfg.stragglers) else None
+        self.delay = ComputeDelay(get_profile(spec) if spec else None, seed=cfg.seed * 1000 + me)
+        return trainer
+
+    def _vector(self) -> np.ndarray:
+        return self.base_vector if self.trainer is None else self.trainer.get_vector()
+
+    @property
+    def iteration(self) -> int:
+        return 0 if self.trainer is None else self.trainer.iteration
+
+    def stop(self) -> None:
+        """End the worker (SIGTERM, SIGINT): the current wait returns, the loop ends."""
+        self.stop_event.set()
+        for part in (self.node, self.averager):
+            if part is not None:
+                part.stop()
+
+    def _set_slowdown(self, factor: float) -> None:
+        if self.delay is not None:
+            self.delay.slowdown = factor
+
+    def _local_iteration(self, last_eval: float) -> tuple[float, float | None, float]:
+        """One local iteration with its straggler padding: (loss, accuracy or None, last_eval)."""
+        assert self.trainer is not None and self.delay is not None
+        started = time.perf_counter()
+        loss = self.trainer.step()
+        pad = self.delay.padding(time.perf_counter() - started)
+        if pad > 0:
+            self.stop_event.wait(pad)
+        accuracy = None
+        now = time.time()
+        if evaluation_due(now, last_eval, self.cfg.eval_every_s):
+            _, accuracy = self.trainer.evaluate()
+            last_eval = now
+        return loss, accuracy, last_eval
+
+    def _train_partial(self) -> None:
+        """Partial reduce through the public API: the same loop as a user's script."""
+        from crew.averager import Averager
+
+        assert self.trainer is not None
+        averager = Averager.for_run(
+            self.trainer.model,
+            self.cfg,
+            self.me,
+            iteration=self.trainer.iteration,
+            on_slowdown=self._set_slowdown,
+        )
+        self.averager = averager
+        if self.stop_event.is_set():
+            averager.stop()
+        last_eval = 0.0
+        try:
+            while not averager.stopped:
+                loss, accuracy, last_eval = self._local_iteration(last_eval)
+                averager.report(loss, accuracy, iteration=self.trainer.iteration)
+                if averager.stopped:
+                    break
+                if averager.step().averaged:
+                    self.trainer.save(self.checkpoint)
+        finally:
+            averager.close()
+
+    def _start_node(self, *, bench: bool) -> Node | None:
+        node = Node(
+            self.cfg,
+            self.me,
+            int(self._vector().size),
+            bench=bench,
+            iteration=lambda: self.iteration,
+            on_slowdown=self._set_slowdown,
+        )
+        self.node = node
+        if self.stop_event.is_set() or not node.start():
+            log.info("worker %d: stopped before it reached the coordinator", self.me)
+            node.close()
+            return None
+        return node
+
+    def _gloo(self):  # noqa: ANN202 - crew.runtime.gloo imports torch lazily
+        from crew.runtime.gloo import GlooAllReduce, GlooSpec
+
+        return GlooAllReduce(
+            GlooSpec(
+                rank=self.me,
+                world=self.cfg.n,
+                addresses=self.cfg.identities,
+                store_port=self.cfg.data_port + 1,
+                timeout_s=self.cfg.group_timeout_min_s * 4,
+            )
+        )
+
+    def _train_gloo(self, node: Node) -> None:
+        """Synchronous data parallel: every iteration, all n average through Gloo."""
+        assert self.trainer is not None
+        last_eval = 0.0
+        with self._gloo() as gloo:
+            op = 0
+            while not node.stop_event.is_set():
+                loss, accuracy, last_eval = self._local_iteration(last_eval)
+                node.tell(proto.Metrics(self.me, self.iteration, loss, accuracy, time.time()))
+                started = time.time()
+                averaged = gloo.average(self._vector())
+                self.trainer.set_vector(averaged)
+                op += 1
+                if self.me == 0:
+                    node.tell(proto.OpTime(self.me, op, started, time.time(), int(averaged.nbytes)))
+
+    def _bench_gloo(self, node: Node) -> None:
+        ops = int(self.cfg.extra.get("ops", 10))
+        with self._gloo() as gloo:
+            for op in range(1, ops + 1):
+                if node.stop_event.is_set():
+                    return
+                gloo.barrier()
+                started = time.time()
+                averaged = gloo.average(self.base_vector)
+                ended = time.time()
+                if self.me == 0:
+                    node.tell(proto.OpTime(self.me, op, started, ended, int(averaged.nbytes)))
+        node.stop_event.wait()
+
+    def run(self) -> int:
+        gloo = self.cfg.scheme == "gloo"
+        try:
+            if not self.bench and not gloo:
+                self._train_partial()
+                return 0
+            node = self._start_node(bench=self.bench)
+            if node is None:
+                return 0
+            try:
+                if self.bench and gloo:
+                    self._bench_gloo(node)
+                elif self.bench:
+                    # Offer the fixed vector once; the coordinator drives groups from its trace.
+                    node.offer_fixed(self.base_vector)
+                    node.stop_event.wait()
+                else:
+                    self._train_gloo(node)
+            finally:
+                node.close()
+        finally:
+            if self.trainer is not None:
+                self.trainer.save(self.checkpoint)
+            self.stop_event.set()
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m crew.runtime.worker",
+        description="One CREW worker: trains its shard and takes part in partial reduce."
+        " Started by the lab inside the worker's network namespace.",
+    )
+    parser.add_argument("--config", required=True, help="the run's config.json")
+    parser.add_argument("--id", type=int, required=True, help="this worker's index, 0..n-1")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level,
+        format=f"%(asctime)s w{args.id} %(levelname)s %(name)s: %(message)s",
+    )
+    cfg = RunConfig.load(args.config)
+    if not 0 <= args.id < cfg.n:
+        parser.error(f"--id: must be between 0 and {cfg.n - 1}")
+    if not cfg.extra.get("bench") or cfg.scheme == "gloo":
+        import torch
+
+        torch.set_num_threads(1)
+    worker = Worker(cfg, args.id)
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+    signal.signal(signal.SIGINT, lambda *_: worker.stop())
+    return worker.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

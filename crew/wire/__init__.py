@@ -1,0 +1,1 @@
+"""The wire: frame format, control protocol, data transport and link probes."""

@@ -1,0 +1,391 @@
+"""Control-plane messages between workers, the coordinator and the lab.
+
+They travel as JSON objects inside authenticated CONTROL frames (``crew.wire.frames``) over the
+unshaped management network. Each message type is a frozen dataclass; ``decode`` turns a JSON
+object back into one and refuses anything malformed with ``ProtocolError``, naming the field,
+so a bad message is dropped with a warning instead of crashing the receiver.
+
+Who sends what::
+
+    worker -> coordinator   Register, Heartbeat, Ready, Metrics, HaveAll, LinkFailed,
+                            LinkRates, LinkHealth, Rejected, OpTime
+    coordinator -> worker   Assign, Split, Commit, Abandon, SetSlowdown, Stop
+    lab -> coordinator      Admin (set_p, set_scheme, set_link, stop)
+
+Start-up of a launched job (``crew.runtime.rendezvous``, before the coordinator exists)::
+
+    worker -> rendezvous    Join, RosterTaken, Probed, LinkRates
+    rendezvous -> worker    Roster, Probe, Collect, Start, Refused
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+class ProtocolError(ValueError):
+    """A control message is malformed; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Message:
+    TYPE: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["type"] = self.TYPE
+        return out
+
+
+@dataclass(frozen=True)
+class Register(Message):
+    TYPE: ClassVar[str] = "register"
+    worker: int
+    pid: int
+    iteration: int
+    vector_len: int
+
+
+@dataclass(frozen=True)
+class Heartbeat(Message):
+    TYPE: ClassVar[str] = "heartbeat"
+    worker: int
+    iteration: int
+
+
+@dataclass(frozen=True)
+class Ready(Message):
+    """A worker finished a local iteration and offers its model for the next group."""
+
+    TYPE: ClassVar[str] = "ready"
+    worker: int
+    iteration: int
+    proj: float  # projection of the offered vector on the run's check vector (crew.control.verify)
+    split_epoch: int  # the a2a split it already started scattering with; -1: none
+
+
+@dataclass(frozen=True)
+class Metrics(Message):
+    TYPE: ClassVar[str] = "metrics"
+    worker: int
+    iteration: int
+    loss: float
+    accuracy: float | None
+    t: float
+
+
+@dataclass(frozen=True)
+class HaveAll(Message):
+    """A member holds every aggregated element of this group revision."""
+
+    TYPE: ClassVar[str] = "have_all"
+    worker: int
+    group: int
+    rev: int
+    bytes_sent: int
+    proj: float  # projection of the result: the coordinator checks it against the members'
+
+
+@dataclass(frozen=True)
+class LinkFailed(Message):
+    """The data-plane link src -> dst failed (socket error or no progress)."""
+
+    TYPE: ClassVar[str] = "link_failed"
+    worker: int
+    src: int
+    dst: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class LinkRates(Message):
+    """Measured arrival rates into this worker: ``[src, bytes, seconds]`` per link src -> it."""
+
+    TYPE: ClassVar[str] = "link_rates"
+    worker: int
+    samples: list[list[float]]
+
+
+@dataclass(frozen=True)
+class LinkHealth(Message):
+    """What this worker sees, sent on every change of a link's probe state and periodically.
+
+    ``down``: peers whose probes stopped arriving (``crew.wire.probes``): the links ``src ->
+    worker`` are dead. ``received``: ``[group, rev, bytes]``, the group data bytes this worker
+    received per open group revision so far, so the coordinator sees which groups still move."""
+
+    TYPE: ClassVar[str] = "link_health"
+    worker: int
+    down: list[int]
+    received: list[list[int]]
+
+
+@dataclass(frozen=True)
+class Rejected(Message):
+    """A peer sent this worker a frame that failed checks (bad MAC, oversized, malformed)."""
+
+    TYPE: ClassVar[str] = "rejected"
+    worker: int
+    peer: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class OpTime(Message):
+    """One all-reduce among all workers outside the coordinator's groups (the Gloo scheme)."""
+
+    TYPE: ClassVar[str] = "op_time"
+    worker: int
+    op: int
+    started: float
+    ended: float
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Assign(Message):
+    """A group revision: who contributes, with which weight, and how the data travels.
+
+    ``routes`` are ``crew.plan.routes.Route.to_list()`` lists (range, root, reduce and broadcast
+    edges); ``pipelined`` says whether parts stream through the trees or are stored and
+    forwarded range by range. A new revision of the same group supersedes the previous one.
+    """
+
+    TYPE: ClassVar[str] = "assign"
+    group: int
+    rev: int
+    scheme: str
+    members: list[int]
+    weights: list[float]
+    routes: list[list[Any]]
+    pipelined: bool
+    total: int
+    part_elems: int
+    # Non-blocking mode: the a2a split (``[worker, start, stop]``) the members pre-scattered
+    # with, and the iteration each member offered; empty when nothing was pre-scattered.
+    prescatter: list[list[int]]
+    iterations: list[int]
+    split_epoch: int
+
+
+@dataclass(frozen=True)
+class Split(Message):
+    """Non-blocking mode: the a2a split a ready worker scatters with before its group exists."""
+
+    TYPE: ClassVar[str] = "split"
+    epoch: int
+    segments: list[list[int]]
+    part_elems: int
+
+
+@dataclass(frozen=True)
+class Commit(Message):
+    """Every member holds the result of this revision: apply it."""
+
+    TYPE: ClassVar[str] = "commit"
+    group: int
+    rev: int
+
+
+@dataclass(frozen=True)
+class Abandon(Message):
+    """Give the group up: members keep their own model and go on training."""
+
+    TYPE: ClassVar[str] = "abandon"
+    group: int
+    reason: str
+    # Set when the group is given up before its Assign went out (no plan): its members are
+    # waiting for it without knowing its id, and recognise it by this list.
+    members: list[int]
+
+
+@dataclass(frozen=True)
+class SetSlowdown(Message):
+    TYPE: ClassVar[str] = "set_slowdown"
+    factor: float
+
+
+@dataclass(frozen=True)
+class Stop(Message):
+    TYPE: ClassVar[str] = "stop"
+    reason: str
+
+
+@dataclass(frozen=True)
+class Admin(Message):
+    """From the lab: ``op`` is one of ``set_p``, ``set_scheme``, ``set_link``, ``stop``."""
+
+    TYPE: ClassVar[str] = "admin"
+    op: str
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Join(Message):
+    """A launched worker asks to join the job: its rank, the world it expects, where its
+    data-plane transport listens, and the shapes of the tensors it averages."""
+
+    TYPE: ClassVar[str] = "join"
+    worker: int
+    world: int
+    host: str
+    port: int
+    shapes: list[list[int]]
+    pid: int
+
+
+@dataclass(frozen=True)
+class Roster(Message):
+    """Every rank joined: the data-plane address ``[host, port]`` of each, by rank, and the
+    start-up probe to run (``probe_bytes`` to every peer, cut at ``probe_seconds``; 0 bytes:
+    no probe, the job uses configured capacities)."""
+
+    TYPE: ClassVar[str] = "roster"
+    peers: list[list[Any]]
+    probe_bytes: int
+    probe_seconds: float
+
+
+@dataclass(frozen=True)
+class RosterTaken(Message):
+    """A worker knows every peer's address: its transport accepts their connections now."""
+
+    TYPE: ClassVar[str] = "roster_taken"
+    worker: int
+
+
+@dataclass(frozen=True)
+class Probe(Message):
+    """Every worker knows its peers: send the start-up probe bursts."""
+
+    TYPE: ClassVar[str] = "probe"
+
+
+@dataclass(frozen=True)
+class Probed(Message):
+    """A worker finished sending its start-up probe bursts."""
+
+    TYPE: ClassVar[str] = "probed"
+    worker: int
+
+
+@dataclass(frozen=True)
+class Collect(Message):
+    """Every worker finished probing: report what arrived (as ``LinkRates``)."""
+
+    TYPE: ClassVar[str] = "collect"
+
+
+@dataclass(frozen=True)
+class Start(Message):
+    """The job's run configuration (``RunConfig.to_json``'s object): register and train."""
+
+    TYPE: ClassVar[str] = "start"
+    config: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Refused(Message):
+    """The job cannot start, or this worker may not join it; ``reason`` says why."""
+
+    TYPE: ClassVar[str] = "refused"
+    reason: str
+
+
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.TYPE: cls
+    for cls in (
+        Register,
+        Heartbeat,
+        Ready,
+        Metrics,
+        HaveAll,
+        LinkFailed,
+        LinkRates,
+        LinkHealth,
+        Rejected,
+        OpTime,
+        Assign,
+        Split,
+        Commit,
+        Abandon,
+        SetSlowdown,
+        Stop,
+        Admin,
+        Join,
+        Roster,
+        RosterTaken,
+        Probe,
+        Probed,
+        Collect,
+        Start,
+        Refused,
+    )
+}
+
+
+def _check(name: str, value: Any, hint: Any) -> Any:
+    """Check one JSON value against a field's annotation (the small subset the messages use)."""
+    if hint is Any:
+        return value  # checked where it is interpreted (e.g. crew.plan.routes.Route.from_list)
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        inner = [o for o in options if o is not type(None)]
+        return _check(name, value, inner[0])
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ProtocolError(f"{name}: expected a boolean, got {type(value).__name__}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ProtocolError(f"{name}: expected an integer, got {type(value).__name__}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ProtocolError(f"{name}: expected a number, got {type(value).__name__}")
+        if not math.isfinite(value):
+            raise ProtocolError(f"{name}: must be finite")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ProtocolError(f"{name}: expected a string, got {type(value).__name__}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ProtocolError(f"{name}: expected a list, got {type(value).__name__}")
+        (item,) = typing.get_args(hint)
+        return [_check(f"{name}[{i}]", v, item) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{name}: expected an object, got {type(value).__name__}")
+        return value
+    raise ProtocolError(f"{name}: unsupported field type {hint!r}")  # a bug in this module
+
+
+def decode(obj: Any) -> Message:
+    """Turn a decoded JSON object into a typed message, or raise ``ProtocolError``."""
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"message: expected a JSON object, got {type(obj).__name__}")
+    kind = obj.get("type")
+    cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolError(f"type: unknown message type {kind!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    extra = sorted(set(obj) - set(names) - {"type"})
+    if extra:
+        raise ProtocolError(f"{kind}: unknown fields {extra}")
+    values = {}
+    for name in names:
+        if name not in obj:
+            raise ProtocolError(f"{kind}.{name}: missing")
+        values[name] = _check(f"{kind}.{name}", obj[name], hints[name])
+    return cls(**values)

@@ -1,0 +1,574 @@
+"""The emulated WAN: one Mininet host per worker, a shaped point-to-point link per pair.
+
+Layout (n workers, lab tag T, addresses from the 198.18.0.0/15 benchmarking range):
+
+- Host i is a Mininet ``Host`` named ``crwTwi`` (its own network and mount namespaces).
+- Workers i < j share one veth pair: ``wi-wj`` in host i, ``wj-wi`` in host j. Each end
+  carries HTB for its own direction (lab.net.shaping), so i->j is shaped on ``wi-wj``.
+- Identity: 198.18.0.(i+1)/32 on host i's ``lo`` (this kernel has no ``dummy`` link type), and
+  a /32 route to every peer's identity over the direct link with that identity as source.
+  The peer answers ARP for its lo address (arp_ignore=0), so no static neighbours are needed.
+  Peers thus see one address per worker, whichever link a packet used.
+- Management: a bridge ``crwTbr`` in the root namespace with the coordinator address (by
+  default 198.19.255.254/24), and a veth per host (``crwTmi`` in the root namespace, ``mgmt``
+  in the host) with 198.19.255.(i+1)/24. It is not shaped and carries control and telemetry,
+  so the measured links stay clean.
+- IPv6 is off in the hosts: router solicitations and MLD would otherwise show up on the
+  link counters. It is off on the root-namespace bridge and veth ends too: their link-local
+  addresses would appear a second or two after the build (duplicate address detection), and
+  a browser on this machine aborts its requests on every address change (Chromium's
+  ERR_NETWORK_CHANGED), which could leave the dashboard blank just as the lab says it is up.
+
+Everything the lab creates is recorded in a state file first (lab.net.cleanup), and teardown
+removes all of it, also on exceptions and KeyboardInterrupt.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from lab.net import preflight, shaping
+from lab.net.cleanup import (
+    DEFAULT_STATE_DIR,
+    ROOT_NAME_PREFIX,
+    LabState,
+    ProcRecord,
+    StateError,
+    delete_link,
+    end_group,
+    is_same_process,
+    terminate_recorded,
+)
+from lab.net.preflight import Capabilities, ImpairmentMode
+from lab.topology import Impairment, TopologySpec
+
+log = logging.getLogger(__name__)
+
+IDENTITY_BASE = ipaddress.IPv4Address("198.18.0.1")
+DEFAULT_MGMT_SUBNET = "198.19.255.0/24"
+MGMT_INTF = "mgmt"
+_TAG_RE = re.compile(r"^[a-z0-9]{1,6}$")
+STOP_TIMEOUT_S = 3.0
+
+
+class LabError(Exception):
+    """The lab could not be built or used as asked."""
+
+
+@dataclass(frozen=True)
+class LinkState:
+    """The current configuration of one directed link."""
+
+    src: int
+    dst: int
+    rate_mbit: float
+    up: bool = True
+    delay_ms: float = 0.0
+    jitter_ms: float = 0.0
+    loss_pct: float = 0.0
+
+    def shape(self) -> shaping.Shape:
+        return shaping.Shape(self.rate_mbit, self.delay_ms, self.jitter_ms, self.loss_pct)
+
+
+def _no_ipv6_in_root(dev: str) -> None:
+    """Turn IPv6 off on a root-namespace interface before it comes up (module docstring)."""
+    knob = Path("/proc/sys/net/ipv6/conf") / dev / "disable_ipv6"
+    if knob.parent.is_dir():  # absent when the kernel runs without IPv6
+        knob.write_text("1")
+
+
+def _mininet() -> tuple[Any, Any, Any]:
+    # Imported late: importing mininet has side effects (its log setup) that tools which only
+    # read the lab's API should not pay for.
+    from mininet.link import Link
+    from mininet.net import Mininet
+    from mininet.node import Host
+
+    return Mininet, Host, Link
+
+
+class LabNetwork:
+    """A running emulated network; use as a context manager.
+
+    ``capabilities`` comes from ``lab.net.preflight.check``; when None, the check runs here with no
+    impairments allowed to be missing.
+    """
+
+    def __init__(
+        self,
+        topology: TopologySpec,
+        *,
+        tag: str,
+        state_dir: Path | str = DEFAULT_STATE_DIR,
+        capabilities: Capabilities | None = None,
+        mgmt_subnet: str = DEFAULT_MGMT_SUBNET,
+        offloads_off: bool = True,
+    ):
+        if not _TAG_RE.match(tag):
+            raise LabError(f"tag {tag!r} must be 1-6 lowercase letters or digits")
+        self.topology = topology
+        self.tag = tag
+        self.state_dir = Path(state_dir)
+        self.cap = capabilities
+        self.mgmt_net = ipaddress.IPv4Network(mgmt_subnet)
+        if self.mgmt_net.num_addresses - 2 < topology.n + 1:
+            raise LabError(f"mgmt_subnet {mgmt_subnet} too small for {topology.n} hosts")
+        self.offloads_off = offloads_off
+        self.bridge = f"{ROOT_NAME_PREFIX}{tag}br"
+        self._lock = threading.RLock()
+        self._net: Any = None
+        self._hosts: list[Any] = []
+        self._pids: list[int] = []
+        self._links: dict[tuple[int, int], LinkState] = {}
+        self._loss_fallback: dict[tuple[int, int], float] = {}
+        self._procs: dict[int, ProcRecord] = {}
+        self.state: LabState | None = None
+
+    # -- addressing and names ----------------------------------------------------------------
+
+    @property
+    def n(self) -> int:
+        return self.topology.n
+
+    def host_name(self, i: int) -> str:
+        return f"{ROOT_NAME_PREFIX}{self.tag}w{i}"
+
+    def host_pid(self, i: int) -> int:
+        return self._pids[i]
+
+    def identity_address(self, i: int) -> str:
+        return str(IDENTITY_BASE + i)
+
+    def mgmt_address(self, i: int) -> str:
+        return str(self.mgmt_net.network_address + 1 + i)
+
+    @property
+    def coordinator_address(self) -> str:
+        return str(self.mgmt_net.broadcast_address - 1)
+
+    def intf(self, i: int, j: int) -> str:
+        """The interface in host i facing j (the sender side of i->j)."""
+        if i == j or not (0 <= i < self.n and 0 <= j < self.n):
+            raise LabError(f"no link {i}->{j} (n = {self.n})")
+        return f"w{i}-w{j}"
+
+    def root_mgmt_intf(self, i: int) -> str:
+        return f"{ROOT_NAME_PREFIX}{self.tag}m{i}"
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def __enter__(self) -> LabNetwork:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if self.cap is None:
+            self.cap = preflight.check(self.topology)
+        path = self.state_dir / f"{self.tag}.json"
+        if path.exists():
+            try:
+                other = LabState.load(path)
+                alive = other.owner_alive()
+            except StateError:
+                alive = False
+            if alive:
+                raise LabError(f"lab {self.tag!r} is already running (state file {path})")
+            raise LabError(f"state file {path} of a dead lab exists: run lab.net.cleanup first")
+        self._check_mgmt_free()
+        self.state = LabState(path, self.tag)
+        self.state.save()
+        log.info("building lab %s: %d hosts, %d links", self.tag, self.n, len(self.topology.links))
+        self._build_hosts()
+        self._build_links()
+        self._build_mgmt()
+        for lk in self.topology.links:
+            self._links[(lk.src, lk.dst)] = LinkState(
+                lk.src, lk.dst, lk.rate_mbit, True, lk.delay_ms, lk.jitter_ms, lk.loss_pct
+            )
+        self._shape_all()
+
+    def _check_mgmt_free(self) -> None:
+        out = subprocess.run(
+            ["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True
+        ).stdout
+        if f" {self.coordinator_address}/" in out:
+            raise LabError(
+                f"coordinator address {self.coordinator_address} is already in use in the root "
+                "namespace (another lab?); pass a different mgmt_subnet"
+            )
+
+    def _build_hosts(self) -> None:
+        Mininet, Host, _ = _mininet()
+        assert self.state is not None
+        self._net = Mininet(topo=None, controller=None, build=False, autoSetMacs=False)
+        for i in range(self.n):
+            h = self._net.addHost(self.host_name(i), cls=Host, ip=None, inNamespace=True)
+            self._hosts.append(h)
+            self._pids.append(h.pid)
+            # The shell leads its own session (mnexec -d), so signal its group.
+            self.state.add_proc(ProcRecord.of(h.pid, "shell", h.name, group=True))
+            pid = h.pid
+            shaping.run(pid, ["ip", "link", "set", "lo", "up"])
+            shaping.run(pid, ["ip", "addr", "add", f"{self.identity_address(i)}/32", "dev", "lo"])
+            shaping.run(
+                pid,
+                [
+                    "sysctl",
+                    "-q",
+                    "-w",
+                    "net.ipv6.conf.all.disable_ipv6=1",
+                    "net.ipv6.conf.default.disable_ipv6=1",
+                ],
+            )
+
+    def _build_links(self) -> None:
+        _, _, Link = _mininet()
+        for i in range(self.n):
+            for j in range(i + 1, self.n):
+                link = Link(
+                    self._hosts[i],
+                    self._hosts[j],
+                    intfName1=self.intf(i, j),
+                    intfName2=self.intf(j, i),
+                )
+                self._net.links.append(link)
+        for i in range(self.n):
+            pid = self._pids[i]
+            commands: list[list[str]] = []
+            for j in range(self.n):
+                if i == j:
+                    continue
+                dev = self.intf(i, j)
+                if self.offloads_off:
+                    shaping.disable_offloads(pid, dev)
+                commands.append(["ip", "link", "set", dev, "up"])
+                commands.append(
+                    [
+                        "ip",
+                        "route",
+                        "add",
+                        f"{self.identity_address(j)}/32",
+                        "dev",
+                        dev,
+                        "src",
+                        self.identity_address(i),
+                    ]
+                )
+            shaping.run_batch(pid, "ip", commands)
+
+    def _build_mgmt(self) -> None:
+        assert self.state is not None
+        prefix = self.mgmt_net.prefixlen
+        self.state.add_bridge(self.bridge)
+        shaping.run(None, ["ip", "link", "add", self.bridge, "type", "bridge"])
+        _no_ipv6_in_root(self.bridge)
+        shaping.run(
+            None, ["ip", "addr", "add", f"{self.coordinator_address}/{prefix}", "dev", self.bridge]
+        )
+        shaping.run(None, ["ip", "link", "set", self.bridge, "up"])
+        for i in range(self.n):
+            root_end = self.root_mgmt_intf(i)
+            self.state.add_root_link(root_end)
+            shaping.run(
+                None,
+                [
+                    "ip",
+                    "link",
+                    "add",
+                    root_end,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    MGMT_INTF,
+                    "netns",
+                    str(self._pids[i]),
+                ],
+            )
+            _no_ipv6_in_root(root_end)
+            shaping.run(None, ["ip", "link", "set", root_end, "master", self.bridge, "up"])
+            pid = self._pids[i]
+            shaping.run(
+                pid, ["ip", "addr", "add", f"{self.mgmt_address(i)}/{prefix}", "dev", MGMT_INTF]
+            )
+            shaping.run(pid, ["ip", "link", "set", MGMT_INTF, "up"])
+
+    def stop(self) -> None:
+        """Remove everything this lab created. Safe to call more than once or half-built."""
+        with self._lock:
+            errors: list[str] = []
+            state = self.state
+            if state is not None:
+                procs = [p for p in state.procs if p.kind == "proc"]
+                terminate_recorded(procs, grace_s=STOP_TIMEOUT_S)
+                for p in procs:
+                    state.remove_proc(p.pid)
+            if self._net is not None:
+                try:
+                    # Deleting the hosts' shells frees their namespaces, and with them every
+                    # veth, qdisc and iptables rule inside.
+                    for h in self._hosts:
+                        h.terminate()
+                except Exception as e:  # keep tearing down; reported at the end
+                    errors.append(f"stopping hosts: {e}")
+                self._net = None
+            if state is not None:
+                shells = [p for p in state.procs if p.kind == "shell"]
+                terminate_recorded(shells, grace_s=STOP_TIMEOUT_S)
+                for name in list(state.root_links) + list(state.bridges):
+                    delete_link(name)
+                    if name in state.root_links:
+                        state.remove_root_link(name)
+                    else:
+                        state.remove_bridge(name)
+                for p in shells:
+                    state.remove_proc(p.pid)
+                left = [p.pid for p in state.procs if is_same_process(p.pid, p.start_time)]
+                if left:
+                    errors.append(f"processes still alive: {left}")
+                else:
+                    state.remove_file()
+                self.state = None
+            self._hosts, self._pids = [], []
+            if errors:
+                raise LabError(f"teardown of lab {self.tag} incomplete: {'; '.join(errors)}")
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def popen(self, i: int, argv: Sequence[str], label: str = "", **kw: Any) -> subprocess.Popen:
+        """Start ``argv`` inside host i's namespaces, in its own process group, recorded in the
+        state file. ``kw`` goes to subprocess.Popen (not ``shell``, not ``start_new_session``)."""
+        if isinstance(argv, str):
+            raise TypeError("argv must be a list of strings, not a shell string")
+        if "shell" in kw or "start_new_session" in kw:
+            raise TypeError(
+                "popen runs argv lists in a new session; shell/start_new_session cannot be set"
+            )
+        assert self.state is not None, "lab not started"
+        proc = subprocess.Popen(
+            ["mnexec", "-a", str(self.host_pid(i)), *argv], start_new_session=True, **kw
+        )
+        try:
+            rec = ProcRecord.of(proc.pid, "proc", label or f"w{i}:{argv[0]}", group=True)
+        except StateError:
+            log.debug("pid %d exited before it was recorded", proc.pid)
+            return proc
+        with self._lock:
+            self._procs[proc.pid] = rec
+            self.state.add_proc(rec)
+        return proc
+
+    def stop_process(self, proc: subprocess.Popen, timeout: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM the process group, SIGKILL after ``timeout``; return the exit code."""
+        rec = self._procs.get(proc.pid)
+        if proc.poll() is None and rec is not None and is_same_process(rec.pid, rec.start_time):
+            end_group(proc, timeout)
+        code = proc.wait(timeout)
+        with self._lock:
+            self._procs.pop(proc.pid, None)
+            if self.state is not None:
+                self.state.remove_proc(proc.pid)
+        return code
+
+    # -- counters ----------------------------------------------------------------------------
+
+    def tx_bytes(self) -> dict[tuple[int, int], int]:
+        """Bytes sent on every directed link so far (the sender interface's tx counter)."""
+        out: dict[tuple[int, int], int] = {}
+        for i, pid in enumerate(self._pids):
+            for dev, (_rx, tx) in read_net_dev(pid).items():
+                m = _INTF_RE.match(dev)
+                if m and int(m.group(1)) == i:
+                    out[(i, int(m.group(2)))] = tx
+        return out
+
+    def rx_bytes(self) -> dict[tuple[int, int], int]:
+        """Bytes received on every directed link i->j, counted at j's interface."""
+        out: dict[tuple[int, int], int] = {}
+        for j, pid in enumerate(self._pids):
+            for dev, (rx, _tx) in read_net_dev(pid).items():
+                m = _INTF_RE.match(dev)
+                if m and int(m.group(1)) == j:
+                    out[(int(m.group(2)), j)] = rx
+        return out
+
+    # -- run-time link changes ---------------------------------------------------------------
+
+    def link_state(self, i: int, j: int) -> LinkState:
+        try:
+            return self._links[(i, j)]
+        except KeyError:
+            raise LabError(f"no link {i}->{j} (n = {self.n})") from None
+
+    def set_link(
+        self,
+        i: int,
+        j: int,
+        *,
+        rate_mbit: float | None = None,
+        up: bool | None = None,
+        delay_ms: float | None = None,
+        jitter_ms: float | None = None,
+        loss_pct: float | None = None,
+    ) -> LinkState:
+        """Change link i->j in place (no teardown, TCP connections survive); return its new
+        state. Raises LabError for an impairment this machine cannot emulate."""
+        with self._lock:
+            old = self.link_state(i, j)
+            new = replace(
+                old,
+                rate_mbit=old.rate_mbit if rate_mbit is None else rate_mbit,
+                up=old.up if up is None else up,
+                delay_ms=old.delay_ms if delay_ms is None else delay_ms,
+                jitter_ms=old.jitter_ms if jitter_ms is None else jitter_ms,
+                loss_pct=old.loss_pct if loss_pct is None else loss_pct,
+            )
+            new.shape()  # validates the values before anything is changed
+            if new.jitter_ms > new.delay_ms:
+                raise LabError(
+                    f"link {i}->{j}: jitter {new.jitter_ms:g} ms exceeds its delay "
+                    f"{new.delay_ms:g} ms (the delay would go negative)"
+                )
+            pid, dev = self.host_pid(i), self.intf(i, j)
+            impaired = (new.delay_ms, new.jitter_ms, new.loss_pct) != (
+                old.delay_ms,
+                old.jitter_ms,
+                old.loss_pct,
+            )
+            if impaired:
+                self._check_emulable(new)
+            self._links[(i, j)] = new
+            if new.rate_mbit != old.rate_mbit:
+                shaping.change_rate(pid, dev, new.rate_mbit)
+            if impaired or new.rate_mbit != old.rate_mbit:
+                self._apply_leaf(i, j, old)
+            if new.up != old.up:
+                rpid, rdev = self.host_pid(j), self.intf(j, i)
+                if new.up:
+                    shaping.restore(rpid, rdev)
+                    assert self.state is not None
+                    self.state.remove_ns_rule(j, shaping.cut_rule(rdev))
+                else:
+                    assert self.state is not None
+                    self.state.add_ns_rule(j, shaping.cut_rule(rdev))
+                    shaping.cut(rpid, rdev)
+            log.info("link %d->%d: %s", i, j, new)
+            return new
+
+    def _check_emulable(self, st: LinkState) -> None:
+        assert self.cap is not None
+        for imp, value in (
+            (Impairment.DELAY, st.delay_ms),
+            (Impairment.JITTER, st.jitter_ms),
+            (Impairment.LOSS, st.loss_pct),
+        ):
+            if value > 0 and self.cap.mode(imp) is ImpairmentMode.OFF:
+                raise LabError(
+                    f"link {st.src}->{st.dst}: {imp.value} cannot be emulated here "
+                    "(no sch_netem and no allowed fallback)"
+                )
+
+    def _shape_all(self) -> None:
+        """Shape every link at build time: one tc batch per sending host."""
+        assert self.cap is not None
+        for i in range(self.n):
+            links = [lk for lk in self.topology.links if lk.src == i]
+            shaping.run_batch(
+                self.host_pid(i),
+                "tc",
+                [
+                    cmd
+                    for lk in links
+                    for cmd in shaping.apply_commands(
+                        self.intf(i, lk.dst),
+                        self._netem_shape(self._links[(i, lk.dst)]),
+                        netem=self.cap.netem,
+                    )
+                ],
+            )
+            for lk in links:
+                self._apply_loss_fallback(i, lk.dst)
+
+    def _apply_leaf(self, i: int, j: int, old: LinkState) -> None:
+        st = self._links[(i, j)]
+        assert self.cap is not None
+        shape, before = self._netem_shape(st), self._netem_shape(old)
+        # Same leaf kind: change it in place, so queued packets are not flushed.
+        same_kind = shaping.leaf_kind(shape, netem=self.cap.netem) == shaping.leaf_kind(
+            before, netem=self.cap.netem
+        )
+        shaping.set_leaf(
+            self.host_pid(i), self.intf(i, j), shape, netem=self.cap.netem, in_place=same_kind
+        )
+        self._apply_loss_fallback(i, j)
+
+    def _netem_shape(self, st: LinkState) -> shaping.Shape:
+        """The shape netem gets: impairments it cannot apply are left out (see preflight)."""
+        assert self.cap is not None
+        if self.cap.netem:
+            return st.shape()
+        return shaping.Shape(st.rate_mbit)
+
+    def _apply_loss_fallback(self, i: int, j: int) -> None:
+        assert self.cap is not None and self.state is not None
+        st = self._links[(i, j)]
+        want = st.loss_pct if self.cap.mode(Impairment.LOSS) is ImpairmentMode.IPTABLES else 0.0
+        have = self._loss_fallback.get((i, j), 0.0)
+        if want == have:
+            return
+        rpid, rdev = self.host_pid(j), self.intf(j, i)
+        if have > 0:
+            self.state.remove_ns_rule(j, shaping.loss_rule(rdev, have))
+        if want > 0:
+            self.state.add_ns_rule(j, shaping.loss_rule(rdev, want))
+        shaping.set_loss_fallback(rpid, rdev, want, previous_pct=have)
+        self._loss_fallback[(i, j)] = want
+
+
+_INTF_RE = re.compile(r"^w(\d+)-w(\d+)$")
+
+
+def read_net_dev(pid: int) -> dict[str, tuple[int, int]]:
+    """(rx_bytes, tx_bytes) per interface in the network namespace of ``pid``."""
+    text = Path(f"/proc/{pid}/net/dev").read_text()
+    out: dict[str, tuple[int, int]] = {}
+    for line in text.splitlines()[2:]:
+        name, _, rest = line.partition(":")
+        fields = rest.split()
+        if len(fields) >= 9:
+            out[name.strip()] = (int(fields[0]), int(fields[8]))
+    return out
+
+
+def wait_until(pred: Any, timeout_s: float, interval_s: float = 0.05) -> bool:
+    """Poll ``pred`` until it is true or ``timeout_s`` passes (bounded); return its last value."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if pred():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval_s)

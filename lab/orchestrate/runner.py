@@ -1,0 +1,611 @@
+"""One lab run, from an empty machine to a finished database and back to an empty machine.
+
+``LabRun`` is a context manager: entering it builds the emulated network, starts the
+coordinator (root namespace), one worker per host namespace, the link monitor and, if asked,
+the dashboard; leaving it stops them all and tears the network down, whatever happened in
+between. ``python -m lab.run`` is a thin command line around it, and tests and benchmarks use
+it directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from crew.config import RunConfig, Scheme, run_data_dir
+from crew.runtime.rundb import RunDB
+from crew.wire import protocol as proto
+from crew.wire.frames import COORDINATOR, FrameCodec, control_frame
+from crew.wire.transport import FrameStream
+from lab.net.cleanup import ProcRecord, cleanup_leftovers, end_group
+from lab.net.mesh import LabError, LabNetwork
+from lab.net.monitor import LinkMonitor
+from lab.net.preflight import Capabilities, ImpairmentMode, describe
+from lab.orchestrate import commands as cmds
+from lab.orchestrate.faults import FaultInjector
+from lab.scenario import Scenario, ScenarioPlayer
+from lab.topology import Impairment, TopologySpec
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+MGMT_LOCK = Path("/run/crew-lab.mgmt.lock")  # machine-wide, whatever a lab's state dir
+COORDINATOR_PORT = 7700
+DATA_PORT = 7701
+STOP_GRACE_S = 15.0
+MAX_COORDINATOR_RESTARTS = 5  # a coordinator that keeps dying is a bug, not a fault
+ROOT_STOP_S = 10.0  # the dashboard, and a coordinator that outlived STOP_GRACE_S
+SPLIT_WAIT_S = 120.0  # importing scikit-learn and splitting: about 1.5 s of CPU
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything ``python -m lab.run`` can set. Defaults give an interesting run on 2 cores."""
+
+    p: int = 3
+    scheme: str = "crew"
+    seed: int = 0
+    width: int = 640
+    depth: int = 3
+    partition: str = "iid"
+    staleness: bool = False
+    part_bytes: int = 0  # 0: automatic (RunConfig.part_elems_for)
+    flow_order: str = "fcfs"
+    nonblocking: bool = False
+    committed_capacity: bool = True
+    capacity: str = "configured"
+    lr: float = 0.05
+    batch_size: int = 32
+    local_steps: int = 1
+    dashboard: bool = True
+    dashboard_host: str = "127.0.0.1"
+    dashboard_port: int = 8501
+    allow_missing: frozenset[Impairment] = frozenset()
+    log_level: str = "INFO"
+    stall_timeout_s: float = 8.0  # a link with no progress this long counts as failed
+    heartbeat_timeout_s: float = 6.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def lab_impairments(caps: Capabilities) -> set[str]:
+    """What a link can be changed in at run time in this lab.
+
+    Exactly what ``LabNetwork.set_link`` will apply: an impairment whose mode is OFF (no netem,
+    and for loss no accepted iptables fallback) is left out, so the dashboard never offers a
+    control whose command would then be refused.
+    """
+    out = {"rate"}
+    for imp in Impairment:
+        if caps.mode(imp) is not ImpairmentMode.OFF:
+            out.add(imp.value)
+    return out
+
+
+def lab_limits(topo: TopologySpec, caps: Capabilities) -> cmds.LabLimits:
+    return cmds.LabLimits(
+        n=topo.n,
+        schemes=tuple(s for s in Scheme.names() if s != "gloo"),
+        impairments=frozenset(lab_impairments(caps)),
+    )
+
+
+def free_mgmt_subnet() -> str:
+    """A management subnet no other lab on this machine uses, so labs can run side by side."""
+    out = subprocess.run(
+        ["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True
+    ).stdout
+    for third in range(255, 239, -1):
+        if f" 198.19.{third}.254/" not in out:
+            return f"198.19.{third}.0/24"
+    raise RuntimeError("16 labs already run on this machine; stop one first")
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+class LabRun:
+    """A running lab. Use as ``with LabRun(topo, caps, opts, run_dir) as lab: ...``."""
+
+    def __init__(
+        self,
+        topo: TopologySpec,
+        caps: Capabilities,
+        opts: RunOptions,
+        run_dir: Path,
+        *,
+        state_dir: Path | None = None,
+        net: LabNetwork | None = None,
+        scenario: Scenario | None = None,
+    ):
+        self.topo = topo
+        self.caps = caps
+        self.opts = opts
+        self.run_dir = Path(run_dir)
+        self.run_id = self.run_dir.name
+        self.tag = secrets.token_hex(2)
+        self.state_dir = state_dir
+        self.db_path = self.run_dir / "lab.db"
+        self.config_path = self.run_dir / "config.json"
+        if self.db_path.exists():
+            # Two runs in one database would read as one (and the older one as finished).
+            raise LabError(f"{self.run_dir} already holds a run ({self.db_path}); use a new one")
+        self.db: RunDB | None = None
+        # A network passed in is the caller's (a benchmark reuses one across schemes).
+        self.net: LabNetwork | None = net
+        self._own_net = net is None
+        self.scenario = scenario
+        self.player: ScenarioPlayer | None = None
+        self.cfg: RunConfig | None = None
+        self.coordinator: subprocess.Popen[bytes] | None = None
+        self.workers: dict[int, subprocess.Popen[bytes]] = {}
+        self.dashboard: subprocess.Popen[bytes] | None = None
+        self._split_maker: subprocess.Popen[bytes] | None = None
+        self.monitor: LinkMonitor | None = None
+        self.faults: FaultInjector | None = None
+        self._admin: FrameStream | None = None
+        self._logs: list[IO[bytes]] = []
+        self.started_at = 0.0
+        self.exit_codes: dict[int, int] = {}
+        self._coordinator_gone = False
+        self.coordinator_restarts = 0
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def __enter__(self) -> LabRun:
+        try:
+            self._start()
+        except BaseException:
+            self._stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop()
+
+    def _start(self) -> None:
+        report = cleanup_leftovers(**({"state_dir": self.state_dir} if self.state_dir else {}))
+        if report.cleaned or report.errors:
+            log.warning("leftovers of an earlier lab run: %s", report.summary())
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.db = RunDB(self.db_path)
+        self.started_at = time.time()
+        self._record_run()
+        if self.opts.dashboard:
+            # First, so the page answers while the network and the workers start.
+            self._start_dashboard()
+        # The data split is made once, by a process of its own beside the network build, and
+        # every worker reads it with NumPy alone.
+        if not self.opts.extra.get("bench"):
+            self._split_maker = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "crew.train.datasets",
+                    "--cache-dir",
+                    str(run_data_dir(self.run_dir)),
+                    "--seed",
+                    str(self.opts.seed),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=self._log_file("data-split"),
+                cwd=REPO,
+            )
+        net_kw: dict[str, Any] = {"tag": self.tag, "capabilities": self.caps}
+        if self.state_dir:
+            net_kw["state_dir"] = self.state_dir
+        if self._own_net:
+            MGMT_LOCK.parent.mkdir(parents=True, exist_ok=True)
+            with open(MGMT_LOCK, "a") as lock:
+                # Labs starting at once must not pick the same management subnet: the choice
+                # holds only once the bridge has its address.
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                net_kw["mgmt_subnet"] = free_mgmt_subnet()
+                self.net = LabNetwork(self.topo, **net_kw)
+                self.net.__enter__()
+        assert self.net is not None
+        if self.dashboard is not None:
+            self._record_root(self.dashboard, "dashboard")
+        self.cfg = self._write_config()
+        self.db.executemany(
+            "INSERT OR REPLACE INTO workers (id, name, cloud, address) VALUES (?,?,?,?)",
+            [
+                (w.index, w.name, w.cloud, self.net.identity_address(w.index))
+                for w in self.topo.workers
+            ],
+        )
+        self.db.executemany(
+            "UPDATE links SET intf=? WHERE src=? AND dst=?",
+            [(self.net.intf(lk.src, lk.dst), lk.src, lk.dst) for lk in self.topo.links],
+        )
+        if self._split_maker is not None:
+            if self._split_maker.wait(timeout=SPLIT_WAIT_S) != 0:
+                raise LabError(
+                    f"making the data split failed; see {self.run_dir / 'logs' / 'data-split.log'}"
+                )
+        self._start_coordinator()
+        for i in range(self.topo.n):
+            self.start_worker(i)
+        self.monitor = LinkMonitor(self.net, self.db)
+        self.monitor.start()
+        self.faults = FaultInjector(self)
+        if self.scenario is not None:
+            self.player = ScenarioPlayer(self.scenario, self.db_path, self.started_at)
+        self.db.event(
+            "start",
+            f"lab started: {self.topo.n} workers, scheme {self.opts.scheme}, p={self.opts.p}",
+        )
+
+    def _record_run(self) -> None:
+        assert self.db is not None
+        o = self.opts
+        self.db.set_meta(
+            {
+                "run_id": self.run_id,
+                "started_at": str(self.started_at),
+                "scheme": o.scheme,
+                "p": str(o.p),
+                "n": str(self.topo.n),
+                "topology_name": self.topo.name,
+                "topology": json.dumps(self.topo.to_dict()),
+                "schemes": json.dumps([s for s in Scheme.names() if s != "gloo"]),
+                "impairments": json.dumps(sorted(self._impairments())),
+                "capabilities": describe(self.caps, self.topo),
+                "options": json.dumps(
+                    {k: v for k, v in o.__dict__.items() if k != "allow_missing"}
+                    | {"allow_missing": sorted(i.value for i in o.allow_missing)}
+                ),
+            }
+        )
+        self.db.executemany(
+            "INSERT OR REPLACE INTO links (src, dst, rate_mbit, delay_ms, jitter_ms, loss_pct)"
+            " VALUES (?,?,?,?,?,?)",
+            [
+                (lk.src, lk.dst, lk.rate_mbit, lk.delay_ms, lk.jitter_ms, lk.loss_pct)
+                for lk in self.topo.links
+            ],
+        )
+
+    def _impairments(self) -> set[str]:
+        return lab_impairments(self.caps)
+
+    def _write_config(self) -> RunConfig:
+        assert self.net is not None
+        secret_path = self.run_dir / "secret"
+        fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(secrets.token_bytes(32))
+        bw = self.topo.bw_matrix().copy()
+        for i in range(self.topo.n):
+            bw[i, i] = 0.0  # JSON has no infinity; the coordinator restores the diagonal
+        o = self.opts
+        cfg = RunConfig(
+            run_id=self.run_id,
+            run_num=secrets.randbits(32),
+            run_dir=str(self.run_dir),
+            secret_path=str(secret_path),
+            n=self.topo.n,
+            p=o.p,
+            scheme=o.scheme,
+            coordinator_host=self.net.coordinator_address,
+            coordinator_port=COORDINATOR_PORT,
+            data_port=DATA_PORT,
+            identities=tuple(self.net.identity_address(i) for i in range(self.topo.n)),
+            bw_mbit=tuple(tuple(float(x) for x in row) for row in bw),
+            width=o.width,
+            depth=o.depth,
+            lr=o.lr,
+            batch_size=o.batch_size,
+            local_steps=o.local_steps,
+            partition=o.partition,
+            seed=o.seed,
+            stragglers=tuple(w.straggler for w in self.topo.workers),
+            staleness=o.staleness,
+            part_bytes=o.part_bytes,
+            flow_order=o.flow_order,
+            nonblocking=o.nonblocking,
+            committed_capacity=o.committed_capacity,
+            capacity=o.capacity,
+            stall_timeout_s=o.stall_timeout_s,
+            heartbeat_timeout_s=o.heartbeat_timeout_s,
+            extra=dict(o.extra),
+        )
+        cfg.save(self.config_path)
+        return cfg
+
+    def _log_file(self, name: str) -> IO[bytes]:
+        fh = open(self.run_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - closed in _stop
+        self._logs.append(fh)
+        return fh
+
+    def _crew_argv(self, module: str, *args: str) -> list[str]:
+        """``python -m module`` on this run's config at the lab's log level, plus ``args``."""
+        return [
+            sys.executable,
+            "-m",
+            module,
+            "--config",
+            str(self.config_path),
+            *args,
+            "--log-level",
+            self.opts.log_level,
+        ]
+
+    def _start_coordinator(self) -> None:
+        assert self.net is not None
+        out = self._log_file("coordinator")
+        self.coordinator = subprocess.Popen(
+            self._crew_argv("crew.runtime.coordinator", "--db", str(self.db_path)),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            start_new_session=True,
+        )
+        self._record_root(self.coordinator, "coordinator")
+
+    def kill_coordinator(self) -> None:
+        """A fault: SIGKILL the coordinator; ``poll`` restarts it."""
+        coord = self.coordinator
+        if coord is None or coord.poll() is not None:
+            raise RuntimeError("the coordinator is not running")
+        os.killpg(coord.pid, signal.SIGKILL)
+        coord.wait(timeout=5.0)
+
+    def start_worker(self, i: int) -> None:
+        assert self.net is not None
+        out = self._log_file(f"w{i}")
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        # Eight workers saturate two cores; the lowest priority keeps the coordinator,
+        # the monitor and the dashboard responsive (all workers alike, so none is favoured).
+        proc = self.net.popen(
+            i,
+            self._crew_argv("crew.runtime.worker", "--id", str(i)),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=env,
+            preexec_fn=_lower_priority,
+        )
+        self.workers[i] = proc
+
+    def stop_worker(self, i: int, *, kill: bool = True) -> None:
+        proc = self.workers.get(i)
+        if proc is None or self.net is None:
+            return
+        if kill:
+            proc.kill()
+        self.net.stop_process(proc, timeout=STOP_GRACE_S)
+        self.exit_codes[i] = proc.returncode if proc.returncode is not None else -9
+
+    def _start_dashboard(self) -> None:
+        if self.opts.dashboard_host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning(
+                "the dashboard listens on %s, beyond loopback: anyone who reaches it can cut "
+                "links and kill workers of this lab",
+                self.opts.dashboard_host,
+            )
+        out = self._log_file("dashboard")
+        self.dashboard = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dashboard",
+                str(self.run_dir),
+                "--host",
+                self.opts.dashboard_host,
+                "--port",
+                str(self.opts.dashboard_port),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            start_new_session=True,
+        )
+
+    def _record_root(self, proc: subprocess.Popen[bytes], kind: str) -> None:
+        """Record a root-namespace process in the lab's state file, for leftover cleanup."""
+        assert self.net is not None and self.net.state is not None
+        self.net.state.add_proc(ProcRecord.of(proc.pid, kind, kind, group=True))
+
+    def _forget_root(self, proc: subprocess.Popen[bytes] | None) -> None:
+        if proc is not None and self.net is not None and self.net.state is not None:
+            self.net.state.remove_proc(proc.pid)
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://{self.opts.dashboard_host}:{self.opts.dashboard_port}"
+
+    def admin(self, op: str, **args: Any) -> None:
+        """Send a request to the coordinator over the management network."""
+        assert self.cfg is not None
+        msg = proto.Admin(op=op, args=args)
+        for attempt in range(2):
+            if self._admin is None:
+                codec = FrameCodec(self.cfg.secret(), self.cfg.run_num)
+                self._admin = FrameStream.connect(
+                    (self.cfg.coordinator_host, self.cfg.coordinator_port), codec, timeout=5.0
+                )
+            try:
+                self._admin.send(control_frame(COORDINATOR, self.cfg.run_num, msg.to_dict()))
+                return
+            except OSError:
+                self._admin.close()
+                self._admin = None
+                if attempt:
+                    raise
+
+    def poll(self) -> None:
+        """Apply pending commands and notice processes that ended; call about twice a second."""
+        assert self.db is not None
+        if self.player is not None and not self.player.done:
+            done = self.db.query("SELECT COUNT(*) AS c FROM groups WHERE status='completed'")
+            self.player.poll(time.time(), int(done[0]["c"]))
+        if self.faults is not None:
+            self.faults.apply_pending()
+        for i, proc in list(self.workers.items()):
+            code = proc.poll()
+            if code is not None and i not in self.exit_codes:
+                self.exit_codes[i] = code
+                self.db.event(
+                    "fault",
+                    f"worker {i} exited with code {code}",
+                    level="warning" if code else "info",
+                    worker=i,
+                )
+        coord = self.coordinator
+        if coord is not None and coord.poll() is not None and not self._coordinator_gone:
+            self.db.event(
+                "fault", f"coordinator exited with code {coord.returncode}", level="error"
+            )
+            self._forget_root(coord)
+            # Exit code 0: it was asked to stop (admin "stop", SIGTERM), so the run is ending.
+            if coord.returncode != 0 and self.coordinator_restarts < MAX_COORDINATOR_RESTARTS:
+                # It resumes the run from the database (crew.runtime.coordinator.resume_from_db);
+                # the workers reconnect to it by themselves.
+                self.coordinator_restarts += 1
+                self._start_coordinator()
+                self.db.event("recovery", "coordinator restarted by the lab")
+            else:
+                self._coordinator_gone = True
+
+    def _stop(self) -> None:
+        try:
+            # The coordinator abandons open groups and tells registered workers to stop, then
+            # exits; SIGTERM does the same when it cannot be asked (it is not listening yet).
+            if self.coordinator is not None and self.coordinator.poll() is None:
+                try:
+                    self.admin("stop")
+                except OSError as exc:
+                    log.info("coordinator not reachable (%s); stopping it by SIGTERM", exc)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(self.coordinator.pid, signal.SIGTERM)
+                try:
+                    self.coordinator.wait(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    log.warning("coordinator pid %d did not stop in time", self.coordinator.pid)
+            # A worker still starting (importing torch) never registered and did not hear the
+            # coordinator: SIGTERM takes every worker down the same graceful path at once.
+            for proc in self.workers.values():
+                if proc.poll() is None:  # not reaped, so the pid is still this child's
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE_S
+            for proc in self.workers.values():
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    log.warning("worker pid %d did not stop in time; killing it", proc.pid)
+            # Whatever ignored the request is ended here, by its recorded pid: a shared network
+            # (a benchmark's) outlives this run, so its teardown cannot be relied on.
+            for proc in self.workers.values():
+                if proc.poll() is None and self.net is not None:
+                    self.net.stop_process(proc, timeout=3.0)
+            for proc in (self.coordinator, self.dashboard):
+                if proc is not None and proc.poll() is None:
+                    end_group(proc, ROOT_STOP_S)
+            if self._split_maker is not None and self._split_maker.poll() is None:
+                self._split_maker.kill()  # the build failed before the split was needed
+                self._split_maker.wait(timeout=10)
+            if self.faults is not None:
+                self.faults.close()
+            if self.monitor is not None:
+                self.monitor.stop()
+            if self._admin is not None:
+                self._admin.close()
+            self._forget_root(self.coordinator)
+            self._forget_root(self.dashboard)
+        finally:
+            if self.net is not None and self._own_net:
+                self.net.__exit__(None, None, None)
+                self.net = None
+            if self.db is not None:
+                self.db.set_meta({"ended_at": str(time.time())})
+                self.db.event("stop", "lab stopped")
+                self.db.close()
+                self.db = None
+            for fh in self._logs:
+                fh.close()
+
+
+WORKER_NICENESS = 19
+
+
+def _lower_priority() -> None:
+    """Run in the worker's child process, after its ``setsid`` (Popen's order), before exec."""
+    os.nice(WORKER_NICENESS)
+    # With autogroup scheduling (kernel.sched_autogroup_enabled, on by default) every session
+    # gets an equal share of the CPU and nice only ranks processes within a session. Each
+    # worker leads its own session, so its session's weight must be lowered as well.
+    try:
+        with open("/proc/self/autogroup", "w") as fh:
+            fh.write(str(WORKER_NICENESS))
+    except OSError:
+        pass  # no autogroup in this kernel: os.nice above is enough
+
+
+def summarize(db_path: Path) -> dict[str, Any]:
+    """The run's headline figures, from its database alone."""
+    from crew.runtime.rundb import connect
+
+    conn = connect(db_path, readonly=True)
+    try:
+        meta = {r["key"]: r["value"] for r in conn.execute("SELECT key, value FROM meta")}
+        n = int(meta.get("n", "0"))
+        groups = conn.execute(
+            "SELECT id, members, status, started_at, ended_at, predicted_s, bound_s FROM groups"
+        ).fetchall()
+        completed = [g for g in groups if g["status"] == "completed"]
+        rounds = {str(i): 0 for i in range(n)}
+        for g in completed:
+            for m in json.loads(g["members"]):
+                rounds[str(m)] = rounds.get(str(m), 0) + 1
+        durations = sorted(g["ended_at"] - g["started_at"] for g in completed if g["started_at"])
+        ratios = sorted(
+            (g["ended_at"] - g["started_at"]) / g["bound_s"] for g in completed if g["bound_s"]
+        )
+        acc = {}
+        for r in conn.execute(
+            "SELECT worker, accuracy FROM iterations i1 WHERE accuracy IS NOT NULL AND t = ("
+            " SELECT MAX(t) FROM iterations i2 WHERE i2.worker = i1.worker"
+            " AND i2.accuracy IS NOT NULL)"
+        ):
+            acc[str(r["worker"])] = r["accuracy"]
+        link_bytes = {}
+        for r in conn.execute(
+            "SELECT src, dst, MAX(tx_bytes) - MIN(tx_bytes) AS b FROM link_samples"
+            " GROUP BY src, dst"
+        ):
+            link_bytes[f"{r['src']}->{r['dst']}"] = int(r["b"] or 0)
+        started = float(meta.get("started_at", "0"))
+        ended = float(meta.get("ended_at", str(time.time())))
+        minutes = max((ended - started) / 60.0, 1e-9)
+        return {
+            "run_id": meta.get("run_id"),
+            "scheme": meta.get("scheme"),
+            "p": int(meta.get("p", "0")),
+            "duration_s": round(ended - started, 1),
+            "groups_completed": len(completed),
+            "groups_abandoned": sum(1 for g in groups if g["status"] == "abandoned"),
+            "group_sizes": [len(json.loads(g["members"])) for g in completed],
+            "rounds_per_worker": rounds,
+            "rounds_per_worker_per_min": {k: round(v / minutes, 2) for k, v in rounds.items()},
+            "median_group_s": durations[len(durations) // 2] if durations else None,
+            "median_over_bound": ratios[len(ratios) // 2] if ratios else None,
+            "final_accuracy": (sum(acc.values()) / len(acc)) if acc else None,
+            "accuracy_per_worker": acc,
+            "link_bytes": link_bytes,
+            "db": str(db_path),
+        }
+    finally:
+        conn.close()
