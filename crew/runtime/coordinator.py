@@ -12,7 +12,6 @@ only turns frames into events, sends the life cycle's messages and writes its re
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import queue
 import signal
@@ -26,7 +25,7 @@ from crew.config import RunConfig
 from crew.control import lifecycle as lc
 from crew.control.grouping import GroupOutcome
 from crew.plan.schemes import GROUP_SCHEMES
-from crew.runtime.rundb import RunDB
+from crew.runtime.rundb import GroupMemberRow, IterationRow, RunDB
 from crew.wire import protocol as proto
 from crew.wire.frames import COORDINATOR, FrameCodec, FrameError, control_body, control_frame
 from crew.wire.transport import FrameStream
@@ -60,88 +59,63 @@ def write_record(db: RunDB, rec: lc.Output) -> None:
         )
     elif isinstance(rec, lc.GroupOpenedRecord):
         g = rec.group
-        db.execute(
-            "INSERT INTO groups (id, scheme, members, weights, formed_at, started_at, status,"
-            " predicted_s, bound_s, plan) VALUES (?,?,?,?,?,?, 'open', ?,?,?)",
-            (
-                g.id,
-                rec.scheme,
-                json.dumps(g.members),
-                json.dumps(g.weights),
-                g.formed_at,
-                rec.started_at,
-                rec.predicted_s,
-                rec.bound_s,
-                rec.plan_json,
-            ),
-        )
-        db.executemany(
-            "INSERT INTO group_members (group_id, worker, iteration, staleness, weight)"
-            " VALUES (?,?,?,?,?)",
-            [
-                (g.id, m, it, max(g.iterations) - it + 1, w)
+        db.open_group(
+            g.id,
+            scheme=rec.scheme,
+            members=g.members,
+            weights=g.weights,
+            formed_at=g.formed_at,
+            started_at=rec.started_at,
+            predicted_s=rec.predicted_s,
+            bound_s=rec.bound_s,
+            plan_json=rec.plan_json,
+            member_rows=[
+                GroupMemberRow(m, it, max(g.iterations) - it + 1, w)
                 for m, it, w in zip(g.members, g.iterations, g.weights, strict=True)
             ],
         )
     elif isinstance(rec, lc.GroupUnplannedRecord):
         g = rec.group
-        db.execute(
-            "INSERT INTO groups (id, scheme, members, weights, formed_at, status, reason,"
-            " ended_at) VALUES (?,?,?,?,?, 'abandoned', ?, ?)",
-            (
-                g.id,
-                rec.scheme,
-                json.dumps(g.members),
-                json.dumps(g.weights),
-                g.formed_at,
-                rec.reason,
-                rec.ended_at,
-            ),
+        db.add_closed_group(
+            group_id=g.id,
+            scheme=rec.scheme,
+            members=g.members,
+            weights=g.weights,
+            formed_at=g.formed_at,
+            started_at=None,
+            ended_at=rec.ended_at,
+            status=GroupOutcome.ABANDONED.value,
+            reason=rec.reason,
         )
     elif isinstance(rec, lc.GroupClosedRecord):
-        db.execute(
-            "UPDATE groups SET ended_at=?, status=?, bytes=?, reason=?, members=?, weights=?,"
-            " plan=?, revisions=?, verify_err=? WHERE id=?",
-            (
-                rec.ended_at,
-                rec.outcome.value,
-                rec.bytes_moved,
-                rec.reason or None,
-                json.dumps(rec.members),
-                json.dumps(rec.weights),
-                rec.plan_json,
-                rec.revisions,
-                rec.verify_err,
-                rec.group_id,
-            ),
+        db.close_group(
+            rec.group_id,
+            ended_at=rec.ended_at,
+            status=rec.outcome.value,
+            bytes_moved=rec.bytes_moved,
+            reason=rec.reason or None,
+            members=rec.members,
+            weights=rec.weights,
+            plan_json=rec.plan_json,
+            revisions=rec.revisions,
+            verify_err=rec.verify_err,
+            dropped=rec.dropped,
         )
-        if rec.dropped:
-            db.execute(
-                f"DELETE FROM group_members WHERE group_id=? AND worker IN"
-                f" ({','.join('?' * len(rec.dropped))})",
-                (rec.group_id, *rec.dropped),
-            )
     elif isinstance(rec, lc.MetaRecord):
         db.set_meta(dict(rec.values))
     elif isinstance(rec, lc.IterationRecord):
-        db.execute(
-            "INSERT INTO iterations (t, worker, iteration, loss, accuracy) VALUES (?,?,?,?,?)",
-            (rec.t, rec.worker, rec.iteration, rec.loss, rec.accuracy),
-        )
+        db.add_iterations([IterationRow(rec.t, rec.worker, rec.iteration, rec.loss, rec.accuracy)])
     elif isinstance(rec, lc.AllReduceRecord):
-        db.execute(
-            "INSERT INTO groups (scheme, members, weights, formed_at, started_at, ended_at,"
-            " status, bytes) VALUES (?,?,?,?,?,?,?,?)",
-            (
-                rec.scheme,
-                json.dumps(list(range(rec.n))),
-                json.dumps([1 / rec.n] * rec.n),
-                rec.started,
-                rec.started,
-                rec.ended,
-                GroupOutcome.COMPLETED.value,
-                rec.bytes_moved,
-            ),
+        db.add_closed_group(
+            group_id=None,
+            scheme=rec.scheme,
+            members=list(range(rec.n)),
+            weights=[1 / rec.n] * rec.n,
+            formed_at=rec.started,
+            started_at=rec.started,
+            ended_at=rec.ended,
+            status=GroupOutcome.COMPLETED.value,
+            bytes_moved=rec.bytes_moved,
         )
 
 
@@ -172,12 +146,7 @@ def resume_from_db(db: RunDB, life: lc.GroupLifecycle, now: float) -> int:
     ):
         if 0 <= r["src"] < life.cfg.n and 0 <= r["dst"] < life.cfg.n and r["src"] != r["dst"]:
             life.capacity.set_link(int(r["src"]), int(r["dst"]), float(r["rate_mbit"]))
-    open_ids = [int(r["id"]) for r in db.query("SELECT id FROM groups WHERE status='open'")]
-    for gid in open_ids:
-        db.execute(
-            "UPDATE groups SET status=?, ended_at=?, reason=? WHERE id=?",
-            (GroupOutcome.ABANDONED.value, now, RESTART_REASON, gid),
-        )
+    open_ids = db.abandon_open_groups(ended_at=now, reason=RESTART_REASON)
     db.event(
         "recovery",
         f"coordinator restarted: {len(open_ids)} open group(s) abandoned, ids go on after {last}",

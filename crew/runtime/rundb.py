@@ -45,9 +45,9 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -104,6 +104,80 @@ CREATE INDEX IF NOT EXISTS commands_status ON commands (status, id);
 BUSY_TIMEOUT_S = 10.0
 
 
+# -- typed rows: what the writes below take, one per table, fields in the table's column order.
+# Immutable named tuples rather than dataclasses: the simulator writes 10^5 samples at once, and a
+# tuple goes to sqlite3 as it is.
+
+
+class WorkerRow(NamedTuple):
+    id: int
+    name: str
+    cloud: str
+    address: str
+
+
+class LinkRow(NamedTuple):
+    src: int
+    dst: int
+    rate_mbit: float
+    delay_ms: float = 0.0
+    jitter_ms: float = 0.0
+    loss_pct: float = 0.0
+
+
+class LinkStateRow(NamedTuple):
+    t: float
+    src: int
+    dst: int
+    rate_mbit: float
+    up: bool
+    reason: str | None
+
+
+class LinkSampleRow(NamedTuple):
+    t: float
+    src: int
+    dst: int
+    tx_bytes: int
+    mbit: float
+
+
+class IterationRow(NamedTuple):
+    t: float
+    worker: int
+    iteration: int
+    loss: float | None
+    accuracy: float | None
+
+
+class EventRow(NamedTuple):
+    t: float
+    level: str
+    kind: str
+    worker: int | None
+    message: str
+    data: Mapping[str, Any] | None = None
+
+
+class GroupMemberRow(NamedTuple):
+    worker: int
+    iteration: int
+    staleness: int
+    weight: float
+
+
+class WorkerStatusRow(NamedTuple):
+    worker: int
+    state: str
+    iteration: int
+    group_id: int | None
+    updated_at: float
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value)
+
+
 def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
     """Open the run database. Writers create the schema; readers never write."""
     path = Path(path)
@@ -150,6 +224,202 @@ class RunDB:
             return self._conn.execute(sql, tuple(params)).fetchall()
 
     # -- the writes every part of the lab shares -------------------------------------------
+
+    def add_workers(self, rows: Iterable[WorkerRow]) -> None:
+        """Insert (or replace) workers by id."""
+        self.executemany(
+            "INSERT OR REPLACE INTO workers (id, name, cloud, address) VALUES (?,?,?,?)",
+            list(rows),
+        )
+
+    def add_links(self, rows: Iterable[LinkRow]) -> None:
+        """Insert (or replace) links as configured at start; ``intf`` is set apart."""
+        self.executemany(
+            "INSERT OR REPLACE INTO links (src, dst, rate_mbit, delay_ms, jitter_ms, loss_pct)"
+            " VALUES (?,?,?,?,?,?)",
+            list(rows),
+        )
+
+    def set_link_intfs(self, intfs: Mapping[tuple[int, int], str]) -> None:
+        """Record each link's sender-side interface, once the mesh exists."""
+        self.executemany(
+            "UPDATE links SET intf=? WHERE src=? AND dst=?",
+            [(intf, src, dst) for (src, dst), intf in intfs.items()],
+        )
+
+    def add_link_states(self, rows: Iterable[LinkStateRow]) -> None:
+        self.executemany(
+            "INSERT INTO link_state (t, src, dst, rate_mbit, up, reason) VALUES (?,?,?,?,?,?)",
+            list(rows),
+        )
+
+    def add_link_samples(self, rows: Iterable[LinkSampleRow]) -> None:
+        self.executemany(
+            "INSERT INTO link_samples (t, src, dst, tx_bytes, mbit) VALUES (?,?,?,?,?)",
+            list(rows),
+        )
+
+    def add_iterations(self, rows: Iterable[IterationRow]) -> None:
+        self.executemany(
+            "INSERT INTO iterations (t, worker, iteration, loss, accuracy) VALUES (?,?,?,?,?)",
+            list(rows),
+        )
+
+    def add_events(self, rows: Iterable[EventRow]) -> None:
+        self.executemany(
+            "INSERT INTO events (t, level, kind, worker, message, data) VALUES (?,?,?,?,?,?)",
+            [(r.t, r.level, r.kind, r.worker, r.message, _json(r.data)) for r in rows],
+        )
+
+    def open_group(
+        self,
+        group_id: int,
+        *,
+        scheme: str,
+        members: Sequence[int],
+        weights: Sequence[float],
+        formed_at: float,
+        started_at: float,
+        predicted_s: float | None,
+        bound_s: float | None,
+        plan_json: str | None,
+        member_rows: Iterable[GroupMemberRow],
+    ) -> None:
+        """A planned group starts: its row (status open) and its members, in one transaction."""
+        with self._lock, self._conn:
+            self._conn.execute(
+                "INSERT INTO groups (id, scheme, members, weights, formed_at, started_at, status,"
+                " predicted_s, bound_s, plan) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (
+                    group_id,
+                    scheme,
+                    json.dumps(list(members)),
+                    json.dumps(list(weights)),
+                    formed_at,
+                    started_at,
+                    "open",
+                    predicted_s,
+                    bound_s,
+                    plan_json,
+                ),
+            )
+            self._conn.executemany(
+                "INSERT INTO group_members (group_id, worker, iteration, staleness, weight)"
+                " VALUES (?,?,?,?,?)",
+                [(group_id, *m) for m in member_rows],
+            )
+
+    def add_closed_group(
+        self,
+        *,
+        group_id: int | None,
+        scheme: str,
+        members: Sequence[int],
+        weights: Sequence[float],
+        formed_at: float,
+        started_at: float | None,
+        ended_at: float,
+        status: str,
+        bytes_moved: int = 0,
+        reason: str | None = None,
+    ) -> None:
+        """A group that is over when first written: abandoned unplanned, or an all-reduce round
+        (``group_id`` None: the next id)."""
+        self.execute(
+            "INSERT INTO groups (id, scheme, members, weights, formed_at, started_at, ended_at,"
+            " status, bytes, reason) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (
+                group_id,
+                scheme,
+                json.dumps(list(members)),
+                json.dumps(list(weights)),
+                formed_at,
+                started_at,
+                ended_at,
+                status,
+                bytes_moved,
+                reason,
+            ),
+        )
+
+    def close_group(
+        self,
+        group_id: int,
+        *,
+        ended_at: float,
+        status: str,
+        bytes_moved: int,
+        reason: str | None,
+        members: Sequence[int],
+        weights: Sequence[float],
+        plan_json: str | None,
+        revisions: int,
+        verify_err: float | None,
+        dropped: Sequence[int] = (),
+    ) -> None:
+        """An open group ends; members ``dropped`` during its revisions leave ``group_members``."""
+        with self._lock, self._conn:
+            self._conn.execute(
+                "UPDATE groups SET ended_at=?, status=?, bytes=?, reason=?, members=?, weights=?,"
+                " plan=?, revisions=?, verify_err=? WHERE id=?",
+                (
+                    ended_at,
+                    status,
+                    bytes_moved,
+                    reason,
+                    json.dumps(list(members)),
+                    json.dumps(list(weights)),
+                    plan_json,
+                    revisions,
+                    verify_err,
+                    group_id,
+                ),
+            )
+            if dropped:
+                self._conn.execute(
+                    f"DELETE FROM group_members WHERE group_id=? AND worker IN"
+                    f" ({','.join('?' * len(dropped))})",
+                    (group_id, *dropped),
+                )
+
+    def abandon_open_groups(self, *, ended_at: float, reason: str) -> list[int]:
+        """Mark every open group abandoned (a restarted coordinator); return their ids."""
+        with self._lock, self._conn:
+            ids = [
+                int(r[0])
+                for r in self._conn.execute("SELECT id FROM groups WHERE status=?", ("open",))
+            ]
+            self._conn.executemany(
+                "UPDATE groups SET status=?, ended_at=?, reason=? WHERE id=?",
+                [("abandoned", ended_at, reason, gid) for gid in ids],
+            )
+        return ids
+
+    def set_worker_statuses(self, rows: Iterable[WorkerStatusRow]) -> None:
+        """Overwrite the newest states without a history row (a replayed run's final states)."""
+        self.executemany(
+            "INSERT OR REPLACE INTO worker_status (worker, state, iteration, group_id,"
+            " updated_at, pid) VALUES (?,?,?,?,?,NULL)",
+            list(rows),
+        )
+
+    def add_command(self, kind: str, args: Mapping[str, Any], *, t: float | None = None) -> int:
+        """Append a pending command; return its id."""
+        cur = self.execute(
+            "INSERT INTO commands (t, kind, args, status) VALUES (?,?,?,?)",
+            (time.time() if t is None else t, kind, json.dumps(dict(args)), "pending"),
+        )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def settle_command(
+        self, command_id: int, status: str, reason: str, *, t: float | None = None
+    ) -> None:
+        """A command was applied or rejected (``reason``: what was done, or why not)."""
+        self.execute(
+            "UPDATE commands SET status=?, reason=?, applied_at=? WHERE id=?",
+            (status, reason, time.time() if t is None else t, command_id),
+        )
 
     def set_meta(self, values: Mapping[str, Any]) -> None:
         rows = [(k, v if isinstance(v, str) else json.dumps(v)) for k, v in values.items()]

@@ -21,7 +21,16 @@ import numpy as np
 
 from crew.control import lifecycle as lc
 from crew.runtime.coordinator import write_record
-from crew.runtime.rundb import RunDB
+from crew.runtime.rundb import (
+    EventRow,
+    IterationRow,
+    LinkRow,
+    LinkSampleRow,
+    LinkStateRow,
+    RunDB,
+    WorkerRow,
+    WorkerStatusRow,
+)
 
 if TYPE_CHECKING:
     from crew.sim.engine import Fault, SimConfig, Simulation
@@ -35,10 +44,10 @@ class Recorder:
         self.run_dir = Path(run_dir)
         self.run_id = run_id or self.run_dir.name
         self.epoch = time.time() if epoch is None else float(epoch)
-        self.iterations: list[tuple] = []
-        self.samples: list[tuple] = []
-        self.events: list[tuple] = []
-        self.link_state: list[tuple] = []
+        self.iterations: list[IterationRow] = []
+        self.samples: list[LinkSampleRow] = []
+        self.events: list[EventRow] = []
+        self.link_state: list[LinkStateRow] = []
         self.dead: set[int] = set()
 
     def t(self, sim_t: float) -> float:
@@ -47,17 +56,19 @@ class Recorder:
     # ---- what the engine reports ----------------------------------------------------------
 
     def iteration(self, now: float, worker: int, iteration: int) -> None:
-        self.iterations.append((self.t(now), worker, iteration, None, None))
+        self.iterations.append(IterationRow(self.t(now), worker, iteration, None, None))
 
     def event(self, now: float, kind: str, message: str, level: str = "info", worker=None) -> None:  # noqa: ANN001
-        self.events.append((self.t(now), level, kind, worker, message, None))
+        self.events.append(EventRow(self.t(now), level, kind, worker, message))
 
     def fault(self, now: float, f: Fault) -> None:
         from crew.sim.engine import FaultKind
 
         self.event(now, "command", f"scenario: {f.describe()}", "info", None)
         if f.kind is FaultKind.CUT_LINK:
-            self.link_state.append((self.t(now), f.a, f.b, 0.0, 0, "cut (simulated)"))
+            self.link_state.append(
+                LinkStateRow(self.t(now), f.a, f.b, 0.0, False, "cut (simulated)")
+            )
 
     def worker_dead(self, worker: int) -> None:
         self.dead.add(worker)
@@ -72,7 +83,8 @@ class Recorder:
         src, dst = np.divmod(idx, n)
         t = self.t(now)
         self.samples.extend(
-            zip(
+            LinkSampleRow(*row)
+            for row in zip(
                 [t] * idx.size,
                 src.tolist(),
                 dst.tolist(),
@@ -127,44 +139,28 @@ class Recorder:
                     ),
                 }
             )
-            db.executemany(
-                "INSERT OR REPLACE INTO workers (id, name, cloud, address) VALUES (?,?,?,?)",
-                [(i, topo.names[i], topo.clouds[i], "simulated") for i in range(n)],
+            db.add_workers(
+                WorkerRow(i, topo.names[i], topo.clouds[i], "simulated") for i in range(n)
             )
-            db.executemany(
-                "INSERT OR REPLACE INTO links (src, dst, rate_mbit, delay_ms, jitter_ms, loss_pct)"
-                " VALUES (?,?,?,?,0,0)",
-                [
-                    (i, j, float(topo.rate_mbit[i, j]), float(topo.delay_ms[i, j]))
-                    for i in range(n)
-                    for j in range(n)
-                    if i != j
-                ],
+            db.add_links(
+                LinkRow(i, j, float(topo.rate_mbit[i, j]), float(topo.delay_ms[i, j]))
+                for i in range(n)
+                for j in range(n)
+                if i != j
             )
-            db.executemany(
-                "INSERT INTO link_state (t, src, dst, rate_mbit, up, reason) VALUES (?,?,?,?,?,?)",
-                self.link_state,
-            )
-            db.executemany(
-                "INSERT INTO link_samples (t, src, dst, tx_bytes, mbit) VALUES (?,?,?,?,?)",
-                self.samples,
-            )
-            db.executemany(
-                "INSERT INTO iterations (t, worker, iteration, loss, accuracy) VALUES (?,?,?,?,?)",
-                self.iterations,
-            )
+            db.add_link_states(self.link_state)
+            db.add_link_samples(self.samples)
+            db.add_iterations(self.iterations)
             # Groups, their members, the life cycle's events and worker states: the records
             # of the real life cycle, written by the coordinator's own code.
             for rec in sim.life.records:
                 write_record(db, self.shift(rec))
             now = self.t(sim.now)
-            db.executemany(
-                "INSERT OR REPLACE INTO worker_status (worker, state, iteration, group_id,"
-                " updated_at, pid) VALUES (?,?,?,?,?,NULL)",
-                [
-                    (w, "dead" if w in self.dead else "training", sim.iteration[w], None, now)
-                    for w in range(n)
-                ],
+            db.set_worker_statuses(
+                WorkerStatusRow(
+                    w, "dead" if w in self.dead else "training", sim.iteration[w], None, now
+                )
+                for w in range(n)
             )
             start_msg = (
                 f"simulated run started: {n} workers, scheme {cfg.scheme}, p={cfg.p},"
@@ -174,13 +170,12 @@ class Recorder:
                 f"simulated run ended: {sim.completed} groups completed,"
                 f" {sim.abandoned} abandoned, {sim.revisions} revisions"
             )
-            db.executemany(
-                "INSERT INTO events (t, level, kind, worker, message, data) VALUES (?,?,?,?,?,?)",
+            db.add_events(
                 [
-                    (self.epoch, "info", "start", None, start_msg, None),
-                    *sorted(self.events, key=lambda e: e[0]),
-                    (now, "info", "stop", None, stop_msg, None),
-                ],
+                    EventRow(self.epoch, "info", "start", None, start_msg),
+                    *sorted(self.events, key=lambda e: e.t),
+                    EventRow(now, "info", "stop", None, stop_msg),
+                ]
             )
         finally:
             db.close()

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Protocol
 
-from crew.runtime.rundb import RunDB
+from crew.runtime.rundb import LinkSampleRow, RunDB
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +81,8 @@ class LinkMonitor:
                 # A counter that went down (interface recreated) restarts the delta at 0.
                 delta = max(0, tx - prev[(src, dst)])
                 mbit = delta * 8 / (now - prev_t) / 1e6
-            rows.append((now, src, dst, tx, mbit))
-        self.db.executemany(
-            "INSERT INTO link_samples (t, src, dst, tx_bytes, mbit) VALUES (?, ?, ?, ?, ?)", rows
-        )
+            rows.append(LinkSampleRow(now, src, dst, tx, mbit))
+        self.db.add_link_samples(rows)
         self.samples_taken += 1
         return counters, now
 

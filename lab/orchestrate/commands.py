@@ -19,7 +19,6 @@ import json
 import logging
 import math
 import sqlite3
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -434,21 +433,11 @@ def submit(db_path: str | Path, command: Command, *, t: float | None = None) -> 
     path = Path(db_path)
     if not path.is_file():
         raise FileNotFoundError(f"no run database at {path}")
-    conn = rundb.connect(path)
+    db = rundb.RunDB(path)
     try:
-        with conn:
-            cur = conn.execute(
-                "INSERT INTO commands (t, kind, args, status) VALUES (?, ?, ?, 'pending')",
-                (
-                    time.time() if t is None else t,
-                    command.KIND.value,
-                    json.dumps(to_args(command)),
-                ),
-            )
-        cid = cur.lastrowid
+        cid = db.add_command(command.KIND.value, to_args(command), t=t)
     finally:
-        conn.close()
-    assert cid is not None
+        db.close()
     log.info("submitted command #%d: %s", cid, describe(command))
     return cid
 

@@ -21,6 +21,7 @@ import time
 from typing import TYPE_CHECKING
 
 from crew.runtime import rundb
+from crew.runtime.rundb import LinkStateRow
 from lab.net.mesh import LabError
 from lab.orchestrate import commands as cmds
 
@@ -69,26 +70,17 @@ class FaultInjector:
                     log.info("command #%d waits for the coordinator: %s", row["id"], exc)
                     break  # keep the order: later commands wait too
                 exc = FaultError(f"coordinator unreachable for {ADMIN_RETRY_S:.0f} s: {exc}")
-                db.execute(
-                    "UPDATE commands SET status='rejected', reason=?, applied_at=? WHERE id=?",
-                    (str(exc), time.time(), row["id"]),
-                )
+                db.settle_command(row["id"], "rejected", str(exc))
                 continue
             except (cmds.CommandError, FaultError, LabError) as exc:
-                db.execute(
-                    "UPDATE commands SET status='rejected', reason=?, applied_at=? WHERE id=?",
-                    (str(exc), time.time(), row["id"]),
-                )
+                db.settle_command(row["id"], "rejected", str(exc))
                 db.event(
                     "command",
                     f"command #{row['id']} {row['kind']} rejected: {exc}",
                     level="warning",
                 )
                 continue
-            db.execute(
-                "UPDATE commands SET status='applied', reason=?, applied_at=? WHERE id=?",
-                (outcome, time.time(), row["id"]),
-            )
+            db.settle_command(row["id"], "applied", outcome)
             db.event(
                 "fault" if row["kind"] not in ("set_p", "set_scheme") else "command",
                 f"{outcome} (command #{row['id']})",
@@ -156,10 +148,7 @@ class FaultInjector:
 
     def _record_link(self, i: int, j: int, rate: float, up: bool, reason: str) -> None:
         assert self.lab.db is not None
-        self.lab.db.execute(
-            "INSERT INTO link_state (t, src, dst, rate_mbit, up, reason) VALUES (?,?,?,?,?,?)",
-            (time.time(), i, j, rate, int(up), reason),
-        )
+        self.lab.db.add_link_states([LinkStateRow(time.time(), i, j, rate, up, reason)])
 
     def _start_flow(self, s: int, d: int, rate: float) -> None:
         net = self.lab.net

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from crew.config import RunConfig, Scheme, run_data_dir
-from crew.runtime.rundb import RunDB
+from crew.runtime.rundb import LinkRow, RunDB, WorkerRow
 from crew.wire import protocol as proto
 from crew.wire.frames import COORDINATOR, FrameCodec, control_frame
 from crew.wire.transport import FrameStream
@@ -218,16 +218,12 @@ class LabRun:
         if self.dashboard is not None:
             self._record_root(self.dashboard, "dashboard")
         self.cfg = self._write_config()
-        self.db.executemany(
-            "INSERT OR REPLACE INTO workers (id, name, cloud, address) VALUES (?,?,?,?)",
-            [
-                (w.index, w.name, w.cloud, self.net.identity_address(w.index))
-                for w in self.topo.workers
-            ],
+        self.db.add_workers(
+            WorkerRow(w.index, w.name, w.cloud, self.net.identity_address(w.index))
+            for w in self.topo.workers
         )
-        self.db.executemany(
-            "UPDATE links SET intf=? WHERE src=? AND dst=?",
-            [(self.net.intf(lk.src, lk.dst), lk.src, lk.dst) for lk in self.topo.links],
+        self.db.set_link_intfs(
+            {(lk.src, lk.dst): self.net.intf(lk.src, lk.dst) for lk in self.topo.links}
         )
         if self._split_maker is not None:
             if self._split_maker.wait(timeout=SPLIT_WAIT_S) != 0:
@@ -268,13 +264,9 @@ class LabRun:
                 ),
             }
         )
-        self.db.executemany(
-            "INSERT OR REPLACE INTO links (src, dst, rate_mbit, delay_ms, jitter_ms, loss_pct)"
-            " VALUES (?,?,?,?,?,?)",
-            [
-                (lk.src, lk.dst, lk.rate_mbit, lk.delay_ms, lk.jitter_ms, lk.loss_pct)
-                for lk in self.topo.links
-            ],
+        self.db.add_links(
+            LinkRow(lk.src, lk.dst, lk.rate_mbit, lk.delay_ms, lk.jitter_ms, lk.loss_pct)
+            for lk in self.topo.links
         )
 
     def _impairments(self) -> set[str]:
