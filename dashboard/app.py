@@ -252,7 +252,7 @@ class Page:
         def groups_panel() -> None:
             t = self.asof()
             groups = queries.groups(self.conn, t - TIMELINE_WINDOW_S, t)
-            open_g = groups[groups["status"] == "open"]
+            open_g = groups[groups["status"] == rundb.GroupStatus.OPEN.value]
             charts, tables = st.columns([3, 2])
             with tables:
                 st.markdown("**Open groups**")
@@ -332,7 +332,9 @@ class Page:
             label = st.selectbox("Group", labels, index=0, key="plan_group")
             row = plans.iloc[labels.index(label) if label in labels else 0]
             begin = row["started_at"] if pd.notna(row["started_at"]) else row["formed_at"]
-            measured = row["ended_at"] - begin if row["status"] == "completed" else None
+            measured = (
+                row["ended_at"] - begin if row["status"] == rundb.GroupStatus.COMPLETED else None
+            )
 
             def secs(v: object) -> str:
                 return "n/a" if v is None or pd.isna(v) else f"{float(v):.2f} s"

@@ -24,6 +24,8 @@ from plotly import colors as px_colors
 from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
 
+from crew.runtime.rundb import GroupStatus, WorkerState
+
 UTIL_COLORSCALE: list[list[Any]] = [
     [0.0, "rgb(49,130,189)"],  # idle: blue
     [0.5, "rgb(254,224,139)"],
@@ -31,7 +33,11 @@ UTIL_COLORSCALE: list[list[Any]] = [
     [1.0, "rgb(215,25,28)"],  # saturated: red, the "hot" end
 ]
 DEAD_COLOUR = "rgb(140,140,140)"
-STATUS_COLOURS = {"completed": "rgb(44,160,44)", "open": "rgb(31,119,180)", "abandoned": "red"}
+STATUS_COLOURS = {
+    GroupStatus.COMPLETED.value: "rgb(44,160,44)",
+    GroupStatus.OPEN.value: "rgb(31,119,180)",
+    GroupStatus.ABANDONED.value: "red",
+}
 CLOUD_COLOURS = [
     "#1f77b4",
     "#ff7f0e",
@@ -280,7 +286,7 @@ def network_map(
     cloud_order = list(dict.fromkeys(clouds[w] for w in ids))
     node_colours = [
         DEAD_COLOUR
-        if worker_state.get(w) == "dead"
+        if worker_state.get(w) == WorkerState.DEAD.value
         else CLOUD_COLOURS[cloud_order.index(clouds[w]) % len(CLOUD_COLOURS)]
         for w in ids
     ]
@@ -447,7 +453,7 @@ def group_timeline(groups: pd.DataFrame, t0: float, asof: float) -> go.Figure:
     fig = go.Figure()
     g = groups.sort_values("id")
     order = [group_label(int(i), m) for i, m in zip(g["id"], g["members"], strict=True)]
-    for status in ("completed", "open", "abandoned"):
+    for status in (GroupStatus.COMPLETED, GroupStatus.OPEN, GroupStatus.ABANDONED):
         s = g[g["status"] == status]
         if s.empty:
             continue
@@ -459,10 +465,10 @@ def group_timeline(groups: pd.DataFrame, t0: float, asof: float) -> go.Figure:
                 y=[group_label(int(i), m) for i, m in zip(s["id"], s["members"], strict=True)],
                 base=start - t0,
                 x=(end - start).clip(lower=0.05),
-                name=status,
+                name=status.value,
                 marker=dict(
                     color=STATUS_COLOURS[status],
-                    pattern_shape="x" if status == "abandoned" else "",
+                    pattern_shape="x" if status == GroupStatus.ABANDONED else "",
                 ),
                 customdata=np.stack(
                     [s["scheme"].astype(str), s["reason"].fillna("").astype(str)], axis=-1
@@ -560,7 +566,9 @@ def plan_times(plans: pd.DataFrame) -> go.Figure:
     p = plans.sort_values("id")
     x = [f"g{int(i)}" for i in p["id"]]
     begin = p["started_at"].fillna(p["formed_at"]).astype(float)
-    measured = (p["ended_at"].astype(float) - begin).where(p["status"] == "completed")
+    measured = (p["ended_at"].astype(float) - begin).where(
+        p["status"] == GroupStatus.COMPLETED.value
+    )
     fig = go.Figure()
     for name, y, colour in (
         ("predicted", p["predicted_s"], "#1f77b4"),

@@ -23,6 +23,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from crew.runtime.rundb import GroupStatus, WorkerState
+
 log = logging.getLogger(__name__)
 
 LINK_SAMPLE_COLUMNS = ["t", "src", "dst", "mbit"]
@@ -271,7 +273,7 @@ def rewind_groups(df: pd.DataFrame, asof: float) -> pd.DataFrame:
     """Show groups as they were at ``asof``: later endings become ``open``."""
     df = df.copy()
     later = df["ended_at"].notna() & (df["ended_at"] > asof)
-    df.loc[later, "status"] = "open"
+    df.loc[later, "status"] = GroupStatus.OPEN.value
     df.loc[later, "ended_at"] = None
     df["members"] = [json.loads(m) if isinstance(m, str) else list(m) for m in df["members"]]
     return df
@@ -295,8 +297,8 @@ def completed_memberships(conn: sqlite3.Connection, asof: float) -> pd.DataFrame
         conn,
         "SELECT m.worker, m.group_id, g.ended_at, m.staleness, m.iteration"
         " FROM groups g JOIN group_members m ON m.group_id = g.id"
-        " WHERE g.status = 'completed' AND g.ended_at <= ? ORDER BY g.ended_at",
-        (asof,),
+        " WHERE g.status = ? AND g.ended_at <= ? ORDER BY g.ended_at",
+        (GroupStatus.COMPLETED.value, asof),
         ["worker", "group_id", "ended_at", "staleness", "iteration"],
     )
 
@@ -329,7 +331,7 @@ def worker_status(conn: sqlite3.Connection, asof: float | None = None) -> pd.Dat
 
 def ready_in_fifo_order(status: pd.DataFrame) -> list[int]:
     """The ready workers in the order they became ready (the ready queue decides groups in it)."""
-    ready = status[status["state"] == "ready"].sort_values(["updated_at", "worker"])
+    ready = status[status["state"] == WorkerState.READY.value].sort_values(["updated_at", "worker"])
     return [int(w) for w in ready["worker"]]
 
 

@@ -65,6 +65,7 @@ from typing import Any
 import numpy as np
 
 from crew.runtime import rundb
+from crew.runtime.rundb import GroupStatus
 from lab.pace import Pace, read_pace
 
 log = logging.getLogger(__name__)
@@ -310,7 +311,7 @@ def _summary(problems: Sequence[str], what: str) -> str:
 def _check_ended(groups: list[_Group]) -> Check:
     problems = []
     for g in groups:
-        if g.status not in ("completed", "abandoned"):
+        if g.status not in (GroupStatus.COMPLETED, GroupStatus.ABANDONED):
             problems.append(f"group {g.id} is {g.status}")
         elif g.ended_at is None:
             problems.append(f"group {g.id} ({g.status}) has no ended_at")
@@ -322,7 +323,7 @@ def _check_ended(groups: list[_Group]) -> Check:
 
 def _check_membership(groups: list[_Group]) -> Check:
     problems = []
-    completed = [g for g in groups if g.status == "completed"]
+    completed = [g for g in groups if g.status == GroupStatus.COMPLETED]
     for g in completed:
         if g.members is None:
             problems.append(f"group {g.id}: members is not a list of worker ids")
@@ -389,7 +390,7 @@ def _check_hung(groups: list[_Group], run_end: float, max_group_s: float) -> Che
         if end - g.formed_at > max_group_s:
             still = "" if g.ended_at is not None else ", never ended"
             problems.append(f"group {g.id} took {end - g.formed_at:.1f} s{still}")
-        if g.status == "abandoned" and not (g.reason or "").strip():
+        if g.status == GroupStatus.ABANDONED and not (g.reason or "").strip():
             problems.append(f"group {g.id} abandoned without a reason")
     detail = (
         _summary(problems, "problems")
@@ -424,7 +425,7 @@ def _check_updates(
     # Per worker: completed groups it was a member of, as (formed_at, iteration), by time.
     joined: dict[int, list[tuple[float, int]]] = defaultdict(list)
     for g in groups:
-        if g.status != "completed" or g.members is None:
+        if g.status != GroupStatus.COMPLETED or g.members is None:
             continue
         for w in g.members:
             if w in g.rows:
@@ -479,16 +480,24 @@ def _check_updates(
 
 def _info_groups(groups: list[_Group]) -> Check:
     by = Counter(g.status for g in groups)
-    parts = [f"{by.get(s, 0)} {s}" for s in ("completed", "abandoned", "open")]
+    parts = [
+        f"{by.get(s, 0)} {s}"
+        for s in (GroupStatus.COMPLETED, GroupStatus.ABANDONED, GroupStatus.OPEN)
+    ]
     parts += [
-        f"{c} {s}" for s, c in sorted(by.items()) if s not in ("completed", "abandoned", "open")
+        f"{c} {s}"
+        for s, c in sorted(by.items())
+        if s not in (GroupStatus.COMPLETED, GroupStatus.ABANDONED, GroupStatus.OPEN)
     ]
     return Check(INFO_GROUPS, True, f"{len(groups)} groups: " + ", ".join(parts), info=True)
 
 
 def _info_rounds(groups: list[_Group], workers: list[int]) -> Check:
     rounds = Counter(
-        w for g in groups if g.status == "completed" and g.members is not None for w in g.members
+        w
+        for g in groups
+        if g.status == GroupStatus.COMPLETED and g.members is not None
+        for w in g.members
     )
     ws = sorted(set(workers) | set(rounds))
     detail = ", ".join(f"w{w}: {rounds.get(w, 0)}" for w in ws) if ws else "no workers"

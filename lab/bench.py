@@ -103,7 +103,7 @@ from crew.control.verify import CHECK_TOLERANCE
 from crew.plan import planner
 from crew.plan.routes import Route, link_load
 from crew.plan.schemes import GROUP_SCHEMES
-from crew.runtime.rundb import connect
+from crew.runtime.rundb import GroupStatus, connect
 from lab.net.cleanup import ROOT_NAME_PREFIX, root_link_names
 from lab.net.mesh import LabNetwork
 from lab.net.preflight import (
@@ -282,7 +282,9 @@ def op_results(
             "SELECT id, status, started_at, ended_at, bound_s, predicted_s, verify_err,"
             " revisions, plan FROM groups ORDER BY started_at, id"
         ).fetchall()
-        done = [r for r in rows if r["status"] == "completed" and r["started_at"] is not None]
+        done = [
+            r for r in rows if r["status"] == GroupStatus.COMPLETED and r["started_at"] is not None
+        ]
         times = [float(r["ended_at"] - r["started_at"]) for r in done]
         if gloo:
             bound = planner.lower_bound(bw, list(range(n)), size_bytes)
@@ -293,7 +295,7 @@ def op_results(
         predicted = [r["predicted_s"] for r in done]
         to_plan = [t / q for t, q in zip(times, predicted, strict=True) if q and math.isfinite(q)]
         errs = [r["verify_err"] for r in done]
-        abandoned = sum(1 for r in rows if r["status"] == "abandoned")
+        abandoned = sum(1 for r in rows if r["status"] == GroupStatus.ABANDONED)
         if gloo:
             correct = len(done) == ops and abandoned == 0
         else:
@@ -383,7 +385,7 @@ def train_results(
         ).fetchall()
         rounds = {str(i): 0 for i in range(n)}
         for g in groups:
-            if g["status"] == "completed":
+            if g["status"] == GroupStatus.COMPLETED:
                 for m in json.loads(g["members"]):
                     rounds[str(m)] = rounds.get(str(m), 0) + 1
         minutes = max(end - t0, 1e-9) / 60.0
@@ -394,8 +396,8 @@ def train_results(
             final_accuracy=(sum(latest.values()) / len(latest)) if latest else None,
             time_to_target_s=reached,
             target_accuracy=target,
-            groups_completed=sum(1 for g in groups if g["status"] == "completed"),
-            groups_abandoned=sum(1 for g in groups if g["status"] == "abandoned"),
+            groups_completed=sum(1 for g in groups if g["status"] == GroupStatus.COMPLETED),
+            groups_abandoned=sum(1 for g in groups if g["status"] == GroupStatus.ABANDONED),
         )
     finally:
         conn.close()
@@ -549,7 +551,8 @@ def run_ops(
                 ended = int(
                     _db_scalar(
                         lab,
-                        "SELECT COUNT(*) FROM groups WHERE status IN ('completed', 'abandoned')",
+                        "SELECT COUNT(*) FROM groups WHERE status IN"
+                        f" ('{GroupStatus.COMPLETED}', '{GroupStatus.ABANDONED}')",
                     )
                     or 0
                 )

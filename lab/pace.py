@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from crew.runtime.rundb import CommandStatus, GroupStatus
+
 WINDOW_S = 10.0
 STEP_S = 0.5
 RECOVERED = 0.8
@@ -129,12 +131,14 @@ def read_pace(conn: sqlite3.Connection, start: float, end: float) -> Pace:
     ends = [
         float(r[0])
         for r in conn.execute(
-            "SELECT ended_at FROM groups WHERE status='completed' AND ended_at IS NOT NULL"
+            "SELECT ended_at FROM groups WHERE status=? AND ended_at IS NOT NULL",
+            (GroupStatus.COMPLETED.value,),
         )
     ]
     faults, repairs = [], []
     for kind, args, applied in conn.execute(
-        "SELECT kind, args, applied_at FROM commands WHERE status='applied' ORDER BY applied_at"
+        "SELECT kind, args, applied_at FROM commands WHERE status=? ORDER BY applied_at",
+        (CommandStatus.APPLIED.value,),
     ):
         try:
             parsed = json.loads(args) if args else {}

@@ -23,6 +23,7 @@ from rich.live import Live
 from rich.table import Table
 
 from crew.config import Scheme
+from crew.runtime.rundb import GroupStatus
 from lab.net.preflight import PreflightError, add_allow_missing, allowed_missing, check, describe
 from lab.orchestrate.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id, summarize
 from lab.scenario import ScenarioError, load_scenario
@@ -188,8 +189,9 @@ def wait_for_port(host: str, port: int, timeout: float) -> bool:
 def progress_table(lab: LabRun, started: float, duration: float | None) -> Table:
     assert lab.db is not None
     rows = lab.db.query(
-        "SELECT COUNT(*) AS c, SUM(status='completed') AS done, SUM(status='abandoned') AS ab,"
-        " SUM(status='open') AS open FROM groups"
+        "SELECT COUNT(*) AS c, SUM(status=?) AS done, SUM(status=?) AS ab,"
+        " SUM(status=?) AS open FROM groups",
+        (GroupStatus.COMPLETED.value, GroupStatus.ABANDONED.value, GroupStatus.OPEN.value),
     )
     g = rows[0]
     acc = lab.db.query(

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from crew.runtime import rundb
+from crew.runtime.rundb import CommandStatus, GroupStatus
 from lab.audit import audit
 from lab.net import shaping
 from lab.net.cleanup import ProcRecord, StateError, is_same_process
@@ -334,7 +335,8 @@ def analyse_db(db_path: Path, report: SoakReport, opts: SoakOptions) -> None:
             for r in conn.execute("SELECT src, dst, rate_mbit FROM links")
         }
         groups = conn.execute(
-            "SELECT id, formed_at, ended_at FROM groups WHERE status='completed' ORDER BY ended_at"
+            "SELECT id, formed_at, ended_at FROM groups WHERE status=? ORDER BY ended_at",
+            (GroupStatus.COMPLETED.value,),
         ).fetchall()
         commands = conn.execute(
             "SELECT id, kind, args, status, reason, applied_at FROM commands ORDER BY id"
@@ -353,11 +355,11 @@ def analyse_db(db_path: Path, report: SoakReport, opts: SoakOptions) -> None:
     next_done, first_new = [], []
     by_kind: dict[str, int] = {}
     for c in commands:
-        if c["status"] == "rejected":
+        if c["status"] == CommandStatus.REJECTED:
             report.commands_rejected.append(f"#{c['id']} {c['kind']} {c['args']}: {c['reason']}")
             continue
         args = json.loads(c["args"])
-        if c["status"] != "applied" or not is_fault_start(c["kind"], args, rates):
+        if c["status"] != CommandStatus.APPLIED or not is_fault_start(c["kind"], args, rates):
             continue
         t = float(c["applied_at"])
         by_kind[c["kind"]] = by_kind.get(c["kind"], 0) + 1
@@ -489,9 +491,12 @@ def run_soak(opts: SoakOptions) -> SoakReport:
 def _progress(lab: LabRun, elapsed: float) -> None:
     assert lab.db is not None
     g = lab.db.query(
-        "SELECT SUM(status='completed') AS done, SUM(status='abandoned') AS ab FROM groups"
+        "SELECT SUM(status=?) AS done, SUM(status=?) AS ab FROM groups",
+        (GroupStatus.COMPLETED.value, GroupStatus.ABANDONED.value),
     )[0]
-    c = lab.db.query("SELECT COUNT(*) AS n FROM commands WHERE status='applied'")[0]
+    c = lab.db.query(
+        "SELECT COUNT(*) AS n FROM commands WHERE status=?", (CommandStatus.APPLIED.value,)
+    )[0]
     print(
         f"[soak {elapsed:6.0f} s] groups completed {g['done'] or 0}, abandoned {g['ab'] or 0};"
         f" commands applied {c['n']}",

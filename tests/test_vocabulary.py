@@ -1,7 +1,8 @@
-"""One vocabulary, read from the tree: the run database is written only through
-``crew.runtime.rundb``'s typed methods (docs/architecture.md §2).
+"""One vocabulary, read from the tree (docs/architecture.md §2): the run database is written
+only through ``crew.runtime.rundb``'s typed methods, and group, command and worker statuses are
+written as their enums.
 
-A module that writes SQL by hand fails here with its file and line. Tests are not scanned: they
+A module that breaks either fails here with its file and line. Tests are not scanned: they
 build database states on purpose.
 """
 
@@ -62,3 +63,83 @@ def test_no_sql_write_outside_the_run_database_module() -> None:
 )
 def test_the_reader_sees_sql_writes(source: str, found: bool) -> None:
     assert bool(sql_writes(source)) is found
+
+
+# -- status words ------------------------------------------------------------------------------
+# Group, command and worker statuses are written as their enums (GroupStatus, CommandStatus,
+# WorkerState); their words appear as literals only in those enums' bodies.
+STATUS_WORDS = frozenset(
+    {"open", "completed", "abandoned", "pending", "applied", "rejected"}
+    | {"absent", "training", "ready", "reducing", "dead"}
+)
+QUOTED_STATUS = re.compile("'({})'".format("|".join(sorted(STATUS_WORDS))))
+# The same words meaning something else: (file, word) -> what it is there.
+NOT_A_STATUS = {
+    ("crew/runtime/coordinator.py", "rejected"): "the socket shell's event kind for a bad frame",
+    ("crew/runtime/coordinator.py", "abandoned"): "a key of a recovery event's data",
+    ("crew/runtime/node.py", "dead"): "a link probe's verdict in a log line",
+    ("crew/wire/protocol.py", "ready"): "a wire message's type name",
+    ("crew/wire/protocol.py", "rejected"): "a wire message's type name",
+    ("lab/bench.py", "training"): "a progress label and a table title",
+    ("lab/firstpaint.py", "training"): "a dashboard section's name",
+}
+
+
+def _enum_bodies(tree: ast.AST) -> set[int]:
+    """ids of the nodes assigned in an Enum class's body (the vocabularies themselves)."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and any(
+            (isinstance(b, ast.Name) and b.id.endswith("Enum"))
+            or (isinstance(b, ast.Attribute) and b.attr.endswith("Enum"))
+            for b in node.bases
+        ):
+            for stmt in node.body:
+                if isinstance(stmt, ast.Assign):
+                    inside |= {id(n) for n in ast.walk(stmt.value)}
+    return inside
+
+
+def status_literals(source: str) -> list[tuple[int, str]]:
+    """Status words written as literals: a bare string, or quoted inside SQL. A subscript key
+    (``row["completed"]``, a column alias) names a field, not a status."""
+    tree = ast.parse(source)
+    skip = _enum_bodies(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript):
+            skip |= {id(n) for n in ast.walk(node.slice)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skip or not isinstance(node, ast.Constant):
+            continue
+        if not isinstance(node.value, str):
+            continue
+        if node.value in STATUS_WORDS:
+            found.append((node.lineno, node.value))
+        found += [(node.lineno, m) for m in QUOTED_STATUS.findall(node.value)]
+    return found
+
+
+def test_no_status_literal_outside_its_enum() -> None:
+    bad = [
+        f"{p.relative_to(REPO)}:{line}: {word!r}"
+        for p in _sources()
+        for line, word in status_literals(p.read_text(encoding="utf-8"))
+        if (str(p.relative_to(REPO)), word) not in NOT_A_STATUS
+    ]
+    assert not bad, "use GroupStatus, CommandStatus or WorkerState:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    ("source", "found"),
+    [
+        ('done = [g for g in groups if g["status"] == "completed"]', ["completed"]),
+        ("conn.execute(\"SELECT id FROM groups WHERE status='open'\")", ["open"]),
+        ('db.set_worker_status(w, "dead")', ["dead"]),
+        ('n = row["completed"]', []),
+        ('class GroupStatus(enum.StrEnum):\n    OPEN = "open"', []),
+        ('db.settle_command(i, CommandStatus.APPLIED, "done")', []),
+    ],
+)
+def test_the_reader_sees_status_literals(source: str, found: list[str]) -> None:
+    assert [w for _, w in status_literals(source)] == found

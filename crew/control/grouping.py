@@ -92,9 +92,19 @@ class WorkerState(enum.Enum):
     DEAD = "dead"
 
 
-class GroupOutcome(enum.Enum):
+class GroupStatus(enum.StrEnum):
+    """A group's ``groups.status`` in the run DB: open while it reduces, then its outcome."""
+
+    OPEN = "open"
     COMPLETED = "completed"
     ABANDONED = "abandoned"
+
+
+class GroupOutcome(enum.Enum):
+    """How a group ended: the closed subset of :class:`GroupStatus`."""
+
+    COMPLETED = GroupStatus.COMPLETED.value
+    ABANDONED = GroupStatus.ABANDONED.value
 
 
 def staleness_weights(

@@ -41,6 +41,7 @@ predicted_s, bound_s, plan, reason, revisions, verify_err)``
 
 from __future__ import annotations
 
+import enum
 import json
 import sqlite3
 import threading
@@ -49,7 +50,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-SCHEMA = """
+from crew.control.grouping import GroupStatus as GroupStatus
+from crew.control.grouping import WorkerState as WorkerState
+
+
+class CommandStatus(enum.StrEnum):
+    """A command's ``commands.status``: pending until the lab applies or rejects it."""
+
+    PENDING = "pending"
+    APPLIED = "applied"
+    REJECTED = "rejected"
+
+
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS workers (
     id INTEGER PRIMARY KEY, name TEXT NOT NULL, cloud TEXT NOT NULL, address TEXT NOT NULL);
@@ -69,7 +82,7 @@ CREATE INDEX IF NOT EXISTS link_samples_link ON link_samples (src, dst, t);
 CREATE TABLE IF NOT EXISTS groups (
     id INTEGER PRIMARY KEY, scheme TEXT NOT NULL, members TEXT NOT NULL,
     weights TEXT NOT NULL, formed_at REAL NOT NULL, started_at REAL, ended_at REAL,
-    status TEXT NOT NULL DEFAULT 'open', bytes INTEGER NOT NULL DEFAULT 0,
+    status TEXT NOT NULL DEFAULT '{GroupStatus.OPEN}', bytes INTEGER NOT NULL DEFAULT 0,
     predicted_s REAL, bound_s REAL, plan TEXT, reason TEXT, revisions INTEGER NOT NULL DEFAULT 0,
     verify_err REAL);
 CREATE INDEX IF NOT EXISTS groups_formed ON groups (formed_at);
@@ -97,7 +110,8 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_t ON events (t);
 CREATE TABLE IF NOT EXISTS commands (
     id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL, kind TEXT NOT NULL,
-    args TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending', reason TEXT, applied_at REAL);
+    args TEXT NOT NULL, status TEXT NOT NULL DEFAULT '{CommandStatus.PENDING}', reason TEXT,
+    applied_at REAL);
 CREATE INDEX IF NOT EXISTS commands_status ON commands (status, id);
 """
 
@@ -297,7 +311,7 @@ class RunDB:
                     json.dumps(list(weights)),
                     formed_at,
                     started_at,
-                    "open",
+                    GroupStatus.OPEN.value,
                     predicted_s,
                     bound_s,
                     plan_json,
@@ -387,11 +401,13 @@ class RunDB:
         with self._lock, self._conn:
             ids = [
                 int(r[0])
-                for r in self._conn.execute("SELECT id FROM groups WHERE status=?", ("open",))
+                for r in self._conn.execute(
+                    "SELECT id FROM groups WHERE status=?", (GroupStatus.OPEN.value,)
+                )
             ]
             self._conn.executemany(
                 "UPDATE groups SET status=?, ended_at=?, reason=? WHERE id=?",
-                [("abandoned", ended_at, reason, gid) for gid in ids],
+                [(GroupStatus.ABANDONED.value, ended_at, reason, gid) for gid in ids],
             )
         return ids
 
@@ -407,18 +423,23 @@ class RunDB:
         """Append a pending command; return its id."""
         cur = self.execute(
             "INSERT INTO commands (t, kind, args, status) VALUES (?,?,?,?)",
-            (time.time() if t is None else t, kind, json.dumps(dict(args)), "pending"),
+            (
+                time.time() if t is None else t,
+                kind,
+                json.dumps(dict(args)),
+                CommandStatus.PENDING.value,
+            ),
         )
         assert cur.lastrowid is not None
         return cur.lastrowid
 
     def settle_command(
-        self, command_id: int, status: str, reason: str, *, t: float | None = None
+        self, command_id: int, status: CommandStatus, reason: str, *, t: float | None = None
     ) -> None:
         """A command was applied or rejected (``reason``: what was done, or why not)."""
         self.execute(
             "UPDATE commands SET status=?, reason=?, applied_at=? WHERE id=?",
-            (status, reason, time.time() if t is None else t, command_id),
+            (status.value, reason, time.time() if t is None else t, command_id),
         )
 
     def set_meta(self, values: Mapping[str, Any]) -> None:

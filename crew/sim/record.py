@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from crew.control import lifecycle as lc
+from crew.control.grouping import WorkerState
 from crew.runtime.coordinator import write_record
 from crew.runtime.rundb import (
     EventRow,
@@ -158,7 +159,11 @@ class Recorder:
             now = self.t(sim.now)
             db.set_worker_statuses(
                 WorkerStatusRow(
-                    w, "dead" if w in self.dead else "training", sim.iteration[w], None, now
+                    w,
+                    (WorkerState.DEAD if w in self.dead else WorkerState.TRAINING).value,
+                    sim.iteration[w],
+                    None,
+                    now,
                 )
                 for w in range(n)
             )

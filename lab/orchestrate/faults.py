@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING
 
 from crew.runtime import rundb
-from crew.runtime.rundb import LinkStateRow
+from crew.runtime.rundb import CommandStatus, LinkStateRow
 from lab.net.mesh import LabError
 from lab.orchestrate import commands as cmds
 
@@ -55,7 +55,10 @@ class FaultInjector:
         """Apply every pending command in order; return how many were handled."""
         db = self.lab.db
         assert db is not None
-        rows = db.query("SELECT id, t, kind, args FROM commands WHERE status='pending' ORDER BY id")
+        rows = db.query(
+            "SELECT id, t, kind, args FROM commands WHERE status=? ORDER BY id",
+            (CommandStatus.PENDING.value,),
+        )
         if not rows:
             return 0
         limits = self._limits()
@@ -70,17 +73,17 @@ class FaultInjector:
                     log.info("command #%d waits for the coordinator: %s", row["id"], exc)
                     break  # keep the order: later commands wait too
                 exc = FaultError(f"coordinator unreachable for {ADMIN_RETRY_S:.0f} s: {exc}")
-                db.settle_command(row["id"], "rejected", str(exc))
+                db.settle_command(row["id"], CommandStatus.REJECTED, str(exc))
                 continue
             except (cmds.CommandError, FaultError, LabError) as exc:
-                db.settle_command(row["id"], "rejected", str(exc))
+                db.settle_command(row["id"], CommandStatus.REJECTED, str(exc))
                 db.event(
                     "command",
                     f"command #{row['id']} {row['kind']} rejected: {exc}",
                     level="warning",
                 )
                 continue
-            db.settle_command(row["id"], "applied", outcome)
+            db.settle_command(row["id"], CommandStatus.APPLIED, outcome)
             db.event(
                 "fault" if row["kind"] not in ("set_p", "set_scheme") else "command",
                 f"{outcome} (command #{row['id']})",

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from crew.config import RunConfig, Scheme, run_data_dir
-from crew.runtime.rundb import LinkRow, RunDB, WorkerRow
+from crew.runtime.rundb import GroupStatus, LinkRow, RunDB, WorkerRow
 from crew.wire import protocol as proto
 from crew.wire.frames import COORDINATOR, FrameCodec, control_frame
 from crew.wire.transport import FrameStream
@@ -441,7 +441,9 @@ class LabRun:
         """Apply pending commands and notice processes that ended; call about twice a second."""
         assert self.db is not None
         if self.player is not None and not self.player.done:
-            done = self.db.query("SELECT COUNT(*) AS c FROM groups WHERE status='completed'")
+            done = self.db.query(
+                "SELECT COUNT(*) AS c FROM groups WHERE status=?", (GroupStatus.COMPLETED.value,)
+            )
             self.player.poll(time.time(), int(done[0]["c"]))
         if self.faults is not None:
             self.faults.apply_pending()
@@ -557,7 +559,7 @@ def summarize(db_path: Path) -> dict[str, Any]:
         groups = conn.execute(
             "SELECT id, members, status, started_at, ended_at, predicted_s, bound_s FROM groups"
         ).fetchall()
-        completed = [g for g in groups if g["status"] == "completed"]
+        completed = [g for g in groups if g["status"] == GroupStatus.COMPLETED]
         rounds = {str(i): 0 for i in range(n)}
         for g in completed:
             for m in json.loads(g["members"]):
@@ -588,7 +590,7 @@ def summarize(db_path: Path) -> dict[str, Any]:
             "p": int(meta.get("p", "0")),
             "duration_s": round(ended - started, 1),
             "groups_completed": len(completed),
-            "groups_abandoned": sum(1 for g in groups if g["status"] == "abandoned"),
+            "groups_abandoned": sum(1 for g in groups if g["status"] == GroupStatus.ABANDONED),
             "group_sizes": [len(json.loads(g["members"])) for g in completed],
             "rounds_per_worker": rounds,
             "rounds_per_worker_per_min": {k: round(v / minutes, 2) for k, v in rounds.items()},
