@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 
-class Scheme(enum.Enum):
-    """How a group's members average their vectors (see ``crew.plan.schemes``)."""
+class Scheme(enum.StrEnum):
+    """How a group's members average their vectors (see ``crew.plan.schemes``): the one
+    vocabulary of schemes. A ``StrEnum``, so its members are the names the CLI and the run
+    database use."""
 
     CREW = "crew"  # the route LP over stars, relays, trees and ring segments (crew.plan.routelp)
     CREW_STAR = "crew-star"  # one star per active aggregator; pipelined per-link-load LP
@@ -56,7 +58,7 @@ class RunConfig:
     secret_path: str
     n: int
     p: int
-    scheme: str
+    scheme: Scheme
     coordinator_host: str
     coordinator_port: int
     data_port: int
@@ -95,10 +97,12 @@ class RunConfig:
             raise ConfigError(f"n: must be at least 1, got {self.n}")
         if not 1 <= self.p <= self.n:
             raise ConfigError(f"p: must be between 1 and n={self.n}, got {self.p}")
-        if self.scheme not in Scheme.names():
+        try:
+            object.__setattr__(self, "scheme", Scheme(self.scheme))
+        except ValueError:
             raise ConfigError(
                 f"scheme: unknown {self.scheme!r}; known: {', '.join(Scheme.names())}"
-            )
+            ) from None
         if len(self.identities) != self.n:
             raise ConfigError(f"identities: need {self.n} addresses, got {len(self.identities)}")
         if len(self.bw_mbit) != self.n or any(len(r) != self.n for r in self.bw_mbit):

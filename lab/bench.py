@@ -99,6 +99,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from crew.config import Scheme
 from crew.control.verify import CHECK_TOLERANCE
 from crew.plan import planner
 from crew.plan.routes import Route, link_load
@@ -121,8 +122,8 @@ log = logging.getLogger(__name__)
 # Wide enough for the results table when stderr is a file or a pipe (rich assumes 80 then).
 console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
-GLOO = "gloo"
-ALL_SCHEMES: tuple[str, ...] = (*GROUP_SCHEMES, GLOO)
+GLOO = Scheme.GLOO
+ALL_SCHEMES: tuple[Scheme, ...] = (*GROUP_SCHEMES, GLOO)
 # Start-up allowance before the first op: n numpy-only workers import and register in well
 # under a minute on 2 cores; Gloo workers import torch (about 20 s for eight) and rendezvous.
 STARTUP_NUMPY_S = 60.0

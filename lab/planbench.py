@@ -40,6 +40,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from crew.config import Scheme
 from crew.plan import routelp
 from crew.plan.planner import PlanError, lower_bound
 from crew.plan.schemes import GROUP_SCHEMES, plan_group
@@ -87,11 +88,11 @@ def plan_all(
 
 
 def crew_beaten(times: dict[str, float]) -> list[str]:
-    crew = times["crew"]
+    crew = times[Scheme.CREW]
     return [
         s
         for s, t in times.items()
-        if s != "crew" and math.isfinite(t) and t < crew * (1 - SLOWER_TOLERANCE)
+        if s != Scheme.CREW and math.isfinite(t) and t < crew * (1 - SLOWER_TOLERANCE)
     ]
 
 
@@ -333,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
     unknown = [s for s in args.schemes if s not in GROUP_SCHEMES]
-    if unknown or "crew" not in args.schemes:
+    if unknown or Scheme.CREW not in args.schemes:
         print(f"--schemes: need crew and known schemes ({', '.join(GROUP_SCHEMES)})")
         return 2
     try:
@@ -350,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
     if args.command == "sweep":
         res = sweep(args)
-        bad = sum(r["below_crew"] for s, r in res["schemes"].items() if s != "crew")
+        bad = sum(r["below_crew"] for s, r in res["schemes"].items() if s != Scheme.CREW)
         if args.json:
             print(json.dumps(res, indent=1, allow_nan=True))
         else:

@@ -28,18 +28,25 @@ from typing import Any
 
 import numpy as np
 
+from crew.config import Scheme
 from crew.sim.engine import Fault, SimConfig, SimResult, Simulation
 from crew.sim.topogen import generate
 from lab.bench import write_figures
 from lab.scenario import parse_scenario
 from lab.simrun import scenario_faults
 
-PAPER_SCHEMES = ("crew", "crew-paper", "preduce")
+PAPER_SCHEMES = (Scheme.CREW, Scheme.CREW_PAPER, Scheme.PREDUCE)
 FULL = "a2a (p=n)"
 
 
 def one(
-    n: int, p: int, bwd: int, scheme: str, seed: int, duration: float, faults: Sequence[Fault] = ()
+    n: int,
+    p: int,
+    bwd: int,
+    scheme: Scheme,
+    seed: int,
+    duration: float,
+    faults: Sequence[Fault] = (),
 ) -> SimResult:
     topo = generate(n, bwd, seed)
     return Simulation(
@@ -69,7 +76,9 @@ def table(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for n in args.ns:
         for bwd in args.bwds:
-            full = [one(n, n, bwd, "a2a", s, args.duration).rounds_per_worker for s in args.seeds]
+            full = [
+                one(n, n, bwd, Scheme.A2A, s, args.duration).rounds_per_worker for s in args.seeds
+            ]
             for p in args.ps:
                 cell: dict[str, Any] = {"n": n, "p": p, "bwd": bwd}
                 for scheme in PAPER_SCHEMES:
@@ -139,7 +148,7 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for n in args.ns:
         t0 = time.perf_counter()
-        res = one(n, args.p, args.bwd, "crew", args.seeds[0], args.duration)
+        res = one(n, args.p, args.bwd, Scheme.CREW, args.seeds[0], args.duration)
         wall = time.perf_counter() - t0
         plan_ms = np.asarray(res.plan_seconds) * 1e3
         row = {
@@ -219,7 +228,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             s.add_argument("--p", type=int, default=5)
             s.add_argument("--bwd", type=int, default=2)
             s.add_argument("--links", type=int, nargs="+", default=[0, 5, 10, 20])
-            s.add_argument("--schemes", nargs="+", default=["crew", "crew-paper", "preduce"])
+            s.add_argument(
+                "--schemes",
+                nargs="+",
+                type=Scheme,
+                choices=PAPER_SCHEMES,
+                default=list(PAPER_SCHEMES),
+            )
         else:
             s.add_argument("--ns", type=int, nargs="+", default=[20, 60, 128, 256])
             s.add_argument("--p", type=int, default=5)

@@ -143,3 +143,68 @@ def test_no_status_literal_outside_its_enum() -> None:
 )
 def test_the_reader_sees_status_literals(source: str, found: list[str]) -> None:
     assert [w for _, w in status_literals(source)] == found
+
+
+# -- schemes -----------------------------------------------------------------------------------
+# One Scheme enum (crew.config.Scheme): no other enum, and no tuple, list or set of scheme names
+# written as strings, names the schemes again.
+SCHEME_NAMES = frozenset(
+    {"crew", "crew-star", "crew-relay", "crew-paper", "preduce", "ps", "ring", "a2a"}
+    | {"blink", "blink-pipe", "topoadopt", "gloo"}
+)
+SCHEME_MODULE = REPO / "crew" / "config.py"
+
+
+def scheme_vocabularies(source: str) -> list[tuple[int, str]]:
+    """Enums and collection literals that list two or more scheme names."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            values = [
+                n.value
+                for stmt in node.body
+                if isinstance(stmt, ast.Assign)
+                for n in ast.walk(stmt.value)
+                if isinstance(n, ast.Constant)
+            ]
+            if len(SCHEME_NAMES.intersection(values)) >= 2:
+                found.append((node.lineno, f"class {node.name}"))
+        elif isinstance(node, ast.Tuple | ast.List | ast.Set):
+            names = [e.value for e in node.elts if isinstance(e, ast.Constant)]
+            if len(SCHEME_NAMES.intersection(names)) >= 2:
+                found.append((node.lineno, repr(names)))
+    return found
+
+
+def test_one_scheme_vocabulary() -> None:
+    bad = [
+        f"{p.relative_to(REPO)}:{line}: {what}"
+        for p in _sources()
+        for line, what in scheme_vocabularies(p.read_text(encoding="utf-8"))
+        if not (p == SCHEME_MODULE and what == "class Scheme")
+    ]
+    assert not bad, "name schemes through crew.config.Scheme:\n" + "\n".join(bad)
+
+
+def test_the_one_scheme_vocabulary_is_the_cli_and_database_one() -> None:
+    from crew.config import Scheme
+    from crew.plan.schemes import ALL_SCHEMES, GROUP_SCHEMES
+
+    assert {s.value for s in Scheme} == SCHEME_NAMES
+    assert set(ALL_SCHEMES) == set(Scheme) and Scheme.GLOO not in GROUP_SCHEMES
+    assert all(isinstance(s, Scheme) for s in GROUP_SCHEMES)
+    assert Scheme("crew-star") is Scheme.CREW_STAR and Scheme.CREW_STAR == "crew-star"
+
+
+@pytest.mark.parametrize(
+    ("source", "found"),
+    [
+        ('STAR = ("crew", "crew-paper", "preduce")', 1),
+        ('class S(enum.StrEnum):\n    PS = "ps"\n    RING = "ring"', 1),
+        ('parser.add_argument("--schemes", default=["crew", "ring"])', 1),
+        ("STAR = (Scheme.CREW, Scheme.CREW_PAPER)", 0),
+        ('x = ("crew", "lab")', 0),
+    ],
+)
+def test_the_reader_sees_scheme_vocabularies(source: str, found: int) -> None:
+    assert len(scheme_vocabularies(source)) == found

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from crew.config import RunConfig
+from crew.config import RunConfig, Scheme
 from crew.control.capacity import CapacityView, InFlight, LinkChange, LinkUpdate
 from crew.control.grouping import Group, GroupFormer, GroupingError, GroupOutcome, WorkerState
 from crew.control.rejections import RejectionLimiter, SecurityNote
@@ -126,7 +126,7 @@ class GroupOpenedRecord:
     """A group was formed and planned: its ``groups`` row and its ``group_members`` rows."""
 
     group: Group
-    scheme: str
+    scheme: Scheme
     started_at: float
     predicted_s: float
     bound_s: float
@@ -138,7 +138,7 @@ class GroupUnplannedRecord:
     """A group was formed but no plan was found: recorded as abandoned at once."""
 
     group: Group
-    scheme: str
+    scheme: Scheme
     ended_at: float
     reason: str
 
@@ -178,7 +178,7 @@ class IterationRecord:
 class AllReduceRecord:
     """A Gloo all-reduce among all workers, recorded as a completed group of everyone."""
 
-    scheme: str
+    scheme: Scheme
     n: int
     started: float
     ended: float
@@ -212,7 +212,7 @@ class OpenGroup:
     """A group between its formation and its commit or abandonment."""
 
     group: Group
-    scheme: str
+    scheme: Scheme
     rev: int
     members: tuple[int, ...]
     weights: tuple[float, ...]
@@ -234,7 +234,7 @@ class OpenGroupState:
     """A frozen copy of an :class:`OpenGroup`, for snapshots."""
 
     group: Group
-    scheme: str
+    scheme: Scheme
     rev: int
     members: tuple[int, ...]
     weights: tuple[float, ...]
@@ -259,7 +259,7 @@ class LifecycleSnapshot:
     that from the workers' re-registrations."""
 
     open_groups: tuple[OpenGroupState, ...]
-    scheme: str
+    scheme: Scheme
     size_elems: int | None
     connected: frozenset[int]
     offered_proj: tuple[tuple[int, float], ...]
@@ -561,7 +561,9 @@ class GroupLifecycle:
             now,
         )
 
-    def _plan(self, members: tuple[int, ...], scheme: str, now: float) -> tuple[GroupPlan, float]:
+    def _plan(
+        self, members: tuple[int, ...], scheme: Scheme, now: float
+    ) -> tuple[GroupPlan, float]:
         assert self.size_elems is not None
         size = self.size_elems * 4
         active = self.alive()
@@ -585,7 +587,7 @@ class GroupLifecycle:
             not self.cfg.nonblocking
             or self.split is None
             or self.trace is not None
-            or self.scheme not in ("crew", "crew-paper")
+            or self.scheme not in (Scheme.CREW, Scheme.CREW_PAPER)
         ):
             return None
         if any(self.ready_at.get(m, (0.0, -1))[1] != self.split_epoch for m in members):
@@ -914,9 +916,10 @@ class GroupLifecycle:
             for group in self.former.form(now):
                 self._start_group(group, now)
         elif op == "set_scheme":
-            scheme = str(args["scheme"])
-            if scheme not in GROUP_SCHEMES:
-                raise proto.ProtocolError(f"admin.args.scheme: unknown {scheme!r}")
+            name = str(args["scheme"])
+            if name not in GROUP_SCHEMES:
+                raise proto.ProtocolError(f"admin.args.scheme: unknown {name!r}")
+            scheme = Scheme(name)
             self.scheme = scheme
             self._out.append(MetaRecord({"scheme": scheme}))
         elif op == "set_link":

@@ -36,7 +36,6 @@ Both are achievable by some execution of the routes, so neither can beat
 
 from __future__ import annotations
 
-import enum
 import heapq
 import itertools
 import json
@@ -48,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from crew.config import Scheme
 from crew.plan.planner import (
     BYTES_PER_S_PER_MBIT,
     PlanError,
@@ -75,13 +75,14 @@ RING_SEARCH_BUDGET = 20_000
 _EPS = 1e-9  # relative: residual capacity below this fraction of the largest rate counts as 0
 
 
-class Scheme(enum.StrEnum):
-    PS = "ps"
-    RING = "ring"
-    A2A = "a2a"
-    BLINK = "blink"
-    BLINK_PIPE = "blink-pipe"
-    TOPOADOPT = "topoadopt"
+BASELINE_SCHEMES = (
+    Scheme.PS,
+    Scheme.RING,
+    Scheme.A2A,
+    Scheme.BLINK,
+    Scheme.BLINK_PIPE,
+    Scheme.TOPOADOPT,
+)
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ class RoutePlan:
     (:func:`crew.plan.routes.validate_routes`): a RoutePlan always computes the group's sum for
     every member exactly once."""
 
-    scheme: str
+    scheme: Scheme
     group: tuple[int, ...]
     n: int
     total: int
@@ -104,10 +105,9 @@ class RoutePlan:
     predicted_s: float
 
     def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "scheme", Scheme(self.scheme))
-        except ValueError:
-            raise PlanError("scheme", f"unknown scheme {self.scheme!r}") from None
+        if self.scheme not in BASELINE_SCHEMES:
+            raise PlanError("scheme", f"unknown scheme {self.scheme!r}")
+        object.__setattr__(self, "scheme", Scheme(self.scheme))
         if not _is_int(self.n) or self.n < 1:
             raise PlanError("n", f"must be a positive int, got {self.n!r}")
         object.__setattr__(self, "n", int(self.n))
@@ -794,7 +794,7 @@ def _swap_edge(
 
 
 def plan_for(
-    scheme: str,
+    scheme: Scheme,
     bw: np.ndarray,
     group: Sequence[int],
     size: int,
@@ -804,12 +804,11 @@ def plan_for(
     """The plan of baseline ``scheme`` ("ps", "ring", "a2a", "blink", "blink-pipe",
     "topoadopt"). ``active`` limits PS's choice of server; the other schemes use members only,
     who must all be active. ``seed`` drives TopoAdopt's annealing."""
-    try:
-        which = Scheme(scheme)
-    except ValueError:
+    if scheme not in BASELINE_SCHEMES:
         raise PlanError(
-            "scheme", f"unknown baseline {scheme!r}; known: {', '.join(s.value for s in Scheme)}"
-        ) from None
+            "scheme", f"unknown baseline {scheme!r}; known: {', '.join(BASELINE_SCHEMES)}"
+        )
+    which = Scheme(scheme)
     w = _check_bw(bw)
     members = _check_group(group, w.shape[0])
     _check_active(active, w.shape[0], members)

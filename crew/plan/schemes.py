@@ -31,25 +31,30 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from crew.config import Scheme
 from crew.plan import planner, routelp
+from crew.plan.baselines import BASELINE_SCHEMES
 from crew.plan.planner import SharedLink
 from crew.plan.routes import Route, link_load, relayed_star_routes, star_routes
 
-STAR_SCHEMES = ("crew", "crew-paper", "preduce", "crew-relay", "crew-star")
-ROUTE_SCHEMES = ("ps", "ring", "a2a", "blink", "blink-pipe", "topoadopt")
-ALL_SCHEMES = (*STAR_SCHEMES, *ROUTE_SCHEMES, "gloo")
+STAR_SCHEMES = (Scheme.CREW, Scheme.CREW_PAPER, Scheme.PREDUCE, Scheme.CREW_RELAY, Scheme.CREW_STAR)
+ROUTE_SCHEMES = BASELINE_SCHEMES
+ALL_SCHEMES = tuple(Scheme)
 GROUP_SCHEMES = STAR_SCHEMES + ROUTE_SCHEMES  # planned per group by the coordinator
 
 
 @dataclass(frozen=True)
 class GroupPlan:
-    scheme: str
+    scheme: Scheme
     members: tuple[int, ...]
     routes: tuple[Route, ...]
     pipelined: bool
     predicted_s: float
     n: int
     total: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scheme", Scheme(self.scheme))
 
     @property
     def elems(self) -> list[int]:
@@ -91,7 +96,12 @@ class GroupPlan:
 
 
 def _star(
-    scheme: str, plan: planner.Plan, members: tuple[int, ...], pipelined: bool, n: int, total: int
+    scheme: Scheme,
+    plan: planner.Plan,
+    members: tuple[int, ...],
+    pipelined: bool,
+    n: int,
+    total: int,
 ) -> GroupPlan:
     segments = [(s.worker, s.start, s.stop) for s in plan.segments]
     return GroupPlan(
@@ -106,7 +116,7 @@ def _star(
 
 
 def plan_group_nonblocking(
-    scheme: str,
+    scheme: Scheme,
     bw: np.ndarray,
     members: Sequence[int],
     size: int,
@@ -117,7 +127,7 @@ def plan_group_nonblocking(
     """CREW's non-blocking re-solve (``planner.solve_p2a_nonblocking``) as star routes."""
     members = tuple(members)
     plan = planner.solve_p2a_nonblocking(bw, members, size, sent, active=active, a2a=a2a)
-    return _star(scheme, plan, members, scheme == "crew", bw.shape[0], size // 4)
+    return _star(scheme, plan, members, scheme == Scheme.CREW, bw.shape[0], size // 4)
 
 
 STAR_TIE = 1e-6
@@ -157,7 +167,7 @@ def _star_on_tie(
 
 
 def plan_group(
-    scheme: str,
+    scheme: Scheme,
     bw: np.ndarray,
     members: Sequence[int],
     size: int,
@@ -177,7 +187,7 @@ def plan_group(
     members = tuple(members)
     n = bw.shape[0]
     total = size // 4
-    if scheme == "crew":
+    if scheme == Scheme.CREW:
         rp = routelp.plan_routes(
             bw, members, size, active, shared=shared, delay_s=delay_s, part_bytes=part_bytes
         )
@@ -186,10 +196,10 @@ def plan_group(
             return GroupPlan(scheme, members, star[0], True, star[1], n, total)
         return GroupPlan(scheme, members, rp.routes, True, rp.predicted_s, n, total)
     if scheme in STAR_SCHEMES:
-        if scheme == "crew-star":
+        if scheme == Scheme.CREW_STAR:
             plan = planner.solve_pipelined(bw, members, size, active=active)
             pipelined = True
-        elif scheme == "crew-relay":
+        elif scheme == Scheme.CREW_RELAY:
             live = np.array(bw, dtype=float)  # relays only through active workers
             if active is not None:
                 off = np.setdiff1d(np.arange(n), np.asarray(list(active), dtype=int))
@@ -208,7 +218,7 @@ def plan_group(
                 n,
                 total,
             )
-        elif scheme == "crew-paper":
+        elif scheme == Scheme.CREW_PAPER:
             plan = planner.solve_p2a(bw, members, size, active=active)
             pipelined = False
         else:

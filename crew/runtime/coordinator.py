@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from crew.config import RunConfig
+from crew.config import RunConfig, Scheme
 from crew.control import lifecycle as lc
 from crew.control.grouping import GroupOutcome
 from crew.plan.schemes import GROUP_SCHEMES
@@ -139,7 +139,7 @@ def resume_from_db(db: RunDB, life: lc.GroupLifecycle, now: float) -> int:
     if "p" in meta:
         life.former.set_p(int(meta["p"]))
     if meta.get("scheme") in GROUP_SCHEMES:
-        life.scheme = meta["scheme"]
+        life.scheme = Scheme(meta["scheme"])
     for r in db.query(
         "SELECT src, dst, rate_mbit FROM link_state WHERE id IN"
         " (SELECT MAX(id) FROM link_state GROUP BY src, dst)"

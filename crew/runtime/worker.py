@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crew.config import RunConfig
+from crew.config import RunConfig, Scheme
 from crew.control.worker_control import evaluation_due
 from crew.runtime.node import Node
 from crew.wire import protocol as proto
@@ -197,7 +197,7 @@ class Worker:
         node.stop_event.wait()
 
     def run(self) -> int:
-        gloo = self.cfg.scheme == "gloo"
+        gloo = self.cfg.scheme is Scheme.GLOO
         try:
             if not self.bench and not gloo:
                 self._train_partial()
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = RunConfig.load(args.config)
     if not 0 <= args.id < cfg.n:
         parser.error(f"--id: must be between 0 and {cfg.n - 1}")
-    if not cfg.extra.get("bench") or cfg.scheme == "gloo":
+    if not cfg.extra.get("bench") or cfg.scheme is Scheme.GLOO:
         import torch
 
         torch.set_num_threads(1)

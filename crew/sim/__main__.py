@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from crew.config import Scheme
 from crew.plan.schemes import GROUP_SCHEMES
 from crew.sim.engine import Fault, FaultKind, SimConfig, SimResult, Simulation
 from crew.sim.record import Recorder
@@ -22,7 +23,7 @@ LARGE_SAMPLE_S = 4.0  # for "now" is 5 s, so links still read as busy between sa
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """Options shared with ``lab.simrun`` (everything but the topology)."""
     parser.add_argument("--p", type=int, default=5, help="group size (default 5)")
-    parser.add_argument("--scheme", default="crew", choices=GROUP_SCHEMES)
+    parser.add_argument("--scheme", type=Scheme, default=Scheme.CREW, choices=GROUP_SCHEMES)
     parser.add_argument("--duration", type=float, default=50.0, help="simulated seconds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

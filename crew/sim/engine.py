@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from crew.config import Scheme
 from crew.sim.lifecycle import Abandon, Assign, Commit, Decision, SimLifecycle
 from crew.sim.network import LinkQueues, RouteTimer, part_bytes
 from crew.sim.record import Recorder
@@ -68,7 +69,7 @@ class Fault:
 
 @dataclass(frozen=True)
 class SimConfig:
-    scheme: str = "crew"
+    scheme: Scheme = Scheme.CREW
     p: int = 5
     duration_s: float = 50.0
     seed: int = 0

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from crew.config import Scheme
 from crew.runtime import rundb
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SCHEMES: tuple[str, ...] = ("preduce", "crew")
+DEFAULT_SCHEMES: tuple[Scheme, ...] = (Scheme.PREDUCE, Scheme.CREW)
 # HTB rate changes need no optional qdisc, so a lab can always do them.
 ALWAYS_AVAILABLE: frozenset[str] = frozenset({"rate"})
 # Bounds that catch typos (an extra zero) rather than physics: HTB handles far more.
@@ -69,7 +70,7 @@ class LabLimits:
     """
 
     n: int
-    schemes: tuple[str, ...] = DEFAULT_SCHEMES
+    schemes: tuple[Scheme, ...] = DEFAULT_SCHEMES
     impairments: frozenset[str] = ALWAYS_AVAILABLE
 
 
@@ -89,7 +90,7 @@ class SetScheme:
     """Switch the reduction scheme for groups formed from now on."""
 
     KIND: ClassVar[CommandKind] = CommandKind.SET_SCHEME
-    scheme: str
+    scheme: Scheme
 
 
 @dataclass(frozen=True)
@@ -315,7 +316,7 @@ def _set_scheme(a: Mapping[str, Any], lim: LabLimits) -> SetScheme:
     if not isinstance(s, str) or s not in lim.schemes:
         have = ", ".join(lim.schemes)
         raise CommandError("scheme", f"unknown scheme {s!r} (this run has: {have})")
-    return SetScheme(s)
+    return SetScheme(Scheme(s))
 
 
 def _slow(a: Mapping[str, Any], lim: LabLimits) -> SlowWorker:
@@ -456,7 +457,11 @@ def load_limits(conn: sqlite3.Connection) -> LabLimits:
             "SELECT key, value FROM meta WHERE key IN ('schemes', 'impairments')"
         ).fetchall()
     }
-    schemes = tuple(json.loads(meta["schemes"])) if "schemes" in meta else DEFAULT_SCHEMES
+    schemes = (
+        tuple(Scheme(s) for s in json.loads(meta["schemes"]) if s in Scheme.names())
+        if "schemes" in meta
+        else DEFAULT_SCHEMES
+    )
     imp = frozenset(json.loads(meta["impairments"])) if "impairments" in meta else frozenset()
     return LabLimits(n=n, schemes=schemes, impairments=imp | ALWAYS_AVAILABLE)
 

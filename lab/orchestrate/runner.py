@@ -54,7 +54,7 @@ class RunOptions:
     """Everything ``python -m lab.run`` can set. Defaults give an interesting run on 2 cores."""
 
     p: int = 3
-    scheme: str = "crew"
+    scheme: Scheme = Scheme.CREW
     seed: int = 0
     width: int = 640
     depth: int = 3
@@ -95,7 +95,7 @@ def lab_impairments(caps: Capabilities) -> set[str]:
 def lab_limits(topo: TopologySpec, caps: Capabilities) -> cmds.LabLimits:
     return cmds.LabLimits(
         n=topo.n,
-        schemes=tuple(s for s in Scheme.names() if s != "gloo"),
+        schemes=tuple(s for s in Scheme if s is not Scheme.GLOO),
         impairments=frozenset(lab_impairments(caps)),
     )
 
@@ -255,7 +255,7 @@ class LabRun:
                 "n": str(self.topo.n),
                 "topology_name": self.topo.name,
                 "topology": json.dumps(self.topo.to_dict()),
-                "schemes": json.dumps([s for s in Scheme.names() if s != "gloo"]),
+                "schemes": json.dumps([s for s in Scheme if s is not Scheme.GLOO]),
                 "impairments": json.dumps(sorted(self._impairments())),
                 "capabilities": describe(self.caps, self.topo),
                 "options": json.dumps(
