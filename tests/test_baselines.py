@@ -10,10 +10,11 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from crew.config import Scheme
 from crew.plan.baselines import (
+    BASELINE_SCHEMES,
     ELEM_BYTES,
     RoutePlan,
-    Scheme,
     cost_pipelined,
     cost_store_and_forward,
     pack_trees,
@@ -30,7 +31,7 @@ from crew.plan.routes import Route, RouteError, validate_routes
 M = 400_000  # bytes: 1e5 float32 elements
 REL = 1e-9
 QUICK_SA = 150  # annealing steps in the many random cases; the default runs in its own tests
-SCHEMES = [s.value for s in Scheme]
+SCHEMES = [s.value for s in BASELINE_SCHEMES]
 
 
 def secs(nbytes: float, mbit: float) -> float:
