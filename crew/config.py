@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +91,15 @@ class RunConfig:
     # listen on data_port
     data_ports: tuple[int, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def default(cls, name: str) -> Any:
+        """The default of field ``name``: written once, here. The lab's ``RunOptions`` take
+        theirs from this, and ``python -m lab.run``'s options from ``RunOptions``."""
+        for f in fields(cls):
+            if f.name == name and f.default is not MISSING:
+                return f.default
+        raise KeyError(f"RunConfig has no field {name!r} with a default")
 
     def __post_init__(self) -> None:
         if self.n < 1:

@@ -27,7 +27,7 @@ from crew.runtime.rundb import GroupStatus
 from lab.net.preflight import PreflightError, add_allow_missing, allowed_missing, check, describe
 from lab.orchestrate.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id, summarize
 from lab.scenario import ScenarioError, load_scenario
-from lab.topology import TopologyError, load_topology
+from lab.topology import Impairment, TopologyError, load_topology
 
 log = logging.getLogger("lab.run")
 console = Console(stderr=True)
@@ -36,7 +36,11 @@ EXIT_BAD_INPUT = 2
 EXIT_PREFLIGHT = 3
 
 
+DEFAULTS = RunOptions()  # the CLI's defaults: RunOptions' (one source, see its docstring)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    d = DEFAULTS
     p = argparse.ArgumentParser(
         prog="python -m lab.run",
         description=__doc__,
@@ -51,15 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--p",
         type=int,
-        default=3,
-        help="group size: the first p ready workers average together (default 3)",
+        default=d.p,
+        help=f"group size: the first p ready workers average together (default {d.p})",
     )
     p.add_argument(
         "--scheme",
-        choices=Scheme.names(),
-        default=Scheme.CREW.value,
+        type=Scheme,
+        choices=list(Scheme),
+        default=d.scheme,
         help="how a group averages: crew (all active workers aggregate, p2a LP) or "
-        "preduce (members only, the original partial reduce); default crew",
+        f"preduce (members only, the original partial reduce); default {d.scheme}",
     )
     p.add_argument(
         "--duration",
@@ -75,36 +80,41 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder for this run's database, config and logs, not used by an earlier run "
         "(default: runs/<run-id>)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed for data, model and stragglers")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed for data, model and stragglers")
     p.add_argument(
         "--width",
         type=int,
-        default=640,
+        default=d.width,
         help="hidden width of the MLP; sets the model size the network carries "
-        "(default 640: 3.5 MB)",
+        f"(default {d.width}: 3.5 MB)",
     )
-    p.add_argument("--depth", type=int, default=3, help="hidden layers of the MLP (default 3)")
+    p.add_argument(
+        "--depth", type=int, default=d.depth, help=f"hidden layers of the MLP (default {d.depth})"
+    )
     p.add_argument(
         "--partition",
         choices=["iid", "non-iid"],
-        default="iid",
-        help="how the training set is split among workers (default iid)",
+        default=d.partition,
+        help=f"how the training set is split among workers (default {d.partition})",
     )
     p.add_argument(
         "--staleness",
         action="store_true",
+        default=d.staleness,
         help="weight members by 0.9^staleness instead of equally",
     )
     p.add_argument(
         "--part-kb",
         type=int,
-        default=0,
-        help="size of the parts blocks travel in, KiB (default 0: automatic, a "
+        default=d.part_bytes // 1024,
+        help="size of the parts blocks travel in, KiB"
+        f" (default {d.part_bytes // 1024}: automatic, a "
         "quarter of a block, between 64 KiB and 1 MiB)",
     )
     p.add_argument(
         "--nonblocking",
         action="store_true",
+        default=d.nonblocking,
         help="a ready worker starts scattering with the a2a split before its group "
         "exists; the group's plan is re-solved around what was sent "
         "(crew and crew-paper only)",
@@ -112,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--capacity",
         choices=["configured", "measured"],
-        default="configured",
+        default=d.capacity,
         help="what the planner believes about link rates: the topology's "
         "configured rates, or rates measured online from arriving data "
         "(re-planning when a link drifts by more than 25%%)",
@@ -120,14 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-committed-capacity",
         action="store_true",
+        default=not d.committed_capacity,
         help="plan each group on the full capacity matrix, ignoring what groups "
         "already in flight still send (the paper's behaviour)",
     )
     p.add_argument(
         "--flow-order",
         choices=["fcfs", "egf", "fair"],
-        default="fcfs",
-        help="how a sender orders frames of concurrent groups (default fcfs)",
+        default=d.flow_order,
+        help=f"how a sender orders frames of concurrent groups (default {d.flow_order})",
     )
     add_allow_missing(p)
     p.add_argument(
@@ -150,23 +161,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the lab records what it creates, so that a lab that died can be "
         "cleaned up by the next (default /run/crew-lab)",
     )
-    p.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
+    p.add_argument(
+        "--no-dashboard",
+        action="store_true",
+        default=not d.dashboard,
+        help="do not start the dashboard",
+    )
     p.add_argument(
         "--dashboard-host",
-        default=os.environ.get("CREW_LAB_DASHBOARD_HOST", "127.0.0.1"),
-        help="address the dashboard binds (default 127.0.0.1, or "
+        default=os.environ.get("CREW_LAB_DASHBOARD_HOST", d.dashboard_host),
+        help=f"address the dashboard binds (default {d.dashboard_host}, or "
         "$CREW_LAB_DASHBOARD_HOST, which the Vagrant VM sets to 0.0.0.0 for its "
         "port forward; anything beyond loopback exposes controls that change "
         "the network)",
     )
-    p.add_argument("--dashboard-port", type=int, default=8501, help="dashboard port (8501)")
+    p.add_argument(
+        "--dashboard-port",
+        type=int,
+        default=d.dashboard_port,
+        help=f"dashboard port ({d.dashboard_port})",
+    )
     p.add_argument(
         "--summary-json",
         type=Path,
         default=None,
         help="also write the end-of-run summary to this JSON file",
     )
-    p.add_argument("--log-level", default="INFO", help="log level of lab, coordinator, workers")
+    p.add_argument(
+        "--log-level", default=d.log_level, help="log level of lab, coordinator, workers"
+    )
     return p
 
 
@@ -245,6 +268,31 @@ def print_summary(summary: dict) -> None:
     console.print(t)
 
 
+def options_from_args(
+    args: argparse.Namespace, allow: frozenset[Impairment] = frozenset()
+) -> RunOptions:
+    """The run's options from ``build_parser()``'s arguments."""
+    return RunOptions(
+        p=args.p,
+        scheme=args.scheme,
+        seed=args.seed,
+        width=args.width,
+        depth=args.depth,
+        partition=args.partition,
+        staleness=args.staleness,
+        part_bytes=args.part_kb * 1024,
+        flow_order=args.flow_order,
+        nonblocking=args.nonblocking,
+        committed_capacity=not args.no_committed_capacity,
+        capacity=args.capacity,
+        dashboard=not args.no_dashboard,
+        dashboard_host=args.dashboard_host,
+        dashboard_port=args.dashboard_port,
+        allow_missing=allow,
+        log_level=args.log_level,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -290,25 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"[red]error:[/red] {exc}")
             return EXIT_BAD_INPUT
         console.print(scenario.timeline())
-    opts = RunOptions(
-        p=args.p,
-        scheme=args.scheme,
-        seed=args.seed,
-        width=args.width,
-        depth=args.depth,
-        partition=args.partition,
-        staleness=args.staleness,
-        part_bytes=args.part_kb * 1024,
-        flow_order=args.flow_order,
-        nonblocking=args.nonblocking,
-        committed_capacity=not args.no_committed_capacity,
-        capacity=args.capacity,
-        dashboard=not args.no_dashboard,
-        dashboard_host=args.dashboard_host,
-        dashboard_port=args.dashboard_port,
-        allow_missing=allow,
-        log_level=args.log_level,
-    )
+    opts = options_from_args(args, allow)
     run_dir = args.run_dir or (REPO / "runs" / new_run_id())
     # SIGTERM ends the run as Ctrl-C does: through the context manager's cleanup.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

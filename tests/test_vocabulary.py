@@ -11,9 +11,12 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
+
+from crew.config import RunConfig, Scheme
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("crew", "lab", "dashboard")
@@ -187,7 +190,6 @@ def test_one_scheme_vocabulary() -> None:
 
 
 def test_the_one_scheme_vocabulary_is_the_cli_and_database_one() -> None:
-    from crew.config import Scheme
     from crew.plan.schemes import ALL_SCHEMES, GROUP_SCHEMES
 
     assert {s.value for s in Scheme} == SCHEME_NAMES
@@ -208,3 +210,29 @@ def test_the_one_scheme_vocabulary_is_the_cli_and_database_one() -> None:
 )
 def test_the_reader_sees_scheme_vocabularies(source: str, found: int) -> None:
     assert len(scheme_vocabularies(source)) == found
+
+
+# -- run defaults ------------------------------------------------------------------------------
+
+
+def test_the_cli_defaults_are_the_run_options_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lab.orchestrate.runner import RunOptions
+    from lab.run import build_parser, options_from_args
+
+    monkeypatch.delenv("CREW_LAB_DASHBOARD_HOST", raising=False)
+    assert options_from_args(build_parser().parse_args([])) == RunOptions()
+    changed = options_from_args(build_parser().parse_args(["--scheme", "ring", "--width", "64"]))
+    assert changed.scheme is Scheme.RING and changed.width == 64
+
+
+def test_run_options_take_the_run_config_defaults() -> None:
+    from lab.orchestrate.runner import RunOptions
+
+    opts = RunOptions()
+    shared = {f.name for f in fields(RunConfig)} & {f.name for f in fields(RunOptions)}
+    with_default = [n for n in sorted(shared) if n not in ("p", "scheme", "extra")]
+    assert len(with_default) >= 10
+    for name in with_default:
+        assert getattr(opts, name) == RunConfig.default(name), name
+    with pytest.raises(KeyError, match="n"):
+        RunConfig.default("n")

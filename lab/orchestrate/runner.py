@@ -51,30 +51,34 @@ SPLIT_WAIT_S = 120.0  # importing scikit-learn and splitting: about 1.5 s of CPU
 
 @dataclass(frozen=True)
 class RunOptions:
-    """Everything ``python -m lab.run`` can set. Defaults give an interesting run on 2 cores."""
+    """Everything ``python -m lab.run`` can set. Defaults give an interesting run on 2 cores.
+
+    The one source of a run's defaults: what the processes share comes from ``RunConfig``'s
+    fields, and ``lab.run``'s command line is built from an instance of this class."""
 
     p: int = 3
     scheme: Scheme = Scheme.CREW
-    seed: int = 0
-    width: int = 640
-    depth: int = 3
-    partition: str = "iid"
-    staleness: bool = False
-    part_bytes: int = 0  # 0: automatic (RunConfig.part_elems_for)
-    flow_order: str = "fcfs"
-    nonblocking: bool = False
-    committed_capacity: bool = True
-    capacity: str = "configured"
-    lr: float = 0.05
-    batch_size: int = 32
-    local_steps: int = 1
+    seed: int = RunConfig.default("seed")
+    width: int = RunConfig.default("width")
+    depth: int = RunConfig.default("depth")
+    partition: str = RunConfig.default("partition")
+    staleness: bool = RunConfig.default("staleness")
+    part_bytes: int = RunConfig.default("part_bytes")  # 0: automatic (RunConfig.part_elems_for)
+    flow_order: str = RunConfig.default("flow_order")
+    nonblocking: bool = RunConfig.default("nonblocking")
+    committed_capacity: bool = RunConfig.default("committed_capacity")
+    capacity: str = RunConfig.default("capacity")
+    lr: float = RunConfig.default("lr")
+    batch_size: int = RunConfig.default("batch_size")
+    local_steps: int = RunConfig.default("local_steps")
     dashboard: bool = True
     dashboard_host: str = "127.0.0.1"
     dashboard_port: int = 8501
     allow_missing: frozenset[Impairment] = frozenset()
     log_level: str = "INFO"
-    stall_timeout_s: float = 8.0  # a link with no progress this long counts as failed
-    heartbeat_timeout_s: float = 6.0
+    # a link with no progress this long counts as failed
+    stall_timeout_s: float = RunConfig.default("stall_timeout_s")
+    heartbeat_timeout_s: float = RunConfig.default("heartbeat_timeout_s")
     extra: dict[str, Any] = field(default_factory=dict)
 
 
