@@ -49,6 +49,7 @@ from lab.net.cleanup import (
     is_same_process,
     terminate_recorded,
 )
+from lab.net.netlink import HostNetlink
 from lab.net.preflight import Capabilities, ImpairmentMode
 from lab.topology import Impairment, TopologySpec
 
@@ -133,6 +134,8 @@ class LabNetwork:
         self._links: dict[tuple[int, int], LinkState] = {}
         self._loss_fallback: dict[tuple[int, int], float] = {}
         self._procs: dict[int, ProcRecord] = {}
+        # Run-time changes and counters: one netlink socket per host, opened on first use.
+        self._netlink = HostNetlink()
         self.state: LabState | None = None
 
     # -- addressing and names ----------------------------------------------------------------
@@ -320,6 +323,7 @@ class LabNetwork:
         """Remove everything this lab created. Safe to call more than once or half-built."""
         with self._lock:
             errors: list[str] = []
+            self._netlink.close()  # before the namespaces its sockets are in go away
             state = self.state
             if state is not None:
                 procs = [p for p in state.procs if p.kind == "proc"]
@@ -399,7 +403,7 @@ class LabNetwork:
         """Bytes sent on every directed link so far (the sender interface's tx counter)."""
         out: dict[tuple[int, int], int] = {}
         for i, pid in enumerate(self._pids):
-            for dev, (_rx, tx) in read_net_dev(pid).items():
+            for dev, (_rx, tx) in self._netlink.counters(pid).items():
                 m = _INTF_RE.match(dev)
                 if m and int(m.group(1)) == i:
                     out[(i, int(m.group(2)))] = tx
@@ -409,7 +413,7 @@ class LabNetwork:
         """Bytes received on every directed link i->j, counted at j's interface."""
         out: dict[tuple[int, int], int] = {}
         for j, pid in enumerate(self._pids):
-            for dev, (rx, _tx) in read_net_dev(pid).items():
+            for dev, (rx, _tx) in self._netlink.counters(pid).items():
                 m = _INTF_RE.match(dev)
                 if m and int(m.group(1)) == j:
                     out[(int(m.group(2)), j)] = rx
@@ -462,7 +466,7 @@ class LabNetwork:
                 self._check_emulable(new)
             self._links[(i, j)] = new
             if new.rate_mbit != old.rate_mbit:
-                shaping.change_rate(pid, dev, new.rate_mbit)
+                self._netlink.change_rate(pid, dev, new.rate_mbit)
             if impaired or new.rate_mbit != old.rate_mbit:
                 self._apply_leaf(i, j, old)
             if new.up != old.up:
@@ -520,7 +524,7 @@ class LabNetwork:
         same_kind = shaping.leaf_kind(shape, netem=self.cap.netem) == shaping.leaf_kind(
             before, netem=self.cap.netem
         )
-        shaping.set_leaf(
+        self._netlink.set_leaf(
             self.host_pid(i), self.intf(i, j), shape, netem=self.cap.netem, in_place=same_kind
         )
         self._apply_loss_fallback(i, j)
@@ -549,18 +553,6 @@ class LabNetwork:
 
 
 _INTF_RE = re.compile(r"^w(\d+)-w(\d+)$")
-
-
-def read_net_dev(pid: int) -> dict[str, tuple[int, int]]:
-    """(rx_bytes, tx_bytes) per interface in the network namespace of ``pid``."""
-    text = Path(f"/proc/{pid}/net/dev").read_text()
-    out: dict[str, tuple[int, int]] = {}
-    for line in text.splitlines()[2:]:
-        name, _, rest = line.partition(":")
-        fields = rest.split()
-        if len(fields) >= 9:
-            out[name.strip()] = (int(fields[0]), int(fields[8]))
-    return out
 
 
 def wait_until(pred: Any, timeout_s: float, interval_s: float = 0.05) -> bool:

@@ -1,0 +1,147 @@
+"""Run-time link changes and byte counters over netlink (pyroute2), in each host's namespace.
+
+A rate change used to be two fork/execs of ``mnexec -a <pid> tc`` (the HTB class, then the leaf
+queue sized for the new rate), and every monitor sample read and parsed ``/proc/<pid>/net/dev``
+of every host. Here each host's namespace gets one netlink socket, opened on first use through
+``/proc/<pid>/ns/net`` (pyroute2 forks one short-lived helper to create the socket inside the
+namespace) and kept: every later change or sample is a request on that socket from this process,
+with no fork, and a refusal is a :class:`NetlinkChangeError` carrying the kernel's errno.
+
+The requests carry what ``lab.net.shaping`` gives tc (the class's rate, ceil, burst, cburst and
+quantum; the pfifo leaf's limit), so both paths leave the same tree. What stays with tc and
+iptables:
+
+- building the mesh: one ``tc -batch`` per host (``shaping.apply``); see the measurements in
+  ``python -m lab.netlinkbench``;
+- netem leaves (delay, jitter, loss): tc loads the "normal" delay distribution that jitter
+  uses, which pyroute2's netem does not send (its ``TCA_NETEM_DELAY_DIST`` is a TODO there);
+- cuts and the iptables loss fallback: rules in the receiver's INPUT chain, which netlink does
+  not reach.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from lab.net import shaping
+
+HTB_ROOT = 0x10000  # "1:"
+HTB_CLASS = 0x10010  # "1:10"
+LEAF = 0x100000  # "10:"
+
+
+class NetlinkChangeError(shaping.ShapingError):
+    """The kernel refused a netlink request; ``errno`` is its error code."""
+
+    def __init__(self, what: str, dev: str, exc: NetlinkError):
+        self.errno = exc.code
+        super().__init__(["netlink", what, "dev", dev], exc.code, str(exc))
+
+
+def _rate_bytes_s(rate_mbit: float) -> int:
+    """The rate tc gets from ``shaping.rate_arg`` (whole kbit/s), in bytes/s."""
+    return max(1, round(rate_mbit * 1000)) * 1000 // 8
+
+
+class HostNetlink:
+    """Netlink sockets into the hosts' namespaces, keyed by host pid; safe across threads."""
+
+    def __init__(self) -> None:
+        self._sockets: dict[int, IPRoute] = {}
+        self._index: dict[tuple[int, str], int] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            for ipr in self._sockets.values():
+                ipr.close()
+            self._sockets.clear()
+            self._index.clear()
+
+    def __enter__(self) -> HostNetlink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _ipr(self, pid: int) -> IPRoute:
+        ipr = self._sockets.get(pid)
+        if ipr is None:
+            # flags=0: open the namespace the host has, never create one.
+            ipr = IPRoute(netns=f"/proc/{pid}/ns/net", flags=0)
+            self._sockets[pid] = ipr
+        return ipr
+
+    def _ifindex(self, pid: int, dev: str) -> int:
+        idx = self._index.get((pid, dev))
+        if idx is None:
+            found = self._ipr(pid).link_lookup(ifname=dev)
+            if not found:
+                raise shaping.ShapingError(["netlink", "link_lookup", dev], 1, f"no {dev}")
+            idx = self._index[(pid, dev)] = int(found[0])
+        return idx
+
+    # -- changes -----------------------------------------------------------------------------
+
+    def change_rate(self, pid: int, dev: str, rate_mbit: float) -> None:
+        """``shaping.change_rate`` in place over netlink: queued packets and TCP state stay."""
+        rate = _rate_bytes_s(rate_mbit)
+        burst = shaping.burst_bytes(rate_mbit)
+        with self._lock:
+            try:
+                self._ipr(pid).tc(
+                    "change-class",
+                    "htb",
+                    self._ifindex(pid, dev),
+                    HTB_CLASS,
+                    parent=HTB_ROOT,
+                    rate=rate,
+                    ceil=rate,
+                    burst=burst,
+                    cburst=burst,
+                    quantum=shaping.quantum_bytes(rate_mbit),
+                )
+            except NetlinkError as exc:
+                raise NetlinkChangeError("change-class htb", dev, exc) from exc
+
+    def set_leaf(
+        self, pid: int, dev: str, shape: shaping.Shape, *, netem: bool, in_place: bool = False
+    ) -> None:
+        """``shaping.set_leaf`` over netlink for a pfifo leaf; a netem leaf goes through tc."""
+        kind = shaping.leaf_kind(shape, netem=netem)
+        if kind != "pfifo":
+            shaping.set_leaf(pid, dev, shape, netem=netem, in_place=in_place)
+            return
+        limit = shaping.queue_limit(shape.rate_mbit, shape.delay_ms, shape.jitter_ms)
+        params = {"limit": limit}
+        with self._lock:
+            ipr, idx = self._ipr(pid), self._ifindex(pid, dev)
+            step = f"{'change' if in_place else 'add'} {kind}"
+            try:
+                if in_place:
+                    ipr.tc("change", kind, idx, LEAF, parent=HTB_CLASS, **params)
+                else:
+                    ipr.tc("del", index=idx, handle=LEAF, parent=HTB_CLASS)
+                    ipr.tc("add", kind, idx, LEAF, parent=HTB_CLASS, **params)
+            except NetlinkError as exc:
+                raise NetlinkChangeError(step, dev, exc) from exc
+
+    # -- counters ----------------------------------------------------------------------------
+
+    def counters(self, pid: int) -> dict[str, tuple[int, int]]:
+        """(rx_bytes, tx_bytes) per interface in ``pid``'s namespace (64-bit link stats)."""
+        out: dict[str, tuple[int, int]] = {}
+        with self._lock:
+            try:
+                links = list(self._ipr(pid).get_links())
+            except NetlinkError as exc:
+                raise NetlinkChangeError("get_links", "*", exc) from exc
+        for msg in links:
+            name = msg.get_attr("IFLA_IFNAME")
+            stats = msg.get_attr("IFLA_STATS64")
+            if name and stats is not None:
+                out[name] = (int(stats["rx_bytes"]), int(stats["tx_bytes"]))
+        return out

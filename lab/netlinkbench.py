@@ -1,0 +1,196 @@
+"""What netlink (pyroute2) costs or saves against tc and /proc, on a real mesh: ``sudo python -m
+lab.netlinkbench [--topology T] [--changes K] [--samples S] [--builds B]``.
+
+Builds one lab network (``lab.net.mesh``) and measures, on it, three things both ways:
+
+- a run-time rate change of one link (HTB class rate, then the leaf queue sized for it):
+  ``mnexec tc class change`` + ``tc qdisc change`` (the old path) against
+  ``LabNetwork.set_link`` over netlink (``lab.net.netlink``);
+- one monitor sample of every host's counters: parsing ``/proc/<pid>/net/dev`` against netlink
+  link stats;
+- shaping the whole mesh at build time: one ``tc -batch`` per host (what the lab does) against
+  the same tree sent over netlink from fresh sockets (one helper fork per host included).
+
+Prints median, min and max milliseconds and the processes forked per operation (subprocesses and
+pyroute2's helper forks, counted in this process). Needs root; run it under the CPU lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pyroute2 import IPRoute
+
+from lab.net import shaping
+from lab.net.mesh import LabNetwork
+from lab.net.netlink import HTB_CLASS, HTB_ROOT, LEAF, HostNetlink
+from lab.orchestrate.runner import REPO, free_mgmt_subnet
+from lab.topology import load_topology
+
+MAX_REPEATS = 1000
+
+
+class ForkCounter:
+    """Counts the processes this process starts: subprocess.Popen and os.fork (pyroute2)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    @contextmanager
+    def counting(self) -> Iterator[None]:
+        popen_init, fork = subprocess.Popen.__init__, os.fork
+
+        def counted_init(this: Any, *a: Any, **kw: Any) -> None:
+            self.count += 1
+            popen_init(this, *a, **kw)
+
+        def counted_fork() -> int:
+            self.count += 1
+            return fork()
+
+        subprocess.Popen.__init__ = counted_init  # type: ignore[method-assign]
+        os.fork = counted_fork
+        try:
+            yield
+        finally:
+            subprocess.Popen.__init__ = popen_init  # type: ignore[method-assign]
+            os.fork = fork
+
+
+def measure(fn: Callable[[int], None], repeats: int) -> dict[str, float]:
+    """Run ``fn(k)`` ``repeats`` times; times in ms and forks per call."""
+    forks = ForkCounter()
+    times = []
+    with forks.counting():
+        for k in range(min(repeats, MAX_REPEATS)):
+            t0 = time.perf_counter()
+            fn(k)
+            times.append((time.perf_counter() - t0) * 1000)
+    return {
+        "median_ms": statistics.median(times),
+        "min_ms": min(times),
+        "max_ms": max(times),
+        "forks_per_op": forks.count / len(times),
+        "n": len(times),
+    }
+
+
+def proc_net_dev(pid: int) -> dict[str, tuple[int, int]]:
+    """The monitor's old reader: (rx_bytes, tx_bytes) per interface from /proc/<pid>/net/dev."""
+    out: dict[str, tuple[int, int]] = {}
+    for line in Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]:
+        name, _, rest = line.partition(":")
+        fields = rest.split()
+        if len(fields) >= 9:
+            out[name.strip()] = (int(fields[0]), int(fields[8]))
+    return out
+
+
+def shape_over_netlink(net: LabNetwork) -> None:
+    """The build-time tree of ``LabNetwork._shape_all`` (no impairments) sent over netlink."""
+    for i in range(net.n):
+        with IPRoute(netns=f"/proc/{net.host_pid(i)}/ns/net", flags=0) as ipr:
+            for lk in (lk for lk in net.topology.links if lk.src == i):
+                idx = ipr.link_lookup(ifname=net.intf(i, lk.dst))[0]
+                rate = max(1, round(lk.rate_mbit * 1000)) * 1000 // 8
+                burst = shaping.burst_bytes(lk.rate_mbit)
+                ipr.tc("replace", "htb", idx, HTB_ROOT, default=0x10)
+                ipr.tc(
+                    "replace-class",
+                    "htb",
+                    idx,
+                    HTB_CLASS,
+                    parent=HTB_ROOT,
+                    rate=rate,
+                    ceil=rate,
+                    burst=burst,
+                    cburst=burst,
+                    quantum=shaping.quantum_bytes(lk.rate_mbit),
+                )
+                limit = shaping.queue_limit(lk.rate_mbit)
+                ipr.tc("replace", "pfifo", idx, LEAF, parent=HTB_CLASS, limit=limit)
+
+
+def run(topology: Path, changes: int, samples: int, builds: int) -> dict[str, Any]:
+    topo = load_topology(topology)
+    if any(lk.delay_ms or lk.jitter_ms or lk.loss_pct for lk in topo.links):
+        raise SystemExit(f"{topology}: pick a topology without impairments (pfifo leaves)")
+    out: dict[str, Any] = {"topology": str(topology), "n": topo.n, "links": len(topo.links)}
+    with tempfile.TemporaryDirectory() as state:
+        tag = "nb" + secrets.token_hex(2)
+        with LabNetwork(topo, tag=tag, state_dir=state, mgmt_subnet=free_mgmt_subnet()) as net:
+            pid, dev = net.host_pid(0), net.intf(0, 1)
+            base = net.link_state(0, 1).rate_mbit
+            rates = [base * f for f in (0.5, 0.75)]
+            assert net.cap is not None
+
+            def tc_change(k: int) -> None:
+                rate = rates[k % 2]
+                shaping.change_rate(pid, dev, rate)
+                shaping.set_leaf(pid, dev, shaping.Shape(rate), netem=net.cap.netem, in_place=True)
+
+            def netlink_change(k: int) -> None:
+                net.set_link(0, 1, rate_mbit=rates[(k + 1) % 2])
+
+            netlink_change(0)  # the socket to host 0 is opened once, outside the timing
+            out["rate_change_tc"] = measure(tc_change, changes)
+            out["rate_change_netlink"] = measure(netlink_change, changes)
+            pids = [net.host_pid(i) for i in range(net.n)]
+            out["sample_proc_net_dev"] = measure(
+                lambda _k: [proc_net_dev(p) for p in pids], samples
+            )
+            nl = HostNetlink()
+            for p in pids:
+                nl.counters(p)  # open every host's socket first, as the monitor keeps them
+            out["sample_netlink"] = measure(lambda _k: [nl.counters(p) for p in pids], samples)
+            nl.close()
+            out["build_tc_batch"] = measure(lambda _k: net._shape_all(), builds)
+            out["build_netlink"] = measure(lambda _k: shape_over_netlink(net), builds)
+            net._shape_all()  # leave the lab's own tree before teardown checks
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lab.netlinkbench", description=__doc__)
+    ap.add_argument("--topology", type=Path, default=REPO / "topologies" / "small.yaml")
+    ap.add_argument("--changes", type=int, default=50, help="rate changes per path (50)")
+    ap.add_argument("--samples", type=int, default=50, help="counter samples per path (50)")
+    ap.add_argument("--builds", type=int, default=10, help="mesh shapings per path (10)")
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("lab.netlinkbench needs root (it builds a lab network)", file=sys.stderr)
+        return 2
+    res = run(args.topology, args.changes, args.samples, args.builds)
+    for name, r in res.items():
+        if isinstance(r, dict):
+            print(
+                f"{name:22s} median {r['median_ms']:8.3f} ms  (min {r['min_ms']:.3f},"
+                f" max {r['max_ms']:.3f}, n={r['n']})  forks/op {r['forks_per_op']:.2f}"
+            )
+    for what, old, new in (
+        ("rate change", "rate_change_tc", "rate_change_netlink"),
+        ("counter sample", "sample_proc_net_dev", "sample_netlink"),
+        ("mesh shaping", "build_tc_batch", "build_netlink"),
+    ):
+        ratio = res[new]["median_ms"] / res[old]["median_ms"]
+        print(f"{what}: netlink / old = {ratio:.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
