@@ -35,7 +35,7 @@ from pyroute2 import IPRoute
 
 from lab.net import shaping
 from lab.net.mesh import LabNetwork
-from lab.net.netlink import HTB_CLASS, HTB_ROOT, LEAF, HostNetlink
+from lab.net.netlink import HTB_CLASS, HTB_ROOT, LEAF, HostNetlink, htb_class_params
 from lab.orchestrate.runner import REPO, free_mgmt_subnet
 from lab.topology import load_topology
 
@@ -104,8 +104,6 @@ def shape_over_netlink(net: LabNetwork) -> None:
         with IPRoute(netns=f"/proc/{net.host_pid(i)}/ns/net", flags=0) as ipr:
             for lk in (lk for lk in net.topology.links if lk.src == i):
                 idx = ipr.link_lookup(ifname=net.intf(i, lk.dst))[0]
-                rate = max(1, round(lk.rate_mbit * 1000)) * 1000 // 8
-                burst = shaping.burst_bytes(lk.rate_mbit)
                 ipr.tc("replace", "htb", idx, HTB_ROOT, default=0x10)
                 ipr.tc(
                     "replace-class",
@@ -113,11 +111,7 @@ def shape_over_netlink(net: LabNetwork) -> None:
                     idx,
                     HTB_CLASS,
                     parent=HTB_ROOT,
-                    rate=rate,
-                    ceil=rate,
-                    burst=burst,
-                    cburst=burst,
-                    quantum=shaping.quantum_bytes(lk.rate_mbit),
+                    **htb_class_params(lk.rate_mbit),
                 )
                 limit = shaping.queue_limit(lk.rate_mbit)
                 ipr.tc("replace", "pfifo", idx, LEAF, parent=HTB_CLASS, limit=limit)

@@ -239,20 +239,24 @@ class RunDB:
 
     # -- the writes every part of the lab shares -------------------------------------------
 
+    def _insert(
+        self, table: str, row_type: type[tuple], rows: Iterable[tuple], *, replace: bool = False
+    ) -> None:
+        """Insert ``rows`` of a row type above into ``table``: its fields name the columns."""
+        cols: tuple[str, ...] = row_type._fields  # type: ignore[attr-defined]
+        verb = "INSERT OR REPLACE" if replace else "INSERT"
+        self.executemany(
+            f"{verb} INTO {table} ({', '.join(cols)}) VALUES ({','.join('?' * len(cols))})",
+            rows,
+        )
+
     def add_workers(self, rows: Iterable[WorkerRow]) -> None:
         """Insert (or replace) workers by id."""
-        self.executemany(
-            "INSERT OR REPLACE INTO workers (id, name, cloud, address) VALUES (?,?,?,?)",
-            list(rows),
-        )
+        self._insert("workers", WorkerRow, rows, replace=True)
 
     def add_links(self, rows: Iterable[LinkRow]) -> None:
         """Insert (or replace) links as configured at start; ``intf`` is set apart."""
-        self.executemany(
-            "INSERT OR REPLACE INTO links (src, dst, rate_mbit, delay_ms, jitter_ms, loss_pct)"
-            " VALUES (?,?,?,?,?,?)",
-            list(rows),
-        )
+        self._insert("links", LinkRow, rows, replace=True)
 
     def set_link_intfs(self, intfs: Mapping[tuple[int, int], str]) -> None:
         """Record each link's sender-side interface, once the mesh exists."""
@@ -262,26 +266,18 @@ class RunDB:
         )
 
     def add_link_states(self, rows: Iterable[LinkStateRow]) -> None:
-        self.executemany(
-            "INSERT INTO link_state (t, src, dst, rate_mbit, up, reason) VALUES (?,?,?,?,?,?)",
-            list(rows),
-        )
+        self._insert("link_state", LinkStateRow, rows)
 
     def add_link_samples(self, rows: Iterable[LinkSampleRow]) -> None:
-        self.executemany(
-            "INSERT INTO link_samples (t, src, dst, tx_bytes, mbit) VALUES (?,?,?,?,?)",
-            list(rows),
-        )
+        self._insert("link_samples", LinkSampleRow, rows)
 
     def add_iterations(self, rows: Iterable[IterationRow]) -> None:
-        self.executemany(
-            "INSERT INTO iterations (t, worker, iteration, loss, accuracy) VALUES (?,?,?,?,?)",
-            list(rows),
-        )
+        self._insert("iterations", IterationRow, rows)
 
     def add_events(self, rows: Iterable[EventRow]) -> None:
-        self.executemany(
-            "INSERT INTO events (t, level, kind, worker, message, data) VALUES (?,?,?,?,?,?)",
+        self._insert(
+            "events",
+            EventRow,
             [(r.t, r.level, r.kind, r.worker, r.message, _json(r.data)) for r in rows],
         )
 
@@ -413,11 +409,7 @@ class RunDB:
 
     def set_worker_statuses(self, rows: Iterable[WorkerStatusRow]) -> None:
         """Overwrite the newest states without a history row (a replayed run's final states)."""
-        self.executemany(
-            "INSERT OR REPLACE INTO worker_status (worker, state, iteration, group_id,"
-            " updated_at, pid) VALUES (?,?,?,?,?,NULL)",
-            list(rows),
-        )
+        self._insert("worker_status", WorkerStatusRow, rows, replace=True)  # pid: NULL
 
     def add_command(self, kind: str, args: Mapping[str, Any], *, t: float | None = None) -> int:
         """Append a pending command; return its id."""

@@ -46,6 +46,18 @@ def _rate_bytes_s(rate_mbit: float) -> int:
     return max(1, round(rate_mbit * 1000)) * 1000 // 8
 
 
+def htb_class_params(rate_mbit: float) -> dict[str, int]:
+    """pyroute2's arguments for the HTB class of ``shaping._class_args``."""
+    rate, burst = _rate_bytes_s(rate_mbit), shaping.burst_bytes(rate_mbit)
+    return {
+        "rate": rate,
+        "ceil": rate,
+        "burst": burst,
+        "cburst": burst,
+        "quantum": shaping.quantum_bytes(rate_mbit),
+    }
+
+
 class HostNetlink:
     """Netlink sockets into the hosts' namespaces, keyed by host pid; safe across threads."""
 
@@ -88,8 +100,6 @@ class HostNetlink:
 
     def change_rate(self, pid: int, dev: str, rate_mbit: float) -> None:
         """``shaping.change_rate`` in place over netlink: queued packets and TCP state stay."""
-        rate = _rate_bytes_s(rate_mbit)
-        burst = shaping.burst_bytes(rate_mbit)
         with self._lock:
             try:
                 self._ipr(pid).tc(
@@ -98,11 +108,7 @@ class HostNetlink:
                     self._ifindex(pid, dev),
                     HTB_CLASS,
                     parent=HTB_ROOT,
-                    rate=rate,
-                    ceil=rate,
-                    burst=burst,
-                    cburst=burst,
-                    quantum=shaping.quantum_bytes(rate_mbit),
+                    **htb_class_params(rate_mbit),
                 )
             except NetlinkError as exc:
                 raise NetlinkChangeError("change-class htb", dev, exc) from exc
