@@ -23,9 +23,8 @@ from dataclasses import dataclass
 
 from crew.config import RunConfig, Scheme
 from crew.control import lifecycle as lc
-from crew.control.grouping import GroupOutcome
 from crew.plan.schemes import GROUP_SCHEMES
-from crew.runtime.rundb import GroupMemberRow, IterationRow, RunDB
+from crew.runtime.rundb import GroupMemberRow, GroupStatus, IterationRow, RunDB
 from crew.wire import protocol as proto
 from crew.wire.frames import COORDINATOR, FrameCodec, FrameError, control_body, control_frame
 from crew.wire.transport import FrameStream
@@ -70,7 +69,7 @@ def write_record(db: RunDB, rec: lc.Output) -> None:
             bound_s=rec.bound_s,
             plan_json=rec.plan_json,
             member_rows=[
-                GroupMemberRow(m, it, max(g.iterations) - it + 1, w)
+                GroupMemberRow(g.id, m, it, max(g.iterations) - it + 1, w)
                 for m, it, w in zip(g.members, g.iterations, g.weights, strict=True)
             ],
         )
@@ -84,14 +83,14 @@ def write_record(db: RunDB, rec: lc.Output) -> None:
             formed_at=g.formed_at,
             started_at=None,
             ended_at=rec.ended_at,
-            status=GroupOutcome.ABANDONED.value,
+            status=GroupStatus.ABANDONED,
             reason=rec.reason,
         )
     elif isinstance(rec, lc.GroupClosedRecord):
         db.close_group(
             rec.group_id,
             ended_at=rec.ended_at,
-            status=rec.outcome.value,
+            status=GroupStatus(rec.outcome.value),
             bytes_moved=rec.bytes_moved,
             reason=rec.reason or None,
             members=rec.members,
@@ -114,7 +113,7 @@ def write_record(db: RunDB, rec: lc.Output) -> None:
             formed_at=rec.started,
             started_at=rec.started,
             ended_at=rec.ended,
-            status=GroupOutcome.COMPLETED.value,
+            status=GroupStatus.COMPLETED,
             bytes_moved=rec.bytes_moved,
         )
 

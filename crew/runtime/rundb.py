@@ -50,6 +50,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from crew.config import Scheme
 from crew.control.grouping import GroupStatus as GroupStatus
 from crew.control.grouping import WorkerState as WorkerState
 
@@ -173,7 +174,28 @@ class EventRow(NamedTuple):
     data: Mapping[str, Any] | None = None
 
 
+class GroupRow(NamedTuple):
+    """A ``groups`` row as first written; ``members``/``weights`` as JSON, ``id`` None: next."""
+
+    id: int | None
+    scheme: str
+    members: str
+    weights: str
+    formed_at: float
+    started_at: float | None
+    ended_at: float | None
+    status: str
+    bytes: int
+    predicted_s: float | None
+    bound_s: float | None
+    plan: str | None
+    reason: str | None
+
+
 class GroupMemberRow(NamedTuple):
+    """A ``group_members`` row (its ``group_id`` first)."""
+
+    group_id: int
     worker: int
     iteration: int
     staleness: int
@@ -186,6 +208,13 @@ class WorkerStatusRow(NamedTuple):
     iteration: int
     group_id: int | None
     updated_at: float
+
+
+def _insert_sql(table: str, row_type: type[tuple], *, replace: bool = False) -> str:
+    """The INSERT of one row type: its fields name the columns, in order."""
+    cols: tuple[str, ...] = row_type._fields  # type: ignore[attr-defined]
+    verb = "INSERT OR REPLACE" if replace else "INSERT"
+    return f"{verb} INTO {table} ({', '.join(cols)}) VALUES ({','.join('?' * len(cols))})"
 
 
 def _json(value: Any) -> str | None:
@@ -242,13 +271,8 @@ class RunDB:
     def _insert(
         self, table: str, row_type: type[tuple], rows: Iterable[tuple], *, replace: bool = False
     ) -> None:
-        """Insert ``rows`` of a row type above into ``table``: its fields name the columns."""
-        cols: tuple[str, ...] = row_type._fields  # type: ignore[attr-defined]
-        verb = "INSERT OR REPLACE" if replace else "INSERT"
-        self.executemany(
-            f"{verb} INTO {table} ({', '.join(cols)}) VALUES ({','.join('?' * len(cols))})",
-            rows,
-        )
+        """Insert ``rows`` of a row type above into ``table``."""
+        self.executemany(_insert_sql(table, row_type, replace=replace), rows)
 
     def add_workers(self, rows: Iterable[WorkerRow]) -> None:
         """Insert (or replace) workers by id."""
@@ -285,7 +309,7 @@ class RunDB:
         self,
         group_id: int,
         *,
-        scheme: str,
+        scheme: Scheme,
         members: Sequence[int],
         weights: Sequence[float],
         formed_at: float,
@@ -296,68 +320,64 @@ class RunDB:
         member_rows: Iterable[GroupMemberRow],
     ) -> None:
         """A planned group starts: its row (status open) and its members, in one transaction."""
+        row = GroupRow(
+            group_id,
+            scheme,
+            json.dumps(list(members)),
+            json.dumps(list(weights)),
+            formed_at,
+            started_at,
+            None,
+            GroupStatus.OPEN,
+            0,
+            predicted_s,
+            bound_s,
+            plan_json,
+            None,
+        )
         with self._lock, self._conn:
-            self._conn.execute(
-                "INSERT INTO groups (id, scheme, members, weights, formed_at, started_at, status,"
-                " predicted_s, bound_s, plan) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (
-                    group_id,
-                    scheme,
-                    json.dumps(list(members)),
-                    json.dumps(list(weights)),
-                    formed_at,
-                    started_at,
-                    GroupStatus.OPEN.value,
-                    predicted_s,
-                    bound_s,
-                    plan_json,
-                ),
-            )
-            self._conn.executemany(
-                "INSERT INTO group_members (group_id, worker, iteration, staleness, weight)"
-                " VALUES (?,?,?,?,?)",
-                [(group_id, *m) for m in member_rows],
-            )
+            self._conn.execute(_insert_sql("groups", GroupRow), row)
+            self._conn.executemany(_insert_sql("group_members", GroupMemberRow), member_rows)
 
     def add_closed_group(
         self,
         *,
         group_id: int | None,
-        scheme: str,
+        scheme: Scheme,
         members: Sequence[int],
         weights: Sequence[float],
         formed_at: float,
         started_at: float | None,
         ended_at: float,
-        status: str,
+        status: GroupStatus,
         bytes_moved: int = 0,
         reason: str | None = None,
     ) -> None:
         """A group that is over when first written: abandoned unplanned, or an all-reduce round
         (``group_id`` None: the next id)."""
-        self.execute(
-            "INSERT INTO groups (id, scheme, members, weights, formed_at, started_at, ended_at,"
-            " status, bytes, reason) VALUES (?,?,?,?,?,?,?,?,?,?)",
-            (
-                group_id,
-                scheme,
-                json.dumps(list(members)),
-                json.dumps(list(weights)),
-                formed_at,
-                started_at,
-                ended_at,
-                status,
-                bytes_moved,
-                reason,
-            ),
+        row = GroupRow(
+            group_id,
+            scheme,
+            json.dumps(list(members)),
+            json.dumps(list(weights)),
+            formed_at,
+            started_at,
+            ended_at,
+            status,
+            bytes_moved,
+            None,
+            None,
+            None,
+            reason,
         )
+        self._insert("groups", GroupRow, [row])
 
     def close_group(
         self,
         group_id: int,
         *,
         ended_at: float,
-        status: str,
+        status: GroupStatus,
         bytes_moved: int,
         reason: str | None,
         members: Sequence[int],
