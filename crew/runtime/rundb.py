@@ -183,13 +183,13 @@ class GroupRow(NamedTuple):
     weights: str
     formed_at: float
     started_at: float | None
-    ended_at: float | None
-    status: str
-    bytes: int
-    predicted_s: float | None
-    bound_s: float | None
-    plan: str | None
-    reason: str | None
+    ended_at: float | None = None
+    status: str = GroupStatus.OPEN
+    bytes: int = 0
+    predicted_s: float | None = None
+    bound_s: float | None = None
+    plan: str | None = None
+    reason: str | None = None
 
 
 class GroupMemberRow(NamedTuple):
@@ -215,6 +215,10 @@ def _insert_sql(table: str, row_type: type[tuple], *, replace: bool = False) -> 
     cols: tuple[str, ...] = row_type._fields  # type: ignore[attr-defined]
     verb = "INSERT OR REPLACE" if replace else "INSERT"
     return f"{verb} INTO {table} ({', '.join(cols)}) VALUES ({','.join('?' * len(cols))})"
+
+
+def _json_lists(members: Sequence[int], weights: Sequence[float]) -> tuple[str, str]:
+    return json.dumps(list(members)), json.dumps(list(weights))
 
 
 def _json(value: Any) -> str | None:
@@ -323,17 +327,12 @@ class RunDB:
         row = GroupRow(
             group_id,
             scheme,
-            json.dumps(list(members)),
-            json.dumps(list(weights)),
+            *_json_lists(members, weights),
             formed_at,
             started_at,
-            None,
-            GroupStatus.OPEN,
-            0,
-            predicted_s,
-            bound_s,
-            plan_json,
-            None,
+            predicted_s=predicted_s,
+            bound_s=bound_s,
+            plan=plan_json,
         )
         with self._lock, self._conn:
             self._conn.execute(_insert_sql("groups", GroupRow), row)
@@ -358,17 +357,13 @@ class RunDB:
         row = GroupRow(
             group_id,
             scheme,
-            json.dumps(list(members)),
-            json.dumps(list(weights)),
+            *_json_lists(members, weights),
             formed_at,
             started_at,
             ended_at,
             status,
             bytes_moved,
-            None,
-            None,
-            None,
-            reason,
+            reason=reason,
         )
         self._insert("groups", GroupRow, [row])
 
@@ -397,8 +392,7 @@ class RunDB:
                     status,
                     bytes_moved,
                     reason,
-                    json.dumps(list(members)),
-                    json.dumps(list(weights)),
+                    *_json_lists(members, weights),
                     plan_json,
                     revisions,
                     verify_err,
