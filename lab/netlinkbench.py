@@ -6,8 +6,8 @@ Builds one lab network (``lab.net.mesh``) and measures, on it, three things both
 - a run-time rate change of one link (HTB class rate, then the leaf queue sized for it):
   ``mnexec tc class change`` + ``tc qdisc change`` (the old path) against
   ``LabNetwork.set_link`` over netlink (``lab.net.netlink``);
-- one monitor sample of every host's counters: parsing ``/proc/<pid>/net/dev`` against netlink
-  link stats;
+- one monitor sample of every host's counters: parsing ``/proc/<pid>/net/dev`` (what the monitor
+  does) against netlink link stats;
 - shaping the whole mesh at build time: one ``tc -batch`` per host (what the lab does) against
   the same tree sent over netlink from fresh sockets (one helper fork per host included).
 
@@ -34,8 +34,8 @@ from typing import Any
 from pyroute2 import IPRoute
 
 from lab.net import shaping
-from lab.net.mesh import LabNetwork
-from lab.net.netlink import HTB_CLASS, HTB_ROOT, LEAF, HostNetlink, htb_class_params
+from lab.net.mesh import LabNetwork, read_net_dev
+from lab.net.netlink import HTB_CLASS, HTB_ROOT, LEAF, htb_class_params
 from lab.orchestrate.runner import REPO, free_mgmt_subnet
 from lab.topology import load_topology
 
@@ -69,32 +69,46 @@ class ForkCounter:
             os.fork = fork
 
 
-def measure(fn: Callable[[int], None], repeats: int) -> dict[str, float]:
-    """Run ``fn(k)`` ``repeats`` times; times in ms and forks per call."""
+def measure(
+    fn: Callable[[int], None], repeats: int, setup: Callable[[], None] | None = None
+) -> dict[str, float]:
+    """Run ``fn(k)`` ``repeats`` times (``setup()`` before each, not counted); times in ms and
+    forks per call."""
     forks = ForkCounter()
-    times = []
-    with forks.counting():
-        for k in range(min(repeats, MAX_REPEATS)):
+    times, forked = [], 0
+    for k in range(min(repeats, MAX_REPEATS)):
+        if setup is not None:
+            setup()
+        with forks.counting():
+            before = forks.count
             t0 = time.perf_counter()
             fn(k)
             times.append((time.perf_counter() - t0) * 1000)
+            forked += forks.count - before
     return {
         "median_ms": statistics.median(times),
         "min_ms": min(times),
         "max_ms": max(times),
-        "forks_per_op": forks.count / len(times),
+        "forks_per_op": forked / len(times),
         "n": len(times),
     }
 
 
-def proc_net_dev(pid: int) -> dict[str, tuple[int, int]]:
-    """The monitor's old reader: (rx_bytes, tx_bytes) per interface from /proc/<pid>/net/dev."""
+def unshape(net: LabNetwork) -> None:
+    """Remove every link's HTB tree, so a build starts from nothing (an HTB root cannot be
+    replaced by another in place)."""
+    for lk in net.topology.links:
+        shaping.remove(net.host_pid(lk.src), net.intf(lk.src, lk.dst))
+
+
+def netlink_counters(ipr: IPRoute) -> dict[str, tuple[int, int]]:
+    """The alternative to ``read_net_dev``: (rx_bytes, tx_bytes) per interface, netlink's
+    64-bit link stats."""
     out: dict[str, tuple[int, int]] = {}
-    for line in Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]:
-        name, _, rest = line.partition(":")
-        fields = rest.split()
-        if len(fields) >= 9:
-            out[name.strip()] = (int(fields[0]), int(fields[8]))
+    for msg in ipr.get_links():
+        stats = msg.get_attr("IFLA_STATS64")
+        if stats is not None:
+            out[msg.get_attr("IFLA_IFNAME")] = (int(stats["rx_bytes"]), int(stats["tx_bytes"]))
     return out
 
 
@@ -104,9 +118,9 @@ def shape_over_netlink(net: LabNetwork) -> None:
         with IPRoute(netns=f"/proc/{net.host_pid(i)}/ns/net", flags=0) as ipr:
             for lk in (lk for lk in net.topology.links if lk.src == i):
                 idx = ipr.link_lookup(ifname=net.intf(i, lk.dst))[0]
-                ipr.tc("replace", "htb", idx, HTB_ROOT, default=0x10)
+                ipr.tc("add", "htb", idx, HTB_ROOT, default=0x10)
                 ipr.tc(
-                    "replace-class",
+                    "add-class",
                     "htb",
                     idx,
                     HTB_CLASS,
@@ -114,7 +128,7 @@ def shape_over_netlink(net: LabNetwork) -> None:
                     **htb_class_params(lk.rate_mbit),
                 )
                 limit = shaping.queue_limit(lk.rate_mbit)
-                ipr.tc("replace", "pfifo", idx, LEAF, parent=HTB_CLASS, limit=limit)
+                ipr.tc("add", "pfifo", idx, LEAF, parent=HTB_CLASS, limit=limit)
 
 
 def run(topology: Path, changes: int, samples: int, builds: int) -> dict[str, Any]:
@@ -143,15 +157,20 @@ def run(topology: Path, changes: int, samples: int, builds: int) -> dict[str, An
             out["rate_change_netlink"] = measure(netlink_change, changes)
             pids = [net.host_pid(i) for i in range(net.n)]
             out["sample_proc_net_dev"] = measure(
-                lambda _k: [proc_net_dev(p) for p in pids], samples
+                lambda _k: [read_net_dev(p) for p in pids], samples
             )
-            nl = HostNetlink()
-            for p in pids:
-                nl.counters(p)  # open every host's socket first, as the monitor keeps them
-            out["sample_netlink"] = measure(lambda _k: [nl.counters(p) for p in pids], samples)
-            nl.close()
-            out["build_tc_batch"] = measure(lambda _k: net._shape_all(), builds)
-            out["build_netlink"] = measure(lambda _k: shape_over_netlink(net), builds)
+            # every host's socket opened first, as a monitor would keep them
+            iprs = [IPRoute(netns=f"/proc/{p}/ns/net", flags=0) for p in pids]
+            out["sample_netlink"] = measure(lambda _k: [netlink_counters(i) for i in iprs], samples)
+            for ipr in iprs:
+                ipr.close()
+            out["build_tc_batch"] = measure(
+                lambda _k: net._shape_all(), builds, lambda: unshape(net)
+            )
+            out["build_netlink"] = measure(
+                lambda _k: shape_over_netlink(net), builds, lambda: unshape(net)
+            )
+            unshape(net)
             net._shape_all()  # leave the lab's own tree before teardown checks
     return out
 

@@ -59,8 +59,6 @@ def test_netlink_changes_leave_the_tree_tc_would(veth_ns: int) -> None:
         shaping.change_rate(pid, "w0-w1", 37.5)
         assert shaping.run(pid, ["tc", "-d", "class", "show", "dev", "w0-w1"]) == by_netlink
         assert shaping.show_classes(pid, "w0-w1")[0].rate_mbit == 37.5
-        counters = nl.counters(pid)
-        assert set(counters) >= {"lo", "w0-w1", "w1-w0"}
         with pytest.raises(NetlinkChangeError) as exc:
             nl.change_rate(pid, "lo", 5.0)  # lo has no HTB class
         assert exc.value.errno > 0

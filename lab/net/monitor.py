@@ -15,7 +15,6 @@ import time
 from typing import Protocol
 
 from crew.runtime.rundb import LinkSampleRow, RunDB
-from lab.net.shaping import ShapingError
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +93,7 @@ class LinkMonitor:
         while not self._stop.is_set() and self.samples_taken < self.max_samples:
             try:
                 prev, prev_t = self.sample_once(prev, prev_t)
-            except (OSError, ValueError, sqlite3.Error, ShapingError) as e:
+            except (OSError, ValueError, sqlite3.Error) as e:
                 # A host that just went away, or a locked DB: skip this sample, keep going.
                 self.errors += 1
                 log.warning("link sample failed: %s", e)
