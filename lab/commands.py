@@ -141,6 +141,7 @@ class SetLink:
     rate_mbit: float | None = None
     delay_ms: float | None = None
     loss_pct: float | None = None
+    jitter_ms: float | None = None  # last, so positional SetLink(s, d, rate, delay, loss) holds
 
 
 @dataclass(frozen=True)
@@ -324,7 +325,7 @@ def _restore(a: Mapping[str, Any], lim: LabLimits) -> RestoreLink:
 
 def _set_link(a: Mapping[str, Any], lim: LabLimits) -> SetLink:
     src, dst = _link(a, lim)
-    rate = delay = loss = None
+    rate = delay = loss = jitter = None
     if a.get("rate_mbit") is not None:
         rate = _positive("rate_mbit", a["rate_mbit"], MAX_RATE_MBIT)
     if a.get("delay_ms") is not None:
@@ -337,9 +338,22 @@ def _set_link(a: Mapping[str, Any], lim: LabLimits) -> SetLink:
         if not 0 <= loss <= 100:
             raise CommandError("loss_pct", f"must be in 0..100 %, got {loss:g}")
         _needs("loss_pct", "loss", lim)
-    if rate is None and delay is None and loss is None:
-        raise CommandError("rate_mbit", "give at least one of rate_mbit, delay_ms, loss_pct")
-    return SetLink(src, dst, rate, delay, loss)
+    if a.get("jitter_ms") is not None:
+        jitter = _as_float("jitter_ms", a["jitter_ms"])
+        if not 0 <= jitter <= MAX_DELAY_MS:
+            raise CommandError("jitter_ms", f"must be in 0..{MAX_DELAY_MS:g} ms, got {jitter:g}")
+        # The link's current delay is known only to the lab (which checks again); a delay given
+        # in the same command must already cover the jitter, or the delay could go negative.
+        if delay is not None and jitter > delay:
+            raise CommandError(
+                "jitter_ms", f"{jitter:g} ms exceeds delay_ms {delay:g} ms (jitter <= delay)"
+            )
+        _needs("jitter_ms", "jitter", lim)
+    if rate is None and delay is None and loss is None and jitter is None:
+        raise CommandError(
+            "rate_mbit", "give at least one of rate_mbit, delay_ms, jitter_ms, loss_pct"
+        )
+    return SetLink(src, dst, rate, delay, loss, jitter)
 
 
 def _start_contention(a: Mapping[str, Any], lim: LabLimits) -> StartContention:
@@ -383,10 +397,11 @@ def describe(command: Command) -> str:
             return f"cut link {s}{'↔' if b else '→'}{d}"
         case RestoreLink(src=s, dst=d, both=b):
             return f"restore link {s}{'↔' if b else '→'}{d}"
-        case SetLink(src=s, dst=d, rate_mbit=r, delay_ms=dl, loss_pct=ls):
+        case SetLink(src=s, dst=d, rate_mbit=r, delay_ms=dl, loss_pct=ls, jitter_ms=jt):
             parts = [
                 f"{r:g} Mbit/s" if r is not None else "",
                 f"{dl:g} ms" if dl is not None else "",
+                f"±{jt:g} ms jitter" if jt is not None else "",
                 f"{ls:g}% loss" if ls is not None else "",
             ]
             return f"set link {s}→{d}: " + ", ".join(p for p in parts if p)

@@ -123,9 +123,13 @@ class FaultInjector:
             case cmds.RestoreLink(src=s, dst=d, both=both):
                 for i, j in _directions(s, d, both):
                     self._set_up(i, j, True)
-            case cmds.SetLink(src=s, dst=d, rate_mbit=rate, delay_ms=delay, loss_pct=loss):
+            case cmds.SetLink(
+                src=s, dst=d, rate_mbit=rate, delay_ms=delay, loss_pct=loss, jitter_ms=jitter
+            ):
                 assert lab.net is not None
-                st = lab.net.set_link(s, d, rate_mbit=rate, delay_ms=delay, loss_pct=loss)
+                st = lab.net.set_link(
+                    s, d, rate_mbit=rate, delay_ms=delay, jitter_ms=jitter, loss_pct=loss
+                )
                 self._record_link(s, d, st.rate_mbit, st.up, cmds.describe(command))
                 if rate is not None:
                     lab.admin("set_link", src=s, dst=d, rate_mbit=rate)

@@ -447,6 +447,11 @@ class LabNetwork:
                 loss_pct=old.loss_pct if loss_pct is None else loss_pct,
             )
             new.shape()  # validates the values before anything is changed
+            if new.jitter_ms > new.delay_ms:
+                raise LabError(
+                    f"link {i}->{j}: jitter {new.jitter_ms:g} ms exceeds its delay "
+                    f"{new.delay_ms:g} ms (the delay would go negative)"
+                )
             pid, dev = self.host_pid(i), self.intf(i, j)
             impaired = (new.delay_ms, new.jitter_ms, new.loss_pct) != (
                 old.delay_ms,

@@ -178,3 +178,15 @@ def test_load_limits_from_meta(tmp_path: Path):
             conn.close()
     finally:
         db.close()
+
+
+def test_jitter_set_at_run_time_needs_jitter_support_and_fits_the_delay():
+    limits = LabLimits(n=4, impairments=frozenset({"rate", "delay", "jitter"}))
+    got = lc.parse_command("set_link", {"src": 0, "dst": 1, "delay_ms": 20, "jitter_ms": 5}, limits)
+    assert got == lc.SetLink(0, 1, None, 20.0, None, 5.0)
+    assert lc.parse_command("set_link", lc.to_args(got), limits) == got
+    assert "±5 ms jitter" in lc.describe(got)
+    with pytest.raises(CommandError, match="exceeds delay_ms"):
+        lc.parse_command("set_link", {"src": 0, "dst": 1, "delay_ms": 2, "jitter_ms": 5}, limits)
+    with pytest.raises(CommandError, match="jitter is not available"):
+        lc.parse_command("set_link", {"src": 0, "dst": 1, "jitter_ms": 1}, NETEM)
