@@ -50,7 +50,7 @@ from lab.cleanup import (
     terminate_recorded,
 )
 from lab.preflight import Capabilities, ImpairmentMode
-from lab.topology import Impairment, TopologySpec
+from lab.topology import Impairment, TopologySpec, Uplinks
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,13 @@ class LabNetwork:
     ):
         if not _TAG_RE.match(tag):
             raise LabError(f"tag {tag!r} must be 1-6 lowercase letters or digits")
+        if topology.uplinks is not Uplinks.PRIVATE:
+            # Refused rather than built as private links: the planner would be told the uplinks
+            # are shared while the emulated network gives every pair its own.
+            raise LabError(
+                f"topology {topology.name!r}: uplinks: {topology.uplinks.value} is not built by "
+                "the lab yet (gateway namespaces); use uplinks: private"
+            )
         self.topology = topology
         self.tag = tag
         self.state_dir = Path(state_dir)

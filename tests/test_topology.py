@@ -35,6 +35,7 @@ SHIPPED = {
     "small.yaml": (3, False, frozenset()),
     "bench-hetero.yaml": (8, False, frozenset()),
     "bench-uniform.yaml": (8, True, frozenset()),
+    "clouds-4x2.yaml": (8, False, frozenset()),
 }
 
 
