@@ -185,7 +185,8 @@ def measure_batch(
             continue
         r = json.loads(out.strip().splitlines()[-1])
         measured = float(r["mbit"])
-        if tx < r["bytes"]:
+        # Pairs behind shared uplinks have no interface of their own to count on.
+        if (lk.src, lk.dst) in after and tx < r["bytes"]:
             status = "WRONG PATH"
         elif _impaired(net, lk):
             status = "not judged (impaired)"
@@ -199,6 +200,70 @@ def measure_batch(
             )
         )
     return results
+
+
+@dataclass(frozen=True)
+class ShareResult:
+    """Concurrent flows from the workers of one cloud to another's, over their shared uplink:
+    together they must get about the uplink's rate, not a multiple of it."""
+
+    src_cloud: str
+    dst_cloud: str
+    rate_mbit: float
+    flows: int
+    total_mbit: float
+    status: str  # "ok", "LOW", "NOT SHARED", "ERROR", "not judged (impaired)"
+
+    @property
+    def failed(self) -> bool:
+        return self.status in ("LOW", "NOT SHARED", "ERROR")
+
+
+def measure_sharing(
+    net: LabNetwork, seconds: float, tolerance: float, limit: int | None = None
+) -> list[ShareResult]:
+    """For every shared uplink A->B, run min(|A|, |B|) disjoint flows a_k -> b_k at once and
+    compare their summed goodput with the uplink's rate: above (1 + tolerance) x rate means the
+    workers are not sharing it, below (1 - tolerance) x the payload ceiling means it is lost.
+    ``limit`` measures only the first uplinks (tests)."""
+    out: list[ShareResult] = []
+    for up in net.topology.shared_uplinks()[:limit]:
+        src = sorted({a for a, _ in up.pairs})
+        dst = sorted({b for _, b in up.pairs})
+        flows = [net.topology.link(a, b) for a, b in zip(src, dst, strict=False)]
+        results = measure_batch(net, flows, seconds, tolerance)
+        total = sum(r.measured_mbit for r in results)
+        impaired = any(_impaired(net, lk) for lk in flows)
+        if any(r.status == "ERROR" for r in results):
+            status = "ERROR"
+        elif total > (1 + tolerance) * up.rate_mbit:
+            status = "NOT SHARED"
+        elif impaired:
+            status = "not judged (impaired)"
+        elif total < (1 - tolerance) * up.rate_mbit * PAYLOAD_FRACTION:
+            status = "LOW"
+        else:
+            status = "ok"
+        out.append(ShareResult(up.src_cloud, up.dst_cloud, up.rate_mbit, len(flows), total, status))
+    return out
+
+
+def render_sharing(rows: list[ShareResult]) -> Table:
+    t = Table(title="shared uplinks: concurrent flows from one cloud to another (Mbit/s)")
+    for col in ("uplink", "flows", "rate", "sum of goodputs", "sum / rate", "status"):
+        t.add_column(col)
+    for r in rows:
+        style = "red" if r.failed else ""
+        t.add_row(
+            f"{r.src_cloud}->{r.dst_cloud}",
+            str(r.flows),
+            f"{r.rate_mbit:g}",
+            f"{r.total_mbit:.1f}",
+            f"{r.total_mbit / r.rate_mbit:.1%}",
+            r.status,
+            style=style,
+        )
+    return t
 
 
 def impaired_pairs(net: LabNetwork) -> list[tuple[int, int]]:
@@ -344,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     tag = "ck" + secrets.token_hex(2)
     results: list[LinkResult] = []
     probe_rows: list[Row] = []
+    share_rows: list[ShareResult] = []
     t0 = time.monotonic()
     try:
         with LabNetwork(topo, tag=tag, state_dir=args.state_dir, capabilities=cap) as net:
@@ -365,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
                     progress.update(task, description=f"measuring {names}")
                     results += measure_batch(net, batch, args.seconds, args.tolerance)
                     progress.advance(task, len(batch))
+                if topo.shared_uplinks():
+                    progress.update(task, description="measuring shared uplinks")
+                    share_rows = measure_sharing(net, args.seconds, args.tolerance)
                 pairs = impaired_pairs(net)
                 if pairs:
                     progress.update(task, description=f"pinging {len(pairs)} impaired pair(s)")
@@ -376,7 +445,10 @@ def main(argv: list[str] | None = None) -> int:
     console.print(render(results, f"{topo.name}: goodput per directed link (Mbit/s)"))
     if probe_rows:
         console.print(render_probes(probe_rows))
-    failed = [r for r in results if r.failed]
+    if share_rows:
+        console.print(render_sharing(share_rows))
+    failed: list[LinkResult | ShareResult] = [r for r in results if r.failed]
+    failed += [r for r in share_rows if r.failed]
     bad_probes = [r for r in probe_rows if not r.ok]
     ratios = [r.measured_mbit / r.rate_mbit for r in results if r.status == "ok"]
     if ratios:
@@ -404,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
                     "ok": not failed and not bad_probes,
                     "links": [asdict(r) for r in results],
                     "probes": [asdict(r) | {"ok": r.ok} for r in probe_rows],
+                    "shared_uplinks": [asdict(r) for r in share_rows],
                 },
                 indent=1,
             )

@@ -19,6 +19,15 @@ Layout (n workers, lab tag T, addresses from the 198.18.0.0/15 benchmarking rang
   a browser on this machine aborts its requests on every address change (Chromium's
   ERR_NETWORK_CHANGED), which could leave the dashboard blank just as the lab says it is up.
 
+Shared uplinks (``uplinks: shared`` in the topology): each cloud k also gets a gateway host
+``crwTgk`` (IP forwarding on, proxy ARP on its interfaces). Worker i of cloud k has one veth
+``wi-gw`` to it (``gk-wi`` at the gateway), unshaped but with offloads off, so the gateway's
+queue sees real frames; gateways a < b share one veth ``ga-gb``/``gb-ga`` shaped with the
+a->b and b->a values of the cloud pair. Workers route the identities of other clouds' workers
+over ``wi-gw``, gateways route them to the peer gateway; workers of one cloud keep direct
+shaped links. So all pairs crossing a->b queue in one HTB: they share its rate. Run-time link
+changes (``set_link``) and per-pair counters exist only for pairs with a direct link.
+
 Everything the lab creates is recorded in a state file first (lab.cleanup), and teardown
 removes all of it, also on exceptions and KeyboardInterrupt.
 """
@@ -117,13 +126,6 @@ class LabNetwork:
     ):
         if not _TAG_RE.match(tag):
             raise LabError(f"tag {tag!r} must be 1-6 lowercase letters or digits")
-        if topology.uplinks is not Uplinks.PRIVATE:
-            # Refused rather than built as private links: the planner would be told the uplinks
-            # are shared while the emulated network gives every pair its own.
-            raise LabError(
-                f"topology {topology.name!r}: uplinks: {topology.uplinks.value} is not built by "
-                "the lab yet (gateway namespaces); use uplinks: private"
-            )
         self.topology = topology
         self.tag = tag
         self.state_dir = Path(state_dir)
@@ -140,6 +142,8 @@ class LabNetwork:
         self._links: dict[tuple[int, int], LinkState] = {}
         self._loss_fallback: dict[tuple[int, int], float] = {}
         self._procs: dict[int, ProcRecord] = {}
+        self._gw_hosts: list[Any] = []
+        self._gw_pids: list[int] = []
         self.state: LabState | None = None
 
     # -- addressing and names ----------------------------------------------------------------
@@ -168,7 +172,37 @@ class LabNetwork:
         """The interface in host i facing j (the sender side of i->j)."""
         if i == j or not (0 <= i < self.n and 0 <= j < self.n):
             raise LabError(f"no link {i}->{j} (n = {self.n})")
+        if not self.has_direct_link(i, j):
+            raise LabError(f"no direct link {i}->{j}: their clouds share an uplink")
         return f"w{i}-w{j}"
+
+    @property
+    def shared(self) -> bool:
+        return self.topology.uplinks is Uplinks.SHARED
+
+    def has_direct_link(self, i: int, j: int) -> bool:
+        """Whether i and j have their own veth (always, unless uplinks are shared)."""
+        w = self.topology.workers
+        return (
+            not self.shared
+            or not (0 <= i < self.n and 0 <= j < self.n)
+            or (w[i].cloud == w[j].cloud)
+        )
+
+    def cloud_index(self, i: int) -> int:
+        names = [c.name for c in self.topology.clouds]
+        return names.index(self.topology.workers[i].cloud)
+
+    def gateway_name(self, k: int) -> str:
+        return f"{ROOT_NAME_PREFIX}{self.tag}g{k}"
+
+    def gateway_pid(self, k: int) -> int:
+        return self._gw_pids[k]
+
+    @staticmethod
+    def gateway_intf(a: int, b: int) -> str:
+        """The interface in gateway a facing gateway b (the sender side of cloud a -> b)."""
+        return f"g{a}-g{b}"
 
     def root_mgmt_intf(self, i: int) -> str:
         return f"{ROOT_NAME_PREFIX}{self.tag}m{i}"
@@ -210,12 +244,17 @@ class LabNetwork:
         log.info("building lab %s: %d hosts, %d links", self.tag, self.n, len(self.topology.links))
         self._build_hosts()
         self._build_links()
+        if self.shared:
+            self._build_gateways()
         self._build_mgmt()
         for lk in self.topology.links:
-            self._links[(lk.src, lk.dst)] = LinkState(
-                lk.src, lk.dst, lk.rate_mbit, True, lk.delay_ms, lk.jitter_ms, lk.loss_pct
-            )
+            if self.has_direct_link(lk.src, lk.dst):
+                self._links[(lk.src, lk.dst)] = LinkState(
+                    lk.src, lk.dst, lk.rate_mbit, True, lk.delay_ms, lk.jitter_ms, lk.loss_pct
+                )
         self._shape_all()
+        if self.shared:
+            self._shape_gateways()
 
     def _check_mgmt_free(self) -> None:
         out = subprocess.run(
@@ -255,6 +294,8 @@ class LabNetwork:
         _, _, Link = _mininet()
         for i in range(self.n):
             for j in range(i + 1, self.n):
+                if not self.has_direct_link(i, j):
+                    continue
                 link = Link(
                     self._hosts[i],
                     self._hosts[j],
@@ -266,7 +307,7 @@ class LabNetwork:
             pid = self._pids[i]
             commands: list[list[str]] = []
             for j in range(self.n):
-                if i == j:
+                if i == j or not self.has_direct_link(i, j):
                     continue
                 dev = self.intf(i, j)
                 if self.offloads_off:
@@ -285,6 +326,109 @@ class LabNetwork:
                     ]
                 )
             shaping.run_batch(pid, "ip", commands)
+
+    def _build_gateways(self) -> None:
+        """One gateway host per cloud, its workers' veths and the gateway-to-gateway veths,
+        with routes for every identity (module docstring)."""
+        Mininet, Host, Link = _mininet()
+        assert self.state is not None
+        clouds = self.topology.clouds
+        for k in range(len(clouds)):
+            h = self._net.addHost(self.gateway_name(k), cls=Host, ip=None, inNamespace=True)
+            self._gw_hosts.append(h)
+            self._gw_pids.append(h.pid)
+            self.state.add_proc(ProcRecord.of(h.pid, "shell", h.name, group=True))
+            shaping.run(
+                h.pid,
+                [
+                    "sysctl",
+                    "-q",
+                    "-w",
+                    "net.ipv6.conf.all.disable_ipv6=1",
+                    "net.ipv6.conf.default.disable_ipv6=1",
+                    "net.ipv4.ip_forward=1",
+                    "net.ipv4.conf.all.rp_filter=0",
+                    "net.ipv4.conf.default.rp_filter=0",
+                ],
+            )
+        members = [self.topology.cloud_members(c.name) for c in clouds]
+        gw_devs: list[list[str]] = [[] for _ in clouds]
+        routes: list[list[list[str]]] = [[] for _ in clouds]
+        for k, ws in enumerate(members):
+            for i in ws:
+                wdev, gdev = f"w{i}-gw", f"g{k}-w{i}"
+                self._net.links.append(
+                    Link(self._hosts[i], self._gw_hosts[k], intfName1=wdev, intfName2=gdev)
+                )
+                gw_devs[k].append(gdev)
+                routes[k].append(["ip", "route", "add", f"{self.identity_address(i)}/32"])
+                routes[k][-1] += ["dev", gdev]
+                cmds = [["ip", "link", "set", wdev, "up"]]
+                for j in range(self.n):
+                    if j != i and not self.has_direct_link(i, j):
+                        cmds.append(
+                            ["ip", "route", "add", f"{self.identity_address(j)}/32", "dev", wdev]
+                            + ["src", self.identity_address(i)]
+                        )
+                if self.offloads_off:
+                    shaping.disable_offloads(self._pids[i], wdev)
+                shaping.run_batch(self._pids[i], "ip", cmds)
+        for a in range(len(clouds)):
+            for b in range(a + 1, len(clouds)):
+                self._net.links.append(
+                    Link(
+                        self._gw_hosts[a],
+                        self._gw_hosts[b],
+                        intfName1=self.gateway_intf(a, b),
+                        intfName2=self.gateway_intf(b, a),
+                    )
+                )
+        for a in range(len(clouds)):
+            for b in range(len(clouds)):
+                if a == b:
+                    continue
+                gw_devs[a].append(self.gateway_intf(a, b))
+                for j in members[b]:
+                    routes[a].append(
+                        ["ip", "route", "add", f"{self.identity_address(j)}/32"]
+                        + ["dev", self.gateway_intf(a, b)]
+                    )
+        for k in range(len(clouds)):
+            pid = self._gw_pids[k]
+            # Proxy ARP: a worker (or the peer gateway) asks for the far worker's identity on
+            # the gateway's veth; the gateway answers for it, having a route out another one.
+            shaping.run(
+                pid,
+                ["sysctl", "-q", "-w"]
+                + [f"net.ipv4.conf.{dev}.proxy_arp=1" for dev in gw_devs[k]]
+                + [f"net.ipv4.conf.{dev}.rp_filter=0" for dev in gw_devs[k]],
+            )
+            for dev in gw_devs[k]:
+                if self.offloads_off:
+                    shaping.disable_offloads(pid, dev)
+            shaping.run_batch(
+                pid, "ip", [["ip", "link", "set", dev, "up"] for dev in gw_devs[k]] + routes[k]
+            )
+
+    def _shape_gateways(self) -> None:
+        """HTB (and netem where the kernel has it) on every gateway-to-gateway direction."""
+        assert self.cap is not None
+        names = [c.name for c in self.topology.clouds]
+        for up in self.topology.shared_uplinks():
+            a, b = names.index(up.src_cloud), names.index(up.dst_cloud)
+            st = LinkState(-1, -1, up.rate_mbit, True, up.delay_ms, up.jitter_ms, up.loss_pct)
+            if up.loss_pct > 0 and self.cap.mode(Impairment.LOSS) is ImpairmentMode.IPTABLES:
+                raise LabError(
+                    f"uplink {up.src_cloud}->{up.dst_cloud}: the iptables loss fallback is not "
+                    "built for shared uplinks; loss needs sch_netem there"
+                )
+            shaping.run_batch(
+                self._gw_pids[a],
+                "tc",
+                shaping.apply_commands(
+                    self.gateway_intf(a, b), self._netem_shape(st), netem=self.cap.netem
+                ),
+            )
 
     def _build_mgmt(self) -> None:
         assert self.state is not None
@@ -337,7 +481,7 @@ class LabNetwork:
                 try:
                     # Deleting the hosts' shells frees their namespaces, and with them every
                     # veth, qdisc and iptables rule inside.
-                    for h in self._hosts:
+                    for h in self._hosts + self._gw_hosts:
                         h.terminate()
                 except Exception as e:  # keep tearing down; reported at the end
                     errors.append(f"stopping hosts: {e}")
@@ -360,6 +504,7 @@ class LabNetwork:
                     state.remove_file()
                 self.state = None
             self._hosts, self._pids = [], []
+            self._gw_hosts, self._gw_pids = [], []
             if errors:
                 raise LabError(f"teardown of lab {self.tag} incomplete: {'; '.join(errors)}")
 
@@ -428,7 +573,8 @@ class LabNetwork:
         try:
             return self._links[(i, j)]
         except KeyError:
-            raise LabError(f"no link {i}->{j} (n = {self.n})") from None
+            why = "" if self.has_direct_link(i, j) else " of its own (the clouds share an uplink)"
+            raise LabError(f"no link {i}->{j}{why} (n = {self.n})") from None
 
     def set_link(
         self,
@@ -502,7 +648,7 @@ class LabNetwork:
         """Shape every link at build time: one tc batch per sending host."""
         assert self.cap is not None
         for i in range(self.n):
-            links = [lk for lk in self.topology.links if lk.src == i]
+            links = [lk for lk in self.topology.links if lk.src == i and (i, lk.dst) in self._links]
             shaping.run_batch(
                 self.host_pid(i),
                 "tc",
