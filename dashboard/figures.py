@@ -83,9 +83,14 @@ def link_view(links: pd.DataFrame, state: pd.DataFrame, latest: pd.DataFrame) ->
     ``links``: configured (src, dst, rate_mbit); ``state``: newest link_state per link (src, dst,
     rate_mbit, up); ``latest``: newest sample per link (src, dst, mbit). Utilisation is the latest
     rate over the current rate (the newest link_state's, else the configured one); NaN when that
-    rate is not positive. A link with no recent sample carries 0 Mbit/s.
+    rate is not positive. A link with no recent sample carries 0 Mbit/s. ``delay_ms`` is the
+    configured one-way delay (0 where ``links`` has none).
     """
-    view = links[["src", "dst", "rate_mbit"]].rename(columns={"rate_mbit": "configured_mbit"})
+    keep = ["src", "dst", "rate_mbit"] + (["delay_ms"] if "delay_ms" in links else [])
+    view = links[keep].rename(columns={"rate_mbit": "configured_mbit"})
+    if "delay_ms" not in view:
+        view["delay_ms"] = 0.0
+    view["delay_ms"] = view["delay_ms"].fillna(0.0).astype(float)
     st = state[["src", "dst", "rate_mbit", "up"]].rename(columns={"rate_mbit": "state_mbit"})
     view = view.merge(st, on=["src", "dst"], how="left")
     view = view.merge(latest[["src", "dst", "mbit"]], on=["src", "dst"], how="left")
@@ -183,7 +188,8 @@ def network_map(
 ) -> go.Figure:
     """Workers grouped by cloud and every directed link coloured by its utilisation.
 
-    One trace per link (name ``"i→j"``, ``meta`` = {src, dst, util, up}); a link that is down is
+    One trace per link (name ``"i→j"``, ``meta`` = {src, dst, util, up, delay_ms}, the delay
+    also in the label and hover text when > 0); a link that is down is
     dashed grey with an ✕ at its middle. Then one trace of worker nodes and an invisible trace
     that carries the colour bar. ``show_labels`` writes the percentage at each link's middle
     (default: when there are at most 30 links, beyond which the labels overlap).
@@ -208,24 +214,28 @@ def network_map(
         util = float(row.util) if pd.notna(row.util) else float("nan")
         width = 2 + 4 * (0.0 if math.isnan(util) else min(max(util, 0.0), 1.0)) if up else 2
         pct = "n/a" if math.isnan(util) else f"{util * 100:.0f}%"
+        delay = float(getattr(row, "delay_ms", 0.0) or 0.0)
         colour = util_colour(util) if up else DEAD_COLOUR
         hover = (
             f"{names.get(s, s)} → {names.get(d, d)}<br>"
             f"now {row.mbit:.1f} Mbit/s of {row.rate_mbit:g} Mbit/s ({pct})<br>"
-            f"configured {row.configured_mbit:g} Mbit/s" + ("" if up else "<br><b>DOWN</b>")
+            f"configured {row.configured_mbit:g} Mbit/s"
+            + (f"<br>one-way delay {delay:g} ms" if delay > 0 else "")
+            + ("" if up else "<br><b>DOWN</b>")
         )
         sizes = [0] * len(xs)
         sizes[mid] = 11 if up else 14
         text = [""] * len(xs)
         if show_labels:
-            text[mid] = pct if up else "✕"
+            # The delay rides on the label: on a WAN map latency matters as much as the rate.
+            text[mid] = (pct + (f" · {delay:g} ms" if delay > 0 else "")) if up else "✕"
         traces.append(
             go.Scatter(
                 x=xs,
                 y=ys,
                 mode="lines+markers+text" if show_labels else "lines+markers",
                 name=link_label(s, d),
-                meta={"src": s, "dst": d, "util": util, "up": up},
+                meta={"src": s, "dst": d, "util": util, "up": up, "delay_ms": delay},
                 line=dict(
                     color=colour,
                     width=width,

@@ -445,3 +445,14 @@ def test_rounds_per_minute_scales_the_running_minute() -> None:
     assert list(live.data[0].y) == [1, 3]  # 2 rounds in 40 s of minute 1: 3 per minute
     early = figures.rounds_per_minute(members, workers, t0=0.0, now=65.0)
     assert list(early.data[0].x) == [0]  # 5 s into minute 1: too early to say
+
+
+def test_network_map_shows_each_links_delay(conn, run_db):
+    view = _view(conn, run_db[1])
+    assert (view["delay_ms"] >= 0).all()
+    view.loc[view["label"] == "0→2", "delay_ms"] = 40.0
+    fig = figures.network_map(queries.workers(conn), view, show_labels=True)
+    t = {tr.name: tr for tr in figures.link_traces(fig)}
+    assert "one-way delay 40 ms" in t["0→2"].hovertext[0] and t["0→2"].meta["delay_ms"] == 40.0
+    assert "40 ms" in "".join(t["0→2"].text)
+    assert "delay" not in t["2→0"].hovertext[0]  # no delay, no clutter
