@@ -30,6 +30,7 @@ import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -70,10 +71,15 @@ class LinkResult:
         return self.status in ("LOW", "WRONG PATH", "ERROR")
 
 
-def schedule(links: list[LinkSpec], parallel: int) -> list[list[LinkSpec]]:
+def schedule(
+    links: list[LinkSpec], parallel: int, shared_by: Mapping[tuple[int, int], str] | None = None
+) -> list[list[LinkSpec]]:
     """Batches of at most ``parallel`` links with pairwise disjoint hosts, greedily in order.
 
-    No host ever runs two transfers at once, so each measures its link alone."""
+    No host ever runs two transfers at once, so each measures its link alone. ``shared_by``
+    names the shared uplink a pair crosses (``uplinks: shared``): two links over the same
+    uplink are never in one batch either."""
+    shared_by = shared_by or {}
     todo = list(links)
     batches: list[list[LinkSpec]] = []
     while todo:
@@ -82,10 +88,13 @@ def schedule(links: list[LinkSpec], parallel: int) -> list[list[LinkSpec]]:
         for lk in list(todo):
             if len(batch) >= parallel:
                 break
-            if lk.src in busy or lk.dst in busy:
+            keys: set[object] = {lk.src, lk.dst}
+            if (lk.src, lk.dst) in shared_by:
+                keys.add(shared_by[(lk.src, lk.dst)])
+            if keys & busy:
                 continue
             batch.append(lk)
-            busy |= {lk.src, lk.dst}
+            busy |= keys
             todo.remove(lk)
         batches.append(batch)
     return batches
@@ -417,7 +426,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"lab {tag}: {topo.n} hosts, {len(topo.links)} directed links built "
                 f"in {time.monotonic() - t0:.1f} s"
             )
-            batches = schedule(list(topo.links), args.parallel)
+            uplink_of = {
+                pair: f"{u.src_cloud}->{u.dst_cloud}"
+                for u in topo.shared_uplinks()
+                for pair in u.pairs
+            }
+            batches = schedule(list(topo.links), args.parallel, uplink_of)
             with Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),

@@ -126,3 +126,23 @@ def test_lifecycle_plans_and_bounds_with_the_shared_links() -> None:
     for m in range(5):
         life.handle(proto.Ready(m, 1, float(m + 1), -1), 1.0)
     assert seen and seen[0] == shared and bounds[0] == shared
+
+
+def test_check_never_measures_two_links_over_one_uplink_at_once() -> None:
+    from lab.check import schedule
+
+    spec = load_topology(CLOUDS_4X2)
+    uplink_of = {p: (u.src_cloud, u.dst_cloud) for u in spec.shared_uplinks() for p in u.pairs}
+    batches = schedule(list(spec.links), 4, uplink_of)
+    assert sum(len(b) for b in batches) == len(spec.links)
+    for batch in batches:
+        crossing = [uplink_of[(lk.src, lk.dst)] for lk in batch if (lk.src, lk.dst) in uplink_of]
+        assert len(crossing) == len(set(crossing))
+        hosts = [h for lk in batch for h in (lk.src, lk.dst)]
+        assert len(hosts) == len(set(hosts))
+    # Without the mapping two workers of us-east may send to eu-west at once.
+    plain = schedule(list(spec.links), 4)
+    assert any(
+        len([lk for lk in b if uplink_of.get((lk.src, lk.dst)) == ("us-east", "eu-west")]) > 1
+        for b in plain
+    )
