@@ -20,13 +20,13 @@ Layout (n workers, lab tag T, addresses from the 198.18.0.0/15 benchmarking rang
   ERR_NETWORK_CHANGED), which could leave the dashboard blank just as the lab says it is up.
 
 Shared uplinks (``uplinks: shared`` in the topology): each cloud k also gets a gateway host
-``crwTgk`` (IP forwarding on, proxy ARP on its interfaces). Worker i of cloud k has one veth
-``wi-gw`` to it (``gk-wi`` at the gateway), unshaped but with offloads off, so the gateway's
-queue sees real frames; gateways a < b share one veth ``ga-gb``/``gb-ga`` shaped with the
-a->b and b->a values of the cloud pair. Workers route the identities of other clouds' workers
-over ``wi-gw``, gateways route them to the peer gateway; workers of one cloud keep direct
-shaped links. So all pairs crossing a->b queue in one HTB: they share its rate. Run-time link
-changes (``set_link``) and per-pair counters exist only for pairs with a direct link.
+``crwTgk`` (IP forwarding on; fixed MACs and static neighbours on its veths, no ARP). Worker i
+of cloud k has one veth ``wi-gw`` to it (``gk-wi`` at the gateway), unshaped but with offloads
+off, so the gateway's queue sees real frames; gateways a < b share one veth ``ga-gb``/``gb-ga``
+shaped with the a->b and b->a values of the cloud pair. Workers route the identities of other
+clouds' workers over ``wi-gw``, gateways route them to the peer gateway; workers of one cloud
+keep direct shaped links. So all pairs crossing a->b queue in one HTB: they share its rate.
+Run-time link changes (``set_link``) and per-pair counters exist only for direct links.
 
 Everything the lab creates is recorded in a state file first (lab.cleanup), and teardown
 removes all of it, also on exceptions and KeyboardInterrupt.
@@ -329,7 +329,10 @@ class LabNetwork:
 
     def _build_gateways(self) -> None:
         """One gateway host per cloud, its workers' veths and the gateway-to-gateway veths,
-        with routes for every identity (module docstring)."""
+        with routes and static neighbours for every identity (module docstring).
+
+        Static neighbours, not ARP: a gateway has no address of its own to ask from, and
+        proxy ARP answers only after a random delay of up to 0.8 s."""
         Mininet, Host, Link = _mininet()
         assert self.state is not None
         clouds = self.topology.clouds
@@ -352,24 +355,32 @@ class LabNetwork:
                 ],
             )
         members = [self.topology.cloud_members(c.name) for c in clouds]
+        gw_cmds: list[list[list[str]]] = [[] for _ in clouds]
         gw_devs: list[list[str]] = [[] for _ in clouds]
-        routes: list[list[list[str]]] = [[] for _ in clouds]
+
+        def dev_up(dev: str, mac: str) -> list[list[str]]:
+            return [["ip", "link", "set", dev, "address", mac], ["ip", "link", "set", dev, "up"]]
+
+        def host_route(addr: str, dev: str, mac: str) -> list[list[str]]:
+            return [
+                ["ip", "neigh", "replace", addr, "lladdr", mac, "dev", dev, "nud", "permanent"],
+                ["ip", "route", "add", f"{addr}/32", "dev", dev],
+            ]
+
         for k, ws in enumerate(members):
             for i in ws:
                 wdev, gdev = f"w{i}-gw", f"g{k}-w{i}"
+                wmac, gmac = f"02:00:00:00:{i:02x}:01", f"02:00:00:00:{i:02x}:02"
                 self._net.links.append(
                     Link(self._hosts[i], self._gw_hosts[k], intfName1=wdev, intfName2=gdev)
                 )
                 gw_devs[k].append(gdev)
-                routes[k].append(["ip", "route", "add", f"{self.identity_address(i)}/32"])
-                routes[k][-1] += ["dev", gdev]
-                cmds = [["ip", "link", "set", wdev, "up"]]
+                gw_cmds[k] += dev_up(gdev, gmac) + host_route(self.identity_address(i), gdev, wmac)
+                cmds = dev_up(wdev, wmac)
                 for j in range(self.n):
                     if j != i and not self.has_direct_link(i, j):
-                        cmds.append(
-                            ["ip", "route", "add", f"{self.identity_address(j)}/32", "dev", wdev]
-                            + ["src", self.identity_address(i)]
-                        )
+                        cmds += host_route(self.identity_address(j), wdev, gmac)
+                        cmds[-1] += ["src", self.identity_address(i)]
                 if self.offloads_off:
                     shaping.disable_offloads(self._pids[i], wdev)
                 shaping.run_batch(self._pids[i], "ip", cmds)
@@ -387,28 +398,20 @@ class LabNetwork:
             for b in range(len(clouds)):
                 if a == b:
                     continue
-                gw_devs[a].append(self.gateway_intf(a, b))
+                dev, peer_mac = self.gateway_intf(a, b), f"02:00:00:01:{b:02x}:{a:02x}"
+                gw_devs[a].append(dev)
+                gw_cmds[a] += dev_up(dev, f"02:00:00:01:{a:02x}:{b:02x}")
                 for j in members[b]:
-                    routes[a].append(
-                        ["ip", "route", "add", f"{self.identity_address(j)}/32"]
-                        + ["dev", self.gateway_intf(a, b)]
-                    )
+                    gw_cmds[a] += host_route(self.identity_address(j), dev, peer_mac)
         for k in range(len(clouds)):
             pid = self._gw_pids[k]
-            # Proxy ARP: a worker (or the peer gateway) asks for the far worker's identity on
-            # the gateway's veth; the gateway answers for it, having a route out another one.
             shaping.run(
-                pid,
-                ["sysctl", "-q", "-w"]
-                + [f"net.ipv4.conf.{dev}.proxy_arp=1" for dev in gw_devs[k]]
-                + [f"net.ipv4.conf.{dev}.rp_filter=0" for dev in gw_devs[k]],
+                pid, ["sysctl", "-q", "-w"] + [f"net.ipv4.conf.{d}.rp_filter=0" for d in gw_devs[k]]
             )
-            for dev in gw_devs[k]:
-                if self.offloads_off:
+            if self.offloads_off:
+                for dev in gw_devs[k]:
                     shaping.disable_offloads(pid, dev)
-            shaping.run_batch(
-                pid, "ip", [["ip", "link", "set", dev, "up"] for dev in gw_devs[k]] + routes[k]
-            )
+            shaping.run_batch(pid, "ip", gw_cmds[k])
 
     def _shape_gateways(self) -> None:
         """HTB (and netem where the kernel has it) on every gateway-to-gateway direction."""
