@@ -40,7 +40,7 @@ from rich.table import Table
 
 from lab import preflight
 from lab.cleanup import DEFAULT_STATE_DIR, cleanup_leftovers
-from lab.mesh import LabError, LabNetwork
+from lab.mesh import LabError, LabNetwork, LinkState
 from lab.preflight import ImpairmentMode, PreflightError
 from lab.probe import Row, loss_row, ping, rtt_rows
 from lab.shaping import ShapingError
@@ -286,12 +286,20 @@ def impaired_pairs(net: LabNetwork) -> list[tuple[int, int]]:
     return pairs
 
 
+def _state(net: LabNetwork, i: int, j: int) -> LinkState:
+    """The pair's link; behind shared uplinks, the cloud pair's uplink values (path i -> j)."""
+    if net.has_direct_link(i, j):
+        return net.link_state(i, j)
+    lk = net.topology.link(i, j)
+    return LinkState(i, j, lk.rate_mbit, True, lk.delay_ms, lk.jitter_ms, lk.loss_pct)
+
+
 def probe_pairs(net: LabNetwork, probes: int, interval_s: float) -> list[Row]:
     """RTT (and jitter) rows where delay is configured, loss rows where loss is."""
     rows: list[Row] = []
     for i, j in impaired_pairs(net):
         stats = ping(net, i, j, count=probes, interval_s=interval_s)
-        a, b = net.link_state(i, j), net.link_state(j, i)
+        a, b = _state(net, i, j), _state(net, j, i)
         if a.delay_ms or b.delay_ms or a.jitter_ms or b.jitter_ms:
             rows += rtt_rows("check", a, b, stats)
         if a.loss_pct or b.loss_pct:
