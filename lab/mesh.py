@@ -26,7 +26,9 @@ off, so the gateway's queue sees real frames; gateways a < b share one veth ``ga
 shaped with the a->b and b->a values of the cloud pair. Workers route the identities of other
 clouds' workers over ``wi-gw``, gateways route them to the peer gateway; workers of one cloud
 keep direct shaped links. So all pairs crossing a->b queue in one HTB: they share its rate.
-Run-time link changes (``set_link``) and per-pair counters exist only for direct links.
+Run-time link changes (``set_link``) exist only for direct links; the per-pair byte
+counters of pairs behind gateways come from target-less iptables rules in the sender's OUTPUT
+chain (one per peer), so the link monitor and lab.check see every ordered pair as before.
 
 Everything the lab creates is recorded in a state file first (lab.cleanup), and teardown
 removes all of it, also on exceptions and KeyboardInterrupt.
@@ -59,6 +61,7 @@ from lab.cleanup import (
     terminate_recorded,
 )
 from lab.preflight import Capabilities, ImpairmentMode
+from lab.shaping import ShapingError
 from lab.topology import Impairment, TopologySpec, Uplinks
 
 log = logging.getLogger(__name__)
@@ -384,6 +387,9 @@ class LabNetwork:
                 if self.offloads_off:
                     shaping.disable_offloads(self._pids[i], wdev)
                 shaping.run_batch(self._pids[i], "ip", cmds)
+                for j in range(self.n):
+                    if j != i and not self.has_direct_link(i, j):
+                        shaping.add_rule(self._pids[i], self._count_rule(wdev, j))
         for a in range(len(clouds)):
             for b in range(a + 1, len(clouds)):
                 self._net.links.append(
@@ -412,6 +418,29 @@ class LabNetwork:
                 for dev in gw_devs[k]:
                     shaping.disable_offloads(pid, dev)
             shaping.run_batch(pid, "ip", gw_cmds[k])
+
+    def _count_rule(self, dev: str, j: int) -> list[str]:
+        """A rule without a target: it only counts what host i sends to j through the gateway
+        (the per-pair counter a shared uplink has no interface for)."""
+        addr = f"{self.identity_address(j)}/32"
+        return ["OUTPUT", "-o", dev, "-d", addr, "-m", "comment", "--comment", _COUNT_TAG]
+
+    def _gateway_tx_bytes(self, i: int) -> dict[tuple[int, int], int]:
+        """Frame bytes i sent to each peer in another cloud: the counting rules' bytes plus an
+        Ethernet header per packet, so they compare with the interface counters."""
+        out: dict[tuple[int, int], int] = {}
+        try:
+            text = shaping.run(self._pids[i], ["iptables", "-w", "5", "-v", "-S", "OUTPUT"])
+        except (ShapingError, subprocess.TimeoutExpired) as e:
+            log.warning("cannot read the uplink counters of w%d: %s", i, e)
+            return out
+        for line in text.splitlines():
+            m = _COUNT_RE.search(line)
+            if m and _COUNT_TAG in line:
+                j = int(ipaddress.IPv4Address(m.group(1))) - int(IDENTITY_BASE)
+                pkts, nbytes = int(m.group(2)), int(m.group(3))
+                out[(i, j)] = nbytes + ETH_HEADER_BYTES * pkts
+        return out
 
     def _shape_gateways(self) -> None:
         """HTB (and netem where the kernel has it) on every gateway-to-gateway direction."""
@@ -558,6 +587,8 @@ class LabNetwork:
                 m = _INTF_RE.match(dev)
                 if m and int(m.group(1)) == i:
                     out[(i, int(m.group(2)))] = tx
+            if self.shared:
+                out |= self._gateway_tx_bytes(i)
         return out
 
     def rx_bytes(self) -> dict[tuple[int, int], int]:
@@ -705,6 +736,9 @@ class LabNetwork:
 
 
 _INTF_RE = re.compile(r"^w(\d+)-w(\d+)$")
+_COUNT_TAG = "crew-count"
+_COUNT_RE = re.compile(r"-d (\d+\.\d+\.\d+\.\d+)/32 .*-c (\d+) (\d+)")
+ETH_HEADER_BYTES = 14
 
 
 def read_net_dev(pid: int) -> dict[str, tuple[int, int]]:

@@ -46,6 +46,8 @@ def test_clouds_4x2_workers_share_their_cloud_pair_uplink(tmp_path: Path) -> Non
         # us-east -> eu-west is 80 Mbit/s: one flow alone gets it; two flows share it.
         (alone,) = measure_batch(net, [topo.link(0, 2)], 1.5, 0.1)
         assert alone.measured_mbit > 0.85 * 80 * PAYLOAD_FRACTION
+        assert alone.status == "ok", alone  # its per-pair counter carried the bytes
+        assert (0, 2) in net.tx_bytes() and (0, 1) in net.tx_bytes()
         rows = {(r.src_cloud, r.dst_cloud): r for r in measure_sharing(net, 1.5, 0.1, limit=2)}
         row = rows[("us-east", "eu-west")]
         assert row.flows == 2 and row.status == "ok", row
