@@ -192,10 +192,6 @@ class LabNetwork:
             or (w[i].cloud == w[j].cloud)
         )
 
-    def cloud_index(self, i: int) -> int:
-        names = [c.name for c in self.topology.clouds]
-        return names.index(self.topology.workers[i].cloud)
-
     def gateway_name(self, k: int) -> str:
         return f"{ROOT_NAME_PREFIX}{self.tag}g{k}"
 
@@ -336,7 +332,7 @@ class LabNetwork:
 
         Static neighbours, not ARP: a gateway has no address of its own to ask from, and
         proxy ARP answers only after a random delay of up to 0.8 s."""
-        Mininet, Host, Link = _mininet()
+        _, Host, Link = _mininet()
         assert self.state is not None
         clouds = self.topology.clouds
         for k in range(len(clouds)):
