@@ -18,6 +18,12 @@ Delay, jitter and loss, where configured and emulated, are measured too: after t
 (RTT median and p90 within 10%, jitter within 25%, loss within the larger of 10% and 3
 binomial standard deviations of the probe count). A pair out of bounds fails the check.
 
+Shared uplinks (``uplinks: shared``): each pair is first measured alone (it may use the whole
+WAN rate; two pairs over one uplink are never in one batch), then, for every directed cloud
+pair, one flow from each worker of the first cloud to a distinct worker of the second runs at
+once (``measure_sharing``): their goodputs must sum to about the uplink's rate, not a multiple
+of it ("NOT SHARED" above (1 + tolerance) x rate, "LOW" below the ceiling minus tolerance).
+
 Exit status: 0 all links fine, 1 some link failed, 2 the lab could not be built.
 """
 
