@@ -385,7 +385,7 @@ class LabNetwork:
                 shaping.run_batch(self._pids[i], "ip", cmds)
                 for j in range(self.n):
                     if j != i and not self.has_direct_link(i, j):
-                        shaping.add_rule(self._pids[i], self._count_rule(wdev, j))
+                        shaping.add_rule(self._pids[i], self._count_rule(wdev, j), first=False)
         for a in range(len(clouds)):
             for b in range(a + 1, len(clouds)):
                 self._net.links.append(
