@@ -566,8 +566,11 @@ class GroupLifecycle:
         size = self.size_elems * 4
         active = self.alive()
         bw = self._planning_bw(now)
-        plan = self._plan_fn(scheme, bw, members, size, active=active, seed=self.cfg.seed)
-        bound = self._lower_bound(self.capacity.planning, members, size, active=active)
+        # Shared capacities (cloud uplinks) go only where there are some, so planners and test
+        # doubles without the keyword keep working on per-pair topologies.
+        shared = {"shared": self.cfg.shared} if self.cfg.shared else {}
+        plan = self._plan_fn(scheme, bw, members, size, active=active, seed=self.cfg.seed, **shared)
+        bound = self._lower_bound(self.capacity.planning, members, size, active=active, **shared)
         return plan, bound
 
     def _plan_nonblocking(

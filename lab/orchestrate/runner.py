@@ -35,7 +35,7 @@ from lab.net.preflight import Capabilities, ImpairmentMode, describe
 from lab.orchestrate import commands as cmds
 from lab.orchestrate.faults import FaultInjector
 from lab.scenario import Scenario, ScenarioPlayer
-from lab.topology import Impairment, TopologySpec
+from lab.topology import Impairment, TopologySpec, planner_shared_links
 
 log = logging.getLogger(__name__)
 
@@ -303,6 +303,7 @@ class LabRun:
             data_port=DATA_PORT,
             identities=tuple(self.net.identity_address(i) for i in range(self.topo.n)),
             bw_mbit=tuple(tuple(float(x) for x in row) for row in bw),
+            shared=planner_shared_links(self.topo),
             width=o.width,
             depth=o.depth,
             lr=o.lr,
