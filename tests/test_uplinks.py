@@ -146,3 +146,17 @@ def test_check_never_measures_two_links_over_one_uplink_at_once() -> None:
         len([lk for lk in b if uplink_of.get((lk.src, lk.dst)) == ("us-east", "eu-west")]) > 1
         for b in plain
     )
+
+
+def test_every_pair_has_a_sender_interface_behind_gateways_too() -> None:
+    # lab.run records each link's sender interface; a pair behind a shared uplink has no veth
+    # of its own, so it names the worker's veth to its gateway.
+    from lab.net.mesh import LabError, LabNetwork
+
+    net = LabNetwork(load_topology(CLOUDS_4X2), tag="t")
+    assert net.sender_intf(0, 1) == net.intf(0, 1) == "w0-w1"  # same cloud: direct
+    assert net.sender_intf(0, 2) == "w0-gw" and net.sender_intf(7, 0) == "w7-gw"
+    with pytest.raises(LabError, match="share an uplink"):
+        net.intf(0, 2)
+    with pytest.raises(LabError, match="no link 0->0"):
+        net.sender_intf(0, 0)

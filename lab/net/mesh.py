@@ -179,6 +179,15 @@ class LabNetwork:
             raise LabError(f"no direct link {i}->{j}: their clouds share an uplink")
         return f"w{i}-w{j}"
 
+    def sender_intf(self, i: int, j: int) -> str:
+        """The interface i->j's bytes leave host i by: its own veth, or (behind a shared
+        uplink) the veth to its cloud's gateway, which every pair to other clouds uses."""
+        if self.has_direct_link(i, j):
+            return self.intf(i, j)
+        if i == j or not (0 <= j < self.n):
+            raise LabError(f"no link {i}->{j} (n = {self.n})")
+        return f"w{i}-gw"
+
     @property
     def shared(self) -> bool:
         return self.topology.uplinks is Uplinks.SHARED

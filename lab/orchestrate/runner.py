@@ -227,7 +227,7 @@ class LabRun:
         )
         self.db.executemany(
             "UPDATE links SET intf=? WHERE src=? AND dst=?",
-            [(self.net.intf(lk.src, lk.dst), lk.src, lk.dst) for lk in self.topo.links],
+            [(self.net.sender_intf(lk.src, lk.dst), lk.src, lk.dst) for lk in self.topo.links],
         )
         if self._split_maker is not None:
             if self._split_maker.wait(timeout=SPLIT_WAIT_S) != 0:
