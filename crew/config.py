@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,9 @@ class RunConfig:
     # Capacities several pairs share (a cloud pair's WAN behind gateways); bw_mbit caps each
     # pair alone, these cap the sum. Empty when every pair has its own link.
     shared: tuple[SharedLink, ...] = ()
+    # One-way delay of each directed link in ms (the topology's delay_ms), for the planner's
+    # latency term and the lower bound; empty when no link has a delay (no latency term).
+    delay_ms: tuple[tuple[float, ...], ...] = ()
     # training
     width: int = 640
     depth: int = 3
@@ -113,6 +117,17 @@ class RunConfig:
                 raise ConfigError(f"shared[{k}]: expected a SharedLink, got {sl!r}")
             if any(not (0 <= a < self.n and 0 <= b < self.n) for a, b in sl.pairs):
                 raise ConfigError(f"shared[{k}]: a pair names a worker outside 0..{self.n - 1}")
+        if self.delay_ms:
+            if len(self.delay_ms) != self.n or any(len(r) != self.n for r in self.delay_ms):
+                raise ConfigError(f"delay_ms: must be {self.n}x{self.n} or empty")
+            bad = [
+                (i, j)
+                for i, row in enumerate(self.delay_ms)
+                for j, d in enumerate(row)
+                if i != j and not (math.isfinite(d) and d >= 0)
+            ]
+            if bad:
+                raise ConfigError(f"delay_ms: must be finite and >= 0, not at {bad[:3]}")
         if self.part_bytes < 0 or self.part_bytes % 4:
             raise ConfigError(
                 f"part_bytes: must be 0 (automatic) or a positive multiple of 4,"
@@ -188,6 +203,7 @@ class RunConfig:
             raw["bw_mbit"] = tuple(tuple(float(x) for x in row) for row in raw["bw_mbit"])
             raw["stragglers"] = tuple(raw.get("stragglers", ()))
             raw["data_ports"] = tuple(raw.get("data_ports", ()))
+            raw["delay_ms"] = tuple(tuple(float(x) for x in row) for row in raw.get("delay_ms", ()))
             return cls(**raw)
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{where}: {exc}") from exc

@@ -210,6 +210,13 @@ class TopologySpec:
             bw[lk.src, lk.dst] = lk.rate_mbit
         return bw
 
+    def delay_matrix(self) -> np.ndarray:
+        """n×n one-way delays in ms: entry [i, j] is the delay of i → j; the diagonal is 0."""
+        d = np.zeros((self.n, self.n))
+        for lk in self.links:
+            d[lk.src, lk.dst] = lk.delay_ms
+        return d
+
     def cloud_members(self, cloud: str) -> tuple[int, ...]:
         return tuple(w.index for w in self.workers if w.cloud == cloud)
 

@@ -92,6 +92,15 @@ def lab_impairments(caps: Capabilities) -> set[str]:
     return out
 
 
+def planned_delays(topo: TopologySpec, caps: Capabilities) -> tuple[tuple[float, ...], ...]:
+    """The topology's one-way delays (ms) for the planner, where the lab applies them: none
+    when no link has one, or when delay is off (no netem, ``--allow-missing delay``)."""
+    d = topo.delay_matrix()
+    if not d.any() or caps.mode(Impairment.DELAY) is ImpairmentMode.OFF:
+        return ()
+    return tuple(tuple(float(x) for x in row) for row in d)
+
+
 def lab_limits(topo: TopologySpec, caps: Capabilities) -> cmds.LabLimits:
     return cmds.LabLimits(
         n=topo.n,
@@ -304,6 +313,7 @@ class LabRun:
             identities=tuple(self.net.identity_address(i) for i in range(self.topo.n)),
             bw_mbit=tuple(tuple(float(x) for x in row) for row in bw),
             shared=planner_shared_links(self.topo),
+            delay_ms=planned_delays(self.topo, self.caps),
             width=o.width,
             depth=o.depth,
             lr=o.lr,
