@@ -19,9 +19,10 @@ Delay, jitter and loss, where configured and emulated, are measured too: after t
 binomial standard deviations of the probe count). A pair out of bounds fails the check.
 
 Shared uplinks (``uplinks: shared``): each pair is first measured alone (it may use the whole
-WAN rate; two pairs over one uplink are never in one batch), then, for every directed cloud
-pair, one flow from each worker of the first cloud to a distinct worker of the second runs at
-once (``measure_sharing``): their goodputs must sum to about the uplink's rate, not a multiple
+WAN rate; two pairs crossing one cloud pair, in either direction, are never in one batch: ACKs
+queue in the reverse uplink), then, for every directed cloud pair, one flow from each worker of
+the first cloud to a distinct worker of the second runs at once (``measure_sharing``): together
+(all their bits over the longest window) they must get about the uplink's rate, not a multiple
 of it ("NOT SHARED" above (1 + tolerance) x rate, "LOW" below the ceiling minus tolerance).
 
 Exit status: 0 all links fine, 1 some link failed, 2 the lab could not be built.
@@ -50,7 +51,7 @@ from lab.net.mesh import LabError, LabNetwork, LinkState
 from lab.net.preflight import ImpairmentMode, PreflightError
 from lab.net.probe import Row, loss_row, ping, rtt_rows
 from lab.net.shaping import ShapingError
-from lab.topology import Impairment, LinkSpec, TopologyError, load_topology
+from lab.topology import Impairment, LinkSpec, TopologyError, TopologySpec, load_topology
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class LinkResult:
     link_tx_bytes: int
     status: str  # "ok", "LOW", "WRONG PATH", "not judged (impaired)", "ERROR"
     error: str = ""
+    window_s: float = 0.0  # the sink's counting window (measured_mbit is over it)
 
     @property
     def failed(self) -> bool:
@@ -211,7 +213,15 @@ def measure_batch(
             status = "ok"
         results.append(
             LinkResult(
-                lk.src, lk.dst, lk.rate_mbit, expected, measured, int(r["bytes"]), tx, status
+                lk.src,
+                lk.dst,
+                lk.rate_mbit,
+                expected,
+                measured,
+                int(r["bytes"]),
+                tx,
+                status,
+                window_s=float(r["seconds"]),
             )
         )
     return results
@@ -234,6 +244,28 @@ class ShareResult:
         return self.status in ("LOW", "NOT SHARED", "ERROR")
 
 
+def shared_goodput(results: list[LinkResult]) -> float:
+    """Mbit/s the flows got together: all their counted bits over the longest window.
+
+    Not the sum of their rates: the windows end at different times (the uplink's queue drains
+    one flow after the others stopped, and alone it gets the whole rate), so such a sum
+    exceeds the uplink's rate even when the flows share it."""
+    window = max((r.window_s for r in results), default=0.0)
+    if window <= 0:
+        return 0.0
+    return sum(r.measured_mbit * r.window_s for r in results) / window
+
+
+def uplink_keys(topo: TopologySpec) -> dict[tuple[int, int], str]:
+    """For ``schedule``: the cloud pair each pair behind shared uplinks crosses, in either
+    direction, since a flow's ACKs queue in the reverse uplink behind any data there."""
+    return {
+        pair: "-".join(sorted((u.src_cloud, u.dst_cloud)))
+        for u in topo.shared_uplinks()
+        for pair in u.pairs
+    }
+
+
 def measure_sharing(
     net: LabNetwork, seconds: float, tolerance: float, limit: int | None = None
 ) -> list[ShareResult]:
@@ -247,7 +279,7 @@ def measure_sharing(
         dst = sorted({b for _, b in up.pairs})
         flows = [net.topology.link(a, b) for a, b in zip(src, dst, strict=False)]
         results = measure_batch(net, flows, seconds, tolerance)
-        total = sum(r.measured_mbit for r in results)
+        total = shared_goodput(results)
         impaired = any(_impaired(net, lk) for lk in flows)
         if any(r.status == "ERROR" for r in results):
             status = "ERROR"
@@ -440,12 +472,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"lab {tag}: {topo.n} hosts, {len(topo.links)} directed links built "
                 f"in {time.monotonic() - t0:.1f} s"
             )
-            uplink_of = {
-                pair: f"{u.src_cloud}->{u.dst_cloud}"
-                for u in topo.shared_uplinks()
-                for pair in u.pairs
-            }
-            batches = schedule(list(topo.links), args.parallel, uplink_of)
+            batches = schedule(list(topo.links), args.parallel, uplink_keys(topo))
             with Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),

@@ -160,3 +160,30 @@ def test_every_pair_has_a_sender_interface_behind_gateways_too() -> None:
         net.intf(0, 2)
     with pytest.raises(LabError, match="no link 0->0"):
         net.sender_intf(0, 0)
+
+
+def test_check_keeps_both_directions_of_a_cloud_pair_apart() -> None:
+    # A flow's ACKs queue in the reverse uplink: w4 -> w2 must not run beside w3 -> w5.
+    from lab.check import schedule, uplink_keys
+
+    spec = load_topology(CLOUDS_4X2)
+    keys = uplink_keys(spec)
+    assert keys[(4, 2)] == keys[(3, 5)] == keys[(2, 4)]
+    assert (0, 1) not in keys  # same cloud: its own link
+    for batch in schedule(list(spec.links), 4, keys):
+        crossing = [keys[(lk.src, lk.dst)] for lk in batch if (lk.src, lk.dst) in keys]
+        assert len(crossing) == len(set(crossing))
+
+
+def test_shared_goodput_is_all_bits_over_the_longest_window() -> None:
+    from lab.check import LinkResult, shared_goodput
+
+    def flow(mbit: float, window_s: float) -> LinkResult:
+        return LinkResult(0, 2, 20, 19.1, mbit, 0, 0, "ok", window_s=window_s)
+
+    # Two flows over a 20 Mbit/s uplink: one stopped at 1.7 s, the other drained its queue
+    # alone until 2.2 s. Their rates add up to 22.1 (over 20), their bits to 19.1 Mbit/s.
+    a, b = flow(9.55, 1.7), flow((9.55 * 1.7 + 19.1 * 0.5) / 2.2, 2.2)
+    assert a.measured_mbit + b.measured_mbit > 20
+    assert shared_goodput([a, b]) == pytest.approx(19.1, rel=1e-9)
+    assert shared_goodput([]) == 0.0
