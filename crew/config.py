@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from crew.plan.planner import PlanError, SharedLink
 
 
 class Scheme(enum.StrEnum):
@@ -64,6 +67,12 @@ class RunConfig:
     data_port: int
     identities: tuple[str, ...]  # identity address of each worker (data plane)
     bw_mbit: tuple[tuple[float, ...], ...]  # configured capacity matrix; diagonal ignored
+    # Capacities several pairs share (a cloud pair's WAN behind gateways); bw_mbit caps each
+    # pair alone, these cap the sum. Empty when every pair has its own link.
+    shared: tuple[SharedLink, ...] = ()
+    # One-way delay of each directed link in ms (the topology's delay_ms), for the planner's
+    # latency term and the lower bound; empty when no link has a delay (no latency term).
+    delay_ms: tuple[tuple[float, ...], ...] = ()
     # training
     width: int = 640
     depth: int = 3
@@ -116,6 +125,22 @@ class RunConfig:
             raise ConfigError(f"identities: need {self.n} addresses, got {len(self.identities)}")
         if len(self.bw_mbit) != self.n or any(len(r) != self.n for r in self.bw_mbit):
             raise ConfigError(f"bw_mbit: must be {self.n}x{self.n}")
+        for k, sl in enumerate(self.shared):
+            if not isinstance(sl, SharedLink):
+                raise ConfigError(f"shared[{k}]: expected a SharedLink, got {sl!r}")
+            if any(not (0 <= a < self.n and 0 <= b < self.n) for a, b in sl.pairs):
+                raise ConfigError(f"shared[{k}]: a pair names a worker outside 0..{self.n - 1}")
+        if self.delay_ms:
+            if len(self.delay_ms) != self.n or any(len(r) != self.n for r in self.delay_ms):
+                raise ConfigError(f"delay_ms: must be {self.n}x{self.n} or empty")
+            bad = [
+                (i, j)
+                for i, row in enumerate(self.delay_ms)
+                for j, d in enumerate(row)
+                if i != j and not (math.isfinite(d) and d >= 0)
+            ]
+            if bad:
+                raise ConfigError(f"delay_ms: must be finite and >= 0, not at {bad[:3]}")
         if self.part_bytes < 0 or self.part_bytes % 4:
             raise ConfigError(
                 f"part_bytes: must be 0 (automatic) or a positive multiple of 4,"
@@ -176,10 +201,22 @@ class RunConfig:
             raise ConfigError(f"{where}: unknown fields {unknown}")
         raw = dict(raw)
         try:
+            raw["shared"] = tuple(
+                SharedLink(
+                    tuple((int(a), int(b)) for a, b in sl["pairs"]),
+                    float(sl["mbit"]),
+                    float(sl.get("delay_s", 0.0)),
+                )
+                for sl in raw.get("shared", ())
+            )
+        except (KeyError, TypeError, ValueError, PlanError) as exc:
+            raise ConfigError(f"{where}: shared: malformed shared link: {exc}") from exc
+        try:
             raw["identities"] = tuple(raw["identities"])
             raw["bw_mbit"] = tuple(tuple(float(x) for x in row) for row in raw["bw_mbit"])
             raw["stragglers"] = tuple(raw.get("stragglers", ()))
             raw["data_ports"] = tuple(raw.get("data_ports", ()))
+            raw["delay_ms"] = tuple(tuple(float(x) for x in row) for row in raw.get("delay_ms", ()))
             return cls(**raw)
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{where}: {exc}") from exc

@@ -18,6 +18,13 @@ Delay, jitter and loss, where configured and emulated, are measured too: after t
 (RTT median and p90 within 10%, jitter within 25%, loss within the larger of 10% and 3
 binomial standard deviations of the probe count). A pair out of bounds fails the check.
 
+Shared uplinks (``uplinks: shared``): each pair is first measured alone (it may use the whole
+WAN rate; two pairs crossing one cloud pair, in either direction, are never in one batch: ACKs
+queue in the reverse uplink), then, for every directed cloud pair, one flow from each worker of
+the first cloud to a distinct worker of the second runs at once (``measure_sharing``): together
+(all their bits over the longest window) they must get about the uplink's rate, not a multiple
+of it ("NOT SHARED" above (1 + tolerance) x rate, "LOW" below the ceiling minus tolerance).
+
 Exit status: 0 all links fine, 1 some link failed, 2 the lab could not be built.
 """
 
@@ -30,6 +37,7 @@ import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,11 +47,11 @@ from rich.table import Table
 
 from lab.net import preflight
 from lab.net.cleanup import DEFAULT_STATE_DIR, cleanup_leftovers
-from lab.net.mesh import LabError, LabNetwork
+from lab.net.mesh import LabError, LabNetwork, LinkState
 from lab.net.preflight import ImpairmentMode, PreflightError
 from lab.net.probe import Row, loss_row, ping, rtt_rows
 from lab.net.shaping import ShapingError
-from lab.topology import Impairment, LinkSpec, TopologyError, load_topology
+from lab.topology import Impairment, LinkSpec, TopologyError, TopologySpec, load_topology
 
 log = logging.getLogger(__name__)
 
@@ -64,16 +72,22 @@ class LinkResult:
     link_tx_bytes: int
     status: str  # "ok", "LOW", "WRONG PATH", "not judged (impaired)", "ERROR"
     error: str = ""
+    window_s: float = 0.0  # the sink's counting window (measured_mbit is over it)
 
     @property
     def failed(self) -> bool:
         return self.status in ("LOW", "WRONG PATH", "ERROR")
 
 
-def schedule(links: list[LinkSpec], parallel: int) -> list[list[LinkSpec]]:
+def schedule(
+    links: list[LinkSpec], parallel: int, shared_by: Mapping[tuple[int, int], str] | None = None
+) -> list[list[LinkSpec]]:
     """Batches of at most ``parallel`` links with pairwise disjoint hosts, greedily in order.
 
-    No host ever runs two transfers at once, so each measures its link alone."""
+    No host ever runs two transfers at once, so each measures its link alone. ``shared_by``
+    names the shared uplink a pair crosses (``uplinks: shared``): two links over the same
+    uplink are never in one batch either."""
+    shared_by = shared_by or {}
     todo = list(links)
     batches: list[list[LinkSpec]] = []
     while todo:
@@ -82,10 +96,13 @@ def schedule(links: list[LinkSpec], parallel: int) -> list[list[LinkSpec]]:
         for lk in list(todo):
             if len(batch) >= parallel:
                 break
-            if lk.src in busy or lk.dst in busy:
+            keys: set[object] = {lk.src, lk.dst}
+            if (lk.src, lk.dst) in shared_by:
+                keys.add(shared_by[(lk.src, lk.dst)])
+            if keys & busy:
                 continue
             batch.append(lk)
-            busy |= {lk.src, lk.dst}
+            busy |= keys
             todo.remove(lk)
         batches.append(batch)
     return batches
@@ -185,7 +202,8 @@ def measure_batch(
             continue
         r = json.loads(out.strip().splitlines()[-1])
         measured = float(r["mbit"])
-        if tx < r["bytes"]:
+        # Pairs behind shared uplinks have no interface of their own to count on.
+        if (lk.src, lk.dst) in after and tx < r["bytes"]:
             status = "WRONG PATH"
         elif _impaired(net, lk):
             status = "not judged (impaired)"
@@ -195,10 +213,104 @@ def measure_batch(
             status = "ok"
         results.append(
             LinkResult(
-                lk.src, lk.dst, lk.rate_mbit, expected, measured, int(r["bytes"]), tx, status
+                lk.src,
+                lk.dst,
+                lk.rate_mbit,
+                expected,
+                measured,
+                int(r["bytes"]),
+                tx,
+                status,
+                window_s=float(r["seconds"]),
             )
         )
     return results
+
+
+@dataclass(frozen=True)
+class ShareResult:
+    """Concurrent flows from the workers of one cloud to another's, over their shared uplink:
+    together they must get about the uplink's rate, not a multiple of it."""
+
+    src_cloud: str
+    dst_cloud: str
+    rate_mbit: float
+    flows: int
+    total_mbit: float
+    status: str  # "ok", "LOW", "NOT SHARED", "ERROR", "not judged (impaired)"
+
+    @property
+    def failed(self) -> bool:
+        return self.status in ("LOW", "NOT SHARED", "ERROR")
+
+
+def shared_goodput(results: list[LinkResult]) -> float:
+    """Mbit/s the flows got together: all their counted bits over the longest window.
+
+    Not the sum of their rates: the windows end at different times (the uplink's queue drains
+    one flow after the others stopped, and alone it gets the whole rate), so such a sum
+    exceeds the uplink's rate even when the flows share it."""
+    window = max((r.window_s for r in results), default=0.0)
+    if window <= 0:
+        return 0.0
+    return sum(r.measured_mbit * r.window_s for r in results) / window
+
+
+def uplink_keys(topo: TopologySpec) -> dict[tuple[int, int], str]:
+    """For ``schedule``: the cloud pair each pair behind shared uplinks crosses, in either
+    direction, since a flow's ACKs queue in the reverse uplink behind any data there."""
+    return {
+        pair: "-".join(sorted((u.src_cloud, u.dst_cloud)))
+        for u in topo.shared_uplinks()
+        for pair in u.pairs
+    }
+
+
+def measure_sharing(
+    net: LabNetwork, seconds: float, tolerance: float, limit: int | None = None
+) -> list[ShareResult]:
+    """For every shared uplink A->B, run min(|A|, |B|) disjoint flows a_k -> b_k at once and
+    compare their summed goodput with the uplink's rate: above (1 + tolerance) x rate means the
+    workers are not sharing it, below (1 - tolerance) x the payload ceiling means it is lost.
+    ``limit`` measures only the first uplinks (tests)."""
+    out: list[ShareResult] = []
+    for up in net.topology.shared_uplinks()[:limit]:
+        src = sorted({a for a, _ in up.pairs})
+        dst = sorted({b for _, b in up.pairs})
+        flows = [net.topology.link(a, b) for a, b in zip(src, dst, strict=False)]
+        results = measure_batch(net, flows, seconds, tolerance)
+        total = shared_goodput(results)
+        impaired = any(_impaired(net, lk) for lk in flows)
+        if any(r.status == "ERROR" for r in results):
+            status = "ERROR"
+        elif total > (1 + tolerance) * up.rate_mbit:
+            status = "NOT SHARED"
+        elif impaired:
+            status = "not judged (impaired)"
+        elif total < (1 - tolerance) * up.rate_mbit * PAYLOAD_FRACTION:
+            status = "LOW"
+        else:
+            status = "ok"
+        out.append(ShareResult(up.src_cloud, up.dst_cloud, up.rate_mbit, len(flows), total, status))
+    return out
+
+
+def render_sharing(rows: list[ShareResult]) -> Table:
+    t = Table(title="shared uplinks: concurrent flows from one cloud to another (Mbit/s)")
+    for col in ("uplink", "flows", "rate", "sum of goodputs", "sum / rate", "status"):
+        t.add_column(col)
+    for r in rows:
+        style = "red" if r.failed else ""
+        t.add_row(
+            f"{r.src_cloud}->{r.dst_cloud}",
+            str(r.flows),
+            f"{r.rate_mbit:g}",
+            f"{r.total_mbit:.1f}",
+            f"{r.total_mbit / r.rate_mbit:.1%}",
+            r.status,
+            style=style,
+        )
+    return t
 
 
 def impaired_pairs(net: LabNetwork) -> list[tuple[int, int]]:
@@ -212,12 +324,20 @@ def impaired_pairs(net: LabNetwork) -> list[tuple[int, int]]:
     return pairs
 
 
+def _state(net: LabNetwork, i: int, j: int) -> LinkState:
+    """The pair's link; behind shared uplinks, the cloud pair's uplink values (path i -> j)."""
+    if net.has_direct_link(i, j):
+        return net.link_state(i, j)
+    lk = net.topology.link(i, j)
+    return LinkState(i, j, lk.rate_mbit, True, lk.delay_ms, lk.jitter_ms, lk.loss_pct)
+
+
 def probe_pairs(net: LabNetwork, probes: int, interval_s: float) -> list[Row]:
     """RTT (and jitter) rows where delay is configured, loss rows where loss is."""
     rows: list[Row] = []
     for i, j in impaired_pairs(net):
         stats = ping(net, i, j, count=probes, interval_s=interval_s)
-        a, b = net.link_state(i, j), net.link_state(j, i)
+        a, b = _state(net, i, j), _state(net, j, i)
         if a.delay_ms or b.delay_ms or a.jitter_ms or b.jitter_ms:
             rows += rtt_rows("check", a, b, stats)
         if a.loss_pct or b.loss_pct:
@@ -344,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     tag = "ck" + secrets.token_hex(2)
     results: list[LinkResult] = []
     probe_rows: list[Row] = []
+    share_rows: list[ShareResult] = []
     t0 = time.monotonic()
     try:
         with LabNetwork(topo, tag=tag, state_dir=args.state_dir, capabilities=cap) as net:
@@ -351,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"lab {tag}: {topo.n} hosts, {len(topo.links)} directed links built "
                 f"in {time.monotonic() - t0:.1f} s"
             )
-            batches = schedule(list(topo.links), args.parallel)
+            batches = schedule(list(topo.links), args.parallel, uplink_keys(topo))
             with Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),
@@ -365,6 +486,9 @@ def main(argv: list[str] | None = None) -> int:
                     progress.update(task, description=f"measuring {names}")
                     results += measure_batch(net, batch, args.seconds, args.tolerance)
                     progress.advance(task, len(batch))
+                if topo.shared_uplinks():
+                    progress.update(task, description="measuring shared uplinks")
+                    share_rows = measure_sharing(net, args.seconds, args.tolerance)
                 pairs = impaired_pairs(net)
                 if pairs:
                     progress.update(task, description=f"pinging {len(pairs)} impaired pair(s)")
@@ -376,7 +500,10 @@ def main(argv: list[str] | None = None) -> int:
     console.print(render(results, f"{topo.name}: goodput per directed link (Mbit/s)"))
     if probe_rows:
         console.print(render_probes(probe_rows))
-    failed = [r for r in results if r.failed]
+    if share_rows:
+        console.print(render_sharing(share_rows))
+    failed: list[LinkResult | ShareResult] = [r for r in results if r.failed]
+    failed += [r for r in share_rows if r.failed]
     bad_probes = [r for r in probe_rows if not r.ok]
     ratios = [r.measured_mbit / r.rate_mbit for r in results if r.status == "ok"]
     if ratios:
@@ -404,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
                     "ok": not failed and not bad_probes,
                     "links": [asdict(r) for r in results],
                     "probes": [asdict(r) | {"ok": r.ok} for r in probe_rows],
+                    "shared_uplinks": [asdict(r) for r in share_rows],
                 },
                 indent=1,
             )

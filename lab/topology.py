@@ -10,8 +10,11 @@ Model and assumptions:
 
 * Workers are numbered cloud by cloud in file order and named ``w0`` .. ``w{n-1}``.
 * Two workers in different clouds A, B get the A–B link's values (``forward`` is the direction
-  first-listed → second-listed cloud). Each worker pair has its own point-to-point link in the
-  lab, so workers of one cloud do *not* share the cloud-pair rate: the capacity is per pair.
+  first-listed → second-listed cloud). With ``uplinks: private`` (the default) each worker pair
+  has its own point-to-point link in the lab, so workers of one cloud do *not* share the
+  cloud-pair rate: the capacity is per pair. With ``uplinks: shared`` the A→B rate is one
+  capacity that all pairs (a in A, b in B) share (:meth:`TopologySpec.shared_uplinks`); each
+  such pair alone may use all of it, so the per-pair rate stays the A→B rate.
 * Two workers in the same cloud get ``intra_cloud_mbit`` and no impairments.
 * ``delay_ms`` is one-way; ``jitter_ms`` may not exceed it (the delay would go negative).
 * Rates are what HTB is configured to; expect ~95% of it as goodput (docs/architecture.md §6;
@@ -34,12 +37,15 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
 
 from lab.fields import FieldError, FieldReader, describe, read_yaml, suggest
+
+if TYPE_CHECKING:
+    from crew.plan.planner import SharedLink
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +59,16 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 _WORKER_NAME_RE = re.compile(r"w(0|[1-9][0-9]*)")
 _DOC = "(document)"
 
-_TOP_KEYS = ("name", "description", "intra_cloud_mbit", "defaults", "clouds", "links", "workers")
+_TOP_KEYS = (
+    "name",
+    "description",
+    "intra_cloud_mbit",
+    "uplinks",
+    "defaults",
+    "clouds",
+    "links",
+    "workers",
+)
 _CLOUD_KEYS = ("name", "workers", "straggler")
 _LINK_VALUE_KEYS = ("mbit", "delay_ms", "jitter_ms", "loss_pct")
 _LINK_KEYS = ("between", *_LINK_VALUE_KEYS)
@@ -67,6 +82,13 @@ class Impairment(enum.Enum):
     DELAY = "delay"
     JITTER = "jitter"
     LOSS = "loss"
+
+
+class Uplinks(enum.Enum):
+    """How workers in different clouds reach each other."""
+
+    PRIVATE = "private"  # one shaped link per worker pair: capacity per pair
+    SHARED = "shared"  # behind the cloud's gateway: one shaped WAN link per cloud pair
 
 
 class TopologyError(FieldError):
@@ -115,6 +137,20 @@ class LinkSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class SharedUplink:
+    """The WAN capacity src_cloud → dst_cloud, shared by ``pairs`` (every worker pair that
+    crosses it) in ``uplinks: shared`` mode. Values are those of the cloud pair's link."""
+
+    src_cloud: str
+    dst_cloud: str
+    pairs: tuple[tuple[int, int], ...]
+    rate_mbit: float
+    delay_ms: float = 0.0
+    jitter_ms: float = 0.0
+    loss_pct: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class TopologySpec:
     """A resolved topology. ``links`` holds one entry per ordered pair, sorted by (src, dst)."""
 
@@ -125,6 +161,7 @@ class TopologySpec:
     workers: tuple[WorkerSpec, ...]
     links: tuple[LinkSpec, ...]
     intra_cloud_mbit: float
+    uplinks: Uplinks = Uplinks.PRIVATE
 
     def __post_init__(self) -> None:
         # Direct construction (tests, dataclasses.replace) must keep the invariants link() and
@@ -173,6 +210,37 @@ class TopologySpec:
             bw[lk.src, lk.dst] = lk.rate_mbit
         return bw
 
+    def delay_matrix(self) -> np.ndarray:
+        """n×n one-way delays in ms: entry [i, j] is the delay of i → j; the diagonal is 0."""
+        d = np.zeros((self.n, self.n))
+        for lk in self.links:
+            d[lk.src, lk.dst] = lk.delay_ms
+        return d
+
+    def cloud_members(self, cloud: str) -> tuple[int, ...]:
+        return tuple(w.index for w in self.workers if w.cloud == cloud)
+
+    def shared_uplinks(self) -> tuple[SharedUplink, ...]:
+        """One entry per ordered pair of clouds (file order) when ``uplinks`` is shared, with
+        its values taken from the link between the clouds' first workers (all pairs of a cloud
+        pair have the same values, see ``to_dict``); empty in private mode."""
+        if self.uplinks is not Uplinks.SHARED:
+            return ()
+        out: list[SharedUplink] = []
+        for a in self.clouds:
+            for b in self.clouds:
+                if a.name == b.name:
+                    continue
+                src, dst = self.cloud_members(a.name), self.cloud_members(b.name)
+                lk = self.link(src[0], dst[0])
+                pairs = tuple((i, j) for i in src for j in dst)
+                out.append(
+                    SharedUplink(
+                        a.name, b.name, pairs, lk.rate_mbit, lk.delay_ms, lk.jitter_ms, lk.loss_pct
+                    )
+                )
+        return tuple(out)
+
     def impairments_requested(self) -> frozenset[Impairment]:
         wanted: set[Impairment] = set()
         for lk in self.links:
@@ -209,6 +277,7 @@ class TopologySpec:
             "name": self.name,
             "description": self.description,
             "intra_cloud_mbit": self.intra_cloud_mbit,
+            **({"uplinks": self.uplinks.value} if self.uplinks is not Uplinks.PRIVATE else {}),
             "clouds": [
                 {"name": c.name, "workers": c.workers}
                 | ({"straggler": c.straggler} if c.straggler is not None else {})
@@ -237,6 +306,15 @@ class TopologySpec:
 
 
 _LINK_ATTRS = ("rate_mbit", "delay_ms", "jitter_ms", "loss_pct")
+
+
+def planner_shared_links(spec: TopologySpec) -> tuple[SharedLink, ...]:
+    """The shared uplinks as the planner's ``SharedLink`` capacities (delay in seconds)."""
+    from crew.plan.planner import SharedLink  # late: scipy is not needed to read a topology
+
+    return tuple(
+        SharedLink(u.pairs, u.rate_mbit, u.delay_ms / 1000.0) for u in spec.shared_uplinks()
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,6 +512,13 @@ def parse_topology(data: Mapping[str, Any], source: Path | None = None) -> Topol
         top.get("intra_cloud_mbit", DEFAULT_INTRA_CLOUD_MBIT), "intra_cloud_mbit"
     )
 
+    uplinks_text = c.string(top.get("uplinks", Uplinks.PRIVATE.value), "uplinks")
+    try:
+        uplinks = Uplinks(uplinks_text)
+    except ValueError:
+        known = ", ".join(u.value for u in Uplinks)
+        raise c.fail("uplinks", f"unknown mode {uplinks_text!r} (known: {known})") from None
+
     clouds = _parse_clouds(c, top["clouds"])
     names = [cl.name for cl in clouds]
 
@@ -485,6 +570,7 @@ def parse_topology(data: Mapping[str, Any], source: Path | None = None) -> Topol
         workers=workers,
         links=links,
         intra_cloud_mbit=intra,
+        uplinks=uplinks,
     )
     log.debug("parsed topology %s: n=%d, %d clouds", name, n, len(clouds))
     return spec
@@ -707,6 +793,11 @@ def summarize(spec: TopologySpec) -> str:
     ]
     if n_intra:
         out.append(f"  intra-cloud: {n_intra} directed links at {spec.intra_cloud_mbit:g} Mbit/s")
+    if spec.uplinks is Uplinks.SHARED:
+        out.append(
+            f"  uplinks: shared, {len(spec.shared_uplinks())} directed cloud-pair WAN links "
+            "(each shared by all worker pairs crossing it)"
+        )
     out += [
         f"  impairments requested: {', '.join(wanted) if wanted else 'none'}",
         f"  stragglers: {'; '.join(stragglers) if stragglers else 'none'}",

@@ -39,6 +39,7 @@ SHIPPED = {
     "bench-uniform4.yaml": (4, True, frozenset()),
     "bench-fast2.yaml": (2, True, frozenset()),
     "bench-fast4.yaml": (4, True, frozenset()),
+    "clouds-4x2.yaml": (8, False, frozenset()),
 }
 
 

@@ -232,6 +232,32 @@ def make_small(_: dict[str, Any]) -> Generated:
     )
 
 
+def make_clouds_4x2(_: dict[str, Any]) -> Generated:
+    clouds = ("us-east", "eu-west", "ap-tokyo", "sa-paulo")
+    return Generated(
+        "clouds-4x2.yaml",
+        _banner("clouds-4x2.yaml")
+        + "4 clouds x 2 workers behind shared uplinks: each cloud pair's WAN rate (per\n"
+        + "direction) is one capacity shared by the four worker pairs that cross it; workers of\n"
+        + "one cloud talk at intra_cloud_mbit. Hand-picked uneven WAN rates, 20-80 Mbit/s.",
+        {
+            "name": "clouds-4x2",
+            "description": "4 clouds x 2 workers, shared uneven WAN uplinks 20-80 Mbit/s",
+            "intra_cloud_mbit": 500,
+            "uplinks": "shared",
+            "clouds": [{"name": c, "workers": 2} for c in clouds],
+            "links": [
+                {"between": [clouds[0], clouds[1]], "mbit": {"forward": 80, "reverse": 60}},
+                {"between": [clouds[0], clouds[2]], "mbit": 30},
+                {"between": [clouds[0], clouds[3]], "mbit": {"forward": 50, "reverse": 40}},
+                {"between": [clouds[1], clouds[2]], "mbit": {"forward": 25, "reverse": 35}},
+                {"between": [clouds[1], clouds[3]], "mbit": 20},
+                {"between": [clouds[2], clouds[3]], "mbit": {"forward": 45, "reverse": 30}},
+            ],
+        },
+    )
+
+
 def _bench_hetero_links(data: dict[str, Any]) -> list[dict[str, Any]]:
     return _hotcloud_links(
         GENERIC_CLOUDS, data["inter-cloud-bandwidth-samples"]["values"], SEED_BENCH
@@ -350,6 +376,7 @@ MAKERS: tuple[Callable[[dict[str, Any]], Generated], ...] = (
     make_aws,
     make_uniform,
     make_small,
+    make_clouds_4x2,
     make_bench_hetero,
     make_bench_uniform,
     make_bench_slowpair,

@@ -13,6 +13,10 @@ Three matrices, in Mbit/s, ``[src, dst]``, diagonal ``inf``:
   estimate once it drifts more than ``DRIFT`` (relative) from what is planned; 0 for a failed
   link until its retry.
 
+Delays: ``delay_s`` is the configured one-way delay of each link in seconds (``None`` when no
+link has one), passed with ``planning`` to the planner's latency term and the lower bound. It
+changes only with the configuration (``set_link(..., delay_ms=)``), never with measurements.
+
 Dead links (docs/architecture.md §5): each receiver's probes (``crew.wire.probes``) say whether a
 directed link is alive. A link a receiver reports dead is planned at 0 at once, and so is its
 reverse direction: the data plane is TCP, whose ACKs travel the other way. It returns when the
@@ -86,10 +90,23 @@ class FailedLink:
 class CapacityView:
     """Configured, estimated and failed links; ``planning`` is what the planner sees."""
 
-    def __init__(self, configured: Sequence[Sequence[float]] | np.ndarray, *, measured: bool):
+    def __init__(
+        self,
+        configured: Sequence[Sequence[float]] | np.ndarray,
+        *,
+        measured: bool,
+        delay_ms: Sequence[Sequence[float]] | np.ndarray | None = None,
+    ):
         bw = np.array(configured, dtype=float)
         if bw.ndim != 2 or bw.shape[0] != bw.shape[1]:
             raise ValueError(f"configured: must be a square matrix, got shape {bw.shape}")
+        self.delay_s: np.ndarray | None = None
+        if delay_ms is not None and len(delay_ms):
+            d = np.array(delay_ms, dtype=float) / 1000.0
+            if d.shape != bw.shape:
+                raise ValueError(f"delay_ms: must have shape {bw.shape}, got {d.shape}")
+            np.fill_diagonal(d, 0.0)
+            self.delay_s = d if d.any() else None
         np.fill_diagonal(bw, np.inf)
         self.measured = measured
         self.planning = bw
@@ -203,8 +220,14 @@ class CapacityView:
                 if a != b and self.planning[a, b] == 0.0 and not self._probed_dead(a, b):
                     self.planning[a, b] = self.estimated[a, b] = self.configured[a, b]
 
-    def set_link(self, src: int, dst: int, rate_mbit: float) -> None:
-        """The lab changed a link's configured rate: plan on it from now on."""
+    def set_link(
+        self, src: int, dst: int, rate_mbit: float, *, delay_ms: float | None = None
+    ) -> None:
+        """The lab changed a link's configured rate (and delay): plan on it from now on."""
+        if delay_ms is not None:
+            if self.delay_s is None:
+                self.delay_s = np.zeros_like(self.planning)
+            self.delay_s[src, dst] = max(float(delay_ms), 0.0) / 1000.0
         rate = max(float(rate_mbit), 0.0)
         self.configured[src, dst] = self.estimated[src, dst] = rate
         self.failed.pop((src, dst), None)

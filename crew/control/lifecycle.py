@@ -283,7 +283,9 @@ class GroupLifecycle:
         lower_bound: BoundFn = planner.lower_bound,
     ):
         self.cfg = cfg
-        self.capacity = capacity or CapacityView(cfg.bw_mbit, measured=cfg.capacity == "measured")
+        self.capacity = capacity or CapacityView(
+            cfg.bw_mbit, measured=cfg.capacity == "measured", delay_ms=cfg.delay_ms
+        )
         self.former = former or GroupFormer(
             cfg.n, cfg.p, heartbeat_timeout=cfg.heartbeat_timeout_s, staleness=cfg.staleness
         )
@@ -568,8 +570,13 @@ class GroupLifecycle:
         size = self.size_elems * 4
         active = self.alive()
         bw = self._planning_bw(now)
-        plan = self._plan_fn(scheme, bw, members, size, active=active, seed=self.cfg.seed)
-        bound = self._lower_bound(self.capacity.planning, members, size, active=active)
+        # Shared capacities (cloud uplinks) and delays go only where there are some, so planners
+        # and test doubles without the keywords keep working on plain topologies.
+        extra: dict[str, Any] = {"shared": self.cfg.shared} if self.cfg.shared else {}
+        if self.capacity.delay_s is not None:
+            extra["delay_s"] = self.capacity.delay_s
+        plan = self._plan_fn(scheme, bw, members, size, active=active, seed=self.cfg.seed, **extra)
+        bound = self._lower_bound(self.capacity.planning, members, size, active=active, **extra)
         return plan, bound
 
     def _plan_nonblocking(
@@ -926,7 +933,8 @@ class GroupLifecycle:
             src, dst, rate = int(args["src"]), int(args["dst"]), float(args["rate_mbit"])
             if not (0 <= src < self.cfg.n and 0 <= dst < self.cfg.n) or src == dst:
                 raise proto.ProtocolError(f"admin.args: {src}->{dst} is not a link of this run")
-            self.capacity.set_link(src, dst, rate)
+            delay = args.get("delay_ms")
+            self.capacity.set_link(src, dst, rate, delay_ms=None if delay is None else float(delay))
             self._update_split()
         elif op == "slow_worker":
             self._send(int(args["worker"]), proto.SetSlowdown(float(args["factor"])))

@@ -19,6 +19,17 @@ Layout (n workers, lab tag T, addresses from the 198.18.0.0/15 benchmarking rang
   a browser on this machine aborts its requests on every address change (Chromium's
   ERR_NETWORK_CHANGED), which could leave the dashboard blank just as the lab says it is up.
 
+Shared uplinks (``uplinks: shared`` in the topology): each cloud k also gets a gateway host
+``crwTgk`` (IP forwarding on; fixed MACs and static neighbours on its veths, no ARP). Worker i
+of cloud k has one veth ``wi-gw`` to it (``gk-wi`` at the gateway), unshaped but with offloads
+off, so the gateway's queue sees real frames; gateways a < b share one veth ``ga-gb``/``gb-ga``
+shaped with the a->b and b->a values of the cloud pair. Workers route the identities of other
+clouds' workers over ``wi-gw``, gateways route them to the peer gateway; workers of one cloud
+keep direct shaped links. So all pairs crossing a->b queue in one HTB: they share its rate.
+Run-time link changes (``set_link``) exist only for direct links; the per-pair byte
+counters of pairs behind gateways come from target-less iptables rules in the sender's OUTPUT
+chain (one per peer), so the link monitor and lab.check see every ordered pair as before.
+
 Everything the lab creates is recorded in a state file first (lab.net.cleanup), and teardown
 removes all of it, also on exceptions and KeyboardInterrupt.
 """
@@ -51,7 +62,8 @@ from lab.net.cleanup import (
 )
 from lab.net.netlink import HostNetlink
 from lab.net.preflight import Capabilities, ImpairmentMode
-from lab.topology import Impairment, TopologySpec
+from lab.net.shaping import ShapingError
+from lab.topology import Impairment, TopologySpec, Uplinks
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +148,8 @@ class LabNetwork:
         self._procs: dict[int, ProcRecord] = {}
         # Run-time changes: one netlink socket per host, opened on first use.
         self._netlink = HostNetlink()
+        self._gw_hosts: list[Any] = []
+        self._gw_pids: list[int] = []
         self.state: LabState | None = None
 
     # -- addressing and names ----------------------------------------------------------------
@@ -164,7 +178,42 @@ class LabNetwork:
         """The interface in host i facing j (the sender side of i->j)."""
         if i == j or not (0 <= i < self.n and 0 <= j < self.n):
             raise LabError(f"no link {i}->{j} (n = {self.n})")
+        if not self.has_direct_link(i, j):
+            raise LabError(f"no direct link {i}->{j}: their clouds share an uplink")
         return f"w{i}-w{j}"
+
+    def sender_intf(self, i: int, j: int) -> str:
+        """The interface i->j's bytes leave host i by: its own veth, or (behind a shared
+        uplink) the veth to its cloud's gateway, which every pair to other clouds uses."""
+        if self.has_direct_link(i, j):
+            return self.intf(i, j)
+        if i == j or not (0 <= j < self.n):
+            raise LabError(f"no link {i}->{j} (n = {self.n})")
+        return f"w{i}-gw"
+
+    @property
+    def shared(self) -> bool:
+        return self.topology.uplinks is Uplinks.SHARED
+
+    def has_direct_link(self, i: int, j: int) -> bool:
+        """Whether i and j have their own veth (always, unless uplinks are shared)."""
+        w = self.topology.workers
+        return (
+            not self.shared
+            or not (0 <= i < self.n and 0 <= j < self.n)
+            or (w[i].cloud == w[j].cloud)
+        )
+
+    def gateway_name(self, k: int) -> str:
+        return f"{ROOT_NAME_PREFIX}{self.tag}g{k}"
+
+    def gateway_pid(self, k: int) -> int:
+        return self._gw_pids[k]
+
+    @staticmethod
+    def gateway_intf(a: int, b: int) -> str:
+        """The interface in gateway a facing gateway b (the sender side of cloud a -> b)."""
+        return f"g{a}-g{b}"
 
     def root_mgmt_intf(self, i: int) -> str:
         return f"{ROOT_NAME_PREFIX}{self.tag}m{i}"
@@ -206,12 +255,17 @@ class LabNetwork:
         log.info("building lab %s: %d hosts, %d links", self.tag, self.n, len(self.topology.links))
         self._build_hosts()
         self._build_links()
+        if self.shared:
+            self._build_gateways()
         self._build_mgmt()
         for lk in self.topology.links:
-            self._links[(lk.src, lk.dst)] = LinkState(
-                lk.src, lk.dst, lk.rate_mbit, True, lk.delay_ms, lk.jitter_ms, lk.loss_pct
-            )
+            if self.has_direct_link(lk.src, lk.dst):
+                self._links[(lk.src, lk.dst)] = LinkState(
+                    lk.src, lk.dst, lk.rate_mbit, True, lk.delay_ms, lk.jitter_ms, lk.loss_pct
+                )
         self._shape_all()
+        if self.shared:
+            self._shape_gateways()
 
     def _check_mgmt_free(self) -> None:
         out = subprocess.run(
@@ -251,6 +305,8 @@ class LabNetwork:
         _, _, Link = _mininet()
         for i in range(self.n):
             for j in range(i + 1, self.n):
+                if not self.has_direct_link(i, j):
+                    continue
                 link = Link(
                     self._hosts[i],
                     self._hosts[j],
@@ -262,7 +318,7 @@ class LabNetwork:
             pid = self._pids[i]
             commands: list[list[str]] = []
             for j in range(self.n):
-                if i == j:
+                if i == j or not self.has_direct_link(i, j):
                     continue
                 dev = self.intf(i, j)
                 if self.offloads_off:
@@ -281,6 +337,138 @@ class LabNetwork:
                     ]
                 )
             shaping.run_batch(pid, "ip", commands)
+
+    def _build_gateways(self) -> None:
+        """One gateway host per cloud, its workers' veths and the gateway-to-gateway veths,
+        with routes and static neighbours for every identity (module docstring).
+
+        Static neighbours, not ARP: a gateway has no address of its own to ask from, and
+        proxy ARP answers only after a random delay of up to 0.8 s."""
+        _, Host, Link = _mininet()
+        assert self.state is not None
+        clouds = self.topology.clouds
+        for k in range(len(clouds)):
+            h = self._net.addHost(self.gateway_name(k), cls=Host, ip=None, inNamespace=True)
+            self._gw_hosts.append(h)
+            self._gw_pids.append(h.pid)
+            self.state.add_proc(ProcRecord.of(h.pid, "shell", h.name, group=True))
+            shaping.run(
+                h.pid,
+                [
+                    "sysctl",
+                    "-q",
+                    "-w",
+                    "net.ipv6.conf.all.disable_ipv6=1",
+                    "net.ipv6.conf.default.disable_ipv6=1",
+                    "net.ipv4.ip_forward=1",
+                    "net.ipv4.conf.all.rp_filter=0",
+                    "net.ipv4.conf.default.rp_filter=0",
+                ],
+            )
+        members = [self.topology.cloud_members(c.name) for c in clouds]
+        gw_cmds: list[list[list[str]]] = [[] for _ in clouds]
+        gw_devs: list[list[str]] = [[] for _ in clouds]
+
+        def dev_up(dev: str, mac: str) -> list[list[str]]:
+            return [["ip", "link", "set", dev, "address", mac], ["ip", "link", "set", dev, "up"]]
+
+        def host_route(addr: str, dev: str, mac: str) -> list[list[str]]:
+            return [
+                ["ip", "neigh", "replace", addr, "lladdr", mac, "dev", dev, "nud", "permanent"],
+                ["ip", "route", "add", f"{addr}/32", "dev", dev],
+            ]
+
+        for k, ws in enumerate(members):
+            for i in ws:
+                wdev, gdev = f"w{i}-gw", f"g{k}-w{i}"
+                wmac, gmac = f"02:00:00:00:{i:02x}:01", f"02:00:00:00:{i:02x}:02"
+                self._net.links.append(
+                    Link(self._hosts[i], self._gw_hosts[k], intfName1=wdev, intfName2=gdev)
+                )
+                gw_devs[k].append(gdev)
+                gw_cmds[k] += dev_up(gdev, gmac) + host_route(self.identity_address(i), gdev, wmac)
+                cmds = dev_up(wdev, wmac)
+                for j in range(self.n):
+                    if j != i and not self.has_direct_link(i, j):
+                        cmds += host_route(self.identity_address(j), wdev, gmac)
+                        cmds[-1] += ["src", self.identity_address(i)]
+                if self.offloads_off:
+                    shaping.disable_offloads(self._pids[i], wdev)
+                shaping.run_batch(self._pids[i], "ip", cmds)
+                for j in range(self.n):
+                    if j != i and not self.has_direct_link(i, j):
+                        shaping.add_rule(self._pids[i], self._count_rule(wdev, j), first=False)
+        for a in range(len(clouds)):
+            for b in range(a + 1, len(clouds)):
+                self._net.links.append(
+                    Link(
+                        self._gw_hosts[a],
+                        self._gw_hosts[b],
+                        intfName1=self.gateway_intf(a, b),
+                        intfName2=self.gateway_intf(b, a),
+                    )
+                )
+        for a in range(len(clouds)):
+            for b in range(len(clouds)):
+                if a == b:
+                    continue
+                dev, peer_mac = self.gateway_intf(a, b), f"02:00:00:01:{b:02x}:{a:02x}"
+                gw_devs[a].append(dev)
+                gw_cmds[a] += dev_up(dev, f"02:00:00:01:{a:02x}:{b:02x}")
+                for j in members[b]:
+                    gw_cmds[a] += host_route(self.identity_address(j), dev, peer_mac)
+        for k in range(len(clouds)):
+            pid = self._gw_pids[k]
+            shaping.run(
+                pid, ["sysctl", "-q", "-w"] + [f"net.ipv4.conf.{d}.rp_filter=0" for d in gw_devs[k]]
+            )
+            if self.offloads_off:
+                for dev in gw_devs[k]:
+                    shaping.disable_offloads(pid, dev)
+            shaping.run_batch(pid, "ip", gw_cmds[k])
+
+    def _count_rule(self, dev: str, j: int) -> list[str]:
+        """A rule without a target: it only counts what host i sends to j through the gateway
+        (the per-pair counter a shared uplink has no interface for)."""
+        addr = f"{self.identity_address(j)}/32"
+        return ["OUTPUT", "-o", dev, "-d", addr, "-m", "comment", "--comment", _COUNT_TAG]
+
+    def _gateway_tx_bytes(self, i: int) -> dict[tuple[int, int], int]:
+        """Frame bytes i sent to each peer in another cloud: the counting rules' bytes plus an
+        Ethernet header per packet, so they compare with the interface counters."""
+        out: dict[tuple[int, int], int] = {}
+        try:
+            text = shaping.run(self._pids[i], ["iptables", "-w", "5", "-v", "-S", "OUTPUT"])
+        except (ShapingError, subprocess.TimeoutExpired) as e:
+            log.warning("cannot read the uplink counters of w%d: %s", i, e)
+            return out
+        for line in text.splitlines():
+            m = _COUNT_RE.search(line)
+            if m and _COUNT_TAG in line:
+                j = int(ipaddress.IPv4Address(m.group(1))) - int(IDENTITY_BASE)
+                pkts, nbytes = int(m.group(2)), int(m.group(3))
+                out[(i, j)] = nbytes + ETH_HEADER_BYTES * pkts
+        return out
+
+    def _shape_gateways(self) -> None:
+        """HTB (and netem where the kernel has it) on every gateway-to-gateway direction."""
+        assert self.cap is not None
+        names = [c.name for c in self.topology.clouds]
+        for up in self.topology.shared_uplinks():
+            a, b = names.index(up.src_cloud), names.index(up.dst_cloud)
+            st = LinkState(-1, -1, up.rate_mbit, True, up.delay_ms, up.jitter_ms, up.loss_pct)
+            if up.loss_pct > 0 and self.cap.mode(Impairment.LOSS) is ImpairmentMode.IPTABLES:
+                raise LabError(
+                    f"uplink {up.src_cloud}->{up.dst_cloud}: the iptables loss fallback is not "
+                    "built for shared uplinks; loss needs sch_netem there"
+                )
+            shaping.run_batch(
+                self._gw_pids[a],
+                "tc",
+                shaping.apply_commands(
+                    self.gateway_intf(a, b), self._netem_shape(st), netem=self.cap.netem
+                ),
+            )
 
     def _build_mgmt(self) -> None:
         assert self.state is not None
@@ -334,7 +522,7 @@ class LabNetwork:
                 try:
                     # Deleting the hosts' shells frees their namespaces, and with them every
                     # veth, qdisc and iptables rule inside.
-                    for h in self._hosts:
+                    for h in self._hosts + self._gw_hosts:
                         h.terminate()
                 except Exception as e:  # keep tearing down; reported at the end
                     errors.append(f"stopping hosts: {e}")
@@ -357,6 +545,7 @@ class LabNetwork:
                     state.remove_file()
                 self.state = None
             self._hosts, self._pids = [], []
+            self._gw_hosts, self._gw_pids = [], []
             if errors:
                 raise LabError(f"teardown of lab {self.tag} incomplete: {'; '.join(errors)}")
 
@@ -407,6 +596,8 @@ class LabNetwork:
                 m = _INTF_RE.match(dev)
                 if m and int(m.group(1)) == i:
                     out[(i, int(m.group(2)))] = tx
+            if self.shared:
+                out |= self._gateway_tx_bytes(i)
         return out
 
     def rx_bytes(self) -> dict[tuple[int, int], int]:
@@ -425,7 +616,8 @@ class LabNetwork:
         try:
             return self._links[(i, j)]
         except KeyError:
-            raise LabError(f"no link {i}->{j} (n = {self.n})") from None
+            why = "" if self.has_direct_link(i, j) else " of its own (the clouds share an uplink)"
+            raise LabError(f"no link {i}->{j}{why} (n = {self.n})") from None
 
     def set_link(
         self,
@@ -499,7 +691,7 @@ class LabNetwork:
         """Shape every link at build time: one tc batch per sending host."""
         assert self.cap is not None
         for i in range(self.n):
-            links = [lk for lk in self.topology.links if lk.src == i]
+            links = [lk for lk in self.topology.links if lk.src == i and (i, lk.dst) in self._links]
             shaping.run_batch(
                 self.host_pid(i),
                 "tc",
@@ -553,6 +745,9 @@ class LabNetwork:
 
 
 _INTF_RE = re.compile(r"^w(\d+)-w(\d+)$")
+_COUNT_TAG = "crew-count"
+_COUNT_RE = re.compile(r"-d (\d+\.\d+\.\d+\.\d+)/32 .*-c (\d+) (\d+)")
+ETH_HEADER_BYTES = 14
 
 
 def read_net_dev(pid: int) -> dict[str, tuple[int, int]]:

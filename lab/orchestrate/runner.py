@@ -35,7 +35,7 @@ from lab.net.preflight import Capabilities, ImpairmentMode, describe
 from lab.orchestrate import commands as cmds
 from lab.orchestrate.faults import FaultInjector
 from lab.scenario import Scenario, ScenarioPlayer
-from lab.topology import Impairment, TopologySpec
+from lab.topology import Impairment, TopologySpec, planner_shared_links
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,15 @@ def lab_impairments(caps: Capabilities) -> set[str]:
         if caps.mode(imp) is not ImpairmentMode.OFF:
             out.add(imp.value)
     return out
+
+
+def planned_delays(topo: TopologySpec, caps: Capabilities) -> tuple[tuple[float, ...], ...]:
+    """The topology's one-way delays (ms) for the planner, where the lab applies them: none
+    when no link has one, or when delay is off (no netem, ``--allow-missing delay``)."""
+    d = topo.delay_matrix()
+    if not d.any() or caps.mode(Impairment.DELAY) is ImpairmentMode.OFF:
+        return ()
+    return tuple(tuple(float(x) for x in row) for row in d)
 
 
 def lab_limits(topo: TopologySpec, caps: Capabilities) -> cmds.LabLimits:
@@ -227,7 +236,7 @@ class LabRun:
             for w in self.topo.workers
         )
         self.db.set_link_intfs(
-            {(lk.src, lk.dst): self.net.intf(lk.src, lk.dst) for lk in self.topo.links}
+            {(lk.src, lk.dst): self.net.sender_intf(lk.src, lk.dst) for lk in self.topo.links}
         )
         if self._split_maker is not None:
             if self._split_maker.wait(timeout=SPLIT_WAIT_S) != 0:
@@ -299,6 +308,8 @@ class LabRun:
             data_port=DATA_PORT,
             identities=tuple(self.net.identity_address(i) for i in range(self.topo.n)),
             bw_mbit=tuple(tuple(float(x) for x in row) for row in bw),
+            shared=planner_shared_links(self.topo),
+            delay_ms=planned_delays(self.topo, self.caps),
             width=o.width,
             depth=o.depth,
             lr=o.lr,
