@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import time
+
 import pytest
 
 from crew.config import RunConfig
