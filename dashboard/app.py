@@ -44,6 +44,7 @@ if str(_ROOT) not in sys.path:
 from crew.runtime import rundb  # noqa: E402
 from dashboard import figures, queries  # noqa: E402
 from lab import export  # noqa: E402
+from lab import pace as lab_pace  # noqa: E402
 from lab.orchestrate import commands as lc  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -379,6 +380,28 @@ class Page:
 
         training_panel()
 
+    def pace(self) -> None:
+        @_fragment(self.live, SLOW_PANEL_REFRESH_S)
+        def pace_panel() -> None:
+            t = self.asof()
+            inputs = lab_pace.read_pace_inputs(self.conn, t)
+            pace = lab_pace.pace_of(
+                inputs.ends,
+                [f for f, _ in inputs.faults],
+                [r for r, _ in inputs.repairs],
+                self.t0,
+                t,
+            )
+            st.caption(pace.describe())
+            st.plotly_chart(
+                figures.pace_chart(
+                    inputs.ends, inputs.faults, inputs.repairs, pace.baseline, self.t0, t
+                ),
+                key="pace_chart",
+            )
+
+        pace_panel()
+
     # -- event log ----------------------------------------------------------------------------
 
     def event_log(self) -> None:
@@ -610,6 +633,8 @@ def main() -> None:
     with training:
         page.section("Training")
         page.training()
+    page.section("Pace under faults")
+    page.pace()
     page.section("Events")
     page.event_log()
 

@@ -122,8 +122,18 @@ def pace_of(
     return Pace(baseline, tuple(windows), first - start, last - start, worst, worst_at, recovered)
 
 
-def read_pace(conn: sqlite3.Connection, start: float, end: float) -> Pace:
-    """The pace of the run in ``conn`` (a run database), from ``start`` to ``end``."""
+@dataclass(frozen=True)
+class PaceInputs:
+    """What :func:`pace_of` needs, read from a run database; marks are (time, command kind)."""
+
+    ends: tuple[float, ...]  # completed groups' end times
+    faults: tuple[tuple[float, str], ...]
+    repairs: tuple[tuple[float, str], ...]
+
+
+def read_pace_inputs(conn: sqlite3.Connection, end: float | None = None) -> PaceInputs:
+    """Completed groups and applied commands (split into faults and repairs) up to ``end``."""
+    upto = float("inf") if end is None else end
     rates = {
         (int(r[0]), int(r[1])): float(r[2])
         for r in conn.execute("SELECT src, dst, rate_mbit FROM links")
@@ -134,15 +144,32 @@ def read_pace(conn: sqlite3.Connection, start: float, end: float) -> Pace:
             "SELECT ended_at FROM groups WHERE status=? AND ended_at IS NOT NULL",
             (GroupStatus.COMPLETED.value,),
         )
+        if float(r[0]) <= upto
     ]
-    faults, repairs = [], []
+    faults: list[tuple[float, str]] = []
+    repairs: list[tuple[float, str]] = []
     for kind, args, applied in conn.execute(
         "SELECT kind, args, applied_at FROM commands WHERE status=? ORDER BY applied_at",
         (CommandStatus.APPLIED.value,),
     ):
+        if applied is None or float(applied) > upto:
+            continue
         try:
             parsed = json.loads(args) if args else {}
         except json.JSONDecodeError:
             parsed = {}
-        (faults if is_fault_start(kind, parsed, rates) else repairs).append(float(applied))
-    return pace_of(ends, faults, repairs, start, end)
+        mark = (float(applied), str(kind))
+        (faults if is_fault_start(kind, parsed, rates) else repairs).append(mark)
+    return PaceInputs(tuple(sorted(ends)), tuple(faults), tuple(repairs))
+
+
+def read_pace(conn: sqlite3.Connection, start: float, end: float) -> Pace:
+    """The pace of the run in ``conn`` (a run database), from ``start`` to ``end``."""
+    inputs = read_pace_inputs(conn)
+    return pace_of(
+        inputs.ends,
+        [t for t, _ in inputs.faults],
+        [t for t, _ in inputs.repairs],
+        start,
+        end,
+    )

@@ -13,6 +13,7 @@ from crew.control.capacity import (
     CapacityView,
     InFlight,
     LinkChange,
+    poorly_reached,
 )
 
 N = 3
@@ -132,3 +133,52 @@ def test_residual_deducts_what_groups_in_flight_still_send() -> None:
     done = cap.residual([InFlight(load, 1.0, 0.0)], now=2.0)
     assert np.array_equal(done, cap.planning)
     assert cap.residual([], now=0.0) is cap.planning
+
+
+# -- reach: who would gate every group it joins -------------------------------------------------
+
+
+def overlapping_view() -> tuple[CapacityView, list[int]]:
+    """issue 16's overlapping faults at 62 s on an 8-worker mesh of uneven rates: worker 4 dead,
+    0<->1 and 2<->3 cut, and five of the six live links into 7 dead (probes), 6->7 left."""
+    rng = np.random.default_rng(2018)
+    bw = rng.uniform(12.0, 120.0, size=(8, 8))
+    cap = CapacityView(bw, measured=False)
+    cap.probe_report(1, [0], 1.0)
+    cap.probe_report(0, [1], 1.0)
+    cap.probe_report(3, [2], 1.0)
+    cap.probe_report(2, [3], 1.0)
+    cap.probe_report(7, [0, 1, 2, 3, 5], 1.0)
+    return cap, [0, 1, 2, 3, 5, 6, 7]
+
+
+def test_reach_is_the_smaller_of_live_in_and_out_capacity_among_the_alive() -> None:
+    cap = view()
+    assert cap.reach_mbit([0, 1, 2]) == {0: 200.0, 1: 200.0, 2: 200.0}
+    assert cap.reach_mbit([0, 2]) == {0: 100.0, 2: 100.0}  # 1 is not alive
+    cap.probe_report(2, [0], 1.0)  # 0->2 dead, and 2->0 (its ACKs)
+    assert cap.reach_mbit([0, 1, 2]) == {0: 100.0, 1: 200.0, 2: 100.0}
+    assert poorly_reached(cap.reach_mbit([0, 1, 2])) == frozenset()
+
+
+def test_a_worker_left_with_one_link_is_poorly_reached_and_contention_counts() -> None:
+    cap, alive = overlapping_view()
+    reach = cap.reach_mbit(alive)
+    assert reach[7] == pytest.approx(min(cap.configured[6, 7], cap.configured[7, 6]))
+    assert poorly_reached(reach) == {7}
+    # Before the cuts into 7: a single contended link into it does not make it poorly reached.
+    fresh = CapacityView(cap.configured, measured=False)
+    fresh.measure(7, [sample(6, 1.0)] * 20)  # 6->7 measured at ~1 Mbit/s (contention)
+    assert fresh.planning[6, 7] == cap.configured[6, 7]  # configured mode plans on the rate
+    assert poorly_reached(fresh.reach_mbit(alive)) == frozenset()
+    # ... but with the cuts, what the last link really delivers is what counts.
+    cap.measure(7, [sample(6, 1.0)] * 20)
+    assert cap.reach_mbit(alive)[7] < 2.0
+
+
+def test_poorly_reached_needs_three_workers_and_a_share_below_one() -> None:
+    assert poorly_reached({0: 1.0, 1: 100.0}) == frozenset()
+    assert poorly_reached({0: 24.0, 1: 100.0, 2: 100.0}) == {0}
+    assert poorly_reached({0: 26.0, 1: 100.0, 2: 100.0}) == frozenset()
+    with pytest.raises(ValueError, match="share"):
+        poorly_reached({0: 1.0, 1: 2.0, 2: 3.0}, share=1.0)

@@ -6,10 +6,12 @@ The app finds its run through the ``CREW_LAB_RUN`` environment variable here (it
 
 from __future__ import annotations
 
+import base64
 import json
 import sqlite3
 from pathlib import Path
 
+import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -87,6 +89,7 @@ def test_live_page_renders_every_panel(live_db):
         "Groups",
         "Plans",
         "Training",
+        "Pace under faults",
         "Events",
     ]
     events = next(t.value for t in at.main.table if "message" in t.value.columns)
@@ -346,3 +349,47 @@ def test_replay_shows_the_worker_states_of_that_moment(finished_db):
     assert "ready then (in queue order): w2" in [c.value for c in at.caption]
     at.slider(key="replay_t").set_value(9.0).run()
     assert _worker_table(at)["w2"] == "dead"
+
+
+def test_pace_panel_shows_windows_against_the_pre_fault_rate_with_faults_marked(
+    tmp_path, monkeypatch
+):
+    db_path = make_run(tmp_path, live=False)
+    monkeypatch.setenv("CREW_LAB_RUN", str(db_path))
+    conn = sqlite3.connect(db_path)
+    try:
+        t0 = float(conn.execute("SELECT value FROM meta WHERE key='started_at'").fetchone()[0])
+        conn.execute("DELETE FROM groups")
+        ends = [t0 + 0.5 * k for k in range(1, 24)]  # 2 a second until the cut at 12 s
+        ends += [t0 + 14.0, t0 + 19.0]  # then 2 in 10 s
+        rows = [
+            (100 + i, "crew", "[0, 1]", "[0.5, 0.5]", e - 0.3, e - 0.3, e, "completed")
+            for i, e in enumerate(ends)
+        ]
+        conn.executemany(
+            "INSERT INTO groups (id, scheme, members, weights, formed_at, started_at, ended_at,"
+            " status) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+        conn.executemany(
+            "INSERT INTO commands (t, kind, args, status, applied_at) VALUES (?, ?, ?, ?, ?)",
+            [
+                (t0 + 12.0, "cut_link", '{"src": 0, "dst": 1}', "applied", t0 + 12.0),
+                (t0 + 20.0, "restore_link", '{"src": 0, "dst": 1}', "applied", t0 + 20.0),
+            ],
+        )
+        conn.commit()
+    finally:
+        conn.close()
+    at = run_app()
+    (caption,) = [c.value for c in at.caption if c.value.startswith("baseline")]
+    assert "worst 2 (10%)" in caption, caption
+    figs = [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
+    (fig,) = [f for f in figs if f["data"] and f["data"][0].get("name") == "groups / 10 s"]
+    bars, faults, repairs = fig["data"]
+    assert (faults["name"], faults["text"]) == ("fault", ["cut_link"])
+    assert (repairs["name"], repairs["text"]) == ("repair", ["restore_link"])
+    y = bars["y"]
+    if isinstance(y, dict):  # plotly's typed-array encoding
+        y = np.frombuffer(base64.b64decode(y["bdata"]), dtype=y["dtype"]).tolist()
+    assert y == [19, 6, 0]  # windows from t0; the last one (20-30 s) had none

@@ -643,3 +643,52 @@ def test_random_simulation_keeps_invariants(seed, window):
     assert sum(g.rounds(w) for w in range(n)) == sum(
         r.group.size for r in g.history if r.outcome is GroupOutcome.COMPLETED
     )
+
+
+# ---- deferral -----------------------------------------------------------------------------
+
+
+def test_a_deferred_worker_waits_while_others_can_form_and_joins_after_its_wait():
+    # p=5 of 7 live workers (issue 16's overlapping faults): 6 must not gate every group.
+    g = make(7, 5, isolation_window=0, defer_max_wait=10.0)
+    g.set_deferred([6])
+    assert g.deferred == {6}
+    assert g.ready(6, 1, 0.0) == []
+    for w in (0, 1, 2):
+        assert g.ready(w, 1, 0.1) == []
+    # 6 and four others are ready, but a fifth non-deferred worker is alive: wait for it.
+    assert g.ready(3, 1, 0.2) == [] and g.ready_queue() == [6, 0, 1, 2, 3]
+    (grp,) = g.ready(4, 1, 0.3)
+    assert grp.members == (0, 1, 2, 3, 4) and g.ready_queue() == [6]
+    g.complete(grp.id, 0.8)
+    for w in (0, 1, 2, 3):
+        assert g.ready(w, 2, 1.0) == []
+    # Its wait is over: grouped FIFO again, at the head of the queue.
+    (grp,) = g.form(10.0)
+    assert grp.members == (6, 0, 1, 2, 3)
+
+
+def test_a_deferred_worker_is_grouped_fifo_when_too_few_others_are_alive():
+    g = make(4, 3, isolation_window=0)
+    g.set_deferred([3])
+    g.mark_dead(2, 0.0)
+    g.ready(3, 1, 0.0)
+    g.ready(0, 1, 0.1)
+    (grp,) = g.ready(1, 1, 0.2)  # p_eff = 3 and only 0 and 1 are not deferred
+    assert grp.members == (3, 0, 1)
+
+
+def test_deferral_leaves_fifo_alone_when_enough_others_are_ready_and_validates():
+    g = make(6, 2, isolation_window=0)
+    g.set_deferred([0])
+    g.ready(0, 1, 0.0)
+    g.ready(1, 1, 0.1)
+    (grp,) = g.ready(2, 1, 0.2)
+    assert grp.members == (1, 2) and g.ready_queue() == [0]
+    g.set_deferred([])
+    (grp,) = g.ready(3, 1, 0.3)
+    assert grp.members == (0, 3)
+    with pytest.raises(GroupingError, match="worker"):
+        g.set_deferred([6])
+    with pytest.raises(GroupingError, match="defer_max_wait"):
+        GroupFormer(3, 2, defer_max_wait=-1.0)

@@ -446,3 +446,30 @@ def test_a_revision_that_stops_moving_data_is_revised_and_a_moving_one_is_not() 
     # Reports of the superseded revision are not progress of the new one.
     life.handle(proto.LinkHealth(1, [], [[1, 0, 99000]]), t + stall + 0.5)
     assert life.open[1].received == {}
+
+
+def test_a_poorly_reached_worker_is_kept_out_of_groups_for_a_bounded_wait() -> None:
+    # p=5 of 7 live workers; probes say every link into worker 6 but one is dead.
+    life = started(make_cfg(n=7, p=5))
+    life.handle(proto.LinkHealth(6, [0, 1, 2, 3, 4], []), 0.5)
+    assert life.capacity.planning[6, 0] == 0.0  # the reverse direction (ACKs) too
+    beat(life, 1.0, tuple(range(7)))
+    outs = life.tick(1.0)
+    (msg,) = events(outs, "capacity")
+    assert msg.startswith("worker 6 deferred: its live links reach it at 100.0 Mbit/s")
+    assert life.former.deferred == {6}
+    outs = form(life, (6, 0, 1, 2, 3, 4), now=1.5)
+    (opened,) = of(outs, lc.GroupOpenedRecord)
+    assert 6 not in opened.group.members
+    report_all(life, opened.group.id, 2.0)
+    outs = form(life, (0, 1, 2, 3), now=2.5)
+    assert not of(outs, lc.GroupOpenedRecord)  # waits for a fifth non-deferred worker ...
+    beat(life, 11.6, tuple(range(7)))
+    (opened,) = of(life.tick(11.6), lc.GroupOpenedRecord)  # ... at most 10 s from its ready
+    assert opened.group.members[0] == 6
+    # Its links pass probes again: no longer deferred.
+    life.handle(proto.LinkHealth(6, [], []), 12.0)
+    beat(life, 12.5, tuple(range(7)))
+    assert "worker 6 no longer deferred: reached at 600.0 Mbit/s" in events(
+        life.tick(12.5), "capacity"
+    )

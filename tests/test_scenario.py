@@ -71,6 +71,7 @@ SHIPPED = {
     "random-link-failures.yaml": 7,
     "chaos.yaml": 3,
     "overlapping-faults.yaml": 8,
+    "rolling-faults.yaml": 8,
     "coordinator-crash.yaml": 2,
 }
 

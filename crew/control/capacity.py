@@ -31,6 +31,16 @@ flight leave. Each open group is assumed ``elapsed / predicted`` done, so the by
 still puts on each link are committed over the longest remaining predicted time
 (``planner.residual_capacity``). A heuristic, not a bound: lower bounds use ``planning``.
 
+Reach (:meth:`CapacityView.reach_mbit`, :func:`poorly_reached`): a member of a group must
+receive the whole average and send its whole update, so a group's time is at least ``size /
+reach`` of each member, where *reach* is the smaller of the member's live in-capacity and
+out-capacity among the live workers (each link at the smaller of its planned rate and its
+measured estimate, so a contended link counts at what it delivers). A worker whose reach is
+below ``POOR_REACH_SHARE`` of the median live worker's (six of its seven links into it cut, and
+contention on the seventh) would make every group it joins several times slower; the group
+life cycle keeps such a worker out of groups while enough others are ready, for a bounded wait
+(``crew.control.grouping``, deferral).
+
 Cost: every call is ``O(n^2)`` at most (the residual: ``O(groups * n^2)``).
 """
 
@@ -49,6 +59,9 @@ RETRY_MAX_S = 60.0
 EWMA = 0.3  # weight of a new rate measurement
 DRIFT = 0.25  # relative change of a link's estimate that makes the planner use it
 TCP_GOODPUT = 0.95  # payload share of the frames HTB counts (docs/architecture.md §5)
+# A worker reached at less than this share of the median live worker's reach is deferred: its
+# groups would take at least 1/share of a typical group's transfer time.
+POOR_REACH_SHARE = 0.25
 
 
 class LinkChange(enum.Enum):
@@ -233,6 +246,18 @@ class CapacityView:
         self.failed.pop((src, dst), None)
         self.planning[src, dst] = 0.0 if self._probed_dead(src, dst) else rate
 
+    def reach_mbit(self, alive: Iterable[int]) -> dict[int, float]:
+        """Per live worker: min(in-capacity, out-capacity) over the links among ``alive``, each
+        at min(planned, estimated) Mbit/s (see the module doc)."""
+        live = sorted({int(w) for w in alive})
+        if not live:
+            return {}
+        bw = np.minimum(self.planning, self.estimated)[np.ix_(live, live)]
+        bw = np.where(np.isfinite(bw), np.maximum(bw, 0.0), 0.0)
+        np.fill_diagonal(bw, 0.0)
+        reach = np.minimum(bw.sum(axis=0), bw.sum(axis=1))
+        return {w: float(r) for w, r in zip(live, reach, strict=True)}
+
     def residual(self, in_flight: Iterable[InFlight], now: float) -> np.ndarray:
         """``planning`` minus what the groups in flight still send (see the module doc)."""
         committed = np.zeros_like(self.planning)
@@ -245,3 +270,14 @@ class CapacityView:
         if horizon <= 0.0:
             return self.planning
         return planner.residual_capacity(self.planning, committed, horizon)
+
+
+def poorly_reached(reach: dict[int, float], share: float = POOR_REACH_SHARE) -> frozenset[int]:
+    """Workers whose reach is below ``share`` of the median reach (none with fewer than three
+    live workers: with two, there is no "typical" worker to compare with)."""
+    if not 0.0 < share < 1.0:
+        raise ValueError(f"share: must be in (0, 1), got {share!r}")
+    if len(reach) < 3:
+        return frozenset()
+    median = float(np.median(list(reach.values())))
+    return frozenset(w for w, r in reach.items() if r < share * median)

@@ -53,6 +53,16 @@ until it connects everyone):
   ``isolation_max_wait``). In the two-clique case of the tests, every ``W + 1`` consecutive
   formations connect all workers, where pure FIFO never connects them.
 
+Deferral (:meth:`GroupFormer.set_deferred`; the caller decides who, e.g. from
+``crew.control.capacity.poorly_reached``): a deferred worker would make any group it joins
+several times slower. While it has been ready for less than ``defer_max_wait`` seconds, the
+candidate is the first ``p_eff`` ready workers that are *not* deferred; if fewer are ready but
+enough live non-deferred workers exist, formation waits for them (on a later event or tick).
+Once its wait is over, or when too few other workers are alive, it is grouped FIFO again. So a
+deferred worker still averages at least once per ``defer_max_wait`` plus a group's time, and
+the others are not made to wait on it meanwhile. The isolation guard then acts on that
+candidate.
+
 Cost: each formation attempt with the guard active is ``O(W * p + n)`` (a fresh union-find over
 the window), fine for n in the hundreds. Closed groups are kept for :attr:`GroupFormer.history`.
 """
@@ -71,6 +81,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_DECAY = 0.9
 _WEIGHT_SUM_TOL = 1e-9
+DEFER_MAX_WAIT_S = 10.0  # a deferred ready worker is grouped FIFO again after this long
 
 
 class GroupingError(ValueError):
@@ -240,6 +251,7 @@ class GroupFormer:
         staleness_decay: float = DEFAULT_DECAY,
         isolation_window: int | None = None,
         isolation_max_wait: float = 10.0,
+        defer_max_wait: float = DEFER_MAX_WAIT_S,
     ) -> None:
         if not _is_int(n) or n < 1:
             raise GroupingError("n", f"must be an int >= 1, got {n!r}")
@@ -261,6 +273,13 @@ class GroupFormer:
         self.staleness_decay = float(staleness_decay)
         self._isolation_window = None if isolation_window is None else int(isolation_window)
         self.isolation_max_wait = float(isolation_max_wait)
+        if not (_positive_finite(defer_max_wait) or defer_max_wait == 0):
+            raise GroupingError(
+                "defer_max_wait", f"must be >= 0 and finite, got {defer_max_wait!r}"
+            )
+        self.defer_max_wait = float(defer_max_wait)
+        self._deferred: frozenset[int] = frozenset()
+        self._ready_since: list[float] = [0.0] * n
 
         self._state = [WorkerState.ABSENT] * self._n
         self._last_seen: list[float | None] = [None] * self._n
@@ -305,6 +324,16 @@ class GroupFormer:
         if self._isolation_window is not None:
             return self._isolation_window
         return 2 * math.ceil(self._n / self._p)
+
+    @property
+    def deferred(self) -> frozenset[int]:
+        return self._deferred
+
+    def set_deferred(self, workers: Iterable[int]) -> None:
+        """Workers to keep out of groups while others are ready (see the module doc).
+
+        Call :meth:`form` afterwards (or let the next event or tick do it)."""
+        self._deferred = frozenset(self._check_worker(w) for w in workers)
 
     def p_effective(self) -> int:
         """Size of the next group: ``min(p, n - dead)`` (at least 1)."""
@@ -353,6 +382,7 @@ class GroupFormer:
         self._state[w] = WorkerState.READY
         self._iteration[w] = int(iteration)
         self._last_seen[w] = now
+        self._ready_since[w] = now
         self._queue.append(w)
         return self.form(now)
 
@@ -500,7 +530,10 @@ class GroupFormer:
 
     def _choose(self, k: int, now: float) -> tuple[list[int], int | None] | None:
         """Members for the next group, the guard's swapped-in worker, or None to hold."""
-        candidate = self._queue[:k]
+        queue = self._eligible(k, now)
+        if queue is None:
+            return None
+        candidate = queue[:k]
         window = self.isolation_window
         if k < 2 or window == 0 or len(self._formed) < window:
             return candidate, None
@@ -512,7 +545,7 @@ class GroupFormer:
         if all(uf.find(w) == home for w in participants):
             return candidate, None  # live participants connected
         outsider = next(
-            (w for w in self._queue[k:] if w in participants and uf.find(w) != home),
+            (w for w in queue[k:] if w in participants and uf.find(w) != home),
             None,
         )
         if outsider is not None:
@@ -531,6 +564,24 @@ class GroupFormer:
             now - self._hold_since,
         )
         return candidate, None
+
+    def _eligible(self, k: int, now: float) -> list[int] | None:
+        """The ready queue without deferred workers still within their wait, or None to wait
+        for non-deferred workers (see Deferral in the module doc)."""
+        waiting = {
+            w
+            for w in self._queue
+            if w in self._deferred and now - self._ready_since[w] < self.defer_max_wait
+        }
+        if not waiting:
+            return self._queue
+        rest = [w for w in self._queue if w not in waiting]
+        if len(rest) >= k:
+            return rest
+        others = sum(1 for w in range(self._n) if self._is_alive(w) and w not in waiting)
+        if others >= k:
+            return None
+        return self._queue
 
     def _window_components(self, window: int) -> tuple[_UnionFind, set[int]]:
         uf = _UnionFind(self._n)

@@ -30,6 +30,11 @@ of plans at once and put them back when they pass again; a link a sender reports
 data returns only after its probes pass (``crew.control.capacity``). A group whose plan uses a link
 that just died is revised at once.
 
+Members: a worker the live links reach poorly (``capacity.poorly_reached``: most of its links
+dead, the rest contended) is kept out of groups while enough others are ready, for at most
+``grouping.DEFER_MAX_WAIT_S`` (``GroupFormer.set_deferred``): with p close to the live workers,
+groups run one at a time, and one such member would gate every one of them.
+
 Plans are made on ``capacity.residual`` (committed capacity, when ``cfg.committed_capacity``)
 and the recorded lower bound on ``capacity.planning`` (see ``crew.control.capacity``).
 
@@ -49,7 +54,13 @@ from typing import Any
 import numpy as np
 
 from crew.config import RunConfig, Scheme
-from crew.control.capacity import CapacityView, InFlight, LinkChange, LinkUpdate
+from crew.control.capacity import (
+    CapacityView,
+    InFlight,
+    LinkChange,
+    LinkUpdate,
+    poorly_reached,
+)
 from crew.control.grouping import Group, GroupFormer, GroupingError, GroupOutcome, WorkerState
 from crew.control.rejections import RejectionLimiter, SecurityNote
 from crew.control.verify import CHECK_TOLERANCE, relative_error
@@ -344,6 +355,7 @@ class GroupLifecycle:
         for worker in self.former.expire(now):
             if worker in self.connected:
                 self._worker_lost(worker, now, "no heartbeat")
+        self._update_deferred(now)
         for og in list(self.open.values()):
             if now > og.deadline:
                 self._revise(og, now, f"revision {og.rev} missed its deadline")
@@ -492,6 +504,7 @@ class GroupLifecycle:
             self.offered_proj[worker] = msg.proj
             self.ready_at[worker] = (now, msg.split_epoch)
             self._status(worker, WorkerState.READY, iteration=msg.iteration)
+            self._update_deferred(now)
             for group in self.former.ready(worker, msg.iteration, now):
                 self._start_group(group, now)
         elif isinstance(msg, proto.Metrics):
@@ -842,6 +855,36 @@ class GroupLifecycle:
                 f"link {u.src}->{u.dst} measured {u.mbit:.1f} Mbit/s, "
                 f"planned {u.was:.1f}: re-planning with the measurement",
                 data={"src": u.src, "dst": u.dst, "mbit": u.mbit, "was": u.was},
+            )
+
+    def _update_deferred(self, now: float) -> None:
+        """Keep poorly reached workers out of groups while others are ready (module doc)."""
+        if self.trace is not None:
+            return
+        reach = self.capacity.reach_mbit(self.alive())
+        deferred = poorly_reached(reach)
+        was = self.former.deferred
+        if deferred == was:
+            return
+        self.former.set_deferred(deferred)
+        median = float(np.median(list(reach.values()))) if reach else 0.0
+        for w in sorted(deferred - was):
+            self._event(
+                now,
+                "capacity",
+                f"worker {w} deferred: its live links reach it at {reach[w]:.1f} Mbit/s"
+                f" (median worker {median:.1f}); grouped only when too few others are ready"
+                f" or after {self.former.defer_max_wait:g} s",
+                worker=w,
+                data={"reach_mbit": reach[w], "median_mbit": median},
+            )
+        for w in sorted(was - deferred):
+            self._event(
+                now,
+                "capacity",
+                f"worker {w} no longer deferred"
+                + (f": reached at {reach[w]:.1f} Mbit/s" if w in reach else ""),
+                worker=w,
             )
 
     def _link_failed(self, src: int, dst: int, reason: str, now: float) -> None:

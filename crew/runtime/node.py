@@ -204,10 +204,12 @@ class Node:
 
     # -- start and stop ----------------------------------------------------------------------
 
-    def connect(self, attempts: int = CONNECT_ATTEMPTS) -> bool:
+    def connect(self, attempts: int | None = None) -> bool:
         """Reach the coordinator and register; False if told to stop before that.
 
-        Raises :class:`CoordinatorUnreachable` after ``attempts`` x 0.5 s without success."""
+        Raises :class:`CoordinatorUnreachable` after ``attempts`` (default
+        ``CONNECT_ATTEMPTS``, read at the call) x 0.5 s without success."""
+        attempts = CONNECT_ATTEMPTS if attempts is None else attempts
         addr = (self.cfg.coordinator_host, self.cfg.coordinator_port)
         last: OSError | None = None
         for _ in range(attempts):

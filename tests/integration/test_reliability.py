@@ -67,12 +67,15 @@ WARM_WAIT_S = 240.0  # torch imports on 2 shared cores; eight workers take the l
 SETTLE_WAIT_S = 150.0  # after the last step: time for every fault to be followed by a group
 EXACT = 1e-3  # verify_err below this: the group's average was right
 RETRY_LINK_S = 20.0  # a cut link is out of plans at least this long after its failure
-# Issue 16 asks for no 10 s window below 20% of the pre-fault pace; not met yet (p=5 of 7 live
-# workers runs one group at a time, each bound by the one contended path into worker 7): the
-# compressed run here measured 19%, the full-length one 7% (the code before probes: 0%).
+# Issue 16 asks for no 10 s window below 20% of the pre-fault pace; not met for
+# overlapping-faults: its full-length run (lab.run, 150 s) measured 9% (before deferral of
+# poorly reached workers: 7%; before probes: 0%), its worst window holding one group revised
+# three times as the cuts into worker 7 were found one by one, then 6 s of preduce at p=5 (about
+# 2 s a group, one group at a time); rolling-faults measured 39%.
 # Asserted: training never nearly stops (10%) ...
 PACE_MIN_SHARE = 0.1
 PACE_BACK_S = 15.0  # ... and back to 80% within 15 s of the last repair
+PACED = ("overlapping-faults", "rolling-faults")  # scenarios whose pace is asserted
 COORDINATOR_BACK_S = 5.0  # a killed coordinator: groups complete again within this
 STOP_WAIT_S = 60.0
 
@@ -124,6 +127,7 @@ CASES = [
     Case("random-link-failures", DEFAULT, 0.25, p=3),  # needs n >= 7
     Case("chaos", SMALL, 0.25),
     Case("overlapping-faults", DEFAULT, 0.25, p=3),  # needs n >= 8
+    Case("rolling-faults", DEFAULT, 0.25, p=3),  # needs n >= 8
     Case("coordinator-crash", SMALL, 0.25),
 ]
 
@@ -231,7 +235,7 @@ def _scenario_specific(case: Case, lab: LabRun, sc: Scenario) -> Callable[[], bo
             )
 
         return failed_over
-    if case.file == "overlapping-faults":
+    if case.file in PACED:
         # Run on past the last repair long enough to see the pace come back (one 10 s window
         # within PACE_BACK_S of it).
         def paced() -> bool:
@@ -314,7 +318,7 @@ def _check_scenario_after(case: Case, db: Path, sc: Scenario, extra: dict) -> No
     elif case.file == "contention":
         assert len(extra["flows"]) == 4, "the two contention flows (source, sink) did not start"
         assert all(p.poll() is not None for p in extra["flows"]), "a contention flow still runs"
-    elif case.file == "overlapping-faults":
+    elif case.file in PACED:
         # The timeline is compressed x4, so the faults overlap even more than in the file;
         # the pace is still asserted on 10 s windows, as for the full-length run.
         conn = sqlite3.connect(db)

@@ -1,0 +1,91 @@
+"""A worker whose coordinator dies: it waits for a restarted one, and stops by itself when none
+comes back within ``CONNECT_ATTEMPTS`` x 0.5 s (30 s). Real sockets on loopback, no root; the
+coordinator is a bare listening socket, since only its presence matters here."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from crew.config import RunConfig
+from crew.runtime import node as node_mod
+from crew.runtime.node import Node
+
+SECRET = b"selfstop-secret-0123456789abcdef"
+ATTEMPTS = 4  # x 0.5 s: the test's stand-in for the 30 s window
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cfg(coordinator_port: int) -> RunConfig:
+    return RunConfig(
+        run_id="selfstop",
+        run_num=3,
+        run_dir="/nonexistent",
+        secret_path="/nonexistent",
+        n=2,
+        p=2,
+        scheme="crew",
+        coordinator_host="127.0.0.1",
+        coordinator_port=coordinator_port,
+        data_port=0,
+        data_ports=(_free_port(), _free_port()),
+        identities=("127.0.0.1", "127.0.0.1"),
+        bw_mbit=((0.0, 100.0), (100.0, 0.0)),
+    )
+
+
+@pytest.fixture
+def coordinator(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(node_mod, "CONNECT_ATTEMPTS", ATTEMPTS)
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(10.0)
+    yield srv
+    srv.close()
+
+
+def test_the_default_window_is_thirty_seconds() -> None:
+    assert Node.connect.__defaults__ == (None,)  # read at the call, so it can be patched
+    assert node_mod.CONNECT_ATTEMPTS * 0.5 == 30.0
+
+
+def test_a_worker_stops_by_itself_when_the_coordinator_stays_away(
+    coordinator: socket.socket,
+) -> None:
+    assert node_mod.CONNECT_ATTEMPTS == ATTEMPTS
+    node = Node(_cfg(coordinator.getsockname()[1]), 0, 16, secret=SECRET)
+    try:
+        assert node.start()
+        conn, _ = coordinator.accept()  # its registration
+        coordinator.close()  # the coordinator dies and nothing listens any more
+        conn.close()
+        lost = time.monotonic()
+        assert node.stop_event.wait(ATTEMPTS * 0.5 + 8.0), "the worker kept waiting"
+        waited = time.monotonic() - lost
+        assert waited >= ATTEMPTS * 0.5 * 0.8, f"it gave up after {waited:.1f} s"
+        assert node.settle(timeout=1.0) is None  # a training loop waiting on it is released
+    finally:
+        node.close()
+
+
+def test_a_worker_registers_again_with_a_coordinator_that_comes_back(
+    coordinator: socket.socket,
+) -> None:
+    node = Node(_cfg(coordinator.getsockname()[1]), 0, 16, secret=SECRET)
+    try:
+        assert node.start()
+        first, _ = coordinator.accept()
+        first.close()  # the connection breaks; the listener (a restarted coordinator) is there
+        again, _ = coordinator.accept()
+        again.settimeout(5.0)
+        assert again.recv(4096), "no registration on the new connection"
+        again.close()
+        assert not node.stop_event.is_set()
+    finally:
+        node.close()
