@@ -35,6 +35,11 @@ class Scheme(enum.Enum):
         return tuple(s.value for s in cls)
 
 
+# Names of crew.train's enums (this module stays free of crew.train; a test checks they match).
+COMPRESS = ("none", "fp16", "int8")
+SYNC_MODES = ("every-step", "local-sgd", "diloco")
+WORKLOADS = ("mlp", "lm")
+
 MIN_AUTO_PART_BYTES = 64 << 10
 MAX_AUTO_PART_BYTES = 1 << 20
 
@@ -67,7 +72,11 @@ class RunConfig:
     depth: int = 3
     lr: float = 0.05
     batch_size: int = 32
-    local_steps: int = 1
+    local_steps: int = 1  # H: local steps between reduces (crew.train.outer)
+    sync: str = "every-step"  # crew.train.outer.SyncMode: every-step, local-sgd, diloco
+    outer_lr: float = 0.7  # diloco only
+    outer_momentum: float = 0.9  # diloco only (Nesterov)
+    workload: str = "mlp"  # crew.train.workloads.Workload: mlp (digits) or lm (stdlib text)
     partition: str = "iid"
     seed: int = 0
     stragglers: tuple[str | None, ...] = ()
@@ -77,6 +86,7 @@ class RunConfig:
     part_bytes: int = 0  # 0: automatic, see part_elems_for
     max_payload: int = 4 << 20
     flow_order: str = "fcfs"
+    compress: str = "none"  # crew.train.compress.Codec of group payloads: none, fp16, int8
     nonblocking: bool = False
     committed_capacity: bool = True  # plan new groups on capacity left by groups in flight
     capacity: str = "configured"  # the planner's truth: "configured" rates or "measured" ones
@@ -114,6 +124,30 @@ class RunConfig:
             raise ConfigError(f"capacity: 'configured' or 'measured', got {self.capacity!r}")
         if self.part_bytes > self.max_payload:
             raise ConfigError("part_bytes: must not exceed max_payload")
+        self._check_training()
+
+    def _check_training(self) -> None:
+        """The training-mode and compression fields (crew.train.outer, crew.train.compress)."""
+        if self.compress not in COMPRESS:
+            raise ConfigError(f"compress: one of {', '.join(COMPRESS)}, got {self.compress!r}")
+        if self.compress != "none" and self.nonblocking:
+            raise ConfigError("compress: non-blocking pre-scatter sends float32 only; drop one")
+        if self.compress != "none" and self.scheme == Scheme.GLOO.value:
+            raise ConfigError("compress: gloo all-reduces float32; use --compress none")
+        if self.sync not in SYNC_MODES:
+            raise ConfigError(f"sync: one of {', '.join(SYNC_MODES)}, got {self.sync!r}")
+        if self.workload not in WORKLOADS:
+            raise ConfigError(f"workload: one of {', '.join(WORKLOADS)}, got {self.workload!r}")
+        if not isinstance(self.local_steps, int) or self.local_steps < 1:
+            raise ConfigError(f"local_steps: an int >= 1, got {self.local_steps!r}")
+        if self.sync == "every-step" and self.local_steps != 1:
+            raise ConfigError(
+                f"local_steps: {self.local_steps} needs sync local-sgd or diloco (every-step is 1)"
+            )
+        if not 0 < self.outer_lr <= 2:
+            raise ConfigError(f"outer_lr: must be in (0, 2], got {self.outer_lr}")
+        if not 0 <= self.outer_momentum < 1:
+            raise ConfigError(f"outer_momentum: must be in [0, 1), got {self.outer_momentum}")
 
     def part_elems_for(self, size_elems: int) -> int:
         """Elements per part: as configured, or automatically about a quarter of a block.
