@@ -127,27 +127,16 @@ class RunConfig:
         self._check_training()
 
     def _check_training(self) -> None:
-        """The training-mode and compression fields (crew.train.outer, crew.train.compress)."""
-        if self.compress not in COMPRESS:
-            raise ConfigError(f"compress: one of {', '.join(COMPRESS)}, got {self.compress!r}")
-        if self.compress != "none" and self.nonblocking:
-            raise ConfigError("compress: non-blocking pre-scatter sends float32 only; drop one")
-        if self.compress != "none" and self.scheme == Scheme.GLOO.value:
-            raise ConfigError("compress: gloo all-reduces float32; use --compress none")
-        if self.sync not in SYNC_MODES:
-            raise ConfigError(f"sync: one of {', '.join(SYNC_MODES)}, got {self.sync!r}")
-        if self.workload not in WORKLOADS:
-            raise ConfigError(f"workload: one of {', '.join(WORKLOADS)}, got {self.workload!r}")
-        if not isinstance(self.local_steps, int) or self.local_steps < 1:
-            raise ConfigError(f"local_steps: an int >= 1, got {self.local_steps!r}")
-        if self.sync == "every-step" and self.local_steps != 1:
-            raise ConfigError(
-                f"local_steps: {self.local_steps} needs sync local-sgd or diloco (every-step is 1)"
-            )
-        if not 0 < self.outer_lr <= 2:
-            raise ConfigError(f"outer_lr: must be in (0, 2], got {self.outer_lr}")
-        if not 0 <= self.outer_momentum < 1:
-            raise ConfigError(f"outer_momentum: must be in [0, 1), got {self.outer_momentum}")
+        check_training(
+            compress=self.compress,
+            nonblocking=self.nonblocking,
+            scheme=self.scheme,
+            sync=self.sync,
+            workload=self.workload,
+            local_steps=self.local_steps,
+            outer_lr=self.outer_lr,
+            outer_momentum=self.outer_momentum,
+        )
 
     def part_elems_for(self, size_elems: int) -> int:
         """Elements per part: as configured, or automatically about a quarter of a block.
@@ -204,3 +193,39 @@ class RunConfig:
             return cls(**raw)
         except (KeyError, TypeError) as exc:
             raise ConfigError(f"{where}: {exc}") from exc
+
+
+def check_training(
+    *,
+    compress: str,
+    nonblocking: bool,
+    scheme: str,
+    sync: str,
+    workload: str,
+    local_steps: int,
+    outer_lr: float,
+    outer_momentum: float,
+) -> None:
+    """The training-mode and compression fields (crew.train.outer, crew.train.compress);
+    ConfigError names the first one that is wrong. The lab checks its options with this before
+    it builds anything."""
+    if compress not in COMPRESS:
+        raise ConfigError(f"compress: one of {', '.join(COMPRESS)}, got {compress!r}")
+    if compress != "none" and nonblocking:
+        raise ConfigError("compress: non-blocking pre-scatter sends float32 only; drop one")
+    if compress != "none" and scheme == Scheme.GLOO.value:
+        raise ConfigError("compress: gloo all-reduces float32; use compress none")
+    if sync not in SYNC_MODES:
+        raise ConfigError(f"sync: one of {', '.join(SYNC_MODES)}, got {sync!r}")
+    if workload not in WORKLOADS:
+        raise ConfigError(f"workload: one of {', '.join(WORKLOADS)}, got {workload!r}")
+    if not isinstance(local_steps, int) or isinstance(local_steps, bool) or local_steps < 1:
+        raise ConfigError(f"local_steps: an int >= 1, got {local_steps!r}")
+    if sync == "every-step" and local_steps != 1:
+        raise ConfigError(
+            f"local_steps: {local_steps} needs sync local-sgd or diloco (every-step is 1)"
+        )
+    if not 0 < outer_lr <= 2:
+        raise ConfigError(f"outer_lr: must be in (0, 2], got {outer_lr}")
+    if not 0 <= outer_momentum < 1:
+        raise ConfigError(f"outer_momentum: must be in [0, 1), got {outer_momentum}")
