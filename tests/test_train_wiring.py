@@ -64,3 +64,32 @@ def test_lab_run_refuses_bad_training_options_before_building(
 ) -> None:
     assert lab_run(argv) == 2
     assert named in capsys.readouterr().err
+
+
+def test_bench_times_the_lm_to_its_target_loss(tmp_path) -> None:
+    """lm evaluation rows carry the held-out loss; the clock stops when their mean <= target."""
+    from crew.runtime.rundb import RunDB
+    from lab import bench
+
+    db = RunDB(tmp_path / "lab.db")
+    rows = [
+        (100.0, 0, 1, 3.0, None),  # training loss, no evaluation
+        (101.0, 0, 1, 2.5, 0.3),
+        (102.0, 1, 1, 2.1, 0.35),  # mean 2.3
+        (103.0, 0, 2, 1.8, 0.4),  # mean 1.95 <= 2.0: 3 s after the first row
+    ]
+    db.executemany(
+        "INSERT INTO iterations (t, worker, iteration, loss, accuracy) VALUES (?,?,?,?,?)", rows
+    )
+    db.executemany(
+        "INSERT INTO link_samples (t, src, dst, tx_bytes, mbit) VALUES (?,?,?,?,?)",
+        [(100.0, 0, 1, 1000, 0.0), (103.0, 0, 1, 5000, 0.0)],
+    )
+    db.set_meta({"ended_at": "110.0"})
+    db.close()
+    r = bench.train_results(tmp_path / "lab.db", n=2, target=0.85, target_loss=2.0)
+    assert r.time_to_target_s == 3.0
+    assert r.final_heldout_loss == pytest.approx((1.8 + 2.1) / 2)
+    assert r.link_bytes == 4000
+    mlp = bench.train_results(tmp_path / "lab.db", n=2, target=0.85)
+    assert mlp.final_heldout_loss is None and mlp.time_to_target_s is None
