@@ -93,3 +93,37 @@ def test_bench_times_the_lm_to_its_target_loss(tmp_path) -> None:
     assert r.link_bytes == 4000
     mlp = bench.train_results(tmp_path / "lab.db", n=2, target=0.85)
     assert mlp.final_heldout_loss is None and mlp.time_to_target_s is None
+
+
+def test_dashboard_shows_the_lm_held_out_loss_and_perplexity(tmp_path) -> None:
+    import json
+    import math
+
+    import pandas as pd
+
+    from crew.runtime.rundb import RunDB, connect
+    from dashboard import figures, queries
+
+    iters = pd.DataFrame(
+        {
+            "t": [1.0, 2.0, 3.0, 4.0],
+            "worker": [0, 0, 1, 0],
+            "iteration": [1, 2, 2, 3],
+            "loss": [3.1, 2.6, 2.4, 2.9],  # rows 2 and 3 are evaluations (held-out loss)
+            "accuracy": [None, 0.3, 0.32, None],
+        }
+    )
+    workers = pd.DataFrame({"id": [0, 1], "name": ["a", "b"], "cloud": ["x", "y"]})
+    loss, ppl = figures.lm_quality(iters)
+    assert loss == pytest.approx(2.5) and ppl == pytest.approx(math.exp(2.5))
+    fig = figures.training_curves(iters, workers, 0.0, workload="lm")
+    assert "held-out loss" in fig.layout.annotations[1].text
+    bottom = [tr for tr in fig.data if tr.yaxis == "y2" and tr.name == "a"]
+    assert list(bottom[0].y) == [2.6]  # worker a's held-out loss, not its accuracy
+    assert figures.lm_quality(iters.assign(accuracy=None)) is None
+    db = RunDB(tmp_path / "lab.db")
+    db.set_meta({"options": json.dumps({"workload": "lm"})})
+    db.close()
+    conn = connect(tmp_path / "lab.db", readonly=True)
+    assert queries.workload(conn) == "lm"
+    conn.close()
