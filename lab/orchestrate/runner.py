@@ -57,6 +57,7 @@ DATA_PORT = 7701
 STOP_GRACE_S = 15.0
 MAX_COORDINATOR_RESTARTS = 5  # a coordinator that keeps dying is a bug, not a fault
 ROOT_STOP_S = 10.0  # the dashboard, and a coordinator that outlived STOP_GRACE_S
+LM_EVAL_EVERY_S = 10.0  # seconds between held-out evaluations of the lm workload
 SPLIT_WAIT_S = 120.0  # importing scikit-learn and splitting: about 1.5 s of CPU
 
 
@@ -402,6 +403,9 @@ class LabRun:
             capacity=o.capacity,
             stall_timeout_s=o.stall_timeout_s,
             heartbeat_timeout_s=o.heartbeat_timeout_s,
+            # An lm evaluation (64 windows of 128 bytes) costs about a training step and a
+            # third; every 2 s it would take a third of a quarter-core worker's time.
+            eval_every_s=LM_EVAL_EVERY_S if o.workload == "lm" else RunConfig.eval_every_s,
             extra=dict(o.extra),
         )
         cfg.save(self.config_path)
