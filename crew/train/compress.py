@@ -72,11 +72,11 @@ That bound needs nothing from aggregators, but for int8 it is about as large as 
 of a missing 1 MB part (half a step is the worst case, the typical error is 1/sqrt(3) of it,
 and every encode on the path counts in full), so it cannot tell a lost part from rounding.
 Exact accounting can: whoever encodes ``y`` knows its own error exactly, so
-:func:`encode_with_error` returns ``r . (decode(encode(y)) - y)`` with the bytes. If every
-encoding node adds these up over a group and reports the sum, then
-``r . result = sum_m w_m r . v_m + sum_E delta_E`` up to float32 rounding, and the existing
-relative check (``crew.control.verify``) applies unchanged, with ``sum_E delta_E`` added to the
-expected value (and ``|delta_E|`` to its scale).
+:func:`encode_with_error` returns ``r . (decode(encode(y)) - y)`` with the bytes. Every
+encoding node adds these up and passes the sum on inside the payload
+(:mod:`crew.train.partcodec`), so ``r . result = sum_m w_m r . v_m + sum_E delta_E`` up to float32
+rounding; members report ``r . result - sum_E delta_E`` and the existing relative check
+(``crew.control.verify``) applies unchanged.
 """
 
 from __future__ import annotations
