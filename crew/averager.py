@@ -54,6 +54,7 @@ from crew.control.worker_control import Settlement
 from crew.runtime.launch import JobHost, LaunchEnv, read_secret, run_number
 from crew.runtime.node import Node
 from crew.runtime.rendezvous import DEFAULT_PROBE_BYTES, DEFAULT_PROBE_SECONDS, join_job
+from crew.train.outer import OuterLoop
 from crew.wire import protocol as proto
 from crew.wire.frames import Frame, FrameCodec, FrameError
 from crew.wire.transport import Transport
@@ -138,6 +139,11 @@ class Averager:
     8 s, or ``CREW_PROBE_BYTES`` / ``CREW_PROBE_SECONDS``), ``run_dir``
     (where the coordinator keeps its run database; ``CREW_RUN_DIR`` or a temporary dir).
 
+    ``outer`` (any rank): a :class:`crew.train.outer.OuterLoop` for LocalSGD or DiLoCo. Then
+    :meth:`step` offers ``outer.before_reduce(parameters)`` (DiLoCo: the member's outer
+    Nesterov step), loads ``outer.after_reduce(average)`` and calls ``outer.on_abandon()``
+    when no group averaged; call :meth:`step` every H local steps. None: offer the parameters.
+
     Raises :class:`crew.LaunchError` subclasses: :class:`crew.SecretError` (no secret, or
     not the coordinator's), :class:`crew.CoordinatorUnreachable`, :class:`crew.JoinRefused`
     (a rank with other tensor shapes, ranks missing after ``timeout``, a rank that left
@@ -155,8 +161,10 @@ class Averager:
         probe_seconds: float | None = None,
         run_dir: str | os.PathLike[str] | None = None,
         env: dict[str, str] | None = None,
+        outer: OuterLoop | None = None,
     ) -> None:
         self._tensors = _tensors_of(params)
+        self._outer = outer
         environ = dict(os.environ) if env is None else env
         launch = LaunchEnv.from_environ(environ)
         secret = read_secret(environ)
@@ -222,12 +230,14 @@ class Averager:
         secret: bytes | None = None,
         iteration: int = 0,
         on_slowdown: Any = None,
+        outer: OuterLoop | None = None,
     ) -> Averager:
         """Join a run whose configuration already exists (the lab's ``config.json``, with a
         coordinator started by ``python -m crew.runtime.coordinator --config``) as worker ``rank``.
         ``iteration`` is the local iteration to resume from (a checkpoint's)."""
         self = cls.__new__(cls)
         self._tensors = _tensors_of(params)
+        self._outer = outer
         self.rank = rank
         self.world_size = cfg.n
         self.host = None
@@ -318,16 +328,24 @@ class Averager:
         if self.stopped:
             return Round(False, None, (), staleness, 0.0, "stopped", stopped=True)
         started = time.perf_counter()
-        self._node.offer(self.vector(), self.iteration)
+        offered = self.vector()
+        if self._outer is not None:
+            offered = self._outer.before_reduce(offered)
+        self._node.offer(offered, self.iteration)
         settled = self._node.settle()
         seconds = time.perf_counter() - started
-        if settled is None:
-            return Round(False, None, (), staleness, seconds, "stopped", stopped=True)
-        if settled.settlement is Settlement.APPLY_AVERAGE:
+        if settled is not None and settled.settlement is Settlement.APPLY_AVERAGE:
             assert settled.result is not None
-            self.load_vector(settled.result)
+            result = settled.result
+            if self._outer is not None:
+                result = self._outer.after_reduce(result)
+            self.load_vector(result)
             self._last_averaged = self.iteration
             return Round(True, settled.outcome.group, settled.members, staleness, seconds)
+        if self._outer is not None:
+            self._outer.on_abandon()
+        if settled is None:
+            return Round(False, None, (), staleness, seconds, "stopped", stopped=True)
         reason = settled.outcome.reason or "no full result"
         return Round(False, settled.outcome.group, settled.members, staleness, seconds, reason)
 

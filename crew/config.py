@@ -40,6 +40,11 @@ class Scheme(enum.StrEnum):
         return tuple(s.value for s in cls)
 
 
+# Names of crew.train's enums (this module stays free of crew.train; a test checks they match).
+COMPRESS = ("none", "fp16", "int8")
+SYNC_MODES = ("every-step", "local-sgd", "diloco")
+WORKLOADS = ("mlp", "lm")
+
 MIN_AUTO_PART_BYTES = 64 << 10
 MAX_AUTO_PART_BYTES = 1 << 20
 
@@ -78,7 +83,11 @@ class RunConfig:
     depth: int = 3
     lr: float = 0.05
     batch_size: int = 32
-    local_steps: int = 1
+    local_steps: int = 1  # H: local steps between reduces (crew.train.outer)
+    sync: str = "every-step"  # crew.train.outer.SyncMode: every-step, local-sgd, diloco
+    outer_lr: float = 0.7  # diloco only
+    outer_momentum: float = 0.9  # diloco only (Nesterov)
+    workload: str = "mlp"  # crew.train.workloads.Workload: mlp (digits) or lm (stdlib text)
     partition: str = "iid"
     seed: int = 0
     stragglers: tuple[str | None, ...] = ()
@@ -88,6 +97,7 @@ class RunConfig:
     part_bytes: int = 0  # 0: automatic, see part_elems_for
     max_payload: int = 4 << 20
     flow_order: str = "fcfs"
+    compress: str = "none"  # crew.train.compress.Codec of group payloads: none, fp16, int8
     nonblocking: bool = False
     committed_capacity: bool = True  # plan new groups on capacity left by groups in flight
     capacity: str = "configured"  # the planner's truth: "configured" rates or "measured" ones
@@ -152,6 +162,19 @@ class RunConfig:
             raise ConfigError(f"capacity: 'configured' or 'measured', got {self.capacity!r}")
         if self.part_bytes > self.max_payload:
             raise ConfigError("part_bytes: must not exceed max_payload")
+        self._check_training()
+
+    def _check_training(self) -> None:
+        check_training(
+            compress=self.compress,
+            nonblocking=self.nonblocking,
+            scheme=self.scheme,
+            sync=self.sync,
+            workload=self.workload,
+            local_steps=self.local_steps,
+            outer_lr=self.outer_lr,
+            outer_momentum=self.outer_momentum,
+        )
 
     def part_elems_for(self, size_elems: int) -> int:
         """Elements per part: as configured, or automatically about a quarter of a block.
@@ -220,3 +243,39 @@ class RunConfig:
             return cls(**raw)
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{where}: {exc}") from exc
+
+
+def check_training(
+    *,
+    compress: str,
+    nonblocking: bool,
+    scheme: str,
+    sync: str,
+    workload: str,
+    local_steps: int,
+    outer_lr: float,
+    outer_momentum: float,
+) -> None:
+    """The training-mode and compression fields (crew.train.outer, crew.train.compress);
+    ConfigError names the first one that is wrong. The lab checks its options with this before
+    it builds anything."""
+    if compress not in COMPRESS:
+        raise ConfigError(f"compress: one of {', '.join(COMPRESS)}, got {compress!r}")
+    if compress != "none" and nonblocking:
+        raise ConfigError("compress: non-blocking pre-scatter sends float32 only; drop one")
+    if compress != "none" and scheme == Scheme.GLOO.value:
+        raise ConfigError("compress: gloo all-reduces float32; use compress none")
+    if sync not in SYNC_MODES:
+        raise ConfigError(f"sync: one of {', '.join(SYNC_MODES)}, got {sync!r}")
+    if workload not in WORKLOADS:
+        raise ConfigError(f"workload: one of {', '.join(WORKLOADS)}, got {workload!r}")
+    if not isinstance(local_steps, int) or isinstance(local_steps, bool) or local_steps < 1:
+        raise ConfigError(f"local_steps: an int >= 1, got {local_steps!r}")
+    if sync == "every-step" and local_steps != 1:
+        raise ConfigError(
+            f"local_steps: {local_steps} needs sync local-sgd or diloco (every-step is 1)"
+        )
+    if not 0 < outer_lr <= 2:
+        raise ConfigError(f"outer_lr: must be in (0, 2], got {outer_lr}")
+    if not 0 <= outer_momentum < 1:
+        raise ConfigError(f"outer_momentum: must be in [0, 1), got {outer_momentum}")

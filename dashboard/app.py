@@ -366,8 +366,14 @@ class Page:
         def training_panel() -> None:
             t = self.asof()
             iters = _cache("iterations", queries.iteration_cache).read(self.conn, self.t0 - 1.0, t)
+            workload = queries.workload(self.conn)
+            quality = figures.lm_quality(iters) if workload == "lm" else None
+            if quality is not None:
+                cols = st.columns(2)
+                cols[0].metric("held-out loss (nats/byte)", f"{quality[0]:.3f}")
+                cols[1].metric("held-out perplexity", f"{quality[1]:.2f}")
             st.plotly_chart(
-                figures.training_curves(iters, self.workers, self.t0),
+                figures.training_curves(iters, self.workers, self.t0, workload=workload),
                 key="training_curves",
             )
             st.markdown("**Rounds per worker per minute**")

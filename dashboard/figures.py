@@ -586,24 +586,41 @@ def plan_times(plans: pd.DataFrame) -> go.Figure:
 
 
 def training_curves(
-    iters: pd.DataFrame, workers: pd.DataFrame, t0: float, *, bin_s: float = 5.0
+    iters: pd.DataFrame,
+    workers: pd.DataFrame,
+    t0: float,
+    *,
+    bin_s: float = 5.0,
+    workload: str = "mlp",
 ) -> go.Figure:
     """Loss (top) and held-out accuracy (bottom) per worker and overall.
 
     "Overall" is the mean over all workers' reports in each ``bin_s`` bin: workers report at
     different rates, so a plain mean over rows would follow the fastest worker.
+
+    ``workload="lm"``: evaluation rows carry the held-out loss (``crew.runtime.worker``), so the
+    top shows the training loss of the other rows and the bottom the held-out loss in nats per
+    byte (perplexity is its exp, see :func:`lm_quality`).
     """
     if iters.empty:
         return _empty("no training progress yet")
+    titles = ("loss", "accuracy")
+    if workload == "lm":
+        evaluated = iters["accuracy"].notna()
+        iters = iters.assign(
+            loss=iters["loss"].where(~evaluated), accuracy=iters["loss"].where(evaluated)
+        )
+        titles = ("training loss (nats/byte)", "held-out loss (nats/byte)")
     names = _names(workers)
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, subplot_titles=("loss", "accuracy"))
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, subplot_titles=titles)
     for w, s in iters.groupby("worker"):
         name = names.get(int(w), str(w))
         colour = worker_colour(int(w))
+        top = s.dropna(subset=["loss"])  # lm: the evaluation rows are in the bottom plot
         fig.add_trace(
             go.Scatter(
-                x=s["t"] - t0,
-                y=s["loss"],
+                x=top["t"] - t0,
+                y=top["loss"],
                 mode="lines",
                 name=name,
                 legendgroup=name,
@@ -650,6 +667,16 @@ def training_curves(
     fig.update_xaxes(title_text="t (s)", row=2, col=1)
     fig.update_layout(height=520, margin=dict(l=10, r=10, t=30, b=10))
     return fig
+
+
+def lm_quality(iters: pd.DataFrame) -> tuple[float, float] | None:
+    """(held-out loss, perplexity) of an lm run: the mean of each worker's latest evaluation
+    row's loss (nats per byte), and its exp; None before any evaluation."""
+    evaluated = iters.dropna(subset=["accuracy", "loss"])
+    if evaluated.empty:
+        return None
+    loss = float(evaluated.sort_values("t").groupby("worker")["loss"].last().mean())
+    return loss, math.exp(loss)
 
 
 def rounds_per_minute(

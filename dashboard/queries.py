@@ -75,6 +75,15 @@ def meta(conn: sqlite3.Connection) -> dict[str, str]:
     return {r[0]: r[1] for r in conn.execute("SELECT key, value FROM meta").fetchall()}
 
 
+def workload(conn: sqlite3.Connection) -> str:
+    """The run's workload, ``mlp`` or ``lm`` (lab.run's options in meta; ``mlp`` if absent)."""
+    row = conn.execute("SELECT value FROM meta WHERE key = 'options'").fetchone()
+    try:
+        return str(json.loads(row[0]).get("workload", "mlp")) if row else "mlp"
+    except (ValueError, TypeError, AttributeError):
+        return "mlp"
+
+
 def _number(raw: str | None) -> float | None:
     if raw is None:
         return None

@@ -60,7 +60,12 @@ Per scheme, a normal lab run (real torch workers training on the digits set) on 
 network for ``--duration`` seconds after the first worker reports an iteration. Reported in
 ``train.json``: rounds per worker per minute (completed groups a worker was a member of, per
 minute of training, averaged over workers), and the time from the first reported iteration
-until the mean of every worker's latest held-out accuracy first reaches ``--target-accuracy``.
+until the mean of every worker's latest held-out accuracy first reaches ``--target-accuracy``
+(``--workload lm``: until the mean held-out loss first falls to ``--target-loss``). The training
+options of ``lab.run`` (``--workload``, ``--sync``, ``--local-steps``, ``--outer-lr``,
+``--outer-momentum``, ``--compress``, ``--lr``, ``--batch-size``) apply to every scheme of one
+invocation; ``train.json`` also gives the final held-out loss (lm), the bytes the link counters
+saw and those bytes per worker-round (total / sum over workers of rounds).
 
 Outputs
 -------
@@ -99,7 +104,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from crew.config import Scheme
+from crew.config import ConfigError, Scheme
 from crew.control.verify import CHECK_TOLERANCE
 from crew.plan import planner
 from crew.plan.routes import Route, link_load
@@ -115,7 +120,13 @@ from lab.net.preflight import (
     check,
     describe,
 )
-from lab.orchestrate.runner import LabRun, RunOptions, free_mgmt_subnet
+from lab.orchestrate.runner import (
+    LabRun,
+    RunOptions,
+    add_training_args,
+    free_mgmt_subnet,
+    training_options,
+)
 from lab.topology import Impairment, TopologyError, TopologySpec, load_topology
 
 log = logging.getLogger(__name__)
@@ -349,36 +360,55 @@ class TrainResult:
     groups_completed: int = 0
     groups_abandoned: int = 0
     error: str | None = None
+    final_heldout_loss: float | None = None  # lm: mean of the workers' latest held-out loss
+    target_loss: float | None = None
+    link_bytes: int | None = None  # all links, from the link counters
+    link_bytes_per_round: float | None = None  # link_bytes / sum of the workers' rounds
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def train_results(
-    db_path: Path, *, n: int, target: float, ended_at: float | None = None
+    db_path: Path,
+    *,
+    n: int,
+    target: float,
+    ended_at: float | None = None,
+    target_loss: float | None = None,
 ) -> TrainResult:
     """Training figures from a run database (read-only).
 
     The clock starts at the first ``iterations`` row (so torch's import time does not count) and
     ends at ``ended_at`` (default: the run's ``meta.ended_at``, else the last iteration).
     Time to target: the first iteration row after which every one of the n workers has
-    reported an accuracy and the mean of their latest accuracies is >= ``target``.
+    reported an accuracy and the mean of their latest accuracies is >= ``target`` (with
+    ``target_loss``, the lm's: the mean of their latest held-out losses is <= it; evaluation
+    rows carry the held-out loss for lm, see ``crew.runtime.worker``).
     """
     conn = connect(db_path, readonly=True)
     try:
-        its = conn.execute("SELECT t, worker, accuracy FROM iterations ORDER BY t").fetchall()
+        its = conn.execute("SELECT t, worker, accuracy, loss FROM iterations ORDER BY t").fetchall()
         if not its:
             return TrainResult(target_accuracy=target, error="no worker reported an iteration")
         t0 = float(its[0]["t"])
         meta = {r["key"]: r["value"] for r in conn.execute("SELECT key, value FROM meta")}
         end = ended_at or float(meta.get("ended_at", its[-1]["t"]))
         latest: dict[int, float] = {}
+        latest_loss: dict[int, float] = {}
         reached: float | None = None
         for r in its:
             if r["accuracy"] is None:
                 continue
             latest[r["worker"]] = float(r["accuracy"])
-            if reached is None and len(latest) == n and sum(latest.values()) / n >= target:
+            if r["loss"] is not None:
+                latest_loss[r["worker"]] = float(r["loss"])
+            hit = (
+                sum(latest.values()) / n >= target
+                if target_loss is None
+                else len(latest_loss) == n and sum(latest_loss.values()) / n <= target_loss
+            )
+            if reached is None and len(latest) == n and hit:
                 reached = float(r["t"]) - t0
         # Groups that completed while the lab was stopping fall outside the window.
         groups = conn.execute(
@@ -390,6 +420,12 @@ def train_results(
                 for m in json.loads(g["members"]):
                     rounds[str(m)] = rounds.get(str(m), 0) + 1
         minutes = max(end - t0, 1e-9) / 60.0
+        link = conn.execute(
+            "SELECT SUM(b) AS total FROM (SELECT MAX(tx_bytes) - MIN(tx_bytes) AS b"
+            " FROM link_samples GROUP BY src, dst)"
+        ).fetchone()
+        link_bytes = int(link["total"]) if link and link["total"] is not None else None
+        worker_rounds = sum(rounds.values())
         return TrainResult(
             training_s=end - t0,
             rounds_per_worker_per_min=sum(rounds.values()) / n / minutes,
@@ -399,6 +435,16 @@ def train_results(
             target_accuracy=target,
             groups_completed=sum(1 for g in groups if g["status"] == GroupStatus.COMPLETED),
             groups_abandoned=sum(1 for g in groups if g["status"] == GroupStatus.ABANDONED),
+            final_heldout_loss=(
+                sum(latest_loss.values()) / len(latest_loss)
+                if latest_loss and target_loss is not None
+                else None
+            ),
+            target_loss=target_loss,
+            link_bytes=link_bytes,
+            link_bytes_per_round=(
+                link_bytes / worker_rounds if link_bytes is not None and worker_rounds else None
+            ),
         )
     finally:
         conn.close()
@@ -424,6 +470,8 @@ class BenchSpec:
     target_accuracy: float = 0.85
     allow_missing: frozenset[Impairment] = frozenset()
     part_bytes: int = 0  # 0: the run's automatic part size (RunConfig.part_elems_for)
+    training: dict[str, Any] = field(default_factory=dict)  # RunOptions training fields
+    target_loss: float = 2.0  # lm: held-out loss (nats per byte) whose reaching is timed
 
     @property
     def size_elems(self) -> int:
@@ -632,7 +680,14 @@ def run_training(
     task = progress.add_task(
         f"train {index}/{len(spec.schemes)} {scheme}", total=total, status="starting"
     )
-    opts = RunOptions(scheme=scheme, p=spec.p, seed=spec.seed, dashboard=False, log_level="WARNING")
+    opts = RunOptions(
+        scheme=scheme,
+        p=spec.p,
+        seed=spec.seed,
+        dashboard=False,
+        log_level="WARNING",
+        **spec.training,
+    )
     error: str | None = None
     ended_at: float | None = None
     lab = LabRun(spec.topology, caps, opts, run_dir, net=net)
@@ -660,8 +715,13 @@ def run_training(
     finally:
         _reap(lab)
     try:
+        lm = spec.training.get("workload") == "lm"
         result = train_results(
-            run_dir / "lab.db", n=spec.topology.n, target=spec.target_accuracy, ended_at=ended_at
+            run_dir / "lab.db",
+            n=spec.topology.n,
+            target=spec.target_accuracy,
+            ended_at=ended_at,
+            target_loss=spec.target_loss if lm else None,
         )
     except Exception as exc:
         result = TrainResult(
@@ -735,15 +795,30 @@ def error_lines(schemes: dict[str, dict[str, Any]], limit: int = 400) -> list[st
 
 
 def train_table(results: dict[str, dict[str, Any]], target: float) -> Table:
+    lm = any(r.get("target_loss") is not None for r in results.values())
+    if lm:
+        target = next(r["target_loss"] for r in results.values() if r.get("target_loss"))
     t = Table(title="training")
-    for col in ("scheme", "rounds/worker/min", "final accuracy", f"time to {target:g} s", "error"):
+    cols = (
+        "scheme",
+        "rounds/worker/min",
+        "final held-out loss" if lm else "final accuracy",
+        f"time to {target:g} s",
+        "link MB",
+        "MB per worker-round",
+        "error",
+    )
+    for col in cols:
         t.add_column(col, justify="left" if col in ("scheme", "error") else "right")
     for name, r in results.items():
+        per_round = r.get("link_bytes_per_round")
         t.add_row(
             name,
             _fmt(r["rounds_per_worker_per_min"], ".1f"),
-            _fmt(r["final_accuracy"]),
+            _fmt(r.get("final_heldout_loss") if lm else r["final_accuracy"]),
             _fmt(r["time_to_target_s"], ".1f"),
+            _fmt(None if r.get("link_bytes") is None else r["link_bytes"] / 1e6, ".1f"),
+            _fmt(None if per_round is None else per_round / 1e6, ".2f"),
             r["error"] or "",
         )
     return t
@@ -984,6 +1059,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="B",
         help="bytes per part (frame payload), a multiple of 4; 0 (default): automatic",
     )
+    p.add_argument(
+        "--target-loss",
+        type=float,
+        default=2.0,
+        help="with --train --workload lm: mean held-out loss (nats per byte) whose first "
+        "reaching is timed (default 2.0)",
+    )
+    add_training_args(p)
     add_allow_missing(p)
     p.add_argument("--log-level", default="WARNING", help="log level of the benchmark itself")
     p.add_argument("--sim", action="store_true", help="also print simulated / emulated per op")
@@ -1015,6 +1098,13 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         )
     if not 0 < args.target_accuracy <= 1:
         raise BenchError("--target-accuracy", f"must be in (0, 1], got {args.target_accuracy}")
+    training: dict[str, Any] = {}
+    try:
+        for scheme in schemes:
+            training = training_options(args, scheme=scheme, nonblocking=False)
+    except ConfigError as exc:
+        field_name, _, why = str(exc).partition(":")
+        raise BenchError(f"--{field_name.replace('_', '-')}", why.strip()) from None
     return BenchSpec(
         topology=topo,
         schemes=schemes,
@@ -1029,6 +1119,8 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         target_accuracy=args.target_accuracy,
         allow_missing=allowed_missing(args),
         part_bytes=args.part_bytes,
+        training=training,
+        target_loss=args.target_loss,
     )
 
 

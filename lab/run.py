@@ -11,21 +11,32 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from crew.config import Scheme
+from crew.config import ConfigError, Scheme
 from crew.runtime.rundb import GroupStatus
 from lab.net.preflight import PreflightError, add_allow_missing, allowed_missing, check, describe
-from lab.orchestrate.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id, summarize
+from lab.orchestrate.runner import (
+    REPO,
+    LabRun,
+    RunOptions,
+    add_training_args,
+    lab_limits,
+    new_run_id,
+    summarize,
+    training_options,
+)
 from lab.scenario import ScenarioError, load_scenario
 from lab.topology import Impairment, TopologyError, load_topology
 
@@ -140,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.flow_order,
         help=f"how a sender orders frames of concurrent groups (default {d.flow_order})",
     )
+    add_training_args(p)
     add_allow_missing(p)
     p.add_argument(
         "--scenario",
@@ -218,13 +230,15 @@ def progress_table(lab: LabRun, started: float, duration: float | None) -> Table
     )
     g = rows[0]
     acc = lab.db.query(
-        "SELECT worker, accuracy, iteration FROM iterations WHERE accuracy IS NOT NULL"
+        "SELECT worker, accuracy, loss, iteration FROM iterations WHERE accuracy IS NOT NULL"
         " AND t > ? ORDER BY t DESC LIMIT ?",
         (time.time() - 30, lab.topo.n * 4),
     )
     latest: dict[int, float] = {}
+    latest_loss: dict[int, float] = {}
     for r in acc:
         latest.setdefault(r["worker"], r["accuracy"])
+        latest_loss.setdefault(r["worker"], r["loss"])
     elapsed = time.time() - started
     table = Table(title=f"CREW Lab run {lab.run_id}", show_header=False, box=None)
     when = f"{elapsed:.0f} s" + (f" / {duration:.0f} s" if duration else " (Ctrl-C stops)")
@@ -236,6 +250,9 @@ def progress_table(lab: LabRun, started: float, duration: float | None) -> Table
     if latest:
         mean = sum(latest.values()) / len(latest)
         table.add_row("held-out accuracy", f"{mean:.3f} (mean of {len(latest)} workers)")
+    if latest_loss and lab.opts.workload == "lm":
+        loss = sum(latest_loss.values()) / len(latest_loss)
+        table.add_row("held-out loss", f"{loss:.3f} nats/byte, perplexity {math.exp(loss):.2f}")
     if lab.dashboard is not None:
         table.add_row("dashboard", lab.dashboard_url)
     table.add_row("database", str(lab.db_path))
@@ -256,6 +273,13 @@ def print_summary(summary: dict) -> None:
         "median_group_s",
         "median_over_bound",
         "final_accuracy",
+        "workload",
+        "sync",
+        "local_steps",
+        "compress",
+        "final_heldout_loss",
+        "max_verify_err",
+        "link_bytes_total",
         "db",
     ):
         v = summary.get(key)
@@ -269,9 +293,12 @@ def print_summary(summary: dict) -> None:
 
 
 def options_from_args(
-    args: argparse.Namespace, allow: frozenset[Impairment] = frozenset()
+    args: argparse.Namespace,
+    allow: frozenset[Impairment] = frozenset(),
+    training: dict[str, Any] | None = None,
 ) -> RunOptions:
-    """The run's options from ``build_parser()``'s arguments."""
+    """The run's options from ``build_parser()``'s arguments; ``training`` is
+    :func:`~lab.orchestrate.runner.training_options` of them (checked)."""
     return RunOptions(
         p=args.p,
         scheme=args.scheme,
@@ -290,6 +317,7 @@ def options_from_args(
         dashboard_port=args.dashboard_port,
         allow_missing=allow,
         log_level=args.log_level,
+        **(training or {}),
     )
 
 
@@ -317,6 +345,12 @@ def main(argv: list[str] | None = None) -> int:
             f"[red]error:[/red] --run-dir: {args.run_dir} already holds a run; give a new folder"
         )
         return EXIT_BAD_INPUT
+    try:
+        training = training_options(args, scheme=args.scheme, nonblocking=args.nonblocking)
+    except ConfigError as exc:
+        field, _, why = str(exc).partition(":")
+        console.print(f"[red]error:[/red] --{field.replace('_', '-')}:{why}")
+        return EXIT_BAD_INPUT
     allow = allowed_missing(args)
     try:
         caps = check(topo, allow)
@@ -338,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"[red]error:[/red] {exc}")
             return EXIT_BAD_INPUT
         console.print(scenario.timeline())
-    opts = options_from_args(args, allow)
+    opts = options_from_args(args, allow, training)
     run_dir = args.run_dir or (REPO / "runs" / new_run_id())
     # SIGTERM ends the run as Ctrl-C does: through the context manager's cleanup.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

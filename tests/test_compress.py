@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
@@ -29,6 +29,8 @@ PARTS = arrays(np.float32, st.integers(0, 3 * INT8_BLOCK + 7), elements=FINITE)
 
 @pytest.mark.parametrize("codec", list(Codec))
 @given(part=PARTS)
+@example(part=np.array([1e-45, 0.0], dtype=np.float32))  # int8 step underflows to 0
+@example(part=np.array([3e-38, -3e-38, 1e-40], dtype=np.float32))  # subnormal step
 @settings(max_examples=60, deadline=None)
 def test_round_trip_within_bound_and_exact_size(codec: Codec, part: np.ndarray) -> None:
     data = encode(codec, part)

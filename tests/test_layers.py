@@ -31,6 +31,7 @@ PURE = frozenset(
         "crew.control.worker_control",
         "crew.control.assignment",
         "crew.train.compress",
+        "crew.train.partcodec",
     }
 )
 IMPURE_FOR_PURE = (

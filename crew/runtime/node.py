@@ -51,6 +51,8 @@ from crew.control.worker_control import (
 )
 from crew.errors import CoordinatorUnreachable
 from crew.runtime.reduce import ReduceEngine, prescatter_frames
+from crew.train.compress import Codec
+from crew.train.partcodec import PartCodec
 from crew.wire import protocol as proto
 from crew.wire.frames import Frame, FrameCodec, FrameError, FrameKind, control_body, control_frame
 from crew.wire.probes import LinkStateChange, Prober
@@ -109,7 +111,15 @@ class Node:
         self._members: dict[int, tuple[int, ...]] = {}  # group -> members, own groups only
         self._lock = threading.Lock()
         self.check = check_vector(cfg.run_num, vector_len)
-        self.engine = ReduceEngine(me, cfg.n, cfg.run_num, self._send_data, self._have_all)
+        codec = Codec(cfg.compress)
+        self.engine = ReduceEngine(
+            me,
+            cfg.n,
+            cfg.run_num,
+            self._send_data,
+            self._have_all,
+            codec=None if codec is Codec.NONE else PartCodec(codec, self.check),
+        )
         if transport is None:
             transport = Transport(
                 me,
@@ -167,7 +177,13 @@ class Node:
 
     def _have_all(self, group: int, rev: int, bytes_sent: int) -> None:
         result = self.engine.result(group)
-        proj = project(self.check, result) if result is not None else float("nan")
+        # Less the codec's accounted error, so the coordinator's check stays exact
+        # (crew.train.partcodec derives it; 0 without compression).
+        proj = (
+            project(self.check, result) - self.engine.codec_error(group)
+            if result is not None
+            else float("nan")
+        )
         self.tell(proto.HaveAll(self.me, group, rev, bytes_sent, proj))
 
     def _send_failed(self, dst: int, err: BaseException, unsent: list[Frame]) -> None:

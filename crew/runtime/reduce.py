@@ -24,6 +24,14 @@ revision with a new plan. All state of older revisions is discarded and the memb
 again, so a result always sums exactly the members of one revision, and no contribution is
 counted twice: every part remembers which children contributed.
 
+Compression (``--compress fp16|int8``): a :class:`~crew.train.partcodec.PartCodec` turns a part
+into payload bytes where a frame is made and back where one is read, and nowhere else: nodes
+add decoded parts in float32, the root encodes the sum once for the broadcast and loads the
+decoded values itself, and broadcast relays forward the payload bytes unchanged. Each payload
+carries the projection of its encode errors, which members subtract from their result's
+projection (:meth:`ReduceEngine.codec_error`; the derivation is in ``crew.train.partcodec``).
+Without a codec, frames carry float32 exactly as before.
+
 Frames can arrive before the assignment that explains them (the control and data planes are
 separate networks), so early frames are parked, within a byte budget, until it arrives.
 """
@@ -44,6 +52,8 @@ from crew.control.assignment import (
     validate_assign,
 )
 from crew.plan.routes import Route
+from crew.train.compress import CompressError
+from crew.train.partcodec import PartCodec
 from crew.wire.frames import Frame, FrameKind
 from crew.wire.protocol import Assign
 
@@ -98,6 +108,7 @@ class _Acc:
     total: np.ndarray | None
     contributors: set[int] = field(default_factory=set)
     complete: bool = False
+    err: float = 0.0  # codec error projection carried by the contributions (PartCodec)
 
 
 @dataclass
@@ -111,6 +122,7 @@ class _RouteState:
     acc: dict[int, _Acc] = field(default_factory=dict)
     completed_up: int = 0  # parts whose sum is complete here
     held_down: dict[int, np.ndarray] = field(default_factory=dict)  # store-and-forward buffer
+    held_wire: dict[int, bytes] = field(default_factory=dict)  # their payloads (codec only)
 
 
 @dataclass
@@ -133,6 +145,7 @@ class _Group:
     expected_results: int = 0
     done: bool = False
     bytes_sent: int = 0
+    errs: dict[tuple[int, int], float] = field(default_factory=dict)  # (route, part) -> err
 
 
 class ReduceEngine:
@@ -150,8 +163,10 @@ class ReduceEngine:
         run: int,
         send: Callable[[int, Frame], None],
         on_have_all: Callable[[int, int, int], None],
+        codec: PartCodec | None = None,
     ):
         self.me = me
+        self._codec = codec  # None: float32 payloads
         self.n = n
         self.run = run
         self._send = send
@@ -244,6 +259,15 @@ class ReduceEngine:
         with self._lock:
             g = self._groups.get(group)
             return g.result if g is not None and g.done else None
+
+    def codec_error(self, group: int) -> float:
+        """Sum of the codec error projections of this member's result parts (0 without a
+        codec): subtract it from ``r . result`` (see ``crew.train.partcodec``)."""
+        with self._lock:
+            g = self._groups.get(group)
+            if g is None:
+                return 0.0
+            return sum(e for (k, _), e in g.errs.items() if g.routes[k].receiver)
 
     def groups(self) -> list[int]:
         with self._lock:
@@ -355,7 +379,43 @@ class ReduceEngine:
             raise ReduceError(f"part at {frame.offset}: non-finite values")
         return values
 
-    def _frame(self, kind: FrameKind, g: _Group, k: int, start: int, values: np.ndarray) -> Frame:
+    def _decode(self, frame: Frame, length: int) -> tuple[np.ndarray, float]:
+        """A group frame's values and carried codec error (0.0 without a codec)."""
+        if self._codec is None:
+            return self._values(frame, length), 0.0
+        try:
+            return self._codec.decode(frame.payload, frame.offset, length)
+        except CompressError as exc:
+            raise ReduceError(f"part at {frame.offset}: {exc}") from exc
+
+    def _encode(
+        self, values: np.ndarray, start: int, err: float
+    ) -> tuple[bytes, np.ndarray, float]:
+        """``(payload, values as the receiver decodes them, carried err)`` (codec only)."""
+        assert self._codec is not None
+        try:
+            return self._codec.encode(values, start, err)
+        except CompressError as exc:
+            raise ReduceError(f"part at {start}: {exc}") from exc
+
+    def _frame(
+        self,
+        kind: FrameKind,
+        g: _Group,
+        k: int,
+        start: int,
+        values: np.ndarray,
+        err: float = 0.0,
+        wire: bytes | None = None,
+    ) -> Frame:
+        """A frame of ``values``; with a codec, ``wire`` (bytes already encoded, forwarded
+        unchanged) or ``values`` encoded here with ``err`` carried."""
+        if self._codec is not None:
+            payload = wire if wire is not None else self._encode(values, start, err)[0]
+        else:
+            # No copy: ``values`` is never written again once framed (a passed-on sum is
+            # released, received parts are read-only), as Transport.send requires.
+            payload = memoryview(np.ascontiguousarray(values, dtype=DTYPE)).cast("B")
         return Frame(
             kind=kind,
             sender=self.me,
@@ -365,9 +425,7 @@ class ReduceEngine:
             block=k,
             part=(start - g.routes[k].route.start) // g.assign.part_elems,
             offset=start,
-            # No copy: ``values`` is never written again once framed (a passed-on sum is
-            # released, received parts are read-only), as Transport.send requires.
-            payload=memoryview(np.ascontiguousarray(values, dtype=DTYPE)).cast("B"),
+            payload=payload,
         )
 
     def _send_to(self, g: _Group, dst: int, frame: Frame) -> None:
@@ -393,7 +451,8 @@ class ReduceEngine:
                 f"worker {frame.sender} is no child of {self.me} on route {frame.block}"
             )
         length = self._part_len(g, st, frame.offset)
-        self._add(g, frame.block, st, frame.offset, frame.sender, self._values(frame, length))
+        values, err = self._decode(frame, length)
+        self._add(g, frame.block, st, frame.offset, frame.sender, values, err=err)
 
     def _add(
         self,
@@ -405,6 +464,7 @@ class ReduceEngine:
         values: np.ndarray,
         *,
         owned: bool = False,
+        err: float = 0.0,
     ) -> None:
         """Count ``who``'s part. ``owned``: ``values`` is a fresh array nobody else holds, so it
         may become the running sum itself; otherwise (a received, read-only part) it is copied
@@ -414,12 +474,13 @@ class ReduceEngine:
             # The first contribution is the sum so far. A node with one contributor (a leaf,
             # or a relay with one child) passes it on without a copy.
             first = values if owned or len(st.expect) == 1 else values.copy()
-            acc = st.acc[start] = _Acc(first, {who})
+            acc = st.acc[start] = _Acc(first, {who}, err=err)
         elif who in acc.contributors or acc.total is None:
             raise ReduceError(f"duplicate contribution from {who} at offset {start}")
         else:
             acc.total += values
             acc.contributors.add(who)
+            acc.err += err
         if len(acc.contributors) < len(st.expect) or acc.complete:
             return
         acc.complete = True
@@ -443,8 +504,14 @@ class ReduceEngine:
             acc.total = None  # pre-scattered already: the aggregator uses that copy
             return
         if st.parent is not None:
-            self._send_to(g, st.parent, self._frame(FrameKind.SCATTER, g, k, start, total))
+            frame = self._frame(FrameKind.SCATTER, g, k, start, total, acc.err)
+            self._send_to(g, st.parent, frame)
             acc.total = None  # a non-root node is done with this part's values
+        elif self._codec is not None:
+            # Encode the sum once for the broadcast; the root keeps what its children decode.
+            wire, values, err = self._encode(total, start, acc.err)
+            self._deliver(g, k, st, start, values, err, wire)
+            acc.total = None
         else:
             self._deliver(g, k, st, start, total)
             acc.total = None  # _deliver copied what it keeps
@@ -459,27 +526,45 @@ class ReduceEngine:
                 f" route {frame.block} is {parent}"
             )
         length = self._part_len(g, st, frame.offset)
-        self._deliver(g, frame.block, st, frame.offset, self._values(frame, length))
+        values, err = self._decode(frame, length)
+        wire = None if self._codec is None else bytes(frame.payload)
+        self._deliver(g, frame.block, st, frame.offset, values, err, wire)
 
-    def _deliver(self, g: _Group, k: int, st: _RouteState, start: int, values: np.ndarray) -> None:
+    def _deliver(
+        self,
+        g: _Group,
+        k: int,
+        st: _RouteState,
+        start: int,
+        values: np.ndarray,
+        err: float = 0.0,
+        wire: bytes | None = None,
+    ) -> None:
+        """``wire``: the payload to forward unchanged (codec only; None: frame ``values``)."""
         if (k, start) in g.received:
             return
         g.received.add((k, start))
+        g.errs[(k, start)] = err
         if g.member and g.result is not None:
             g.result[start : start + values.size] = values
         if st.down:
             if self._pipelined(g):
                 for child in st.down:
-                    self._send_to(g, child, self._frame(FrameKind.RESULT, g, k, start, values))
+                    frame = self._frame(FrameKind.RESULT, g, k, start, values, wire=wire)
+                    self._send_to(g, child, frame)
             else:
                 st.held_down[start] = np.array(values, dtype=DTYPE)
+                if wire is not None:
+                    st.held_wire[start] = wire
                 if len(st.held_down) == len(st.parts):
                     for s in st.parts:
                         for child in st.down:
-                            self._send_to(
-                                g, child, self._frame(FrameKind.RESULT, g, k, s, st.held_down[s])
+                            frame = self._frame(
+                                FrameKind.RESULT, g, k, s, st.held_down[s], wire=st.held_wire.get(s)
                             )
+                            self._send_to(g, child, frame)
                     st.held_down.clear()
+                    st.held_wire.clear()
         self._check_done(g)
 
     def _check_done(self, g: _Group) -> None:

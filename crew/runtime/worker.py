@@ -12,6 +12,13 @@ offered once and then carries groups) run on the same Node.
 
 A completed local update is never lost: until a group commits, the worker keeps its own model,
 and it saves a checkpoint after every commit and when it stops.
+
+Training modes (``cfg.workload``, ``cfg.sync``, ``cfg.local_steps``; ``docs/training.md``): one
+local iteration is H optimiser steps of the ``mlp`` or ``lm`` workload; with ``local-sgd`` or
+``diloco`` the Averager offers through a :class:`crew.train.outer.OuterLoop`, whose state (the
+last synchronised parameters and the outer momentum) is checkpointed beside the model. For
+``lm`` the evaluation rows of the database carry the held-out loss (nats per byte) in ``loss``
+and the next-byte accuracy in ``accuracy``; other rows carry the training loss.
 """
 
 from __future__ import annotations
@@ -43,8 +50,10 @@ class Worker:
         self.me = me
         self.bench = bool(cfg.extra.get("bench"))
         self.checkpoint = Path(cfg.run_dir) / "checkpoints" / f"w{me}.pt"
+        self.outer_checkpoint = Path(cfg.run_dir) / "checkpoints" / f"w{me}.outer.npz"
         self.delay = None
         self.trainer = None if self.bench else self._make_trainer()
+        self.outer = None if self.bench else self._make_outer()
         if self.bench:
             size = int(cfg.extra["size_elems"])
             rng = np.random.default_rng([cfg.seed, me])
@@ -54,19 +63,23 @@ class Worker:
         self.averager = None  # crew.Averager while training with partial reduce
 
     def _make_trainer(self):  # noqa: ANN202 - torch types stay out of this module's imports
-        from crew.train.datasets import Partition, load_split, shard
+        from crew.train.datasets import Partition
         from crew.train.stragglers import ComputeDelay, get_profile
-        from crew.train.training import ModelConfig, TrainConfig, Trainer
+        from crew.train.workloads import Workload, make_trainer
 
         cfg, me = self.cfg, self.me
-        train, test = load_split(seed=cfg.seed, cache_dir=cfg.data_dir)
-        trainer = Trainer(
-            ModelConfig(width=cfg.width, depth=cfg.depth),
-            TrainConfig(
-                lr=cfg.lr, batch_size=cfg.batch_size, local_steps=cfg.local_steps, seed=cfg.seed
-            ),
-            shard(train, cfg.n, me, Partition(cfg.partition), cfg.seed),
-            test,
+        trainer = make_trainer(
+            Workload(cfg.workload),
+            n=cfg.n,
+            index=me,
+            partition=Partition(cfg.partition),
+            seed=cfg.seed,
+            lr=cfg.lr,
+            batch_size=cfg.batch_size,
+            local_steps=cfg.local_steps,
+            cache_dir=cfg.data_dir,
+            width=cfg.width,
+            depth=cfg.depth,
         )
         if self.checkpoint.exists():
             trainer.load(self.checkpoint)
@@ -76,6 +89,32 @@ class Worker:
         spec = cfg.stragglers[me] if me < len(cfg.stragglers) else None
         self.delay = ComputeDelay(get_profile(spec) if spec else None, seed=cfg.seed * 1000 + me)
         return trainer
+
+    def _make_outer(self):  # noqa: ANN202 - OuterLoop | None; crew.train imported lazily
+        """The outer loop for local-sgd and diloco (None for every-step: offer the model)."""
+        from crew.train.outer import OuterConfig, OuterLoop, OuterStateError, SyncMode
+
+        cfg = self.cfg
+        mode = SyncMode(cfg.sync)
+        if mode is SyncMode.EVERY_STEP:
+            return None
+        assert self.trainer is not None
+        loop = OuterLoop(
+            OuterConfig(mode, cfg.local_steps, cfg.outer_lr, cfg.outer_momentum),
+            self.trainer.get_vector(),
+        )
+        if self.outer_checkpoint.exists():
+            try:
+                loop.load(self.outer_checkpoint)
+            except OuterStateError as exc:  # restart the momentum, take the model as theta
+                log.warning("worker %d: outer state not restored: %s", self.me, exc)
+        return loop
+
+    def _save(self) -> None:
+        assert self.trainer is not None
+        self.trainer.save(self.checkpoint)
+        if self.outer is not None:
+            self.outer.save(self.outer_checkpoint)
 
     def _vector(self) -> np.ndarray:
         return self.base_vector if self.trainer is None else self.trainer.get_vector()
@@ -106,7 +145,9 @@ class Worker:
         accuracy = None
         now = time.time()
         if evaluation_due(now, last_eval, self.cfg.eval_every_s):
-            _, accuracy = self.trainer.evaluate()
+            held_out, accuracy = self.trainer.evaluate()
+            if self.cfg.workload == "lm":  # the lm's quality is its held-out loss
+                loss = held_out
             last_eval = now
         return loss, accuracy, last_eval
 
@@ -121,6 +162,7 @@ class Worker:
             self.me,
             iteration=self.trainer.iteration,
             on_slowdown=self._set_slowdown,
+            outer=self.outer,
         )
         self.averager = averager
         if self.stop_event.is_set():
@@ -133,7 +175,7 @@ class Worker:
                 if averager.stopped:
                     break
                 if averager.step().averaged:
-                    self.trainer.save(self.checkpoint)
+                    self._save()
         finally:
             averager.close()
 
@@ -176,7 +218,12 @@ class Worker:
                 loss, accuracy, last_eval = self._local_iteration(last_eval)
                 node.tell(proto.Metrics(self.me, self.iteration, loss, accuracy, time.time()))
                 started = time.time()
-                averaged = gloo.average(self._vector())
+                offered = self._vector()
+                if self.outer is not None:
+                    offered = self.outer.before_reduce(offered)
+                averaged = gloo.average(offered)
+                if self.outer is not None:
+                    averaged = self.outer.after_reduce(averaged)
                 self.trainer.set_vector(averaged)
                 op += 1
                 if self.me == 0:
@@ -218,7 +265,7 @@ class Worker:
                 node.close()
         finally:
             if self.trainer is not None:
-                self.trainer.save(self.checkpoint)
+                self._save()
             self.stop_event.set()
         return 0
 

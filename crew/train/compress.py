@@ -41,10 +41,17 @@ at most ``A(y)_i + c``, where ``A`` is elementwise *sub-additive and positively 
   ``c = 2^-25`` (half the subnormal spacing 2^-24, for ``|y_i| < 2^-14``). ``|y_i| > 65504``
   (the largest half) is refused with :class:`CompressError`, never turned into inf.
 * ``int8``: ``A(y)_i = (1 + 2^-12) R_b / 510 + 2^-23 M_b`` for ``i`` in block ``b``, with
-  ``R_b = max - min`` and ``M_b = max |y|`` over the block (both sub-additive). ``R_b / 510`` is
-  half a step; the factor covers the float32 rounding of the stored step (relative 2^-24, times
-  at most 255 codes, plus clipping at code 255), and ``2^-23 M_b`` the final cast to float32
-  (``|lo + q step| <= M_b + step``). Encoding works in float64 so nothing else rounds.
+  ``R_b = max - min`` and ``M_b = max |y|`` over the block (both sub-additive), and
+  ``c = 2^-142``. Derivation, with ``s = R_b / 255`` the exact step and ``s32`` the stored one:
+  float32 rounding gives ``|s32 - s| <= 2^-24 s + 2^-150`` (relative for a normal step, half the
+  subnormal spacing 2^-149 for a subnormal one, which a block of range below about 3e-36
+  has). An unclipped code is within ``s32 / 2`` of its value; a code clipped at 255 (when
+  ``s32 < s``) within ``255 (s - s32)``; either way within ``s / 2 + 255 |s32 - s|
+  <= (1 + 2^-12) s / 2 + 255 * 2^-150``. A step that underflows to 0 codes every element as
+  ``lo``, off by at most ``R_b = 255 s < 255 * 2^-150``. The final cast of ``lo + q s32`` to
+  float32 adds ``2^-24 (M_b + s32) <= 2^-23 M_b`` for a normal result, or ``2^-150`` for a
+  subnormal one. So ``c = 256 * 2^-150 = 2^-142``. Encoding works in float64 so nothing else
+  rounds. (Hypothesis found the subnormal case: ``[1e-45, 0]`` has a step that underflows.)
 
 A reduce tree sums member vectors ``w_m v_m``; a member's values pass ``h_m`` encodes on the way
 up (its own at the leaf and one per aggregator above it that is not the root; ``h_m = 0`` for
@@ -65,11 +72,11 @@ That bound needs nothing from aggregators, but for int8 it is about as large as 
 of a missing 1 MB part (half a step is the worst case, the typical error is 1/sqrt(3) of it,
 and every encode on the path counts in full), so it cannot tell a lost part from rounding.
 Exact accounting can: whoever encodes ``y`` knows its own error exactly, so
-:func:`encode_with_error` returns ``r . (decode(encode(y)) - y)`` with the bytes. If every
-encoding node adds these up over a group and reports the sum, then
-``r . result = sum_m w_m r . v_m + sum_E delta_E`` up to float32 rounding, and the existing
-relative check (``crew.control.verify``) applies unchanged, with ``sum_E delta_E`` added to the
-expected value (and ``|delta_E|`` to its scale).
+:func:`encode_with_error` returns ``r . (decode(encode(y)) - y)`` with the bytes. Every
+encoding node adds these up and passes the sum on inside the payload
+(:mod:`crew.train.partcodec`), so ``r . result = sum_m w_m r . v_m + sum_E delta_E`` up to float32
+rounding; members report ``r . result - sum_E delta_E`` and the existing relative check
+(``crew.control.verify``) applies unchanged.
 """
 
 from __future__ import annotations
@@ -101,6 +108,7 @@ FP16_REL = 2.0**-11
 FP16_ABS = 2.0**-25
 INT8_STEP_SLACK = 1.0 + 2.0**-12
 INT8_CAST_REL = 2.0**-23
+INT8_ABS = 2.0**-142  # subnormal steps and results, see the docstring
 VERIFY_Z = 6.0
 
 _F32 = np.dtype("<f4")
@@ -227,16 +235,22 @@ def encode_bound(codec: Codec, part: np.ndarray) -> np.ndarray:
     for start in range(0, n, INT8_BLOCK):
         b = x[start : start + INT8_BLOCK]
         rng = float(b.max() - b.min())
-        out[start : start + INT8_BLOCK] = INT8_STEP_SLACK * rng / (
-            2 * INT8_LEVELS
-        ) + INT8_CAST_REL * float(np.abs(b).max())
+        out[start : start + INT8_BLOCK] = (
+            INT8_STEP_SLACK * rng / (2 * INT8_LEVELS)
+            + INT8_CAST_REL * float(np.abs(b).max())
+            + INT8_ABS
+        )
     return out
+
+
+def _abs_term(codec: Codec) -> float:
+    """``c``: the part of one encode's bound that does not scale with the values."""
+    return {Codec.NONE: 0.0, Codec.FP16: FP16_ABS, Codec.INT8: INT8_ABS}[codec]
 
 
 def _sub_additive_part(codec: Codec, part: np.ndarray) -> np.ndarray:
     """``A(part)``: the bound without the constant ``c``."""
-    bound = encode_bound(codec, part)
-    return bound - FP16_ABS if codec is Codec.FP16 else bound
+    return encode_bound(codec, part) - _abs_term(codec)
 
 
 def error_norm(codec: Codec, vector: np.ndarray) -> float:
@@ -269,7 +283,7 @@ def reduce_tolerance(
     if any(h < 0 for h in hops) or any(w < 0 for w in weights):
         raise CompressError("hops and weights must be >= 0")
     encodes = len(error_norms) + 1
-    c = FP16_ABS if codec is Codec.FP16 else 0.0
+    c = _abs_term(codec)
     body = math.fsum(w * (h + 1) * b for b, w, h in zip(error_norms, weights, hops, strict=True))
     return z * (body + encodes * c * math.sqrt(n))
 

@@ -9,6 +9,7 @@ it directly.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import json
@@ -23,8 +24,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from crew.config import RunConfig, Scheme, run_data_dir
+from crew.config import (
+    COMPRESS,
+    SYNC_MODES,
+    WORKLOADS,
+    ConfigError,
+    RunConfig,
+    Scheme,
+    check_training,
+    run_data_dir,
+)
 from crew.runtime.rundb import GroupStatus, LinkRow, RunDB, WorkerRow
+from crew.train.workloads import DEFAULTS, Workload
 from crew.wire import protocol as proto
 from crew.wire.frames import COORDINATOR, FrameCodec, control_frame
 from crew.wire.transport import FrameStream
@@ -46,6 +57,7 @@ DATA_PORT = 7701
 STOP_GRACE_S = 15.0
 MAX_COORDINATOR_RESTARTS = 5  # a coordinator that keeps dying is a bug, not a fault
 ROOT_STOP_S = 10.0  # the dashboard, and a coordinator that outlived STOP_GRACE_S
+LM_EVAL_EVERY_S = 10.0  # seconds between held-out evaluations of the lm workload
 SPLIT_WAIT_S = 120.0  # importing scikit-learn and splitting: about 1.5 s of CPU
 
 
@@ -68,9 +80,14 @@ class RunOptions:
     nonblocking: bool = RunConfig.default("nonblocking")
     committed_capacity: bool = RunConfig.default("committed_capacity")
     capacity: str = RunConfig.default("capacity")
-    lr: float = RunConfig.default("lr")
-    batch_size: int = RunConfig.default("batch_size")
+    lr: float | None = None  # None: the workload's default (crew.train.workloads.DEFAULTS)
+    batch_size: int | None = None  # None: the workload's default
     local_steps: int = RunConfig.default("local_steps")
+    workload: str = RunConfig.default("workload")  # mlp (digits) or lm (stdlib text)
+    sync: str = RunConfig.default("sync")  # every-step, local-sgd or diloco
+    outer_lr: float = RunConfig.default("outer_lr")
+    outer_momentum: float = RunConfig.default("outer_momentum")
+    compress: str = RunConfig.default("compress")  # none (float32), fp16 or int8
     dashboard: bool = True
     dashboard_host: str = "127.0.0.1"
     dashboard_port: int = 8501
@@ -80,6 +97,77 @@ class RunOptions:
     stall_timeout_s: float = RunConfig.default("stall_timeout_s")
     heartbeat_timeout_s: float = RunConfig.default("heartbeat_timeout_s")
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+TRAINING_FIELDS = ("workload", "sync", "local_steps", "outer_lr", "outer_momentum", "compress")
+
+
+def add_training_args(p: argparse.ArgumentParser) -> None:
+    """The training-mode options of ``lab.run`` and ``lab.bench --train`` (docs/training.md);
+    their defaults are ``RunConfig``'s."""
+    d = RunConfig
+    p.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default=d.default("workload"),
+        help="mlp: the digits MLP (3.5 MB, the quick default); lm: a byte-level transformer "
+        "on the Python standard library's source, held-out loss and perplexity (1 MB)",
+    )
+    p.add_argument(
+        "--sync",
+        choices=SYNC_MODES,
+        default=None,
+        help="every-step: average after each iteration; local-sgd: average the models every "
+        "--local-steps steps; diloco: outer Nesterov step on the averaged pseudo-gradient "
+        "(default: every-step, or local-sgd when --local-steps > 1)",
+    )
+    p.add_argument(
+        "--local-steps",
+        type=int,
+        default=d.default("local_steps"),
+        metavar="H",
+        help="local steps per reduce (H)",
+    )
+    p.add_argument(
+        "--outer-lr",
+        type=float,
+        default=d.default("outer_lr"),
+        help=f"DiLoCo outer lr ({d.default('outer_lr')})",
+    )
+    p.add_argument(
+        "--outer-momentum",
+        type=float,
+        default=d.default("outer_momentum"),
+        help=f"DiLoCo Nesterov momentum ({d.default('outer_momentum')})",
+    )
+    p.add_argument(
+        "--compress",
+        choices=COMPRESS,
+        default=d.default("compress"),
+        help="group payloads on the wire: none (float32), fp16, or int8 (per 256 values "
+        "with min and max, 0.258x the bytes); sums are added in float32",
+    )
+    p.add_argument("--lr", type=float, default=None, help="inner lr (workload default)")
+    p.add_argument("--batch-size", type=int, default=None, help="minibatch size (workload default)")
+
+
+def training_options(args: argparse.Namespace, *, scheme: str, nonblocking: bool) -> dict[str, Any]:
+    """RunOptions fields from :func:`add_training_args`; ConfigError names a bad one."""
+    sync = args.sync or ("local-sgd" if args.local_steps > 1 else "every-step")
+    out = {
+        "workload": args.workload,
+        "sync": sync,
+        "local_steps": args.local_steps,
+        "outer_lr": args.outer_lr,
+        "outer_momentum": args.outer_momentum,
+        "compress": args.compress,
+    }
+    check_training(scheme=scheme, nonblocking=nonblocking, **out)
+    if args.lr is not None and not args.lr > 0:
+        raise ConfigError(f"lr: must be > 0, got {args.lr}")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ConfigError(f"batch_size: must be >= 1, got {args.batch_size}")
+    return out | {"lr": args.lr, "batch_size": args.batch_size}
 
 
 def lab_impairments(caps: Capabilities) -> set[str]:
@@ -198,18 +286,22 @@ class LabRun:
         if self.opts.dashboard:
             # First, so the page answers while the network and the workers start.
             self._start_dashboard()
-        # The data split is made once, by a process of its own beside the network build, and
-        # every worker reads it with NumPy alone.
+        # The data split (digits, or the lm's stdlib text) is made once, by a process of its
+        # own beside the network build, and every worker reads it with NumPy alone.
         if not self.opts.extra.get("bench"):
+            maker = (
+                ["crew.train.textdata"]
+                if self.opts.workload == "lm"
+                else ["crew.train.datasets", "--seed", str(self.opts.seed)]
+            )
             self._split_maker = subprocess.Popen(
                 [
                     sys.executable,
                     "-m",
-                    "crew.train.datasets",
+                    maker[0],
                     "--cache-dir",
                     str(run_data_dir(self.run_dir)),
-                    "--seed",
-                    str(self.opts.seed),
+                    *maker[1:],
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=self._log_file("data-split"),
@@ -295,6 +387,7 @@ class LabRun:
         for i in range(self.topo.n):
             bw[i, i] = 0.0  # JSON has no infinity; the coordinator restores the diagonal
         o = self.opts
+        defaults = DEFAULTS[Workload(o.workload)]
         cfg = RunConfig(
             run_id=self.run_id,
             run_num=secrets.randbits(32),
@@ -312,9 +405,14 @@ class LabRun:
             delay_ms=planned_delays(self.topo, self.caps),
             width=o.width,
             depth=o.depth,
-            lr=o.lr,
-            batch_size=o.batch_size,
+            lr=defaults.lr if o.lr is None else o.lr,
+            batch_size=defaults.batch_size if o.batch_size is None else o.batch_size,
             local_steps=o.local_steps,
+            sync=o.sync,
+            outer_lr=o.outer_lr,
+            outer_momentum=o.outer_momentum,
+            workload=o.workload,
+            compress=o.compress,
             partition=o.partition,
             seed=o.seed,
             stragglers=tuple(w.straggler for w in self.topo.workers),
@@ -326,6 +424,9 @@ class LabRun:
             capacity=o.capacity,
             stall_timeout_s=o.stall_timeout_s,
             heartbeat_timeout_s=o.heartbeat_timeout_s,
+            # An lm evaluation (64 windows of 128 bytes) costs about a training step and a
+            # third; every 2 s it would take a third of a quarter-core worker's time.
+            eval_every_s=LM_EVAL_EVERY_S if o.workload == "lm" else RunConfig.eval_every_s,
             extra=dict(o.extra),
         )
         cfg.save(self.config_path)
@@ -584,12 +685,19 @@ def summarize(db_path: Path) -> dict[str, Any]:
             (g["ended_at"] - g["started_at"]) / g["bound_s"] for g in completed if g["bound_s"]
         )
         acc = {}
+        eval_loss = {}  # lm: evaluation rows carry the held-out loss (crew.runtime.worker)
         for r in conn.execute(
-            "SELECT worker, accuracy FROM iterations i1 WHERE accuracy IS NOT NULL AND t = ("
+            "SELECT worker, accuracy, loss FROM iterations i1 WHERE accuracy IS NOT NULL AND t = ("
             " SELECT MAX(t) FROM iterations i2 WHERE i2.worker = i1.worker"
             " AND i2.accuracy IS NOT NULL)"
         ):
             acc[str(r["worker"])] = r["accuracy"]
+            eval_loss[str(r["worker"])] = r["loss"]
+        options = json.loads(meta.get("options", "{}"))
+        training = {k: options[k] for k in TRAINING_FIELDS if k in options}
+        verify = conn.execute(
+            "SELECT MAX(verify_err) AS worst FROM groups WHERE status = 'completed'"
+        ).fetchone()
         link_bytes = {}
         for r in conn.execute(
             "SELECT src, dst, MAX(tx_bytes) - MIN(tx_bytes) AS b FROM link_samples"
@@ -613,6 +721,14 @@ def summarize(db_path: Path) -> dict[str, Any]:
             "median_over_bound": ratios[len(ratios) // 2] if ratios else None,
             "final_accuracy": (sum(acc.values()) / len(acc)) if acc else None,
             "accuracy_per_worker": acc,
+            **training,
+            "final_heldout_loss": (
+                sum(eval_loss.values()) / len(eval_loss)
+                if eval_loss and training.get("workload") == "lm"
+                else None
+            ),
+            "max_verify_err": verify["worst"] if verify else None,
+            "link_bytes_total": sum(link_bytes.values()),
             "link_bytes": link_bytes,
             "db": str(db_path),
         }

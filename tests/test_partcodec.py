@@ -1,0 +1,239 @@
+"""Compressed payloads in the reduce engine: exact error accounting, bit-identical results,
+the coordinator's check unchanged, and bad payloads refused without harm."""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections import deque
+
+import numpy as np
+import pytest
+
+from crew.control.verify import CHECK_TOLERANCE, check_vector, project, relative_error
+from crew.plan.routes import Route
+from crew.runtime.reduce import ReduceEngine
+from crew.train.compress import Codec, CompressError, decode, encode, encode_bound
+from crew.train.partcodec import ERR_HEADER, PartCodec
+from crew.wire.frames import Frame, FrameKind
+from crew.wire.protocol import Assign
+
+RUN = 11
+N = 5
+TOTAL = 3000
+COMPRESSED = [Codec.FP16, Codec.INT8]
+
+
+class Net:
+    """n engines joined by an in-memory queue (the transport is tested elsewhere)."""
+
+    def __init__(self, codec: Codec, check: np.ndarray, tamper=None) -> None:
+        self.queue: deque[tuple[int, Frame]] = deque()
+        self.done: set[int] = set()
+        self.tamper = tamper
+        pc = None if codec is Codec.NONE else PartCodec(codec, check)
+        self.engines = [
+            ReduceEngine(i, N, RUN, self._send, self._have_all(i), codec=pc) for i in range(N)
+        ]
+
+    def _send(self, dst: int, frame: Frame) -> None:
+        if self.tamper is not None:
+            frame = self.tamper(frame)
+        self.queue.append((dst, frame))
+
+    def _have_all(self, i: int):
+        return lambda group, rev, nbytes: self.done.add(i)
+
+    def run(self, assign: Assign, vectors: dict[int, np.ndarray]) -> None:
+        for i, e in enumerate(self.engines):
+            if i in assign.members or any(i in Route.from_list(r).nodes() for r in assign.routes):
+                e.assign(assign, vectors.get(i))
+        for _ in range(100_000):
+            if not self.queue:
+                return
+            dst, frame = self.queue.popleft()
+            self.engines[dst].on_frame(frame)
+        raise AssertionError("frames still flowing")
+
+
+ROUTES = [
+    # [0, 1000): along 1 -> 2 -> 0, broadcast 0 -> 1 -> 2 (a path: member relays)
+    Route(0, 1000, 0, up=((1, 2), (2, 0)), down=((0, 1), (1, 2))),
+    # [1000, 3000): a tree through non-member 4 to non-member root 3
+    Route(
+        1000, 3000, 3, up=((0, 4), (2, 4), (4, 3), (1, 3)), down=((3, 4), (4, 0), (4, 2), (3, 1))
+    ),
+]
+MEMBERS = (0, 1, 2)
+WEIGHTS = (0.25, 0.25, 0.5)
+
+
+def _assign(pipelined: bool) -> Assign:
+    return Assign(
+        group=5,
+        rev=0,
+        scheme="test",
+        members=list(MEMBERS),
+        weights=list(WEIGHTS),
+        routes=[r.to_list() for r in ROUTES],
+        pipelined=pipelined,
+        total=TOTAL,
+        part_elems=256,
+        prescatter=[],
+        iterations=[0] * len(MEMBERS),
+        split_epoch=-1,
+    )
+
+
+def _vectors(seed: int = 3) -> dict[int, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {m: rng.standard_normal(TOTAL).astype(np.float32) for m in MEMBERS}
+
+
+def _reported(net: Net, check: np.ndarray, m: int) -> float:
+    """What Node._have_all reports for member m."""
+    result = net.engines[m].result(5)
+    assert result is not None
+    return project(check, result) - net.engines[m].codec_error(5)
+
+
+@pytest.mark.parametrize("codec", COMPRESSED)
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_compressed_reduce_keeps_the_exact_check(codec: Codec, pipelined: bool) -> None:
+    check = check_vector(RUN, TOTAL)
+    v = _vectors()
+    net = Net(codec, check)
+    net.run(_assign(pipelined), v)
+    assert net.done >= set(MEMBERS)
+    results = [net.engines[m].result(5) for m in MEMBERS]
+    for r in results[1:]:  # relays forward bytes: every member holds the same bits
+        assert np.array_equal(r, results[0])
+    exact = sum(np.float32(w) * v[m] for m, w in zip(MEMBERS, WEIGHTS, strict=True))
+    # Each element passes at most 3 encodes (leaf, relay 4, root); the bound is sub-additive.
+    bound = 3 * sum(w * encode_bound(codec, v[m]) for m, w in zip(MEMBERS, WEIGHTS, strict=True))
+    assert (np.abs(results[0].astype(np.float64) - exact) <= bound + 1e-6).all()
+    offered = [project(check, v[m]) for m in MEMBERS]
+    reported = [_reported(net, check, m) for m in MEMBERS]
+    assert relative_error(reported, WEIGHTS, offered) < 1e-5  # float32 rounding only
+    raw = [project(check, r) for r in results]
+    if codec is Codec.INT8:  # without the accounting the int8 error would fail the check
+        assert relative_error(raw, WEIGHTS, offered) > CHECK_TOLERANCE
+    assert all(net.engines[i].dropped_frames == 0 for i in range(N))
+
+
+def test_uncompressed_reduce_has_no_codec_error() -> None:
+    check = check_vector(RUN, TOTAL)
+    v = _vectors()
+    net = Net(Codec.NONE, check)
+    net.run(_assign(True), v)
+    assert all(net.engines[m].codec_error(5) == 0.0 for m in MEMBERS)
+    exact = sum(np.float32(w) * v[m] for m, w in zip(MEMBERS, WEIGHTS, strict=True))
+    np.testing.assert_allclose(net.engines[0].result(5), exact, rtol=1e-5, atol=1e-6)
+
+
+def _corrupt_values(frame: Frame) -> Frame:
+    """A sender that encodes other values than it summed (a wrong part, honest err header)."""
+    if frame.kind is FrameKind.SCATTER and frame.sender == 1 and frame.offset == 1000:
+        err = frame.payload[: ERR_HEADER.size]
+        n = 256
+        body = encode(Codec.INT8, np.full(n, 3.0, dtype=np.float32))
+        return dataclasses.replace(frame, payload=bytes(err) + body)
+    return frame
+
+
+def test_a_wrong_part_still_fails_the_check() -> None:
+    check = check_vector(RUN, TOTAL)
+    v = _vectors()
+    net = Net(Codec.INT8, check, tamper=_corrupt_values)
+    net.run(_assign(True), v)
+    offered = [project(check, v[m]) for m in MEMBERS]
+    reported = [_reported(net, check, m) for m in MEMBERS]
+    assert relative_error(reported, WEIGHTS, offered) > CHECK_TOLERANCE
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\x00" * 7,  # shorter than the header
+        ERR_HEADER.pack(0.0) + encode(Codec.INT8, np.zeros(255, np.float32)),  # one short
+        ERR_HEADER.pack(float("nan")) + encode(Codec.INT8, np.zeros(256, np.float32)),
+        ERR_HEADER.pack(0.0) + struct.pack("<ff", float("inf"), 1.0) + bytes(256),
+        ERR_HEADER.pack(0.0) + struct.pack("<ff", 0.0, float("nan")) + bytes(256),
+    ],
+)
+def test_bad_compressed_payloads_are_dropped_not_summed(payload: bytes) -> None:
+    check = check_vector(RUN, TOTAL)
+    net = Net(Codec.INT8, check)
+    root = net.engines[3]
+    root.assign(_assign(True), None)
+    frame = Frame(
+        kind=FrameKind.SCATTER,
+        sender=1,
+        run=RUN,
+        group=5,
+        rev=0,
+        block=1,
+        part=0,
+        offset=1000,
+        payload=payload,
+    )
+    root.on_frame(frame)
+    assert root.dropped_frames == 1
+    # The honest part from 1 is still taken afterwards (nothing was counted for it).
+    good = PartCodec(Codec.INT8, check).encode(np.ones(256, np.float32), 1000, 0.0)[0]
+    root.on_frame(dataclasses.replace(frame, payload=good))
+    assert root.dropped_frames == 1
+
+
+@pytest.mark.parametrize("codec", COMPRESSED)
+def test_part_codec_carries_its_exact_error(codec: Codec) -> None:
+    check = check_vector(RUN, TOTAL)
+    pc = PartCodec(codec, check)
+    x = np.random.default_rng(0).standard_normal(700).astype(np.float32)
+    payload, decoded, err = pc.encode(x, 1200, 0.5)
+    assert np.array_equal(decoded, decode(codec, payload[ERR_HEADER.size :], 700))
+    expected = 0.5 + float(
+        np.dot(check[1200:1900].astype(np.float64), decoded - x.astype(np.float64))
+    )
+    assert err == pytest.approx(expected, rel=1e-12)
+    back, carried = pc.decode(payload, 1200, 700)
+    assert np.array_equal(back, decoded) and carried == err
+    with pytest.raises(CompressError, match="outside the vector"):
+        pc.decode(payload, TOTAL - 10, 700)
+    with pytest.raises(CompressError, match="non-finite"):
+        pc.encode(np.array([np.nan] * 4, np.float32), 0, 0.0)
+    with pytest.raises(CompressError):
+        PartCodec(Codec.NONE, check)
+
+
+def test_config_names_match_the_training_enums() -> None:
+    from crew.config import COMPRESS, SYNC_MODES, WORKLOADS
+    from crew.train.outer import SyncMode
+    from crew.train.workloads import Workload
+
+    assert tuple(c.value for c in Codec) == COMPRESS
+    assert tuple(m.value for m in SyncMode) == SYNC_MODES
+    assert tuple(w.value for w in Workload) == WORKLOADS
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"compress": "int4"}, "compress"),
+        ({"compress": "int8", "nonblocking": True}, "compress"),
+        ({"compress": "fp16", "scheme": "gloo"}, "compress"),
+        ({"sync": "fedavg"}, "sync"),
+        ({"workload": "cnn"}, "workload"),
+        ({"local_steps": 8}, "local_steps"),  # every-step with H = 8
+        ({"local_steps": 0, "sync": "local-sgd"}, "local_steps"),
+        ({"sync": "diloco", "local_steps": 8, "outer_lr": 0.0}, "outer_lr"),
+        ({"sync": "diloco", "local_steps": 8, "outer_momentum": 1.0}, "outer_momentum"),
+    ],
+)
+def test_bad_training_settings_name_the_field(kw: dict, field: str) -> None:
+    from crew.config import ConfigError
+    from tests.lifecycle_kit import make_cfg
+
+    with pytest.raises(ConfigError, match=f"^{field}:"):
+        make_cfg(**kw)
+    make_cfg(sync="diloco", local_steps=8, compress="int8", workload="lm")  # a good one
