@@ -230,9 +230,12 @@ def test_run_options_take_the_run_config_defaults() -> None:
 
     opts = RunOptions()
     shared = {f.name for f in fields(RunConfig)} & {f.name for f in fields(RunOptions)}
-    with_default = [n for n in sorted(shared) if n not in ("p", "scheme", "extra")]
+    # lr and batch_size default per workload (None: crew.train.workloads.DEFAULTS decides)
+    per_workload = ("lr", "batch_size")
+    with_default = [n for n in sorted(shared) if n not in ("p", "scheme", "extra", *per_workload)]
     assert len(with_default) >= 10
     for name in with_default:
         assert getattr(opts, name) == RunConfig.default(name), name
+    assert all(getattr(opts, name) is None for name in per_workload)
     with pytest.raises(KeyError, match="n"):
         RunConfig.default("n")

@@ -696,7 +696,8 @@ def summarize(db_path: Path) -> dict[str, Any]:
         options = json.loads(meta.get("options", "{}"))
         training = {k: options[k] for k in TRAINING_FIELDS if k in options}
         verify = conn.execute(
-            "SELECT MAX(verify_err) AS worst FROM groups WHERE status = 'completed'"
+            "SELECT MAX(verify_err) AS worst FROM groups WHERE status = ?",
+            (GroupStatus.COMPLETED,),
         ).fetchone()
         link_bytes = {}
         for r in conn.execute(
