@@ -53,7 +53,12 @@ from crew.config import RunConfig
 from crew.control.worker_control import Settlement
 from crew.runtime.launch import JobHost, LaunchEnv, read_secret, run_number
 from crew.runtime.node import Node
-from crew.runtime.rendezvous import DEFAULT_PROBE_BYTES, DEFAULT_PROBE_SECONDS, join_job
+from crew.runtime.rendezvous import (
+    DEFAULT_PROBE_BYTES,
+    DEFAULT_PROBE_SECONDS,
+    ProbeReceiver,
+    join_job,
+)
 from crew.wire import protocol as proto
 from crew.wire.frames import Frame, FrameCodec, FrameError
 from crew.wire.transport import Transport
@@ -105,10 +110,13 @@ class _Deferred:
 
     def __init__(self) -> None:
         self.node: Node | None = None
+        self.probe = ProbeReceiver()
 
     def on_frame(self, frame: Frame) -> None:
         if self.node is not None:
             self.node.on_frame(frame)
+        else:
+            self.probe.on_frame(frame)
 
     def on_send_error(self, dst: int, err: BaseException, unsent: list[Frame]) -> None:
         if self.node is not None:
@@ -204,7 +212,9 @@ class Averager:
                 [list(t.shape) for t in self._tensors],
                 os.getpid(),
             )
-            cfg = join_job(codec, launch.coordinator, join, transport, timeout=timeout)
+            cfg = join_job(
+                codec, launch.coordinator, join, transport, deferred.probe, timeout=timeout
+            )
         except BaseException:
             transport.close()
             if self.host is not None:

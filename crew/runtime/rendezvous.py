@@ -9,10 +9,8 @@ exchange with every rank, over authenticated control frames::
     host -> all      Roster(the data-plane address of every rank)        once all joined
     worker -> host   RosterTaken               its transport now accepts every peer's HELLO
     host -> all      Probe                                               once all took it
-    (each worker sends a probe burst to every peer; the transport measures arrivals)
-    worker -> host   Probed                                              its bursts are out
-    host -> all      Collect                                             every burst is out
-    worker -> host   LinkRates(bytes, seconds per peer -> it)
+    (each worker sends a probe burst, then a closing frame, to every peer)
+    worker -> host   LinkRates(bytes, seconds per peer -> it)   every peer's burst has arrived
     host -> all      Start(RunConfig)                                    register and train
 
 or ``Refused(reason)`` to everyone as soon as the job cannot start. Every wait is bounded:
@@ -24,19 +22,20 @@ or ``Refused(reason)`` to everyone as soon as the job cannot start. Every wait i
 * a client with another secret cannot send a frame the host accepts: the host drops the
   connection, and the client, hearing nothing valid back, raises :class:`SecretError`.
 
-The probe (:func:`probe_peers`). Each worker queues ``probe_bytes`` of PAYLOAD frames to every
-peer at once; the transport has one sender thread and one TCP connection per destination, so
-all its links are measured in parallel, and the receiver's
-:class:`~crew.wire.transport.ArrivalRate` times the back-to-back arrivals (the first frame's
-queueing excluded). Cost: every worker sends ``(n - 1) * probe_bytes``, so the job moves
-``n (n - 1) probe_bytes`` in total, in about ``max(probe_bytes / slowest link,
-(n - 1) probe_bytes / the worker's egress)`` seconds, cut at ``probe_seconds`` (frames still
-queued are dropped; a link that delivered less than ``ArrivalRate.min_bytes`` has no sample).
-After its bursts a sender waits a little longer than the burst gap and sends one tiny frame,
-which closes the receiver's last burst. The host turns the reports into the initial capacity
-matrix (Mbit/s, ``bw[src][dst]``, measured at ``dst``); a link without a sample gets the
-median of the others, with a warning. The coordinator's online estimator (``LinkRates`` in
-heartbeats) keeps it current afterwards.
+The probe (:func:`probe_peers`, :class:`ProbeReceiver`). Each worker queues ``probe_bytes`` of
+PAYLOAD frames to every peer at once, then one empty PAYLOAD frame that closes the burst; the
+transport has one sender thread and one TCP connection per destination, so all its links are
+measured in parallel. The receiver times each peer's burst with an
+:class:`~crew.wire.transport.ArrivalRate` (bytes after the first frame over the time from the first
+to the last frame, so the first frame's queueing does not count; a gap of ``PROBE_GAP_S``, wide
+enough that shaping and thread scheduling do not split a burst), and reports once every peer's
+closing frame has arrived (or ``probe_seconds`` plus a margin passed). Cost: every worker
+sends ``(n - 1) * probe_bytes``, so the job moves ``n (n - 1) probe_bytes`` in total, in about
+``max(probe_bytes / slowest link, (n - 1) probe_bytes / the worker's egress)`` seconds, cut at
+``probe_seconds`` (frames still queued then are dropped). The host turns the reports into the
+initial capacity matrix (Mbit/s, ``bw[src][dst]``, measured at ``dst``); a link without a
+sample gets the median of the others, with a warning. The coordinator's online estimator
+(``LinkRates`` in heartbeats) keeps it current afterwards.
 """
 
 from __future__ import annotations
@@ -54,7 +53,15 @@ from crew.config import RunConfig
 from crew.control.capacity import TCP_GOODPUT
 from crew.errors import CoordinatorUnreachable, JoinRefused, SecretError
 from crew.wire import protocol as proto
-from crew.wire.frames import Frame, FrameCodec, FrameError, FrameKind, control_body, control_frame
+from crew.wire.frames import (
+    Frame,
+    FrameCodec,
+    FrameError,
+    FrameKind,
+    control_body,
+    control_frame,
+    wire_size,
+)
 from crew.wire.transport import Address, ArrivalRate, FrameStream, StreamClosed, Transport
 
 log = logging.getLogger("crew.runtime.rendezvous")
@@ -220,10 +227,8 @@ class RendezvousHost:
         if probe_bytes:
             for conn in conn_rank:
                 self._send(conn, proto.Probe())
-            self._wait_all(conn_rank, proto.Probed, self.probe_seconds + 30.0, "finish probing")
-            for conn in conn_rank:
-                self._send(conn, proto.Collect())
-            reports = self._wait_all(conn_rank, proto.LinkRates, COLLECT_TIMEOUT_S, "report")
+            wait = self.probe_seconds + COLLECT_TIMEOUT_S
+            reports = self._wait_all(conn_rank, proto.LinkRates, wait, "report a probe")
             bw = capacity_matrix(self.world, reports)
         figures = ProbeFigures(time.monotonic() - started, (self.world - 1) * probe_bytes)
         self.config = self.make_config(addresses, bw, figures)
@@ -344,6 +349,9 @@ def capacity_matrix(world: int, reports: dict[int, proto.Message]) -> list[list[
 # -- the worker's side -------------------------------------------------------------------------
 
 
+PROBE_GAP_S = 0.5  # arrivals closer than this are one burst, for the probe
+
+
 def probe_peers(
     transport: Transport,
     me: int,
@@ -352,21 +360,52 @@ def probe_peers(
     probe_bytes: int,
     probe_seconds: float,
 ) -> None:
-    """Send ``probe_bytes`` of PAYLOAD frames to every peer at once, wait until they are out
-    (at most ``probe_seconds``, then drop what is queued), then close each receiver's burst
-    with one tiny frame sent after the burst gap."""
+    """Send ``probe_bytes`` of PAYLOAD frames to every peer at once, then an empty one that
+    closes the burst; after ``probe_seconds`` what is still queued is dropped."""
     chunk = bytes(PROBE_FRAME_BYTES)
     frames = max(1, probe_bytes // PROBE_FRAME_BYTES)
     for dst in peers:
         for k in range(frames):
             transport.send(dst, Frame(FrameKind.PAYLOAD, me, run_num, part=k, payload=chunk))
-    if not transport.flush(probe_seconds):
-        dropped = transport.cancel(lambda f: f.kind == FrameKind.PAYLOAD)
-        log.warning("probe: cut at %.1f s, %d frames not sent", probe_seconds, dropped)
-    time.sleep(3 * ArrivalRate().gap_s)
-    for dst in peers:
         transport.send(dst, Frame(FrameKind.PAYLOAD, me, run_num, part=frames))
-    transport.flush(2.0)
+    if not transport.flush(probe_seconds):
+        dropped = transport.cancel(lambda f: f.kind == FrameKind.PAYLOAD and f.nbytes > 0)
+        log.warning("probe: cut at %.1f s, %d frames not sent", probe_seconds, dropped)
+
+
+class ProbeReceiver:
+    """Times the probe bursts arriving from each peer (see the module doc). Fed with every
+    data-plane frame during start-up, from the transport's reader threads."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._rates: dict[int, ArrivalRate] = {}
+        self._closed: set[int] = set()
+        self._samples: dict[int, tuple[int, float]] = {}
+
+    def on_frame(self, frame: Frame) -> None:
+        if frame.kind != FrameKind.PAYLOAD:
+            return
+        now = time.monotonic()
+        with self._cond:
+            rate = self._rates.setdefault(frame.sender, ArrivalRate(gap_s=PROBE_GAP_S))
+            if frame.nbytes:
+                rate.add(now, wire_size(frame))
+                return
+            rate.add(now + 2 * PROBE_GAP_S, 0)  # an arrival after the gap closes the burst
+            self._samples[frame.sender] = rate.take()
+            self._closed.add(frame.sender)
+            self._cond.notify_all()
+
+    def wait(self, peers: Sequence[int], timeout: float) -> bool:
+        """Until every peer's closing frame arrived; False after ``timeout`` seconds."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._closed >= set(peers), timeout)
+
+    def samples(self) -> list[list[float]]:
+        """``[src, bytes, seconds]`` per peer whose burst was long enough to time."""
+        with self._cond:
+            return [[float(src), float(b), s] for src, (b, s) in self._samples.items() if s > 0]
 
 
 def join_job(
@@ -374,14 +413,16 @@ def join_job(
     coordinator: Address,
     join: proto.Join,
     transport: Transport,
+    probe: ProbeReceiver,
     *,
     timeout: float = 60.0,
 ) -> RunConfig:
     """Take part in the start-up exchange as rank ``join.worker``; the job's RunConfig.
 
     ``transport`` is this worker's started data-plane transport (its address is in ``join``);
-    the roster's peers are set on it. Raises :class:`CoordinatorUnreachable`,
-    :class:`SecretError` or :class:`JoinRefused`, each within ``timeout`` (plus the probe)."""
+    the roster's peers are set on it; ``probe`` must be fed the frames it receives. Raises
+    :class:`CoordinatorUnreachable`, :class:`SecretError` or :class:`JoinRefused`, each within
+    ``timeout`` (plus the probe)."""
     where = f"{coordinator[0]}:{coordinator[1]}"
     deadline = time.monotonic() + timeout
     stream = None
@@ -403,7 +444,7 @@ def join_job(
     deadline = time.monotonic() + timeout + HOST_SLACK_S
     answered = False
     peers: list[int] = []
-    probe = (0, 0.0)
+    probe_params = (0, 0.0)
     try:
         stream.send(control_frame(join.worker, codec.run, join.to_dict()))
         while True:
@@ -441,20 +482,15 @@ def join_job(
                 for j in peers:
                     host, port = msg.peers[j]
                     transport.set_peer(j, (str(host), int(port)))
-                probe = (msg.probe_bytes, msg.probe_seconds)
+                probe_params = (msg.probe_bytes, msg.probe_seconds)
                 taken = proto.RosterTaken(join.worker)
                 stream.send(control_frame(join.worker, codec.run, taken.to_dict()))
             elif isinstance(msg, proto.Probe):
-                probe_peers(transport, join.worker, codec.run, peers, *probe)
-                probed = proto.Probed(join.worker)
-                stream.send(control_frame(join.worker, codec.run, probed.to_dict()))
-            elif isinstance(msg, proto.Collect):
-                samples = [
-                    [float(src), float(b), s]
-                    for src, (b, s) in transport.arrival_rates().items()
-                    if s > 0
-                ]
-                report = proto.LinkRates(join.worker, samples)
+                probe_bytes, probe_seconds = probe_params
+                probe_peers(transport, join.worker, codec.run, peers, probe_bytes, probe_seconds)
+                if not probe.wait(peers, probe_seconds + HOST_SLACK_S):
+                    log.warning("probe: not every peer's burst arrived; reporting what did")
+                report = proto.LinkRates(join.worker, probe.samples())
                 stream.send(control_frame(join.worker, codec.run, report.to_dict()))
             elif isinstance(msg, proto.Start):
                 return RunConfig.from_dict(msg.config, where="the coordinator's Start")

@@ -14,8 +14,8 @@ Who sends what::
 
 Start-up of a launched job (``crew.runtime.rendezvous``, before the coordinator exists)::
 
-    worker -> rendezvous    Join, RosterTaken, Probed, LinkRates
-    rendezvous -> worker    Roster, Probe, Collect, Start, Refused
+    worker -> rendezvous    Join, RosterTaken, LinkRates
+    rendezvous -> worker    Roster, Probe, Start, Refused
 """
 
 from __future__ import annotations
@@ -267,21 +267,6 @@ class Probe(Message):
 
 
 @dataclass(frozen=True)
-class Probed(Message):
-    """A worker finished sending its start-up probe bursts."""
-
-    TYPE: ClassVar[str] = "probed"
-    worker: int
-
-
-@dataclass(frozen=True)
-class Collect(Message):
-    """Every worker finished probing: report what arrived (as ``LinkRates``)."""
-
-    TYPE: ClassVar[str] = "collect"
-
-
-@dataclass(frozen=True)
 class Start(Message):
     """The job's run configuration (``RunConfig.to_json``'s object): register and train."""
 
@@ -321,8 +306,6 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Roster,
         RosterTaken,
         Probe,
-        Probed,
-        Collect,
         Start,
         Refused,
     )
