@@ -492,6 +492,7 @@ def join_job(
                     log.warning("probe: not every peer's burst arrived; reporting what did")
                 report = proto.LinkRates(join.worker, probe.samples())
                 stream.send(control_frame(join.worker, codec.run, report.to_dict()))
+                transport.arrival_rates()  # reported above: keep them out of the heartbeats
             elif isinstance(msg, proto.Start):
                 return RunConfig.from_dict(msg.config, where="the coordinator's Start")
     finally:
