@@ -12,7 +12,10 @@ import pytest
 import torch
 
 import crew
-from crew.runtime.launch import LaunchEnv, read_secret
+from crew.runtime.launch import LaunchEnv, read_secret, run_number
+from crew.wire import protocol as proto
+from crew.wire.frames import FrameCodec, control_body, control_frame
+from crew.wire.transport import FrameStream
 
 SECRET = "test-secret-0123456789"
 
@@ -91,14 +94,61 @@ def test_a_rank_that_leaves_after_joining_does_not_stop_the_others():
     def body(rank, averager, tensors):
         if rank == 2:
             return averager.step()  # one round, then close() leaves the job
+        probe = averager.host.probe if rank == 0 else None
         rounds = [averager.step() for _ in range(4)]
-        return rounds
+        return rounds, probe
 
     res = run_ranks(3, body, args=ARGS)
     assert not any(isinstance(r, Exception) for r in res.values()), res
     for rank in (0, 1):
-        later = res[rank][-2:]
+        later = res[rank][0][-2:]
         assert all(r.averaged for r in later), later  # groups re-formed without rank 2
+    # The start-up probe ran its n - 1 = 2 rounds and timed all 6 directed links.
+    probe = res[0][1]
+    assert (probe.rounds, probe.links_measured) == (2, 6), probe
+    assert probe.bytes_per_worker == 2 * ARGS["probe_bytes"]
+
+
+def die_during_start_up(env: dict[str, str], world: int, shapes, stage: str) -> None:
+    """A rank's process that dies during start-up, speaking the protocol itself: it connects
+    and, at ``stage`` ("connected": before its Join; "roster": after joining), drops the
+    connection as a killed process's kernel would."""
+    launch = LaunchEnv.from_environ(env)
+    codec = FrameCodec(read_secret(env), run_number(read_secret(env), launch.run_id))
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            stream = FrameStream.connect(launch.coordinator, codec, timeout=1.0)
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "no rendezvous host"
+            time.sleep(0.1)
+    if stage == "roster":
+        join = proto.Join(launch.rank, world, "127.0.0.1", 9, shapes, 0)
+        stream.send(control_frame(launch.rank, codec.run, join.to_dict()))
+        while not isinstance(proto.decode(control_body(stream.recv())), proto.Roster):
+            pass
+    stream.close()
+
+
+@pytest.mark.parametrize(
+    ("stage", "expected"),
+    [("connected", "ranks [2] did not join within 3 s"), ("roster", "rank 2 left during start-up")],
+)
+def test_a_rank_killed_during_start_up_is_named(stage, expected):
+    port = free_port()
+    envs = [env_for(r, 3, port) for r in range(3)]
+    dying = threading.Thread(
+        target=die_during_start_up, args=(envs[2], 3, [[3, 4], [5]], stage), daemon=True
+    )
+    dying.start()
+    started = time.monotonic()
+    res = run_ranks(2, lambda *a: None, envs=envs, args={**ARGS, "timeout": 3.0})
+    dying.join(timeout=10)
+    for rank in (0, 1):
+        assert isinstance(res[rank], crew.JoinRefused), res[rank]
+        assert expected in str(res[rank]), res[rank]
+    assert time.monotonic() - started < 20  # nothing waits for the dead rank for long
 
 
 def test_wrong_secret_is_named():

@@ -8,9 +8,9 @@ exchange with every rank, over authenticated control frames::
     worker -> host   Join(rank, world, data-plane host:port, tensor shapes)
     host -> all      Roster(the data-plane address of every rank)        once all joined
     worker -> host   RosterTaken               its transport now accepts every peer's HELLO
-    host -> all      Probe                                               once all took it
-    (each worker sends a probe burst, then a closing frame, to every peer)
-    worker -> host   LinkRates(bytes, seconds per peer -> it)   every peer's burst has arrived
+    host -> all      Probe(shift)                  once all took it; then once per round
+    (each rank i sends a burst to (i + shift) mod n and times the one from (i - shift) mod n)
+    worker -> host   LinkRates([src, bytes, seconds])           its burst of the round arrived
     host -> all      Start(RunConfig)                                    register and train
 
 or ``Refused(reason)`` to everyone as soon as the job cannot start. Every wait is bounded:
@@ -22,20 +22,11 @@ or ``Refused(reason)`` to everyone as soon as the job cannot start. Every wait i
 * a client with another secret cannot send a frame the host accepts: the host drops the
   connection, and the client, hearing nothing valid back, raises :class:`SecretError`.
 
-The probe (:func:`probe_peers`, :class:`ProbeReceiver`). Each worker queues ``probe_bytes`` of
-PAYLOAD frames to every peer at once, then one empty PAYLOAD frame that closes the burst; the
-transport has one sender thread and one TCP connection per destination, so all its links are
-measured in parallel. The receiver times each peer's burst with an
-:class:`~crew.wire.transport.ArrivalRate` (bytes after the first frame over the time from the first
-to the last frame, so the first frame's queueing does not count; a gap of ``PROBE_GAP_S``, wide
-enough that shaping and thread scheduling do not split a burst), and reports once every peer's
-closing frame has arrived (or ``probe_seconds`` plus a margin passed). Cost: every worker
-sends ``(n - 1) * probe_bytes``, so the job moves ``n (n - 1) probe_bytes`` in total, in about
-``max(probe_bytes / slowest link, (n - 1) probe_bytes / the worker's egress)`` seconds, cut at
-``probe_seconds`` (frames still queued then are dropped). The host turns the reports into the
-initial capacity matrix (Mbit/s, ``bw[src][dst]``, measured at ``dst``); a link without a
-sample gets the median of the others, with a warning. The coordinator's online estimator
-(``LinkRates`` in heartbeats) keeps it current afterwards.
+The probe's rounds, their cost and how a burst is timed are in
+:mod:`crew.runtime.capacity_probe`. The host runs the rounds one after the other and turns the
+reports into the initial capacity matrix (Mbit/s, ``bw[src][dst]``, measured at ``dst``); a
+link without a sample gets the median of the others, with a warning. The coordinator's online
+estimator (``LinkRates`` in heartbeats) keeps it current afterwards.
 """
 
 from __future__ import annotations
@@ -52,35 +43,36 @@ from dataclasses import dataclass
 from crew.config import RunConfig
 from crew.control.capacity import TCP_GOODPUT
 from crew.errors import CoordinatorUnreachable, JoinRefused, SecretError
-from crew.wire import protocol as proto
-from crew.wire.frames import (
-    Frame,
-    FrameCodec,
-    FrameError,
-    FrameKind,
-    control_body,
-    control_frame,
-    wire_size,
+from crew.runtime.capacity_probe import (
+    DEFAULT_PROBE_BYTES,
+    DEFAULT_PROBE_SECONDS,
+    REPORT_SLACK_S,
+    ProbePlan,
+    ProbeReceiver,
+    plan_probe,
+    send_burst,
 )
-from crew.wire.transport import Address, ArrivalRate, FrameStream, StreamClosed, Transport
+from crew.wire import protocol as proto
+from crew.wire.frames import FrameCodec, FrameError, control_body, control_frame
+from crew.wire.transport import Address, FrameStream, StreamClosed, Transport
 
 log = logging.getLogger("crew.runtime.rendezvous")
 
 HOST_ID = 0xFFFF  # sender id of the host's frames (as crew.wire.frames.COORDINATOR)
-PROBE_FRAME_BYTES = 64 << 10
-DEFAULT_PROBE_BYTES = 2 << 20
-DEFAULT_PROBE_SECONDS = 8.0
-COLLECT_TIMEOUT_S = 10.0
+COLLECT_TIMEOUT_S = 10.0  # beyond a round's own bound, before the host gives up on a rank
 HOST_SLACK_S = 5.0  # a worker waits this much longer than the host's own timeouts
 FALLBACK_MBIT = 1000.0  # a world of one: no link to measure
 
 
 @dataclass(frozen=True)
 class ProbeFigures:
-    """What the start-up probe cost: wall time at the host, bytes each worker sent."""
+    """What the start-up probe did and cost: wall time at the host, bytes each worker sent
+    (at most), rounds run, directed links with a sample."""
 
     seconds: float
     bytes_per_worker: int
+    rounds: int = 0
+    links_measured: int = 0
 
 
 MakeConfig = Callable[[list[Address], list[list[float]], ProbeFigures], RunConfig]
@@ -215,8 +207,12 @@ class RendezvousHost:
         ranks = self._gather_joins()
         by_rank = sorted(ranks.items())
         addresses = [(join.host, join.port) for _, (_, join) in by_rank]
-        probe_bytes = self.probe_bytes if self.measure and self.world > 1 else 0
-        roster = proto.Roster([[h, p] for h, p in addresses], probe_bytes, self.probe_seconds)
+        probe_bytes = self.probe_bytes if self.measure else 0
+        plan = plan_probe(self.world, probe_bytes, self.probe_seconds)
+        roster = proto.Roster(
+            [[h, p] for h, p in addresses], plan.probe_bytes if plan.rounds else 0,
+            plan.round_seconds,
+        )  # fmt: skip
         started = time.monotonic()
         for _, (conn, _) in by_rank:
             self._send(conn, roster)
@@ -224,17 +220,35 @@ class RendezvousHost:
         conn_rank = {conn: r for r, (conn, _) in ranks.items()}
         # A transport refuses HELLOs from peers it does not know: nobody sends before all know.
         self._wait_all(conn_rank, proto.RosterTaken, self.join_timeout, "take the roster")
-        if probe_bytes:
-            for conn in conn_rank:
-                self._send(conn, proto.Probe())
-            wait = self.probe_seconds + COLLECT_TIMEOUT_S
-            reports = self._wait_all(conn_rank, proto.LinkRates, wait, "report a probe")
+        measured = 0
+        if plan.rounds:
+            samples = self._probe_rounds(conn_rank, plan)
+            measured = sum(len(v) for v in samples.values())
+            reports = {dst: proto.LinkRates(dst, v) for dst, v in samples.items()}
             bw = capacity_matrix(self.world, reports)
-        figures = ProbeFigures(time.monotonic() - started, (self.world - 1) * probe_bytes)
+        figures = ProbeFigures(
+            time.monotonic() - started, plan.bytes_per_worker, plan.rounds, measured
+        )
         self.config = self.make_config(addresses, bw, figures)
         start = proto.Start(json_object(self.config))
         for _, (conn, _) in by_rank:
             self._send(conn, start)
+
+    def _probe_rounds(
+        self, conn_rank: dict[int, int], plan: ProbePlan
+    ) -> dict[int, list[list[float]]]:
+        """Run ``plan``'s rounds; every rank's samples (``[src, bytes, seconds]``), by rank."""
+        samples: dict[int, list[list[float]]] = {r: [] for r in conn_rank.values()}
+        wait = plan.round_seconds + REPORT_SLACK_S + COLLECT_TIMEOUT_S
+        for shift in plan.shifts:
+            for conn in conn_rank:
+                self._send(conn, proto.Probe(shift))
+            what = f"report probe round {shift}/{plan.rounds}"
+            for rank, msg in self._wait_all(conn_rank, proto.LinkRates, wait, what).items():
+                assert isinstance(msg, proto.LinkRates)
+                src = (rank - shift) % self.world
+                samples[rank] += [s for s in msg.samples if s and int(s[0]) == src]
+        return samples
 
     def _gather_joins(self) -> dict[int, tuple[int, proto.Join]]:
         joined: dict[int, tuple[int, proto.Join]] = {}
@@ -349,63 +363,27 @@ def capacity_matrix(world: int, reports: dict[int, proto.Message]) -> list[list[
 # -- the worker's side -------------------------------------------------------------------------
 
 
-PROBE_GAP_S = 0.5  # arrivals closer than this are one burst, for the probe
-
-
-def probe_peers(
+def probe_round(
     transport: Transport,
+    probe: ProbeReceiver,
     me: int,
-    run_num: int,
-    peers: Sequence[int],
+    world: int,
+    shift: int,
     probe_bytes: int,
-    probe_seconds: float,
-) -> None:
-    """Send ``probe_bytes`` of PAYLOAD frames to every peer at once, then an empty one that
-    closes the burst; after ``probe_seconds`` what is still queued is dropped."""
-    chunk = bytes(PROBE_FRAME_BYTES)
-    frames = max(1, probe_bytes // PROBE_FRAME_BYTES)
-    for dst in peers:
-        for k in range(frames):
-            transport.send(dst, Frame(FrameKind.PAYLOAD, me, run_num, part=k, payload=chunk))
-        transport.send(dst, Frame(FrameKind.PAYLOAD, me, run_num, part=frames))
-    if not transport.flush(probe_seconds):
-        dropped = transport.cancel(lambda f: f.kind == FrameKind.PAYLOAD and f.nbytes > 0)
-        log.warning("probe: cut at %.1f s, %d frames not sent", probe_seconds, dropped)
-
-
-class ProbeReceiver:
-    """Times the probe bursts arriving from each peer (see the module doc). Fed with every
-    data-plane frame during start-up, from the transport's reader threads."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._rates: dict[int, ArrivalRate] = {}
-        self._closed: set[int] = set()
-        self._samples: dict[int, tuple[int, float]] = {}
-
-    def on_frame(self, frame: Frame) -> None:
-        if frame.kind != FrameKind.PAYLOAD:
-            return
-        now = time.monotonic()
-        with self._cond:
-            rate = self._rates.setdefault(frame.sender, ArrivalRate(gap_s=PROBE_GAP_S))
-            if frame.nbytes:
-                rate.add(now, wire_size(frame))
-                return
-            rate.add(now + 2 * PROBE_GAP_S, 0)  # an arrival after the gap closes the burst
-            self._samples[frame.sender] = rate.take()
-            self._closed.add(frame.sender)
-            self._cond.notify_all()
-
-    def wait(self, peers: Sequence[int], timeout: float) -> bool:
-        """Until every peer's closing frame arrived; False after ``timeout`` seconds."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._closed >= set(peers), timeout)
-
-    def samples(self) -> list[list[float]]:
-        """``[src, bytes, seconds]`` per peer whose burst was long enough to time."""
-        with self._cond:
-            return [[float(src), float(b), s] for src, (b, s) in self._samples.items() if s > 0]
+    round_seconds: float,
+) -> proto.LinkRates:
+    """One probe round as rank ``me``: the burst to ``me + shift``, the sample of the burst
+    from ``me - shift`` (both modulo ``world``), within ``round_seconds + REPORT_SLACK_S``."""
+    if world < 2 or not 0 < shift < world:
+        raise JoinRefused(f"rank {me}: probe round with shift {shift} in a world of {world}")
+    src, dst = (me - shift) % world, (me + shift) % world
+    started = time.monotonic()
+    send_burst(transport, me, transport.codec.run, dst, probe_bytes, round_seconds)
+    left = started + round_seconds + REPORT_SLACK_S - time.monotonic()
+    if not probe.wait(src, left):
+        log.warning("probe: rank %d's burst to %d did not close in time; timing what came", src, me)
+    sample = probe.take(src)
+    return proto.LinkRates(me, [sample] if sample is not None else [])
 
 
 def join_job(
@@ -443,7 +421,7 @@ def join_job(
     # little longer than it, so that its reason, not a bare timeout, reaches the user.
     deadline = time.monotonic() + timeout + HOST_SLACK_S
     answered = False
-    peers: list[int] = []
+    world = 0
     probe_params = (0, 0.0)
     try:
         stream.send(control_frame(join.worker, codec.run, join.to_dict()))
@@ -478,22 +456,20 @@ def join_job(
             if isinstance(msg, proto.Refused):
                 raise JoinRefused(f"rank {join.worker}: {msg.reason}")
             if isinstance(msg, proto.Roster):
-                peers = [j for j in range(len(msg.peers)) if j != join.worker]
-                for j in peers:
-                    host, port = msg.peers[j]
-                    transport.set_peer(j, (str(host), int(port)))
+                world = len(msg.peers)
+                for j in range(world):
+                    if j != join.worker:
+                        host, port = msg.peers[j]
+                        transport.set_peer(j, (str(host), int(port)))
                 probe_params = (msg.probe_bytes, msg.probe_seconds)
                 taken = proto.RosterTaken(join.worker)
                 stream.send(control_frame(join.worker, codec.run, taken.to_dict()))
             elif isinstance(msg, proto.Probe):
-                probe_bytes, probe_seconds = probe_params
-                probe_peers(transport, join.worker, codec.run, peers, probe_bytes, probe_seconds)
-                if not probe.wait(peers, probe_seconds + HOST_SLACK_S):
-                    log.warning("probe: not every peer's burst arrived; reporting what did")
-                report = proto.LinkRates(join.worker, probe.samples())
+                report = probe_round(transport, probe, join.worker, world, msg.shift, *probe_params)
                 stream.send(control_frame(join.worker, codec.run, report.to_dict()))
-                transport.arrival_rates()  # reported above: keep them out of the heartbeats
+                deadline = time.monotonic() + timeout + HOST_SLACK_S
             elif isinstance(msg, proto.Start):
+                transport.arrival_rates()  # the probe's bursts: timed above, not in heartbeats
                 return RunConfig.from_dict(msg.config, where="the coordinator's Start")
     finally:
         stream.close()

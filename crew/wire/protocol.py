@@ -242,8 +242,8 @@ class Join(Message):
 @dataclass(frozen=True)
 class Roster(Message):
     """Every rank joined: the data-plane address ``[host, port]`` of each, by rank, and the
-    start-up probe to run (``probe_bytes`` to every peer, cut at ``probe_seconds``; 0 bytes:
-    no probe, the job uses configured capacities)."""
+    start-up probe to run (``probe_bytes`` per burst, each round cut at ``probe_seconds``;
+    0 bytes: no probe, the job uses configured capacities)."""
 
     TYPE: ClassVar[str] = "roster"
     peers: list[list[Any]]
@@ -261,9 +261,11 @@ class RosterTaken(Message):
 
 @dataclass(frozen=True)
 class Probe(Message):
-    """Every worker knows its peers: send the start-up probe bursts."""
+    """One round of the start-up probe: send a burst to rank ``(me + shift) mod n`` and time
+    the one from ``(me - shift) mod n`` (``crew.runtime.capacity_probe``)."""
 
     TYPE: ClassVar[str] = "probe"
+    shift: int
 
 
 @dataclass(frozen=True)
