@@ -3,9 +3,14 @@ and every bad start-up case ends in a clear error within its time bound (no root
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -213,41 +218,46 @@ with crew.Averager(tensors, group_size=2, timeout=20, probe_bytes=256 << 10) as 
     print("joined", flush=True)
     for _ in range(int(sys.argv[1])):
         r = averager.step()
+        if r.stopped:
+            break
         print("round", r.averaged, flush=True)
         time.sleep(0.05)
 print("done", flush=True)
 """
 
 
-def test_a_rank_killed_after_joining_is_dropped_and_the_others_finish(tmp_path):
-    import os
-    import signal
-    import subprocess
-    import sys
-    from pathlib import Path
-
+def start_rank_processes(world: int, steps: dict[int, int]) -> list[subprocess.Popen]:
+    """One process per rank running RANK_SCRIPT for ``steps[rank]`` steps."""
     repo = Path(__file__).resolve().parents[1]
     port = free_port()
     procs = []
-    for rank, steps in ((0, 30), (1, 30), (2, 100000)):
-        env = {**os.environ, **env_for(rank, 3, port), "PYTHONPATH": str(repo)}
+    for rank in range(world):
+        env = {**os.environ, **env_for(rank, world, port), "PYTHONPATH": str(repo)}
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-c", RANK_SCRIPT, str(steps)],
+                [sys.executable, "-c", RANK_SCRIPT, str(steps[rank])],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
             )
         )
+    return procs
+
+
+def kill_after_its_first_round(proc: subprocess.Popen) -> None:
+    for _ in range(200):
+        line = proc.stdout.readline()
+        if line.startswith("round") or not line:
+            break
+    assert line.startswith("round"), line
+    proc.send_signal(signal.SIGKILL)
+
+
+def test_a_rank_killed_after_joining_is_dropped_and_the_others_finish():
+    procs = start_rank_processes(3, {0: 30, 1: 30, 2: 100000})
     try:
-        victim = procs[2]
-        for _ in range(200):  # until it has averaged once
-            line = victim.stdout.readline()
-            if line.startswith("round") or not line:
-                break
-        assert line.startswith("round"), line
-        victim.send_signal(signal.SIGKILL)
+        kill_after_its_first_round(procs[2])
         outs = [p.communicate(timeout=90)[0] for p in procs[:2]]
     finally:
         for p in procs:
@@ -257,3 +267,20 @@ def test_a_rank_killed_after_joining_is_dropped_and_the_others_finish(tmp_path):
         rounds = [line for line in out.splitlines() if line.startswith("round")]
         assert len(rounds) == 30 and "done" in out, out[-2000:]
         assert rounds[-1] == "round True"  # still averaging, without the killed rank
+
+
+def test_the_coordinators_rank_killed_mid_run_stops_the_others_without_a_hang():
+    # Rank 0 hosts the coordinator: once it is gone for good, the others' step() returns
+    # stopped (after the node's reconnect attempts, 30 s) and their scripts end normally.
+    procs = start_rank_processes(3, {0: 100000, 1: 100000, 2: 100000})
+    try:
+        kill_after_its_first_round(procs[0])
+        started = time.monotonic()
+        outs = [p.communicate(timeout=90)[0] for p in procs[1:]]
+        took = time.monotonic() - started
+    finally:
+        for p in procs:
+            p.kill()
+    for proc, out in zip(procs[1:], outs, strict=True):
+        assert proc.returncode == 0 and "done" in out, out[-2000:]
+    assert took < 60, took
