@@ -335,13 +335,12 @@ def json_object(cfg: RunConfig) -> dict:
     return json.loads(cfg.to_json())
 
 
-def capacity_matrix(world: int, reports: dict[int, proto.Message]) -> list[list[float]]:
+def capacity_matrix(world: int, reports: dict[int, proto.LinkRates]) -> list[list[float]]:
     """``bw[src][dst]`` in Mbit/s from each receiver's ``LinkRates``; a link without a sample
     gets the median of the measured ones (with a warning)."""
     bw = [[0.0] * world for _ in range(world)]
     measured: list[float] = []
     for dst, msg in reports.items():
-        assert isinstance(msg, proto.LinkRates)
         for src_f, nbytes, seconds in msg.samples:
             src = int(src_f)
             if 0 <= src < world and src != dst and seconds > 0 and nbytes > 0:
