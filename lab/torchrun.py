@@ -153,7 +153,7 @@ def probe_report(res: ProbeResult, topo: TopologySpec, probe_bytes: int, seconds
         f"{topo.name}: n={topo.n}, burst {probe_bytes / 2**20:g} MiB per link,"
         f" budget {seconds:g} s",
         f"probe: {res.seconds:.2f} s (bound {plan.seconds_bound:.1f} s), {res.rounds} rounds"
-        f" (planned {plan.rounds}), {res.bytes_per_worker / 2**20:g} MiB sent per worker,"
+        f" (planned {len(plan.rounds)}), {res.bytes_per_worker / 2**20:g} MiB sent per worker,"
         f" {topo.n * res.bytes_per_worker / 2**20:g} MiB in all;"
         f" {res.links_measured}/{topo.n * (topo.n - 1)} links measured",
         f"measured/emulated: median error {statistics.median(errs):.1%}, max {errs[-1]:.1%};"

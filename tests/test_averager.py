@@ -108,7 +108,7 @@ def test_a_rank_that_leaves_after_joining_does_not_stop_the_others():
     for rank in (0, 1):
         later = res[rank][0][-2:]
         assert all(r.averaged for r in later), later  # groups re-formed without rank 2
-    # The start-up probe ran its n - 1 = 2 rounds and timed all 6 directed links.
+    # The start-up probe ran its n - 1 = 2 rounds (n odd) and timed all 6 directed links.
     probe = res[0][1]
     assert (probe.rounds, probe.links_measured) == (2, 6), probe
     assert probe.bytes_per_worker == 2 * ARGS["probe_bytes"]

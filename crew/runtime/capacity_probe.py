@@ -5,26 +5,31 @@ every directed link ``src -> dst`` (``crew.runtime.rendezvous`` runs the rounds)
 
 Schedule (:func:`plan_probe`). Round ``r`` has a *shift* ``s``: every rank ``i`` sends one
 burst of ``probe_bytes`` to rank ``(i + s) mod n`` and times the burst from ``(i - s) mod n``.
-So in every round each rank sends exactly one burst and receives exactly one: no two bursts
+So in every round each rank sends at most one burst and receives at most one: no two bursts
 share a sender's uplink or a receiver's downlink, and what is measured is the path, not a
-share of a machine's NIC. Shifts ``1 .. n - 1`` cover all ``n (n - 1)`` directed links once,
-in ``n - 1`` rounds; the rounds run one after the other (the host starts the next when every
-rank has reported).
+share of a machine's NIC. Shifts ``1 .. n - 1`` cover all ``n (n - 1)`` directed links once.
+For even ``n`` the shift ``n / 2`` pairs ranks both ways (``i -> i + n/2 -> i``): the
+acknowledgements of each burst would queue behind the other burst on the reverse link, and
+the lab measured such links up to 35% low, so that shift runs as two rounds, one direction
+each. That makes ``n - 1`` rounds for odd ``n`` and ``n`` for even ``n``; the rounds run one
+after the other (the host starts the next when every rank has reported). The host tells each
+rank its part of a round (``Probe(send_to, time_from)``).
 
 Cost model, for ``n`` ranks, burst ``B = probe_bytes`` and budget ``T = probe_seconds``:
 
-* rounds ``R = min(n - 1, floor(T / MIN_ROUND_S))`` (at least 1): the cap. Up to
-  ``floor(T / MIN_ROUND_S) + 1`` ranks (21 with the defaults) every link is measured; beyond
-  that, each rank measures its links to the ``R`` ranks after it and from the ``R`` before
-  it (by rank, modulo ``n``); the other links start at the median of the measured ones, and
-  the coordinator's online estimator corrects them from training traffic;
+* rounds ``R = min(full, floor(T / MIN_ROUND_S))`` (at least 1), ``full`` being ``n - 1``
+  (odd ``n``) or ``n`` (even ``n``): the cap. Up to 21 ranks with the defaults (20 rounds)
+  every link is measured; beyond that, only the first ``R`` rounds run (each rank measures
+  its links to the ranks just after it and from those just before it, modulo ``n``); the
+  other links start at the median of the measured ones, and the coordinator's online
+  estimator corrects them from training traffic;
 * each round's bursts are cut at ``round_seconds = T / R`` (never below ``MIN_ROUND_S``
   unless ``T`` is), and a receiver reports at its burst's closing frame or ``REPORT_SLACK_S``
   after the cut, so the probe takes at most ``R (T / R + REPORT_SLACK_S) = T + R *
   REPORT_SLACK_S`` plus one control round trip per round; typically ``R`` times the slowest
   link's ``B / rate`` in each round;
-* bytes: each rank sends ``R B`` and receives ``R B``; the job moves ``n R B``, i.e.
-  ``O(n^2 B)`` while uncapped and ``O(n B T / MIN_ROUND_S)`` once capped.
+* bytes: each rank sends and receives at most ``R B``; the job moves ``n (n - 1) B`` while
+  uncapped, ``O(n B T / MIN_ROUND_S)`` once capped.
 
 Timing (:class:`ProbeReceiver`). A burst's rate is the bytes after its first frame over the
 time from the first frame's arrival to the last one's, up to the sender's empty closing frame.
@@ -54,37 +59,51 @@ REPORT_SLACK_S = 2.0  # a receiver waits this long after the cut for the closing
 MIN_SAMPLE_FRAMES = 4  # frames after the first one: fewer time socket buffers, not the link
 
 
+Burst = tuple[int, int]  # (src, dst)
+
+
 @dataclass(frozen=True)
 class ProbePlan:
-    """The rounds of one job's start-up probe (see the module doc)."""
+    """The rounds of one job's start-up probe (see the module doc): the bursts of each."""
 
     n: int
-    shifts: tuple[int, ...]
+    rounds: tuple[tuple[Burst, ...], ...]
     probe_bytes: int
     round_seconds: float
 
-    @property
-    def rounds(self) -> int:
-        return len(self.shifts)
-
-    def pairs(self, shift: int) -> list[tuple[int, int]]:
-        """The bursts ``(src, dst)`` of the round with this shift."""
-        return [(i, (i + shift) % self.n) for i in range(self.n)]
+    def part(self, r: int, rank: int) -> tuple[int, int]:
+        """``(send_to, time_from)`` of ``rank`` in round ``r``; -1 where it has none."""
+        send_to = next((d for s, d in self.rounds[r] if s == rank), -1)
+        time_from = next((s for s, d in self.rounds[r] if d == rank), -1)
+        return send_to, time_from
 
     @property
     def links(self) -> int:
         """Directed links measured (``n (n - 1)`` unless capped)."""
-        return self.n * self.rounds
+        return sum(len(bursts) for bursts in self.rounds)
 
     @property
     def bytes_per_worker(self) -> int:
         """Bytes each rank sends (and receives) at most."""
-        return self.rounds * self.probe_bytes
+        return len(self.rounds) * self.probe_bytes
 
     @property
     def seconds_bound(self) -> float:
         """The probe's duration at most, control round trips aside."""
-        return self.rounds * (self.round_seconds + REPORT_SLACK_S)
+        return len(self.rounds) * (self.round_seconds + REPORT_SLACK_S)
+
+
+def schedule(n: int) -> list[tuple[Burst, ...]]:
+    """Every directed link of ``n`` ranks once, in rounds where each rank sends at most one
+    burst and receives at most one, and no round has both ``a -> b`` and ``b -> a``."""
+    rounds: list[tuple[Burst, ...]] = []
+    for shift in range(1, n):
+        bursts = [(i, (i + shift) % n) for i in range(n)]
+        if 2 * shift == n:  # both ways between the same ranks: one direction per round
+            rounds += [tuple(bursts[: n // 2]), tuple(bursts[n // 2 :])]
+        else:
+            rounds.append(tuple(bursts))
+    return rounds
 
 
 def plan_probe(n: int, probe_bytes: int, probe_seconds: float) -> ProbePlan:
@@ -97,8 +116,9 @@ def plan_probe(n: int, probe_bytes: int, probe_seconds: float) -> ProbePlan:
         raise ValueError(f"probe_seconds: must be > 0, got {probe_seconds}")
     if n == 1 or probe_bytes == 0:
         return ProbePlan(n, (), probe_bytes, 0.0)
-    rounds = max(1, min(n - 1, int(probe_seconds // MIN_ROUND_S)))
-    return ProbePlan(n, tuple(range(1, rounds + 1)), probe_bytes, probe_seconds / rounds)
+    full = schedule(n)
+    rounds = max(1, min(len(full), int(probe_seconds // MIN_ROUND_S)))
+    return ProbePlan(n, tuple(full[:rounds]), probe_bytes, probe_seconds / rounds)
 
 
 def send_burst(

@@ -8,8 +8,8 @@ exchange with every rank, over authenticated control frames::
     worker -> host   Join(rank, world, data-plane host:port, tensor shapes)
     host -> all      Roster(the data-plane address of every rank)        once all joined
     worker -> host   RosterTaken               its transport now accepts every peer's HELLO
-    host -> all      Probe(shift)                  once all took it; then once per round
-    (each rank i sends a burst to (i + shift) mod n and times the one from (i - shift) mod n)
+    host -> each     Probe(send_to, time_from)     once all took it; then once per round
+    (each rank sends its burst of the round, if any, and times the one it receives, if any)
     worker -> host   LinkRates([src, bytes, seconds])           its burst of the round arrived
     host -> all      Start(RunConfig)                                    register and train
 
@@ -227,7 +227,7 @@ class RendezvousHost:
             reports = {dst: proto.LinkRates(dst, v) for dst, v in samples.items()}
             bw = capacity_matrix(self.world, reports)
         figures = ProbeFigures(
-            time.monotonic() - started, plan.bytes_per_worker, plan.rounds, measured
+            time.monotonic() - started, plan.bytes_per_worker, len(plan.rounds), measured
         )
         self.config = self.make_config(addresses, bw, figures)
         start = proto.Start(json_object(self.config))
@@ -240,14 +240,14 @@ class RendezvousHost:
         """Run ``plan``'s rounds; every rank's samples (``[src, bytes, seconds]``), by rank."""
         samples: dict[int, list[list[float]]] = {r: [] for r in conn_rank.values()}
         wait = plan.round_seconds + REPORT_SLACK_S + COLLECT_TIMEOUT_S
-        for shift in plan.shifts:
-            for conn in conn_rank:
-                self._send(conn, proto.Probe(shift))
-            what = f"report probe round {shift}/{plan.rounds}"
+        for r in range(len(plan.rounds)):
+            for conn, rank in conn_rank.items():
+                self._send(conn, proto.Probe(*plan.part(r, rank)))
+            what = f"report probe round {r + 1}/{len(plan.rounds)}"
             for rank, msg in self._wait_all(conn_rank, proto.LinkRates, wait, what).items():
                 assert isinstance(msg, proto.LinkRates)
-                src = (rank - shift) % self.world
-                samples[rank] += [s for s in msg.samples if s and int(s[0]) == src]
+                src = plan.part(r, rank)[1]
+                samples[rank] += [s for s in msg.samples if s and src >= 0 and int(s[0]) == src]
         return samples
 
     def _gather_joins(self) -> dict[int, tuple[int, proto.Join]]:
@@ -367,21 +367,25 @@ def probe_round(
     probe: ProbeReceiver,
     me: int,
     world: int,
-    shift: int,
+    part: proto.Probe,
     probe_bytes: int,
     round_seconds: float,
 ) -> proto.LinkRates:
-    """One probe round as rank ``me``: the burst to ``me + shift``, the sample of the burst
-    from ``me - shift`` (both modulo ``world``), within ``round_seconds + REPORT_SLACK_S``."""
-    if world < 2 or not 0 < shift < world:
-        raise JoinRefused(f"rank {me}: probe round with shift {shift} in a world of {world}")
-    src, dst = (me - shift) % world, (me + shift) % world
+    """Rank ``me``'s part of one probe round: its burst to ``part.send_to`` and the sample of
+    the burst from ``part.time_from`` (-1: none), within ``round_seconds + REPORT_SLACK_S``."""
+    for peer in (part.send_to, part.time_from):
+        if peer != -1 and not (0 <= peer < world and peer != me):
+            raise JoinRefused(f"rank {me}: probe round names rank {peer} in a world of {world}")
     started = time.monotonic()
-    send_burst(transport, me, transport.codec.run, dst, probe_bytes, round_seconds)
+    if part.send_to >= 0:
+        send_burst(transport, me, transport.codec.run, part.send_to, probe_bytes, round_seconds)
+    if part.time_from < 0:
+        return proto.LinkRates(me, [])
     left = started + round_seconds + REPORT_SLACK_S - time.monotonic()
-    if not probe.wait(src, left):
-        log.warning("probe: rank %d's burst to %d did not close in time; timing what came", src, me)
-    sample = probe.take(src)
+    if not probe.wait(part.time_from, left):
+        log.warning("probe: %d's burst to %d did not close in time; timing what came",
+                    part.time_from, me)  # fmt: skip
+    sample = probe.take(part.time_from)
     return proto.LinkRates(me, [sample] if sample is not None else [])
 
 
@@ -464,7 +468,7 @@ def join_job(
                 taken = proto.RosterTaken(join.worker)
                 stream.send(control_frame(join.worker, codec.run, taken.to_dict()))
             elif isinstance(msg, proto.Probe):
-                report = probe_round(transport, probe, join.worker, world, msg.shift, *probe_params)
+                report = probe_round(transport, probe, join.worker, world, msg, *probe_params)
                 stream.send(control_frame(join.worker, codec.run, report.to_dict()))
                 deadline = time.monotonic() + timeout + HOST_SLACK_S
             elif isinstance(msg, proto.Start):

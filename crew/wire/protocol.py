@@ -261,11 +261,12 @@ class RosterTaken(Message):
 
 @dataclass(frozen=True)
 class Probe(Message):
-    """One round of the start-up probe: send a burst to rank ``(me + shift) mod n`` and time
-    the one from ``(me - shift) mod n`` (``crew.runtime.capacity_probe``)."""
+    """This worker's part of one start-up probe round (``crew.runtime.capacity_probe``): send
+    a burst to rank ``send_to`` and time the one from rank ``time_from`` (-1: none)."""
 
     TYPE: ClassVar[str] = "probe"
-    shift: int
+    send_to: int
+    time_from: int
 
 
 @dataclass(frozen=True)
