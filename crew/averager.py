@@ -51,9 +51,10 @@ from torch import nn
 
 from crew.config import RunConfig
 from crew.control.worker_control import Settlement
+from crew.runtime.capacity_probe import DEFAULT_PROBE_BYTES, DEFAULT_PROBE_SECONDS, ProbeReceiver
 from crew.runtime.launch import JobHost, LaunchEnv, read_secret, run_number
 from crew.runtime.node import Node
-from crew.runtime.rendezvous import DEFAULT_PROBE_BYTES, DEFAULT_PROBE_SECONDS, join_job
+from crew.runtime.rendezvous import join_job
 from crew.train.outer import OuterLoop
 from crew.wire import protocol as proto
 from crew.wire.frames import Frame, FrameCodec, FrameError
@@ -102,14 +103,17 @@ def _tensors_of(params: nn.Module | Iterable[torch.Tensor]) -> list[torch.Tensor
 
 class _Deferred:
     """The transport's callbacks before the Node exists (the transport starts first, for the
-    start-up probe): probe frames are only counted by the transport, nothing else arrives."""
+    start-up probe): the probe's bursts go to a ProbeReceiver, nothing else arrives."""
 
     def __init__(self) -> None:
         self.node: Node | None = None
+        self.probe = ProbeReceiver()
 
     def on_frame(self, frame: Frame) -> None:
         if self.node is not None:
             self.node.on_frame(frame)
+        else:
+            self.probe.on_frame(frame)
 
     def on_send_error(self, dst: int, err: BaseException, unsent: list[Frame]) -> None:
         if self.node is not None:
@@ -135,8 +139,9 @@ class Averager:
     Arguments read on rank 0 only (it hosts the coordinator): ``group_size`` (p: how many
     ready workers average together; default half the world, at least 1), ``capacities``
     (Mbit/s, ``[src][dst]``: skip the probe and plan on these), ``probe_bytes`` and
-    ``probe_seconds`` (the start-up probe's size per link and time limit; default 2 MiB and
-    8 s, or ``CREW_PROBE_BYTES`` / ``CREW_PROBE_SECONDS``), ``run_dir``
+    ``probe_seconds`` (the start-up probe's burst per link and its time budget, see
+    :mod:`crew.runtime.capacity_probe`; default 2 MiB and 30 s, or ``CREW_PROBE_BYTES`` /
+    ``CREW_PROBE_SECONDS``), ``run_dir``
     (where the coordinator keeps its run database; ``CREW_RUN_DIR`` or a temporary dir).
 
     ``outer`` (any rank): a :class:`crew.train.outer.OuterLoop` for LocalSGD or DiLoCo. Then
@@ -212,7 +217,9 @@ class Averager:
                 [list(t.shape) for t in self._tensors],
                 os.getpid(),
             )
-            cfg = join_job(codec, launch.coordinator, join, transport, timeout=timeout)
+            cfg = join_job(
+                codec, launch.coordinator, join, transport, deferred.probe, timeout=timeout
+            )
         except BaseException:
             transport.close()
             if self.host is not None:

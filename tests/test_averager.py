@@ -3,16 +3,24 @@ and every bad start-up case ends in a clear error within its time bound (no root
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import crew
-from crew.runtime.launch import LaunchEnv, read_secret
+from crew.runtime.launch import LaunchEnv, read_secret, run_number
+from crew.wire import protocol as proto
+from crew.wire.frames import FrameCodec, control_body, control_frame
+from crew.wire.transport import FrameStream
 
 SECRET = "test-secret-0123456789"
 
@@ -91,14 +99,61 @@ def test_a_rank_that_leaves_after_joining_does_not_stop_the_others():
     def body(rank, averager, tensors):
         if rank == 2:
             return averager.step()  # one round, then close() leaves the job
+        probe = averager.host.probe if rank == 0 else None
         rounds = [averager.step() for _ in range(4)]
-        return rounds
+        return rounds, probe
 
     res = run_ranks(3, body, args=ARGS)
     assert not any(isinstance(r, Exception) for r in res.values()), res
     for rank in (0, 1):
-        later = res[rank][-2:]
+        later = res[rank][0][-2:]
         assert all(r.averaged for r in later), later  # groups re-formed without rank 2
+    # The start-up probe ran its n - 1 = 2 rounds (n odd) and timed all 6 directed links.
+    probe = res[0][1]
+    assert (probe.rounds, probe.links_measured) == (2, 6), probe
+    assert probe.bytes_per_worker == 2 * ARGS["probe_bytes"]
+
+
+def die_during_start_up(env: dict[str, str], world: int, shapes, stage: str) -> None:
+    """A rank's process that dies during start-up, speaking the protocol itself: it connects
+    and, at ``stage`` ("connected": before its Join; "roster": after joining), drops the
+    connection as a killed process's kernel would."""
+    launch = LaunchEnv.from_environ(env)
+    codec = FrameCodec(read_secret(env), run_number(read_secret(env), launch.run_id))
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            stream = FrameStream.connect(launch.coordinator, codec, timeout=1.0)
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "no rendezvous host"
+            time.sleep(0.1)
+    if stage == "roster":
+        join = proto.Join(launch.rank, world, "127.0.0.1", 9, shapes, 0)
+        stream.send(control_frame(launch.rank, codec.run, join.to_dict()))
+        while not isinstance(proto.decode(control_body(stream.recv())), proto.Roster):
+            pass
+    stream.close()
+
+
+@pytest.mark.parametrize(
+    ("stage", "expected"),
+    [("connected", "ranks [2] did not join within 3 s"), ("roster", "rank 2 left during start-up")],
+)
+def test_a_rank_killed_during_start_up_is_named(stage, expected):
+    port = free_port()
+    envs = [env_for(r, 3, port) for r in range(3)]
+    dying = threading.Thread(
+        target=die_during_start_up, args=(envs[2], 3, [[3, 4], [5]], stage), daemon=True
+    )
+    dying.start()
+    started = time.monotonic()
+    res = run_ranks(2, lambda *a: None, envs=envs, args={**ARGS, "timeout": 3.0})
+    dying.join(timeout=10)
+    for rank in (0, 1):
+        assert isinstance(res[rank], crew.JoinRefused), res[rank]
+        assert expected in str(res[rank]), res[rank]
+    assert time.monotonic() - started < 20  # nothing waits for the dead rank for long
 
 
 def test_wrong_secret_is_named():
@@ -163,41 +218,46 @@ with crew.Averager(tensors, group_size=2, timeout=20, probe_bytes=256 << 10) as 
     print("joined", flush=True)
     for _ in range(int(sys.argv[1])):
         r = averager.step()
+        if r.stopped:
+            break
         print("round", r.averaged, flush=True)
         time.sleep(0.05)
 print("done", flush=True)
 """
 
 
-def test_a_rank_killed_after_joining_is_dropped_and_the_others_finish(tmp_path):
-    import os
-    import signal
-    import subprocess
-    import sys
-    from pathlib import Path
-
+def start_rank_processes(world: int, steps: dict[int, int]) -> list[subprocess.Popen]:
+    """One process per rank running RANK_SCRIPT for ``steps[rank]`` steps."""
     repo = Path(__file__).resolve().parents[1]
     port = free_port()
     procs = []
-    for rank, steps in ((0, 30), (1, 30), (2, 100000)):
-        env = {**os.environ, **env_for(rank, 3, port), "PYTHONPATH": str(repo)}
+    for rank in range(world):
+        env = {**os.environ, **env_for(rank, world, port), "PYTHONPATH": str(repo)}
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-c", RANK_SCRIPT, str(steps)],
+                [sys.executable, "-c", RANK_SCRIPT, str(steps[rank])],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
             )
         )
+    return procs
+
+
+def kill_after_its_first_round(proc: subprocess.Popen) -> None:
+    for _ in range(200):
+        line = proc.stdout.readline()
+        if line.startswith("round") or not line:
+            break
+    assert line.startswith("round"), line
+    proc.send_signal(signal.SIGKILL)
+
+
+def test_a_rank_killed_after_joining_is_dropped_and_the_others_finish():
+    procs = start_rank_processes(3, {0: 30, 1: 30, 2: 100000})
     try:
-        victim = procs[2]
-        for _ in range(200):  # until it has averaged once
-            line = victim.stdout.readline()
-            if line.startswith("round") or not line:
-                break
-        assert line.startswith("round"), line
-        victim.send_signal(signal.SIGKILL)
+        kill_after_its_first_round(procs[2])
         outs = [p.communicate(timeout=90)[0] for p in procs[:2]]
     finally:
         for p in procs:
@@ -207,3 +267,20 @@ def test_a_rank_killed_after_joining_is_dropped_and_the_others_finish(tmp_path):
         rounds = [line for line in out.splitlines() if line.startswith("round")]
         assert len(rounds) == 30 and "done" in out, out[-2000:]
         assert rounds[-1] == "round True"  # still averaging, without the killed rank
+
+
+def test_the_coordinators_rank_killed_mid_run_stops_the_others_without_a_hang():
+    # Rank 0 hosts the coordinator: once it is gone for good, the others' step() returns
+    # stopped (after the node's reconnect attempts, 30 s) and their scripts end normally.
+    procs = start_rank_processes(3, {0: 100000, 1: 100000, 2: 100000})
+    try:
+        kill_after_its_first_round(procs[0])
+        started = time.monotonic()
+        outs = [p.communicate(timeout=90)[0] for p in procs[1:]]
+        took = time.monotonic() - started
+    finally:
+        for p in procs:
+            p.kill()
+    for proc, out in zip(procs[1:], outs, strict=True):
+        assert proc.returncode == 0 and "done" in out, out[-2000:]
+    assert took < 60, took

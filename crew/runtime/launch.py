@@ -244,12 +244,16 @@ class JobHost:
         coord.cfg = cfg  # the life cycle only reads n, p and capacities, the same in both
         self._db.event(
             "probe",
-            f"start-up probe: {figures.seconds:.2f} s, {figures.bytes_per_worker} bytes per worker",
+            f"start-up probe: {figures.seconds:.2f} s, {figures.rounds} rounds,"
+            f" {figures.bytes_per_worker} bytes per worker,"
+            f" {figures.links_measured}/{self.world * (self.world - 1)} links measured",
             data={
                 "bw_mbit": [list(r) for r in cfg.bw_mbit],
                 "measured": measured,
                 "seconds": figures.seconds,
                 "bytes_per_worker": figures.bytes_per_worker,
+                "rounds": figures.rounds,
+                "links_measured": figures.links_measured,
             },
         )
         self.coordinator = coord

@@ -8,11 +8,9 @@ exchange with every rank, over authenticated control frames::
     worker -> host   Join(rank, world, data-plane host:port, tensor shapes)
     host -> all      Roster(the data-plane address of every rank)        once all joined
     worker -> host   RosterTaken               its transport now accepts every peer's HELLO
-    host -> all      Probe                                               once all took it
-    (each worker sends a probe burst to every peer; the transport measures arrivals)
-    worker -> host   Probed                                              its bursts are out
-    host -> all      Collect                                             every burst is out
-    worker -> host   LinkRates(bytes, seconds per peer -> it)
+    host -> each     Probe(send_to, time_from)     once all took it; then once per round
+    (each rank sends its burst of the round, if any, and times the one it receives, if any)
+    worker -> host   LinkRates([src, bytes, seconds])           its burst of the round arrived
     host -> all      Start(RunConfig)                                    register and train
 
 or ``Refused(reason)`` to everyone as soon as the job cannot start. Every wait is bounded:
@@ -24,19 +22,11 @@ or ``Refused(reason)`` to everyone as soon as the job cannot start. Every wait i
 * a client with another secret cannot send a frame the host accepts: the host drops the
   connection, and the client, hearing nothing valid back, raises :class:`SecretError`.
 
-The probe (:func:`probe_peers`). Each worker queues ``probe_bytes`` of PAYLOAD frames to every
-peer at once; the transport has one sender thread and one TCP connection per destination, so
-all its links are measured in parallel, and the receiver's
-:class:`~crew.wire.transport.ArrivalRate` times the back-to-back arrivals (the first frame's
-queueing excluded). Cost: every worker sends ``(n - 1) * probe_bytes``, so the job moves
-``n (n - 1) probe_bytes`` in total, in about ``max(probe_bytes / slowest link,
-(n - 1) probe_bytes / the worker's egress)`` seconds, cut at ``probe_seconds`` (frames still
-queued are dropped; a link that delivered less than ``ArrivalRate.min_bytes`` has no sample).
-After its bursts a sender waits a little longer than the burst gap and sends one tiny frame,
-which closes the receiver's last burst. The host turns the reports into the initial capacity
-matrix (Mbit/s, ``bw[src][dst]``, measured at ``dst``); a link without a sample gets the
-median of the others, with a warning. The coordinator's online estimator (``LinkRates`` in
-heartbeats) keeps it current afterwards.
+The probe's rounds, their cost and how a burst is timed are in
+:mod:`crew.runtime.capacity_probe`. The host runs the rounds one after the other and turns the
+reports into the initial capacity matrix (Mbit/s, ``bw[src][dst]``, measured at ``dst``); a
+link without a sample gets the median of the others, with a warning. The coordinator's online
+estimator (``LinkRates`` in heartbeats) keeps it current afterwards.
 """
 
 from __future__ import annotations
@@ -53,27 +43,36 @@ from dataclasses import dataclass
 from crew.config import RunConfig
 from crew.control.capacity import TCP_GOODPUT
 from crew.errors import CoordinatorUnreachable, JoinRefused, SecretError
+from crew.runtime.capacity_probe import (
+    DEFAULT_PROBE_BYTES,
+    DEFAULT_PROBE_SECONDS,
+    REPORT_SLACK_S,
+    ProbePlan,
+    ProbeReceiver,
+    plan_probe,
+    send_burst,
+)
 from crew.wire import protocol as proto
-from crew.wire.frames import Frame, FrameCodec, FrameError, FrameKind, control_body, control_frame
-from crew.wire.transport import Address, ArrivalRate, FrameStream, StreamClosed, Transport
+from crew.wire.frames import FrameCodec, FrameError, control_body, control_frame
+from crew.wire.transport import Address, FrameStream, StreamClosed, Transport
 
 log = logging.getLogger("crew.runtime.rendezvous")
 
 HOST_ID = 0xFFFF  # sender id of the host's frames (as crew.wire.frames.COORDINATOR)
-PROBE_FRAME_BYTES = 64 << 10
-DEFAULT_PROBE_BYTES = 2 << 20
-DEFAULT_PROBE_SECONDS = 8.0
-COLLECT_TIMEOUT_S = 10.0
+COLLECT_TIMEOUT_S = 10.0  # beyond a round's own bound, before the host gives up on a rank
 HOST_SLACK_S = 5.0  # a worker waits this much longer than the host's own timeouts
 FALLBACK_MBIT = 1000.0  # a world of one: no link to measure
 
 
 @dataclass(frozen=True)
 class ProbeFigures:
-    """What the start-up probe cost: wall time at the host, bytes each worker sent."""
+    """What the start-up probe did and cost: wall time at the host, bytes each worker sent
+    (at most), rounds run, directed links with a sample."""
 
     seconds: float
     bytes_per_worker: int
+    rounds: int = 0
+    links_measured: int = 0
 
 
 MakeConfig = Callable[[list[Address], list[list[float]], ProbeFigures], RunConfig]
@@ -208,8 +207,12 @@ class RendezvousHost:
         ranks = self._gather_joins()
         by_rank = sorted(ranks.items())
         addresses = [(join.host, join.port) for _, (_, join) in by_rank]
-        probe_bytes = self.probe_bytes if self.measure and self.world > 1 else 0
-        roster = proto.Roster([[h, p] for h, p in addresses], probe_bytes, self.probe_seconds)
+        probe_bytes = self.probe_bytes if self.measure else 0
+        plan = plan_probe(self.world, probe_bytes, self.probe_seconds)
+        roster = proto.Roster(
+            [[h, p] for h, p in addresses], plan.probe_bytes if plan.rounds else 0,
+            plan.round_seconds,
+        )  # fmt: skip
         started = time.monotonic()
         for _, (conn, _) in by_rank:
             self._send(conn, roster)
@@ -217,19 +220,35 @@ class RendezvousHost:
         conn_rank = {conn: r for r, (conn, _) in ranks.items()}
         # A transport refuses HELLOs from peers it does not know: nobody sends before all know.
         self._wait_all(conn_rank, proto.RosterTaken, self.join_timeout, "take the roster")
-        if probe_bytes:
-            for conn in conn_rank:
-                self._send(conn, proto.Probe())
-            self._wait_all(conn_rank, proto.Probed, self.probe_seconds + 30.0, "finish probing")
-            for conn in conn_rank:
-                self._send(conn, proto.Collect())
-            reports = self._wait_all(conn_rank, proto.LinkRates, COLLECT_TIMEOUT_S, "report")
+        measured = 0
+        if plan.rounds:
+            samples = self._probe_rounds(conn_rank, plan)
+            measured = sum(len(v) for v in samples.values())
+            reports = {dst: proto.LinkRates(dst, v) for dst, v in samples.items()}
             bw = capacity_matrix(self.world, reports)
-        figures = ProbeFigures(time.monotonic() - started, (self.world - 1) * probe_bytes)
+        figures = ProbeFigures(
+            time.monotonic() - started, plan.bytes_per_worker, len(plan.rounds), measured
+        )
         self.config = self.make_config(addresses, bw, figures)
         start = proto.Start(json_object(self.config))
         for _, (conn, _) in by_rank:
             self._send(conn, start)
+
+    def _probe_rounds(
+        self, conn_rank: dict[int, int], plan: ProbePlan
+    ) -> dict[int, list[list[float]]]:
+        """Run ``plan``'s rounds; every rank's samples (``[src, bytes, seconds]``), by rank."""
+        samples: dict[int, list[list[float]]] = {r: [] for r in conn_rank.values()}
+        wait = plan.round_seconds + REPORT_SLACK_S + COLLECT_TIMEOUT_S
+        for r in range(len(plan.rounds)):
+            for conn, rank in conn_rank.items():
+                self._send(conn, proto.Probe(*plan.part(r, rank)))
+            what = f"report probe round {r + 1}/{len(plan.rounds)}"
+            for rank, msg in self._wait_all(conn_rank, proto.LinkRates, wait, what).items():
+                assert isinstance(msg, proto.LinkRates)
+                src = plan.part(r, rank)[1]
+                samples[rank] += [s for s in msg.samples if s and src >= 0 and int(s[0]) == src]
+        return samples
 
     def _gather_joins(self) -> dict[int, tuple[int, proto.Join]]:
         joined: dict[int, tuple[int, proto.Join]] = {}
@@ -316,13 +335,12 @@ def json_object(cfg: RunConfig) -> dict:
     return json.loads(cfg.to_json())
 
 
-def capacity_matrix(world: int, reports: dict[int, proto.Message]) -> list[list[float]]:
+def capacity_matrix(world: int, reports: dict[int, proto.LinkRates]) -> list[list[float]]:
     """``bw[src][dst]`` in Mbit/s from each receiver's ``LinkRates``; a link without a sample
     gets the median of the measured ones (with a warning)."""
     bw = [[0.0] * world for _ in range(world)]
     measured: list[float] = []
     for dst, msg in reports.items():
-        assert isinstance(msg, proto.LinkRates)
         for src_f, nbytes, seconds in msg.samples:
             src = int(src_f)
             if 0 <= src < world and src != dst and seconds > 0 and nbytes > 0:
@@ -344,29 +362,31 @@ def capacity_matrix(world: int, reports: dict[int, proto.Message]) -> list[list[
 # -- the worker's side -------------------------------------------------------------------------
 
 
-def probe_peers(
+def probe_round(
     transport: Transport,
+    probe: ProbeReceiver,
     me: int,
-    run_num: int,
-    peers: Sequence[int],
+    world: int,
+    part: proto.Probe,
     probe_bytes: int,
-    probe_seconds: float,
-) -> None:
-    """Send ``probe_bytes`` of PAYLOAD frames to every peer at once, wait until they are out
-    (at most ``probe_seconds``, then drop what is queued), then close each receiver's burst
-    with one tiny frame sent after the burst gap."""
-    chunk = bytes(PROBE_FRAME_BYTES)
-    frames = max(1, probe_bytes // PROBE_FRAME_BYTES)
-    for dst in peers:
-        for k in range(frames):
-            transport.send(dst, Frame(FrameKind.PAYLOAD, me, run_num, part=k, payload=chunk))
-    if not transport.flush(probe_seconds):
-        dropped = transport.cancel(lambda f: f.kind == FrameKind.PAYLOAD)
-        log.warning("probe: cut at %.1f s, %d frames not sent", probe_seconds, dropped)
-    time.sleep(3 * ArrivalRate().gap_s)
-    for dst in peers:
-        transport.send(dst, Frame(FrameKind.PAYLOAD, me, run_num, part=frames))
-    transport.flush(2.0)
+    round_seconds: float,
+) -> proto.LinkRates:
+    """Rank ``me``'s part of one probe round: its burst to ``part.send_to`` and the sample of
+    the burst from ``part.time_from`` (-1: none), within ``round_seconds + REPORT_SLACK_S``."""
+    for peer in (part.send_to, part.time_from):
+        if peer != -1 and not (0 <= peer < world and peer != me):
+            raise JoinRefused(f"rank {me}: probe round names rank {peer} in a world of {world}")
+    started = time.monotonic()
+    if part.send_to >= 0:
+        send_burst(transport, me, transport.codec.run, part.send_to, probe_bytes, round_seconds)
+    if part.time_from < 0:
+        return proto.LinkRates(me, [])
+    left = started + round_seconds + REPORT_SLACK_S - time.monotonic()
+    if not probe.wait(part.time_from, left):
+        log.warning("probe: %d's burst to %d did not close in time; timing what came",
+                    part.time_from, me)  # fmt: skip
+    sample = probe.take(part.time_from)
+    return proto.LinkRates(me, [sample] if sample is not None else [])
 
 
 def join_job(
@@ -374,14 +394,16 @@ def join_job(
     coordinator: Address,
     join: proto.Join,
     transport: Transport,
+    probe: ProbeReceiver,
     *,
     timeout: float = 60.0,
 ) -> RunConfig:
     """Take part in the start-up exchange as rank ``join.worker``; the job's RunConfig.
 
     ``transport`` is this worker's started data-plane transport (its address is in ``join``);
-    the roster's peers are set on it. Raises :class:`CoordinatorUnreachable`,
-    :class:`SecretError` or :class:`JoinRefused`, each within ``timeout`` (plus the probe)."""
+    the roster's peers are set on it; ``probe`` must be fed the frames it receives. Raises
+    :class:`CoordinatorUnreachable`, :class:`SecretError` or :class:`JoinRefused`, each within
+    ``timeout`` (plus the probe)."""
     where = f"{coordinator[0]}:{coordinator[1]}"
     deadline = time.monotonic() + timeout
     stream = None
@@ -402,8 +424,8 @@ def join_job(
     # little longer than it, so that its reason, not a bare timeout, reaches the user.
     deadline = time.monotonic() + timeout + HOST_SLACK_S
     answered = False
-    peers: list[int] = []
-    probe = (0, 0.0)
+    world = 0
+    probe_params = (0, 0.0)
     try:
         stream.send(control_frame(join.worker, codec.run, join.to_dict()))
         while True:
@@ -437,26 +459,20 @@ def join_job(
             if isinstance(msg, proto.Refused):
                 raise JoinRefused(f"rank {join.worker}: {msg.reason}")
             if isinstance(msg, proto.Roster):
-                peers = [j for j in range(len(msg.peers)) if j != join.worker]
-                for j in peers:
-                    host, port = msg.peers[j]
-                    transport.set_peer(j, (str(host), int(port)))
-                probe = (msg.probe_bytes, msg.probe_seconds)
+                world = len(msg.peers)
+                for j in range(world):
+                    if j != join.worker:
+                        host, port = msg.peers[j]
+                        transport.set_peer(j, (str(host), int(port)))
+                probe_params = (msg.probe_bytes, msg.probe_seconds)
                 taken = proto.RosterTaken(join.worker)
                 stream.send(control_frame(join.worker, codec.run, taken.to_dict()))
             elif isinstance(msg, proto.Probe):
-                probe_peers(transport, join.worker, codec.run, peers, *probe)
-                probed = proto.Probed(join.worker)
-                stream.send(control_frame(join.worker, codec.run, probed.to_dict()))
-            elif isinstance(msg, proto.Collect):
-                samples = [
-                    [float(src), float(b), s]
-                    for src, (b, s) in transport.arrival_rates().items()
-                    if s > 0
-                ]
-                report = proto.LinkRates(join.worker, samples)
+                report = probe_round(transport, probe, join.worker, world, msg, *probe_params)
                 stream.send(control_frame(join.worker, codec.run, report.to_dict()))
+                deadline = time.monotonic() + timeout + HOST_SLACK_S
             elif isinstance(msg, proto.Start):
+                transport.arrival_rates()  # the probe's bursts: timed above, not in heartbeats
                 return RunConfig.from_dict(msg.config, where="the coordinator's Start")
     finally:
         stream.close()

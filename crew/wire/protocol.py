@@ -14,8 +14,8 @@ Who sends what::
 
 Start-up of a launched job (``crew.runtime.rendezvous``, before the coordinator exists)::
 
-    worker -> rendezvous    Join, RosterTaken, Probed, LinkRates
-    rendezvous -> worker    Roster, Probe, Collect, Start, Refused
+    worker -> rendezvous    Join, RosterTaken, LinkRates
+    rendezvous -> worker    Roster, Probe, Start, Refused
 """
 
 from __future__ import annotations
@@ -242,8 +242,8 @@ class Join(Message):
 @dataclass(frozen=True)
 class Roster(Message):
     """Every rank joined: the data-plane address ``[host, port]`` of each, by rank, and the
-    start-up probe to run (``probe_bytes`` to every peer, cut at ``probe_seconds``; 0 bytes:
-    no probe, the job uses configured capacities)."""
+    start-up probe to run (``probe_bytes`` per burst, each round cut at ``probe_seconds``;
+    0 bytes: no probe, the job uses configured capacities)."""
 
     TYPE: ClassVar[str] = "roster"
     peers: list[list[Any]]
@@ -261,24 +261,12 @@ class RosterTaken(Message):
 
 @dataclass(frozen=True)
 class Probe(Message):
-    """Every worker knows its peers: send the start-up probe bursts."""
+    """This worker's part of one start-up probe round (``crew.runtime.capacity_probe``): send
+    a burst to rank ``send_to`` and time the one from rank ``time_from`` (-1: none)."""
 
     TYPE: ClassVar[str] = "probe"
-
-
-@dataclass(frozen=True)
-class Probed(Message):
-    """A worker finished sending its start-up probe bursts."""
-
-    TYPE: ClassVar[str] = "probed"
-    worker: int
-
-
-@dataclass(frozen=True)
-class Collect(Message):
-    """Every worker finished probing: report what arrived (as ``LinkRates``)."""
-
-    TYPE: ClassVar[str] = "collect"
+    send_to: int
+    time_from: int
 
 
 @dataclass(frozen=True)
@@ -321,8 +309,6 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Roster,
         RosterTaken,
         Probe,
-        Probed,
-        Collect,
         Start,
         Refused,
     )
