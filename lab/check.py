@@ -297,7 +297,7 @@ def measure_sharing(
 
 def render_sharing(rows: list[ShareResult]) -> Table:
     t = Table(title="shared uplinks: concurrent flows from one cloud to another (Mbit/s)")
-    for col in ("uplink", "flows", "rate", "sum of goodputs", "sum / rate", "status"):
+    for col in ("uplink", "flows", "rate", "goodput together", "of rate", "status"):
         t.add_column(col)
     for r in rows:
         style = "red" if r.failed else ""
