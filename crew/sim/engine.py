@@ -80,6 +80,9 @@ class SimConfig:
     group_timeout_min_s: float = 30.0
     sample_s: float = 1.0  # link sample interval (the lab's monitor: 1 Hz)
     epoch: float | None = None  # Unix time of simulated t=0 in the run DB (default: now)
+    plan_rounds: int | None = None
+    """Column-generation rounds per crew plan at most (``crew.plan.routelp.limits``; None: the
+    planner's own bound). Rounds, not seconds, so that a run does not depend on the machine."""
 
     def __post_init__(self) -> None:
         if self.size_bytes <= 0 or self.size_bytes % 4:
@@ -88,6 +91,22 @@ class SimConfig:
             raise ValueError(f"duration_s must be positive, got {self.duration_s}")
         if self.sample_s <= 0:
             raise ValueError(f"sample_s must be positive, got {self.sample_s}")
+        if self.plan_rounds is not None and self.plan_rounds < 1:
+            raise ValueError(f"plan_rounds must be >= 1, got {self.plan_rounds}")
+
+
+PLAN_ROUNDS_FROM_N = 16
+LARGE_PLAN_ROUNDS = 12
+"""Above PLAN_ROUNDS_FROM_N workers, crew's route LP gets this many column-generation rounds per
+group by default. At n = 60 an unbounded plan takes ~1 s (60 rounds, hundreds of columns: the
+optimum spreads a group over most of the network's links), and a run plans ~300 groups; with
+12 rounds a plan takes ~0.1 s and is within the gap ``lab.planbench timing --max-rounds 12``
+reports (median and max) of the LP optimum."""
+
+
+def default_plan_rounds(n: int) -> int | None:
+    """The simulator's default ``SimConfig.plan_rounds`` for n workers."""
+    return LARGE_PLAN_ROUNDS if n > PLAN_ROUNDS_FROM_N else None
 
 
 @dataclass
@@ -152,6 +171,7 @@ class Simulation:
             staleness=cfg.staleness,
             committed_capacity=cfg.committed_capacity,
             group_timeout_min_s=cfg.group_timeout_min_s,
+            plan_rounds=cfg.plan_rounds,
         )
         self.rec = recorder
         self.delays = [
