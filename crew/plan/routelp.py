@@ -134,6 +134,7 @@ _LIMITS: dict[str, float] = {}  # set by limits()
 TREE_SEEDS = 16
 """Roots whose least-link-time trees seed the pool at most (the cheapest; at n = 60 seeding
 every root's trees cost more LP time than the rounds it saved)."""
+RELAY_SEEDS = True
 PRIMAL_SIMPLEX = 4
 """HiGHS's ``simplex_strategy`` value for the primal simplex."""
 CUT_CHECK_MIN_N = 12
@@ -655,6 +656,66 @@ def _seed_columns(
     return out
 
 
+def _relay_star_columns(w: np.ndarray, members: tuple[int, ...], act: np.ndarray) -> list[Column]:
+    """Per root, the star whose every leg takes the widest of the direct link and the two-hop
+    paths through one active non-member (as ``planner.two_hop``, but only for the legs of
+    members, O(p n^2)): the first step from a star towards the relayed trees that large
+    groups of workers need."""
+    live = np.where(act[:, None] & act[None, :], w, 0.0)
+    live[~np.isfinite(live)] = 0.0  # the diagonal
+    ms = list(members)
+    relays = np.flatnonzero(act & ~np.isin(np.arange(w.shape[0]), ms))
+    legs = {}
+    for name, into, out_of in (("up", live[ms][:, relays], live[relays]),
+                               ("down", live[:, relays], live[relays][:, ms])):  # fmt: skip
+        if name == "up":  # via[m, k, v] = min(m -> relays[k], relays[k] -> v)
+            via = np.minimum(into[:, :, None], out_of[None, :, :])
+            direct = live[ms]
+        else:  # via[v, k, m] = min(v -> relays[k], relays[k] -> m)
+            via = np.minimum(into[:, :, None], out_of[None, :, :])
+            direct = live[:, ms]
+        if relays.size:
+            k = via.argmax(axis=1)
+            best = np.take_along_axis(via, k[:, None, :], axis=1)[:, 0, :]
+        else:
+            k = np.zeros(direct.shape, dtype=np.int64)
+            best = np.zeros(direct.shape)
+        legs[name] = (np.where(best > direct, relays[k] if relays.size else -1, -1), direct)
+    out = []
+    (r_up, d_up), (r_dn, d_dn) = legs["up"], legs["down"]
+    for v in np.flatnonzero(act).tolist():
+        up: set[Edge] = set()
+        down: set[Edge] = set()
+        ok = True
+        for i, m in enumerate(ms):
+            if m == v:
+                continue
+            ru, rd = int(r_up[i, v]), int(r_dn[v, i])
+            if ru >= 0 and ru != v:
+                up |= {(m, ru), (ru, v)}
+            elif d_up[i, v] > 0:
+                up.add((m, v))
+            else:
+                ok = False
+            if rd >= 0 and rd != v:
+                down |= {(v, rd), (rd, m)}
+            elif d_dn[v, i] > 0:
+                down.add((v, m))
+            else:
+                ok = False
+        tree = Shape(v, tuple(sorted(up)), tuple(sorted(down)))
+        if ok and (up or down) and _one_parent(tree):
+            out.append(Column((tree,), "relay"))
+    return out
+
+
+def _one_parent(s: Shape) -> bool:
+    """Every node of the in-tree has one parent and of the out-tree one parent."""
+    kids = [a for a, _ in s.up]
+    heads = [b for _, b in s.down]
+    return len(kids) == len(set(kids)) and len(heads) == len(set(heads))
+
+
 def _ring_columns(w: np.ndarray, members: tuple[int, ...]) -> list[Column]:
     from crew.plan import baselines
 
@@ -784,6 +845,9 @@ def _plan(
     master = _Master(w, sh, hop)
     for col in _seed_columns(w, ms, act, with_ring=not exact):
         master.add(col)
+    if n >= CUT_CHECK_MIN_N and RELAY_SEEDS:
+        for col in _relay_star_columns(w, ms, act):
+            master.add(col)
     pool_key = (n, ms, act.tobytes())
     if warm:
         for shape in _POOL.get(pool_key, ()):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,6 +50,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         "--cut", action="append", default=[], metavar="T:SRC:DST", help="cut link SRC->DST at T"
     )
     parser.add_argument("--run-dir", type=Path, help="write the run database to DIR/lab.db")
+    parser.add_argument(
+        "--progress", action="store_true", help="log progress to stderr every 5 simulated s"
+    )
     parser.add_argument(
         "--plan-rounds",
         type=int,
@@ -125,6 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--p: must be between 1 and {args.n}")
     topo = generate(args.n, args.bwd, args.seed, args.stragglers)
     cfg = config_from(args)
+    if args.progress:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.plan_rounds is None:
         cfg = dataclasses.replace(cfg, plan_rounds=default_plan_rounds(args.n))
     if args.n > SAMPLE_1HZ_MAX_N:  # n(n-1) links x 1 Hz would dwarf the rest of the database

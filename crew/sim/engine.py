@@ -28,6 +28,7 @@ from __future__ import annotations
 import enum
 import heapq
 import itertools
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -40,6 +41,8 @@ from crew.sim.network import LinkQueues, RouteTimer, part_bytes
 from crew.sim.record import Recorder
 from crew.sim.topogen import SimTopology
 from crew.train.stragglers import ComputeDelay, get_profile
+
+log = logging.getLogger(__name__)
 
 TICK_S = 0.25  # the coordinator's tick: isolation-guard holds are re-tried this often
 
@@ -95,6 +98,7 @@ class SimConfig:
             raise ValueError(f"plan_rounds must be >= 1, got {self.plan_rounds}")
 
 
+PROGRESS_EVERY_S = 5  # simulated seconds between progress lines (logged at INFO)
 PLAN_ROUNDS_FROM_N = 16
 LARGE_PLAN_ROUNDS = 12
 """Above PLAN_ROUNDS_FROM_N workers, crew's route LP gets this many column-generation rounds per
@@ -244,6 +248,14 @@ class Simulation:
                 self._apply(self.life.tick(self.now))
             elif kind == _Ev.SAMPLE:
                 self._sample()
+                if log.isEnabledFor(logging.INFO) and round(self.now) % PROGRESS_EVERY_S == 0:
+                    log.info(
+                        "t=%.0f s simulated, wall %.1f s, planner %.1f s in %d calls",
+                        self.now,
+                        time.perf_counter() - wall0,
+                        sum(self.life.plan_seconds),
+                        len(self.life.plan_seconds),
+                    )
         self._apply(self.life.stop(self.now))
         wall = time.perf_counter() - wall0
         if self.rec:
