@@ -100,12 +100,12 @@ class SimConfig:
 
 PROGRESS_EVERY_S = 5  # simulated seconds between progress lines (logged at INFO)
 PLAN_ROUNDS_FROM_N = 16
-LARGE_PLAN_ROUNDS = 12
+LARGE_PLAN_ROUNDS = 5
 """Above PLAN_ROUNDS_FROM_N workers, crew's route LP gets this many column-generation rounds per
 group by default. At n = 60 an unbounded plan takes ~1 s (60 rounds, hundreds of columns: the
-optimum spreads a group over most of the network's links), and a run plans ~300 groups; with
-12 rounds a plan takes ~0.1 s and is within the gap ``lab.planbench timing --max-rounds 12``
-reports (median and max) of the LP optimum."""
+optimum spreads a group over most of the network's links), and a run plans ~350 groups (12
+rounds: 0.24 s per plan, 99 s per run). A capped plan is within the gap that
+``lab.planbench timing --max-rounds 5`` reports (median, max) of the LP optimum."""
 
 
 def default_plan_rounds(n: int) -> int | None:
