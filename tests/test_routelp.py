@@ -290,7 +290,7 @@ def test_gap_bounds_a_capped_plan(seed) -> None:
     bw = rng.choice([5.0, 10.0, 20.0, 50.0, 100.0], size=(n, n)) * rng.uniform(0.5, 1.5, (n, n))
     np.fill_diagonal(bw, np.inf)
     members = tuple(sorted(rng.choice(n, 4, replace=False).tolist()))
-    full = routelp.plan_routes(bw, members, MB16, warm=False, time_budget_s=60)
+    full = routelp.plan_routes(bw, members, MB16, warm=False, time_budget_s=60, max_rounds=400)
     capped = routelp.plan_routes(bw, members, MB16, warm=False, max_rounds=1)
     check_routes(capped, bw, members, MB16)
     assert full.optimal and full.gap == 0.0

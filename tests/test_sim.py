@@ -171,7 +171,7 @@ def test_plan_rounds_caps_crew_planning_and_stays_deterministic() -> None:
     with pytest.raises(ValueError, match="plan_rounds"):
         SimConfig(plan_rounds=0)
     topo = generate(20, 2, 3)
-    runs = [_run(topo, scheme="crew", p=5, duration_s=8.0, seed=3, plan_rounds=2) for _ in "ab"]
+    runs = [_run(topo, scheme="crew", p=5, duration_s=20.0, seed=3, plan_rounds=2) for _ in "ab"]
     assert runs[0].rounds == runs[1].rounds  # rounds, not seconds: the machine does not matter
     assert runs[0].completed > 0
     assert default_plan_rounds(8) is None and default_plan_rounds(60) == LARGE_PLAN_ROUNDS
