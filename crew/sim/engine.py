@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from crew.plan import routelp
 from crew.sim.lifecycle import Abandon, Assign, Commit, Decision, SimLifecycle
 from crew.sim.network import LinkQueues, RouteTimer, part_bytes
 from crew.sim.record import Recorder
@@ -210,6 +211,9 @@ class Simulation:
 
     def run(self) -> SimResult:
         wall0 = time.perf_counter()
+        # The route LP reuses earlier plans' columns (warm starts): a capped plan depends on
+        # them, so every run starts from empty caches and replays the same in any process.
+        routelp.clear_caches()
         for w in range(self.n):
             self._apply(self.life.join(w, 0.0))
             self._compute(w)
