@@ -243,7 +243,7 @@ def timing(args: argparse.Namespace) -> dict[str, Any]:
     for n in args.sizes:
         p = n if args.p_timing == "n" else min(int(args.p_timing), n)
         reps = max(3, args.reps if n <= 32 else args.reps // (4 if n <= 60 else 10))
-        cold, warm, rounds, optimal = [], [], [], 0
+        cold, warm, rounds, optimal, gaps = [], [], [], 0, []
         t_end = time.monotonic() + args.max_seconds
         for _ in range(reps):
             if time.monotonic() > t_end:
@@ -252,13 +252,14 @@ def timing(args: argparse.Namespace) -> dict[str, Any]:
             members = sorted(rng.sample(range(n), p))
             routelp.clear_caches()
             t0 = time.perf_counter()
-            rp = routelp.plan_routes(bw, members, args.size)
+            rp = routelp.plan_routes(bw, members, args.size, max_rounds=args.max_rounds)
             cold.append(time.perf_counter() - t0)
             rounds.append(rp.rounds)
             optimal += rp.optimal
+            gaps.append(rp.gap)
             jitter = np.array([[1 + 0.05 * (rng.random() - 0.5) * 2 for _ in range(n)]] * n)
             t0 = time.perf_counter()
-            routelp.plan_routes(bw * jitter, members, args.size)
+            routelp.plan_routes(bw * jitter, members, args.size, max_rounds=args.max_rounds)
             warm.append(time.perf_counter() - t0)
         out[str(n)] = {
             "p": p,
@@ -269,15 +270,20 @@ def timing(args: argparse.Namespace) -> dict[str, Any]:
             "warm_p90_ms": 1e3 * pctl(warm, 90),
             "rounds_median": statistics.median(rounds),
             "proved_optimal": optimal,
+            "gap_median": statistics.median(gaps),
+            "gap_max": max(gaps),
         }
     routelp.clear_caches()
     return out
 
 
 def timing_table(res: dict[str, Any]) -> Table:
-    t = Table(title="crew planner (route LP) wall time per group")
+    t = Table(
+        title="crew planner (route LP) wall time per group; gap: proved bound on plan / LP"
+        " optimum - 1"
+    )
     cols = ("n", "p", "plans", "cold median", "cold p90", "warm median", "warm p90")
-    for col in (*cols, "CG rounds", "proved optimal"):
+    for col in (*cols, "CG rounds", "proved optimal", "gap median", "gap max"):
         t.add_column(col, justify="right")
     for n, r in res.items():
         t.add_row(
@@ -290,6 +296,8 @@ def timing_table(res: dict[str, Any]) -> Table:
             f"{r['warm_p90_ms']:.1f} ms",
             f"{r['rounds_median']:g}",
             f"{r['proved_optimal']}/{r['plans']}",
+            f"{100 * r['gap_median']:.2f}%",
+            f"{100 * r['gap_max']:.2f}%",
         )
     return t
 
@@ -324,6 +332,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--p-timing", default="4", help="timing: group size, or 'n' for p = n (4)")
     ap.add_argument("--reps", type=int, default=40, help="timing: plans per n up to 32 (40)")
+    ap.add_argument(
+        "--max-rounds",
+        type=int,
+        default=None,
+        help="timing: column-generation rounds per plan at most (default: the planner's)",
+    )
     ap.add_argument(
         "--max-seconds", type=float, default=60.0, help="timing: wall time cap per n (60 s)"
     )

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from crew.config import Scheme
-from crew.sim.engine import Fault, SimConfig, SimResult, Simulation
+from crew.sim.engine import Fault, SimConfig, SimResult, Simulation, default_plan_rounds
 from crew.sim.topogen import generate
 from lab.bench import write_figures
 from lab.scenario import parse_scenario
@@ -50,7 +50,11 @@ def one(
 ) -> SimResult:
     topo = generate(n, bwd, seed)
     return Simulation(
-        topo, SimConfig(scheme=scheme, p=p, duration_s=duration, seed=seed), faults
+        topo,
+        SimConfig(
+            scheme=scheme, p=p, duration_s=duration, seed=seed, plan_rounds=default_plan_rounds(n)
+        ),
+        faults,
     ).run()
 
 

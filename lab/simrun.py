@@ -87,7 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scenario", type=Path)
     add_run_options(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    level = logging.INFO if args.progress else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     spec = load_topology(args.topology)
     topo = sim_topology(spec)
     if not 1 <= args.p <= topo.n:

@@ -276,3 +276,39 @@ def test_unreachable_members_are_refused() -> None:
     rp = routelp.plan_routes(bw, (0, 1), 400, warm=False)  # through helper 2
     assert all(2 in r.nodes() for r in rp.routes)
     assert math.isfinite(rp.predicted_s)
+
+
+# --------------------------------------------------------------------------- capped plans
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_gap_bounds_a_capped_plan(seed) -> None:
+    """A plan cut short (max_rounds) states a gap; the optimum is never below the bound it
+    implies, and the uncapped plan proves its own optimality (gap 0)."""
+    rng = np.random.default_rng(seed)
+    n = 8 + 3 * (seed % 3)  # 8, 11, 14: without and with the max-flow stop
+    bw = rng.choice([5.0, 10.0, 20.0, 50.0, 100.0], size=(n, n)) * rng.uniform(0.5, 1.5, (n, n))
+    np.fill_diagonal(bw, np.inf)
+    members = tuple(sorted(rng.choice(n, 4, replace=False).tolist()))
+    full = routelp.plan_routes(bw, members, MB16, warm=False, time_budget_s=60, max_rounds=400)
+    capped = routelp.plan_routes(bw, members, MB16, warm=False, max_rounds=1)
+    check_routes(capped, bw, members, MB16)
+    assert full.optimal and full.gap == 0.0
+    assert capped.lp_s >= full.lp_s * (1 - REL)  # fewer columns never beat the optimum
+    assert math.isfinite(capped.gap) and capped.gap >= 0.0
+    # lp_s / (1 + gap) is the lower bound the capped plan found: it never exceeds the optimum
+    assert capped.lp_s / (1 + capped.gap) <= full.lp_s * (1 + REL)
+    assert capped.gap >= capped.lp_s / full.lp_s - 1 - REL
+
+
+def test_limits_apply_only_inside_the_block() -> None:
+    rng = np.random.default_rng(11)
+    bw = rng.uniform(10, 100, (10, 10))
+    np.fill_diagonal(bw, np.inf)
+    with routelp.limits(max_rounds=1):
+        inside = routelp.plan_routes(bw, (0, 2, 5, 7), MB16, warm=False)
+    outside = routelp.plan_routes(bw, (0, 2, 5, 7), MB16, warm=False)
+    assert inside.rounds == 1
+    assert outside.rounds > 1 and outside.optimal
+    with pytest.raises(PlanError, match="max_rounds"):
+        routelp.plan_routes(bw, (0, 2), MB16, max_rounds=0)

@@ -10,7 +10,14 @@ import pytest
 
 from crew.plan.routes import Route
 from crew.sim.__main__ import main as sim_main
-from crew.sim.engine import Fault, FaultKind, SimConfig, Simulation
+from crew.sim.engine import (
+    LARGE_PLAN_ROUNDS,
+    Fault,
+    FaultKind,
+    SimConfig,
+    Simulation,
+    default_plan_rounds,
+)
 from crew.sim.network import LinkQueues, RouteTimer, part_bytes
 from crew.sim.record import Recorder
 from crew.sim.topogen import SimTopology, generate
@@ -158,3 +165,13 @@ def test_cli_writes_a_run_the_dashboard_reads(tmp_path, capsys) -> None:  # noqa
     assert queries.meta(conn)["simulated"] == "1"
     with pytest.raises(SystemExit):
         sim_main(["--n", "8", "--run-dir", str(run)])  # refuses to overwrite a run
+
+
+def test_plan_rounds_caps_crew_planning_and_stays_deterministic() -> None:
+    with pytest.raises(ValueError, match="plan_rounds"):
+        SimConfig(plan_rounds=0)
+    topo = generate(20, 2, 3)
+    runs = [_run(topo, scheme="crew", p=5, duration_s=20.0, seed=3, plan_rounds=2) for _ in "ab"]
+    assert runs[0].rounds == runs[1].rounds  # rounds, not seconds: the machine does not matter
+    assert runs[0].completed > 0
+    assert default_plan_rounds(8) is None and default_plan_rounds(60) == LARGE_PLAN_ROUNDS

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,7 +13,16 @@ import numpy as np
 
 from crew.config import Scheme
 from crew.plan.schemes import GROUP_SCHEMES
-from crew.sim.engine import Fault, FaultKind, SimConfig, SimResult, Simulation
+from crew.sim.engine import (
+    LARGE_PLAN_ROUNDS,
+    PLAN_ROUNDS_FROM_N,
+    Fault,
+    FaultKind,
+    SimConfig,
+    SimResult,
+    Simulation,
+    default_plan_rounds,
+)
 from crew.sim.record import Recorder
 from crew.sim.topogen import BWD_SETTINGS, SimTopology, generate
 
@@ -41,6 +51,16 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         "--cut", action="append", default=[], metavar="T:SRC:DST", help="cut link SRC->DST at T"
     )
     parser.add_argument("--run-dir", type=Path, help="write the run database to DIR/lab.db")
+    parser.add_argument(
+        "--progress", action="store_true", help="log progress to stderr every 5 simulated s"
+    )
+    parser.add_argument(
+        "--plan-rounds",
+        type=int,
+        default=None,
+        help="column-generation rounds per crew plan at most (default: the planner's own"
+        f" bound up to n = {PLAN_ROUNDS_FROM_N} workers, {LARGE_PLAN_ROUNDS} above)",
+    )
 
 
 def config_from(args: argparse.Namespace) -> SimConfig:
@@ -54,6 +74,7 @@ def config_from(args: argparse.Namespace) -> SimConfig:
         goodput=args.goodput,
         compute_s=args.compute_s,
         staleness=args.staleness,
+        plan_rounds=args.plan_rounds,
     )
 
 
@@ -109,6 +130,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--p: must be between 1 and {args.n}")
     topo = generate(args.n, args.bwd, args.seed, args.stragglers)
     cfg = config_from(args)
+    if args.progress:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.plan_rounds is None:
+        cfg = dataclasses.replace(cfg, plan_rounds=default_plan_rounds(args.n))
     if args.n > SAMPLE_1HZ_MAX_N:  # n(n-1) links x 1 Hz would dwarf the rest of the database
         cfg = dataclasses.replace(cfg, sample_s=LARGE_SAMPLE_S)
     res = run(topo, cfg, faults_from(args), args.run_dir)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import enum
 import heapq
 import itertools
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -36,11 +37,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from crew.config import Scheme
+from crew.plan import routelp
 from crew.sim.lifecycle import Abandon, Assign, Commit, Decision, SimLifecycle
 from crew.sim.network import LinkQueues, RouteTimer, part_bytes
 from crew.sim.record import Recorder
 from crew.sim.topogen import SimTopology
 from crew.train.stragglers import ComputeDelay, get_profile
+
+log = logging.getLogger(__name__)
 
 TICK_S = 0.25  # the coordinator's tick: isolation-guard holds are re-tried this often
 
@@ -81,6 +85,9 @@ class SimConfig:
     group_timeout_min_s: float = 30.0
     sample_s: float = 1.0  # link sample interval (the lab's monitor: 1 Hz)
     epoch: float | None = None  # Unix time of simulated t=0 in the run DB (default: now)
+    plan_rounds: int | None = None
+    """Column-generation rounds per crew plan at most (``crew.plan.routelp.limits``; None: the
+    planner's own bound). Rounds, not seconds, so that a run does not depend on the machine."""
 
     def __post_init__(self) -> None:
         if self.size_bytes <= 0 or self.size_bytes % 4:
@@ -89,6 +96,23 @@ class SimConfig:
             raise ValueError(f"duration_s must be positive, got {self.duration_s}")
         if self.sample_s <= 0:
             raise ValueError(f"sample_s must be positive, got {self.sample_s}")
+        if self.plan_rounds is not None and self.plan_rounds < 1:
+            raise ValueError(f"plan_rounds must be >= 1, got {self.plan_rounds}")
+
+
+PROGRESS_EVERY_S = 5  # simulated seconds between progress lines (logged at INFO)
+PLAN_ROUNDS_FROM_N = 16
+LARGE_PLAN_ROUNDS = 5
+"""Above PLAN_ROUNDS_FROM_N workers, crew's route LP gets this many column-generation rounds per
+group by default. At n = 60 an unbounded plan takes ~1 s (60 rounds, hundreds of columns: the
+optimum spreads a group over most of the network's links), and a run plans ~350 groups (12
+rounds: 0.24 s per plan, 99 s per run). A capped plan is within the gap that
+``lab.planbench timing --max-rounds 5`` reports (median, max) of the LP optimum."""
+
+
+def default_plan_rounds(n: int) -> int | None:
+    """The simulator's default ``SimConfig.plan_rounds`` for n workers."""
+    return LARGE_PLAN_ROUNDS if n > PLAN_ROUNDS_FROM_N else None
 
 
 @dataclass
@@ -153,6 +177,7 @@ class Simulation:
             staleness=cfg.staleness,
             committed_capacity=cfg.committed_capacity,
             group_timeout_min_s=cfg.group_timeout_min_s,
+            plan_rounds=cfg.plan_rounds,
         )
         self.rec = recorder
         self.delays = [
@@ -187,6 +212,9 @@ class Simulation:
 
     def run(self) -> SimResult:
         wall0 = time.perf_counter()
+        # The route LP reuses earlier plans' columns (warm starts): a capped plan depends on
+        # them, so every run starts from empty caches and replays the same in any process.
+        routelp.clear_caches()
         for w in range(self.n):
             self._apply(self.life.join(w, 0.0))
             self._compute(w)
@@ -225,6 +253,14 @@ class Simulation:
                 self._apply(self.life.tick(self.now))
             elif kind == _Ev.SAMPLE:
                 self._sample()
+                if log.isEnabledFor(logging.INFO) and round(self.now) % PROGRESS_EVERY_S == 0:
+                    log.info(
+                        "t=%.0f s simulated, wall %.1f s, planner %.1f s in %d calls",
+                        self.now,
+                        time.perf_counter() - wall0,
+                        sum(self.life.plan_seconds),
+                        len(self.life.plan_seconds),
+                    )
         self._apply(self.life.stop(self.now))
         wall = time.perf_counter() - wall0
         if self.rec:

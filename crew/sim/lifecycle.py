@@ -32,6 +32,7 @@ import numpy as np
 from crew.config import RunConfig
 from crew.control import lifecycle as lc
 from crew.control.grouping import Group, GroupFormer
+from crew.plan import routelp
 from crew.plan.schemes import GroupPlan, plan_group
 from crew.wire import protocol as proto
 
@@ -114,7 +115,9 @@ class SimLifecycle:
         committed_capacity: bool = True,
         group_timeout_min_s: float = 30.0,
         isolation_max_wait: float = 10.0,
+        plan_rounds: int | None = None,
     ) -> None:
+        self.plan_rounds = plan_rounds
         bw = np.array(bw_mbit, dtype=float)
         np.fill_diagonal(bw, 0.0)
         self.cfg = RunConfig(
@@ -152,7 +155,8 @@ class SimLifecycle:
     def _timed_plan(self, *args, **kw) -> GroupPlan:  # noqa: ANN002, ANN003
         t0 = time.perf_counter()
         try:
-            return plan_group(*args, **kw)
+            with routelp.limits(max_rounds=self.plan_rounds):
+                return plan_group(*args, **kw)
         finally:
             self.plan_seconds.append(time.perf_counter() - t0)
 
