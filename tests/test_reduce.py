@@ -50,8 +50,8 @@ class Cluster:
             t.start()
 
     def _sender(self, i: int):
-        def send(dst: int, frame: Frame) -> None:
-            self.transports[i].send(dst, frame)
+        def send(dst: int, frame: Frame, priority: int) -> None:
+            self.transports[i].send(dst, frame, priority)
 
         return send
 
@@ -212,7 +212,7 @@ def test_single_member_group_keeps_its_vector(cluster: Cluster) -> None:
 
 def test_forged_and_duplicate_frames_are_dropped_not_counted() -> None:
     sent: list[tuple[int, Frame]] = []
-    eng = ReduceEngine(1, 3, RUN, lambda d, f: sent.append((d, f)), lambda *a: None)
+    eng = ReduceEngine(1, 3, RUN, lambda d, f, _prio: sent.append((d, f)), lambda *a: None)
     a = _assign_routes(star_routes([(1, 0, 4)], [0, 2]), 4, 1, [0, 2], [0.5, 0.5], part_elems=4)
     eng.assign(a)
     good = Frame(
@@ -256,7 +256,7 @@ def test_forged_and_duplicate_frames_are_dropped_not_counted() -> None:
 
 def test_frames_before_their_assignment_are_parked_and_replayed() -> None:
     sent: list[tuple[int, Frame]] = []
-    eng = ReduceEngine(2, 3, RUN, lambda d, f: sent.append((d, f)), lambda *a: None)
+    eng = ReduceEngine(2, 3, RUN, lambda d, f, _prio: sent.append((d, f)), lambda *a: None)
     for sender in (0, 1):
         eng.on_frame(
             Frame(
@@ -377,10 +377,10 @@ def test_nonblocking_reuses_prescattered_parts_and_stays_exact(
     for m in vectors:
         original = cluster.engines[m]._send
 
-        def counting(dst, frame, m=m, original=original):
+        def counting(dst, frame, priority, m=m, original=original):
             if frame.kind == FrameKind.SCATTER and frame.sender == m:
                 scatter_counts[m] += 1
-            original(dst, frame)
+            original(dst, frame, priority)
 
         cluster.engines[m]._send = counting
     for a in assigns.values():
@@ -452,7 +452,7 @@ def _relay_chain(rev: int = 0, members=(0, 1, 2)) -> Assign:
 
 def test_member_relay_adds_its_copy_and_forwards_one_stream_part_by_part() -> None:
     sent: list[tuple[int, Frame]] = []
-    relay = ReduceEngine(1, 4, RUN, lambda d, f: sent.append((d, f)), lambda *a: None)
+    relay = ReduceEngine(1, 4, RUN, lambda d, f, _prio: sent.append((d, f)), lambda *a: None)
     own = np.arange(6, dtype=np.float32)
     relay.assign(_relay_chain(), own)
     assert sent == []  # it waits for its child: its own copy never travels alone
@@ -478,7 +478,7 @@ def test_member_relay_adds_its_copy_and_forwards_one_stream_part_by_part() -> No
 
 def test_non_member_relay_holds_nothing_and_a_new_revision_drops_its_partial_sums() -> None:
     sent: list[tuple[int, Frame]] = []
-    root = ReduceEngine(3, 4, RUN, lambda d, f: sent.append((d, f)), lambda *a: None)
+    root = ReduceEngine(3, 4, RUN, lambda d, f, _prio: sent.append((d, f)), lambda *a: None)
     root.assign(_relay_chain())
     root.on_frame(_part(1, FrameKind.SCATTER, 0, 0, [1, 1]))  # 0 + 1 through the relay
     assert sent == []  # 2's copy of part 0 is still missing
