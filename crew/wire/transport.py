@@ -185,6 +185,11 @@ _TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)  # Linux's option 
 RCVLOWAT_MAX = 128 << 10  # largest SO_RCVLOWAT a reader asks for (FrameStream._wake_at)
 
 
+def rcvlowat_max() -> int:
+    """``RCVLOWAT_MAX``, or ``CREW_RCVLOWAT`` (1: wake per arrival, the kernel's default)."""
+    return max(1, int(os.environ.get("CREW_RCVLOWAT", RCVLOWAT_MAX)))
+
+
 def notsent_lowat() -> int:
     return int(os.environ.get("CREW_NOTSENT_LOWAT", NOTSENT_LOWAT))
 
@@ -247,6 +252,7 @@ class FrameStream:
         self._closed = False
         self._tcp = sock.family in (socket.AF_INET, socket.AF_INET6)
         self._rcvlowat = 1
+        self._rcvlowat_max = rcvlowat_max()
         _tune(sock, stall_timeout)
 
     @classmethod
@@ -329,14 +335,14 @@ class FrameStream:
         return buf
 
     def _wake_at(self, want: int) -> None:
-        """Let the reader wake only once ``want`` bytes (at most ``RCVLOWAT_MAX``) are there.
+        """Let the reader wake only once ``want`` bytes (at most ``rcvlowat_max()``) are there.
 
         Why: at WAN rates data trickles in a packet or two at a time, and a reader woken per
         arrival spends a Python loop turn and two syscalls per ~3 KB; with eight workers on two
         cores that per-wake-up CPU, not the links, bounded the lab's multi-link plans. The
         threshold never exceeds what is still missing of the frame, so a frame's last bytes
         never wait for data that is not coming."""
-        want = max(1, min(want, RCVLOWAT_MAX))
+        want = max(1, min(want, self._rcvlowat_max))
         if not self._tcp or want == self._rcvlowat:
             return
         try:
