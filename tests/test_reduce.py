@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from crew.control.assignment import MIN_ROUTE_PART_ELEMS, route_part_elems, route_part_sizes
 from crew.plan import planner
 from crew.plan.routes import Route, relayed_star_routes, star_routes
 from crew.runtime.reduce import (
@@ -496,3 +497,62 @@ def test_validate_assign_rejects_a_relay_with_nothing_below_it() -> None:
     dead_end = Route(0, 4, 0, up=((1, 0), (2, 0)), down=((0, 1),))
     with pytest.raises(ReduceError, match="relay 2 has no children"):
         validate_assign(_assign_routes([dead_end], 4, 1, [0, 1], [0.5, 0.5]), 3)
+
+
+def test_frames_further_along_their_route_get_the_earlier_priority() -> None:
+    # On _relay_chain: 0 -> 1 -> 3 and 2 -> 3 up, 3 -> 1 -> 0 and 3 -> 2 down. A leaf's own
+    # copy has travelled 0 hops, the relay's sum 1, the root's results 2, the relay's
+    # forwarded results 3: the transport sends lower priorities first.
+    sent: dict[int, list[tuple[int, FrameKind, int]]] = {w: [] for w in range(4)}
+    engines = {
+        w: ReduceEngine(
+            w, 4, RUN, lambda d, f, prio, w=w: sent[w].append((d, f.kind, prio)), lambda *a: None
+        )
+        for w in range(4)
+    }
+    assign = _relay_chain()
+    for w, eng in engines.items():
+        eng.assign(assign, np.ones(6, np.float32) if w in (0, 1, 2) else None)
+    assert set(sent[0]) == {(1, FrameKind.SCATTER, 0)}
+    assert set(sent[2]) == {(3, FrameKind.SCATTER, 0)}
+    engines[1].on_frame(_part(0, FrameKind.SCATTER, 0, 0, [1, 1]))
+    assert set(sent[1]) == {(3, FrameKind.SCATTER, -1)}
+    for s in (0, 2, 4):
+        engines[3].on_frame(_part(2, FrameKind.SCATTER, 0, s, [1, 1]))
+        engines[3].on_frame(_part(1, FrameKind.SCATTER, 0, s, [2, 2]))
+    assert set(sent[3]) == {(1, FrameKind.RESULT, -2), (2, FrameKind.RESULT, -2)}
+    engines[1].on_frame(_part(3, FrameKind.RESULT, 0, 0, [1, 1]))
+    assert (0, FrameKind.RESULT, -3) in sent[1]
+
+
+def test_each_route_is_cut_into_its_own_parts() -> None:
+    # A small route of a multi-hop plan gets small parts (so its relays pipeline), a large one
+    # is capped by the assignment's part size, and both ends agree from the assignment alone.
+    big = Route(0, 1 << 20, 0, ((1, 0),), ((0, 1),))
+    small = Route(1 << 20, (1 << 20) + 200_000, 1, ((0, 1),), ((1, 0),))
+    tiny = Route((1 << 20) + 200_000, (1 << 20) + 200_100, 1, ((0, 1),), ((1, 0),))
+    total = tiny.stop
+    a = _assign_routes([big, small, tiny], total, 5, [0, 1], [0.5, 0.5], part_elems=1 << 16)
+    steps = route_part_sizes(a, [big, small, tiny])
+    assert steps == [1 << 16, 25_000, MIN_ROUTE_PART_ELEMS]
+    assert route_part_elems(small, 1 << 16, prescatter=True) == 1 << 16
+    got: dict[int, list[Frame]] = {0: [], 1: []}
+    engines = [
+        ReduceEngine(w, 2, RUN, lambda d, f, _p: got[d].append(f), lambda *a: None) for w in (0, 1)
+    ]
+    vec = np.arange(total, dtype=np.float32)
+    for eng in engines:
+        eng.assign(a, vec)
+    sizes = sorted({(f.block, len(f.payload) // 4) for f in got[1] if f.kind is FrameKind.SCATTER})
+    assert sizes == [(0, 1 << 16), (2, 100)]  # 0's scatter to root 1: route 0 (big), route 2
+    sizes = sorted({(f.block, len(f.payload) // 4) for f in got[0] if f.kind is FrameKind.SCATTER})
+    assert sizes == [(1, 25_000)]
+    for _ in range(3):  # scatter, then results (bounded)
+        pending = {d: list(fs) for d, fs in got.items()}
+        for fs in got.values():
+            fs.clear()
+        for d, frames in pending.items():
+            for f in frames:
+                engines[d].on_frame(f)
+    for eng in engines:
+        np.testing.assert_array_equal(eng.result(5), vec)

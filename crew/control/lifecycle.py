@@ -65,7 +65,7 @@ DEADLINE_FACTOR = 10.0  # a revision may take this many times its predicted time
 STALL_MIN_S = 3.0  # a revision that received no data for this long (at least) has stalled
 STALL_FACTOR = 3.0  # ... or for this many times its predicted time, if longer
 
-PlanFn = Callable[..., GroupPlan]  # plan_group(scheme, bw, members, size, active=, seed=, part_bytes=)
+PlanFn = Callable[..., GroupPlan]  # plan_group(scheme, bw, members, size, active=, seed=, ...)
 PlanNonblockingFn = Callable[..., GroupPlan]  # plan_group_nonblocking(..., sent, a2a, active=)
 BoundFn = Callable[..., float]  # planner.lower_bound(bw, members, size, active=)
 
