@@ -8,7 +8,12 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from crew.control.assignment import MIN_ROUTE_PART_ELEMS, route_part_elems, route_part_sizes
+from crew.control.assignment import (
+    MAX_ROUTE_PART_ELEMS,
+    MIN_ROUTE_PART_ELEMS,
+    route_part_elems,
+    route_part_sizes,
+)
 from crew.plan import planner
 from crew.plan.routes import Route, relayed_star_routes, star_routes
 from crew.runtime.reduce import (
@@ -536,6 +541,7 @@ def test_each_route_is_cut_into_its_own_parts() -> None:
     steps = route_part_sizes(a, [big, small, tiny])
     assert steps == [1 << 16, 25_000, MIN_ROUTE_PART_ELEMS]
     assert route_part_elems(small, 1 << 16, prescatter=True) == 1 << 16
+    assert route_part_elems(big, 1 << 18) == MAX_ROUTE_PART_ELEMS  # never a 1 MB part per hop
     got: dict[int, list[Frame]] = {0: [], 1: []}
     engines = [
         ReduceEngine(w, 2, RUN, lambda d, f, _p: got[d].append(f), lambda *a: None) for w in (0, 1)

@@ -333,8 +333,7 @@ def test_lower_priority_goes_first_and_cancel_keeps_priorities(
 
 
 def test_a_frame_arriving_in_pieces_is_read_whole(codec: FrameCodec) -> None:
-    # The reader asks the kernel to wake it only when the rest of a frame is there (SO_RCVLOWAT);
-    # a frame that trickles in, and ends with less than that threshold, must still be read.
+    # A frame that trickles in over a connection capped by TCP_NOTSENT_LOWAT is read whole.
     with closing(socket.create_server((LOOPBACK, 0))) as server:
         raw = socket.create_connection(server.getsockname(), timeout=WAIT)
         accepted, _ = server.accept()

@@ -59,10 +59,16 @@ MIN_ROUTE_PART_ELEMS = 16 << 10
 """No route part below 64 KiB (unless the route is smaller): per-frame costs (framing, HMAC,
 a Python call per hop) stay small against the bytes."""
 
+MAX_ROUTE_PART_ELEMS = 64 << 10
+"""No route part above 256 KiB: a part crosses each hop whole before the next hop starts it, so
+a 1 MB part costs 0.1-0.4 s per hop at 20-80 Mbit/s. Measured on the one-slow-pair topology
+(16.8 MB, p = n = 4): the route LP's 8.4 MB route reduces along 2 -> 1 -> 3 -> 0 and
+broadcasts along 0 -> 3 -> 1 -> 2 in 1 MB parts, and its links ran at 60-65% of their rates."""
+
 
 def route_part_elems(route: Route, part_elems: int, prescatter: bool = False) -> int:
-    """Elements per part of ``route``: ``part_elems`` at most, the route cut into
-    ``PARTS_PER_ROUTE`` parts where that stays above ``MIN_ROUTE_PART_ELEMS``.
+    """Elements per part of ``route``: ``part_elems`` and ``MAX_ROUTE_PART_ELEMS`` at most, the
+    route cut into ``PARTS_PER_ROUTE`` parts where that stays above ``MIN_ROUTE_PART_ELEMS``.
 
     Derived from the assignment alone, so every node of the route (and the worker's control
     logic) cuts it the same way. Non-blocking groups (``prescatter``) keep ``part_elems``: their
@@ -70,7 +76,7 @@ def route_part_elems(route: Route, part_elems: int, prescatter: bool = False) ->
     if prescatter:
         return part_elems
     step = max(MIN_ROUTE_PART_ELEMS, -(-route.elems // PARTS_PER_ROUTE))
-    return max(1, min(part_elems, step))
+    return max(1, min(part_elems, MAX_ROUTE_PART_ELEMS, step))
 
 
 def route_part_sizes(assign: Assign, routes: list[Route]) -> list[int]:

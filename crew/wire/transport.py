@@ -182,14 +182,6 @@ NOTSENT_LOWAT = 64 << 10
 _TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)  # Linux's option number
 
 
-RCVLOWAT_MAX = 128 << 10  # largest SO_RCVLOWAT a reader asks for (FrameStream._wake_at)
-
-
-def rcvlowat_max() -> int:
-    """``RCVLOWAT_MAX``, or ``CREW_RCVLOWAT`` (1: wake per arrival, the kernel's default)."""
-    return max(1, int(os.environ.get("CREW_RCVLOWAT", RCVLOWAT_MAX)))
-
-
 def notsent_lowat() -> int:
     return int(os.environ.get("CREW_NOTSENT_LOWAT", NOTSENT_LOWAT))
 
@@ -250,9 +242,6 @@ class FrameStream:
         self.codec = codec
         self._send_lock = threading.Lock()
         self._closed = False
-        self._tcp = sock.family in (socket.AF_INET, socket.AF_INET6)
-        self._rcvlowat = 1
-        self._rcvlowat_max = rcvlowat_max()
         _tune(sock, stall_timeout)
 
     @classmethod
@@ -316,9 +305,6 @@ class FrameStream:
         view = memoryview(buf)
         got = 0
         while got < n:
-            # Between frames any byte is news (an idle wait must tell a started frame from
-            # silence); inside a frame, wait for the rest of it.
-            self._wake_at(1 if at_boundary and got == 0 else n - got)
             try:
                 k = self.sock.recv_into(view[got:], n - got)
             except TimeoutError:
@@ -333,23 +319,6 @@ class FrameStream:
         view.release()
         del buf[got:]  # in place: a copy would briefly double a truncated maximum-size frame
         return buf
-
-    def _wake_at(self, want: int) -> None:
-        """Let the reader wake only once ``want`` bytes (at most ``rcvlowat_max()``) are there.
-
-        Why: at WAN rates data trickles in a packet or two at a time, and a reader woken per
-        arrival spends a Python loop turn and two syscalls per ~3 KB; with eight workers on two
-        cores that per-wake-up CPU, not the links, bounded the lab's multi-link plans. The
-        threshold never exceeds what is still missing of the frame, so a frame's last bytes
-        never wait for data that is not coming."""
-        want = max(1, min(want, self._rcvlowat_max))
-        if not self._tcp or want == self._rcvlowat:
-            return
-        try:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
-            self._rcvlowat = want
-        except OSError:
-            self._tcp = False  # not supported here: wake per arrival, as before
 
     def shutdown(self) -> None:
         """Wake up threads blocked in recv or send (they get EOF or an error) without
