@@ -550,9 +550,9 @@ def test_each_route_is_cut_into_its_own_parts() -> None:
     for eng in engines:
         eng.assign(a, vec)
     sizes = sorted({(f.block, len(f.payload) // 4) for f in got[1] if f.kind is FrameKind.SCATTER})
-    assert sizes == [(0, 1 << 16), (2, 100)]  # 0's scatter to root 1: route 0 (big), route 2
+    assert sizes == [(1, 25_000), (2, 100)]  # 0's scatter to root 1: routes 1 and 2
     sizes = sorted({(f.block, len(f.payload) // 4) for f in got[0] if f.kind is FrameKind.SCATTER})
-    assert sizes == [(1, 25_000)]
+    assert sizes == [(0, 1 << 16)]  # 1's scatter to root 0: route 0, in 16 parts
     for _ in range(3):  # scatter, then results (bounded)
         pending = {d: list(fs) for d, fs in got.items()}
         for fs in got.values():
