@@ -8,7 +8,7 @@ from crew.config import RunConfig
 from crew.control import lifecycle as lc
 from crew.wire import protocol as proto
 
-SIZE = 1 << 14  # elements of every worker's vector
+SIZE = 1 << 20  # elements of every worker's vector: 4 MB, so that parts are small against it
 
 
 def make_cfg(n: int = 4, p: int = 2, bw: list[list[float]] | None = None, **kw: Any) -> RunConfig:

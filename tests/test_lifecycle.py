@@ -473,3 +473,21 @@ def test_a_poorly_reached_worker_is_kept_out_of_groups_for_a_bounded_wait() -> N
     assert "worker 6 no longer deferred: reached at 600.0 Mbit/s" in events(
         life.tick(12.5), "capacity"
     )
+
+
+def test_the_plan_counts_the_parts_pipeline_fill() -> None:
+    # A relay forwards a part only once it holds all of it, so a vector of one or two parts
+    # gains nothing from non-member aggregators (each extra hop costs the whole vector's time
+    # on that link): _plan must pass the part size to the route LP, which then keeps the tiny
+    # group among its members. The same group with a 4 MB vector does use the other workers.
+    tiny = 1 << 14  # 64 KB: one part
+    for size, helpers_pay in ((tiny, False), (SIZE, True)):
+        cfg = make_cfg()
+        life = lc.GroupLifecycle(cfg)
+        for w in range(cfg.n):
+            life.handle(proto.Register(w, 100 + w, 0, size), 0.0)
+        form(life, (0, 1))
+        plan = life.open[1].plan
+        assert (plan.participants() != {0, 1}) is helpers_pay, plan
+        fluid = plan_group("crew", np.array(cfg.bw_mbit), (0, 1), size * 4)
+        assert plan.predicted_s >= fluid.predicted_s  # the fill is counted, never free

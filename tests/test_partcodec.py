@@ -36,7 +36,7 @@ class Net:
             ReduceEngine(i, N, RUN, self._send, self._have_all(i), codec=pc) for i in range(N)
         ]
 
-    def _send(self, dst: int, frame: Frame) -> None:
+    def _send(self, dst: int, frame: Frame, priority: int = 0) -> None:
         if self.tamper is not None:
             frame = self.tamper(frame)
         self.queue.append((dst, frame))

@@ -80,7 +80,9 @@ def test_configured_delays_make_the_coordinator_drop_a_far_relay() -> None:
     )
     assert kw["delay_s"][0, 2] == pytest.approx(FAR_MS / 1000)
     assert not uses_relay(far)  # the relay's 1 s of latency costs more than it saves
-    assert far.predicted_s == pytest.approx(0.32 + NEAR_MS / 1000, rel=1e-3)
+    # 0.32 s of direct transfer plus the near delay, plus one part's fill per hop (the route LP
+    # counts the engine's part size since plans pass part_bytes); far below the relay's 1 s.
+    assert 0.32 + NEAR_MS / 1000 < far.predicted_s < 0.32 + NEAR_MS / 1000 + 0.1
     # the bound counts the shortest delay path between the members too
     assert far_bound == pytest.approx(near_bound + NEAR_MS / 1000, rel=1e-6)
 

@@ -8,6 +8,12 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from crew.control.assignment import (
+    MAX_ROUTE_PART_ELEMS,
+    MIN_ROUTE_PART_ELEMS,
+    route_part_elems,
+    route_part_sizes,
+)
 from crew.plan import planner
 from crew.plan.routes import Route, relayed_star_routes, star_routes
 from crew.runtime.reduce import (
@@ -50,8 +56,8 @@ class Cluster:
             t.start()
 
     def _sender(self, i: int):
-        def send(dst: int, frame: Frame) -> None:
-            self.transports[i].send(dst, frame)
+        def send(dst: int, frame: Frame, priority: int) -> None:
+            self.transports[i].send(dst, frame, priority)
 
         return send
 
@@ -212,7 +218,7 @@ def test_single_member_group_keeps_its_vector(cluster: Cluster) -> None:
 
 def test_forged_and_duplicate_frames_are_dropped_not_counted() -> None:
     sent: list[tuple[int, Frame]] = []
-    eng = ReduceEngine(1, 3, RUN, lambda d, f: sent.append((d, f)), lambda *a: None)
+    eng = ReduceEngine(1, 3, RUN, lambda d, f, _prio: sent.append((d, f)), lambda *a: None)
     a = _assign_routes(star_routes([(1, 0, 4)], [0, 2]), 4, 1, [0, 2], [0.5, 0.5], part_elems=4)
     eng.assign(a)
     good = Frame(
@@ -256,7 +262,7 @@ def test_forged_and_duplicate_frames_are_dropped_not_counted() -> None:
 
 def test_frames_before_their_assignment_are_parked_and_replayed() -> None:
     sent: list[tuple[int, Frame]] = []
-    eng = ReduceEngine(2, 3, RUN, lambda d, f: sent.append((d, f)), lambda *a: None)
+    eng = ReduceEngine(2, 3, RUN, lambda d, f, _prio: sent.append((d, f)), lambda *a: None)
     for sender in (0, 1):
         eng.on_frame(
             Frame(
@@ -377,10 +383,10 @@ def test_nonblocking_reuses_prescattered_parts_and_stays_exact(
     for m in vectors:
         original = cluster.engines[m]._send
 
-        def counting(dst, frame, m=m, original=original):
+        def counting(dst, frame, priority, m=m, original=original):
             if frame.kind == FrameKind.SCATTER and frame.sender == m:
                 scatter_counts[m] += 1
-            original(dst, frame)
+            original(dst, frame, priority)
 
         cluster.engines[m]._send = counting
     for a in assigns.values():
@@ -452,7 +458,7 @@ def _relay_chain(rev: int = 0, members=(0, 1, 2)) -> Assign:
 
 def test_member_relay_adds_its_copy_and_forwards_one_stream_part_by_part() -> None:
     sent: list[tuple[int, Frame]] = []
-    relay = ReduceEngine(1, 4, RUN, lambda d, f: sent.append((d, f)), lambda *a: None)
+    relay = ReduceEngine(1, 4, RUN, lambda d, f, _prio: sent.append((d, f)), lambda *a: None)
     own = np.arange(6, dtype=np.float32)
     relay.assign(_relay_chain(), own)
     assert sent == []  # it waits for its child: its own copy never travels alone
@@ -478,7 +484,7 @@ def test_member_relay_adds_its_copy_and_forwards_one_stream_part_by_part() -> No
 
 def test_non_member_relay_holds_nothing_and_a_new_revision_drops_its_partial_sums() -> None:
     sent: list[tuple[int, Frame]] = []
-    root = ReduceEngine(3, 4, RUN, lambda d, f: sent.append((d, f)), lambda *a: None)
+    root = ReduceEngine(3, 4, RUN, lambda d, f, _prio: sent.append((d, f)), lambda *a: None)
     root.assign(_relay_chain())
     root.on_frame(_part(1, FrameKind.SCATTER, 0, 0, [1, 1]))  # 0 + 1 through the relay
     assert sent == []  # 2's copy of part 0 is still missing
@@ -496,3 +502,63 @@ def test_validate_assign_rejects_a_relay_with_nothing_below_it() -> None:
     dead_end = Route(0, 4, 0, up=((1, 0), (2, 0)), down=((0, 1),))
     with pytest.raises(ReduceError, match="relay 2 has no children"):
         validate_assign(_assign_routes([dead_end], 4, 1, [0, 1], [0.5, 0.5]), 3)
+
+
+def test_frames_further_along_their_route_get_the_earlier_priority() -> None:
+    # On _relay_chain: 0 -> 1 -> 3 and 2 -> 3 up, 3 -> 1 -> 0 and 3 -> 2 down. A leaf's own
+    # copy has travelled 0 hops, the relay's sum 1, the root's results 2, the relay's
+    # forwarded results 3: the transport sends lower priorities first.
+    sent: dict[int, list[tuple[int, FrameKind, int]]] = {w: [] for w in range(4)}
+    engines = {
+        w: ReduceEngine(
+            w, 4, RUN, lambda d, f, prio, w=w: sent[w].append((d, f.kind, prio)), lambda *a: None
+        )
+        for w in range(4)
+    }
+    assign = _relay_chain()
+    for w, eng in engines.items():
+        eng.assign(assign, np.ones(6, np.float32) if w in (0, 1, 2) else None)
+    assert set(sent[0]) == {(1, FrameKind.SCATTER, 0)}
+    assert set(sent[2]) == {(3, FrameKind.SCATTER, 0)}
+    engines[1].on_frame(_part(0, FrameKind.SCATTER, 0, 0, [1, 1]))
+    assert set(sent[1]) == {(3, FrameKind.SCATTER, -1)}
+    for s in (0, 2, 4):
+        engines[3].on_frame(_part(2, FrameKind.SCATTER, 0, s, [1, 1]))
+        engines[3].on_frame(_part(1, FrameKind.SCATTER, 0, s, [2, 2]))
+    assert set(sent[3]) == {(1, FrameKind.RESULT, -2), (2, FrameKind.RESULT, -2)}
+    engines[1].on_frame(_part(3, FrameKind.RESULT, 0, 0, [1, 1]))
+    assert (0, FrameKind.RESULT, -3) in sent[1]
+
+
+def test_each_route_is_cut_into_its_own_parts() -> None:
+    # A small route of a multi-hop plan gets small parts (so its relays pipeline), a large one
+    # is capped by the assignment's part size, and both ends agree from the assignment alone.
+    big = Route(0, 1 << 20, 0, ((1, 0),), ((0, 1),))
+    small = Route(1 << 20, (1 << 20) + 200_000, 1, ((0, 1),), ((1, 0),))
+    tiny = Route((1 << 20) + 200_000, (1 << 20) + 200_100, 1, ((0, 1),), ((1, 0),))
+    total = tiny.stop
+    a = _assign_routes([big, small, tiny], total, 5, [0, 1], [0.5, 0.5], part_elems=1 << 16)
+    steps = route_part_sizes(a, [big, small, tiny])
+    assert steps == [1 << 16, 25_000, MIN_ROUTE_PART_ELEMS]
+    assert route_part_elems(small, 1 << 16, prescatter=True) == 1 << 16
+    assert route_part_elems(big, 1 << 18) == MAX_ROUTE_PART_ELEMS  # never a 1 MB part per hop
+    got: dict[int, list[Frame]] = {0: [], 1: []}
+    engines = [
+        ReduceEngine(w, 2, RUN, lambda d, f, _p: got[d].append(f), lambda *a: None) for w in (0, 1)
+    ]
+    vec = np.arange(total, dtype=np.float32)
+    for eng in engines:
+        eng.assign(a, vec)
+    sizes = sorted({(f.block, len(f.payload) // 4) for f in got[1] if f.kind is FrameKind.SCATTER})
+    assert sizes == [(1, 25_000), (2, 100)]  # 0's scatter to root 1: routes 1 and 2
+    sizes = sorted({(f.block, len(f.payload) // 4) for f in got[0] if f.kind is FrameKind.SCATTER})
+    assert sizes == [(0, 1 << 16)]  # 1's scatter to root 0: route 0, in 16 parts
+    for _ in range(3):  # scatter, then results (bounded)
+        pending = {d: list(fs) for d, fs in got.items()}
+        for fs in got.values():
+            fs.clear()
+        for d, frames in pending.items():
+            for f in frames:
+                engines[d].on_frame(f)
+    for eng in engines:
+        np.testing.assert_array_equal(eng.result(5), vec)

@@ -309,6 +309,50 @@ def test_cancel_removes_queued_frames(make, codec: FrameCodec, order: FlowOrder)
     assert ts[1].stats().frames_sent == 4
 
 
+@pytest.mark.parametrize("order", list(FlowOrder))
+def test_lower_priority_goes_first_and_cancel_keeps_priorities(
+    make, codec: FrameCodec, order: FlowOrder
+) -> None:
+    # A relay's forwarded part (priority -1) must overtake the node's own queued first-hop data
+    # (priority 0), whatever the order among equals; cancelling other frames keeps that.
+    inbox = Inbox()
+    ts = {1: make(1, codec, Inbox(), flow_order=order), 2: make(2, codec, inbox)}
+    link_all(ts)
+    ts[2].start()
+    for group, part in ENQUEUED:
+        ts[1].send(2, frame(1, group, part))
+    ts[1].send(2, frame(1, 9, 0), -1)
+    ts[1].send(2, frame(1, 8, 0), -2)
+    ts[1].send(2, frame(1, 9, 1), -1)
+    assert ts[1].cancel(lambda f: f.group == 3) == 3
+    ts[1].start()
+    assert inbox.wait_for(7)
+    got = [(f.group, f.part) for f in inbox.frames]
+    assert got[:3] == [(8, 0), (9, 0), (9, 1)]
+    assert got[3:] == [gp for gp in EXPECTED[order] if gp[0] != 3]
+
+
+def test_a_frame_arriving_in_pieces_is_read_whole(codec: FrameCodec) -> None:
+    # A frame that trickles in over a connection capped by TCP_NOTSENT_LOWAT is read whole.
+    with closing(socket.create_server((LOOPBACK, 0))) as server:
+        raw = socket.create_connection(server.getsockname(), timeout=WAIT)
+        accepted, _ = server.accept()
+        inbound = FrameStream(accepted, codec, stall_timeout=WAIT)
+        try:
+            data = codec.encode_bytes(frame(1, 4, 2, payload=bytes(range(256)) * 1024))
+            got: list[Frame] = []
+            reader = threading.Thread(target=lambda: got.append(inbound.recv()))
+            reader.start()
+            for k in range(0, len(data), 50_000):  # several pieces, each below the threshold
+                raw.sendall(data[k : k + 50_000])
+                threading.Event().wait(0.02)
+            reader.join(WAIT)
+            assert got and got[0].payload == bytes(range(256)) * 1024 and got[0].part == 2
+        finally:
+            raw.close()
+            inbound.close()
+
+
 # -- failures ---------------------------------------------------------------------------------
 
 

@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from crew.config import RunConfig, Scheme
+from crew.control.assignment import MIN_ROUTE_PART_ELEMS
 from crew.control.capacity import (
     CapacityView,
     InFlight,
@@ -75,7 +76,7 @@ DEADLINE_FACTOR = 10.0  # a revision may take this many times its predicted time
 STALL_MIN_S = 3.0  # a revision that received no data for this long (at least) has stalled
 STALL_FACTOR = 3.0  # ... or for this many times its predicted time, if longer
 
-PlanFn = Callable[..., GroupPlan]  # plan_group(scheme, bw, members, size, active=, seed=)
+PlanFn = Callable[..., GroupPlan]  # plan_group(scheme, bw, members, size, active=, seed=, ...)
 PlanNonblockingFn = Callable[..., GroupPlan]  # plan_group_nonblocking(..., sent, a2a, active=)
 BoundFn = Callable[..., float]  # planner.lower_bound(bw, members, size, active=)
 
@@ -588,7 +589,19 @@ class GroupLifecycle:
         extra: dict[str, Any] = {"shared": self.cfg.shared} if self.cfg.shared else {}
         if self.capacity.delay_s is not None:
             extra["delay_s"] = self.capacity.delay_s
-        plan = self._plan_fn(scheme, bw, members, size, active=active, seed=self.cfg.seed, **extra)
+        # The route LP counts one part's serialisation per hop (pipeline fill); the parts a
+        # multi-hop route gets are the smallest the engine cuts (crew.control.assignment).
+        part_bytes = 4 * min(self.cfg.part_elems_for(self.size_elems), MIN_ROUTE_PART_ELEMS)
+        plan = self._plan_fn(
+            scheme,
+            bw,
+            members,
+            size,
+            active=active,
+            seed=self.cfg.seed,
+            part_bytes=part_bytes,
+            **extra,
+        )
         bound = self._lower_bound(self.capacity.planning, members, size, active=active, **extra)
         return plan, bound
 

@@ -161,8 +161,8 @@ class Node:
                     del self._received[next(iter(self._received))]  # the least recent
         self.engine.on_frame(frame)
 
-    def _send_data(self, dst: int, frame: Frame) -> None:
-        self.transport.send(dst, frame)
+    def _send_data(self, dst: int, frame: Frame, priority: int = 0) -> None:
+        self.transport.send(dst, frame, priority)
 
     def tell(self, msg: proto.Message) -> None:
         """Send one message to the coordinator (dropped while it is unreachable: the control

@@ -14,10 +14,21 @@ CREW and the original partial reduce are stars (one per block, rooted at the blo
 aggregator), PS is one star, Ring is paths, BLINK and TopoAdopt are spanning trees: all run on
 this engine, so they are compared on the same transport, framing and bookkeeping.
 
-Parts (``part_elems`` elements, about 1 MB) stream through the trees when the plan is
-``pipelined``: a node passes a part on as soon as it is complete. Otherwise a node waits until
-the whole range is complete before passing anything on (store and forward, as the paper's
-phased design and non-pipelined BLINK do).
+Parts stream through the trees when the plan is ``pipelined``: a node passes a part on as soon
+as it is complete (cut-through at part granularity). Otherwise a node waits until the whole
+range is complete before passing anything on (store and forward, as the paper's phased design
+and non-pipelined BLINK do). Each route is cut into its own parts
+(``crew.control.assignment.route_part_elems``: about an eighth of the route, 64 KiB at least,
+the assignment's ``part_elems`` at most), so a small route of a multi-hop plan still pipelines
+through its relays.
+
+Every frame goes to the transport with a priority: the number of hops its data has already
+travelled on its route (reduce hops, then broadcast hops), furthest along first
+(``crew.wire.transport.Transport.send``). Why: every node queues all of its own first-hop
+data at once; a relay's forwarded parts or a root's broadcast queued behind it (first come,
+first served) would wait until the link had sent everything else, and the route's later links
+would idle meanwhile. Forwarded data first keeps every route flowing through its hops while
+the first hops fill the rest of each link's time.
 
 Revisions: when a group changes (a member dies, a link fails) the coordinator sends a new
 revision with a new plan. All state of older revisions is discarded and the members send
@@ -49,6 +60,7 @@ from crew.control.assignment import (
     ReduceError,
     covered_parts,
     part_starts,
+    route_part_sizes,
     validate_assign,
 )
 from crew.plan.routes import Route
@@ -111,14 +123,43 @@ class _Acc:
     err: float = 0.0  # codec error projection carried by the contributions (PartCodec)
 
 
+def up_heights(route: Route) -> dict[int, int]:
+    """Per node of the reduce tree: the most hops any contribution has travelled when it
+    leaves that node (0 at a leaf)."""
+    height: dict[int, int] = {}
+
+    def visit(node: int, depth: int) -> int:
+        if depth > len(route.up):
+            raise ReduceError(f"route [{route.start}, {route.stop}): reduce tree has a cycle")
+        h = max((visit(c, depth + 1) + 1 for c in route.children_up(node)), default=0)
+        height[node] = h
+        return h
+
+    visit(route.root, 0)
+    return height
+
+
+def down_depth(route: Route, node: int) -> int:
+    """Broadcast hops from the route's root to ``node``."""
+    parent = {c: p for p, c in route.down}
+    depth = 0
+    while node != route.root and node in parent and depth <= len(route.down):
+        node = parent[node]
+        depth += 1
+    return depth
+
+
 @dataclass
 class _RouteState:
     route: Route
+    step: int  # elements per part of this route
     parts: list[int]  # part starts
     expect: frozenset[int]  # contributors expected at this node: up-children (+ me if member)
     parent: int | None
     down: tuple[int, ...]
     receiver: bool  # this node holds the sum when done (root or broadcast child)
+    up_priority: int = 0  # transport priority of this node's partial sums (lower goes first)
+    down_priority: int = 0  # ... and of the results it passes on
     acc: dict[int, _Acc] = field(default_factory=dict)
     completed_up: int = 0  # parts whose sum is complete here
     held_down: dict[int, np.ndarray] = field(default_factory=dict)  # store-and-forward buffer
@@ -151,7 +192,8 @@ class _Group:
 class ReduceEngine:
     """One worker's side of every group in flight. Thread-safe; frames arrive on many threads.
 
-    ``send(dst, frame)`` enqueues a frame for another worker (never called with ``dst == me``).
+    ``send(dst, frame, priority)`` enqueues a frame for another worker (never called with
+    ``dst == me``); frames of lower ``priority`` go first on their link (see the module doc).
     ``on_have_all(group, rev, bytes_sent)`` fires once per revision when this member holds the
     whole result.
     """
@@ -161,7 +203,7 @@ class ReduceEngine:
         me: int,
         n: int,
         run: int,
-        send: Callable[[int, Frame], None],
+        send: Callable[[int, Frame, int], None],
         on_have_all: Callable[[int, int, int], None],
         codec: PartCodec | None = None,
     ):
@@ -185,6 +227,7 @@ class ReduceEngine:
     def assign(self, assign: Assign, vector: np.ndarray | None = None) -> None:
         """Take part in a group revision; members pass the vector they offered when ready."""
         routes = validate_assign(assign, self.n)
+        steps = route_part_sizes(assign, routes)
         member = self.me in assign.members
         with self._lock:
             if assign.group in self._finished:
@@ -211,13 +254,17 @@ class ReduceEngine:
                 expect = set(r.children_up(self.me))
                 if member:
                     expect.add(self.me)
+                heights = up_heights(r)
                 st = _RouteState(
                     route=r,
-                    parts=part_starts(r, assign.part_elems),
+                    step=steps[k],
+                    parts=part_starts(r, steps[k]),
                     expect=frozenset(expect),
                     parent=r.parent(self.me),
                     down=r.children_down(self.me),
                     receiver=self.me in r.receivers(),
+                    up_priority=-heights.get(self.me, 0),
+                    down_priority=-(heights[r.root] + down_depth(r, self.me)),
                 )
                 g.routes[k] = st
                 if member and st.receiver:
@@ -362,11 +409,11 @@ class ReduceEngine:
                 self._add(g, k, st, start, sender, values[:length] * weight, owned=True)
 
     def _part_len(self, g: _Group, st: _RouteState, start: int) -> int:
-        if start not in range(st.route.start, st.route.stop, g.assign.part_elems):
+        if start not in range(st.route.start, st.route.stop, st.step):
             raise ReduceError(
                 f"offset {start} is not a part of route [{st.route.start}, {st.route.stop})"
             )
-        return min(start + g.assign.part_elems, st.route.stop) - start
+        return min(start + st.step, st.route.stop) - start
 
     def _values(self, frame: Frame, length: int) -> np.ndarray:
         if len(frame.payload) != length * DTYPE.itemsize:
@@ -423,14 +470,14 @@ class ReduceEngine:
             group=g.assign.group,
             rev=g.assign.rev,
             block=k,
-            part=(start - g.routes[k].route.start) // g.assign.part_elems,
+            part=(start - g.routes[k].route.start) // g.routes[k].step,
             offset=start,
             payload=payload,
         )
 
-    def _send_to(self, g: _Group, dst: int, frame: Frame) -> None:
+    def _send_to(self, g: _Group, dst: int, frame: Frame, priority: int) -> None:
         g.bytes_sent += len(frame.payload)
-        self._send(dst, frame)
+        self._send(dst, frame, priority)
 
     # reduce tree
 
@@ -505,7 +552,7 @@ class ReduceEngine:
             return
         if st.parent is not None:
             frame = self._frame(FrameKind.SCATTER, g, k, start, total, acc.err)
-            self._send_to(g, st.parent, frame)
+            self._send_to(g, st.parent, frame, st.up_priority)
             acc.total = None  # a non-root node is done with this part's values
         elif self._codec is not None:
             # Encode the sum once for the broadcast; the root keeps what its children decode.
@@ -549,9 +596,9 @@ class ReduceEngine:
             g.result[start : start + values.size] = values
         if st.down:
             if self._pipelined(g):
+                frame = self._frame(FrameKind.RESULT, g, k, start, values, wire=wire)
                 for child in st.down:
-                    frame = self._frame(FrameKind.RESULT, g, k, start, values, wire=wire)
-                    self._send_to(g, child, frame)
+                    self._send_to(g, child, frame, st.down_priority)
             else:
                 st.held_down[start] = np.array(values, dtype=DTYPE)
                 if wire is not None:
@@ -562,7 +609,7 @@ class ReduceEngine:
                             frame = self._frame(
                                 FrameKind.RESULT, g, k, s, st.held_down[s], wire=st.held_wire.get(s)
                             )
-                            self._send_to(g, child, frame)
+                            self._send_to(g, child, frame, st.down_priority)
                     st.held_down.clear()
                     st.held_wire.clear()
         self._check_done(g)

@@ -172,6 +172,19 @@ def tcp_congestion() -> str:
 
 _cc_warned = threading.Event()
 
+# Unsent bytes a connection may hold in the kernel (TCP_NOTSENT_LOWAT). Without a cap the
+# kernel's send buffer grows to megabytes, one first-come-first-served queue behind which the
+# sender's priorities (``Transport.send``) mean nothing: a relay's forwarded part waited there
+# behind everything its node had queued for that link. 64 KiB is ~26 ms at 20 Mbit/s and
+# 0.5 ms at 1 Gbit/s; bytes in flight (sent, not yet acknowledged) do not count, so the link
+# still runs full. ``CREW_NOTSENT_LOWAT`` overrides it (0: the system default).
+NOTSENT_LOWAT = 64 << 10
+_TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)  # Linux's option number
+
+
+def notsent_lowat() -> int:
+    return int(os.environ.get("CREW_NOTSENT_LOWAT", NOTSENT_LOWAT))
+
 
 def _tune(sock: socket.socket, stall_timeout: float | None) -> None:
     if sock.family in (socket.AF_INET, socket.AF_INET6):  # also usable over Unix sockets
@@ -181,6 +194,12 @@ def _tune(sock: socket.socket, stall_timeout: float | None) -> None:
             # without ever filling the send buffer; the kernel then fails the socket for us.
             ms = max(1000, int(stall_timeout * 1000))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, ms)
+        lowat = notsent_lowat()
+        if lowat > 0:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, _TCP_NOTSENT_LOWAT, lowat)
+            except OSError:
+                pass  # not a Linux kernel: the sender's priorities act on its own queue only
         cc = tcp_congestion()
         if cc and hasattr(socket, "TCP_CONGESTION"):
             try:
@@ -334,8 +353,8 @@ class TransportStats:
     send_failures: int = 0  # link failures reported through on_send_error
 
 
-class _FlowQueue:
-    """Queued frames of one destination, popped in a FlowOrder. Not thread-safe."""
+class _OrderQueue:
+    """Queued frames of one destination and priority, popped in a FlowOrder. Not thread-safe."""
 
     def __init__(self, order: FlowOrder) -> None:
         self.order = order
@@ -383,14 +402,58 @@ class _FlowQueue:
         """Remove and return everything, in the order it would have been sent."""
         return [self.pop() for _ in range(self._len)]
 
+
+class _FlowQueue:
+    """Queued frames of one destination: lowest priority first, each priority in a FlowOrder.
+    Not thread-safe."""
+
+    def __init__(self, order: FlowOrder) -> None:
+        self.order = order
+        self._levels: dict[int, _OrderQueue] = {}
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def push(self, frame: Frame, priority: int = 0) -> None:
+        level = self._levels.get(priority)
+        if level is None:
+            level = self._levels[priority] = _OrderQueue(self.order)
+        level.push(frame)
+        self._len += 1
+
+    def pop(self) -> Frame:
+        if not self._len:
+            raise IndexError("pop from an empty flow queue")
+        priority = min(self._levels)  # a handful of levels: a scan is cheapest
+        level = self._levels[priority]
+        frame = level.pop()
+        if not len(level):
+            del self._levels[priority]
+        self._len -= 1
+        return frame
+
+    def drain(self) -> list[Frame]:
+        """Remove and return everything, in the order it would have been sent."""
+        return [f for _, f in self._drain_with_priority()]
+
+    def _drain_with_priority(self) -> list[tuple[int, Frame]]:
+        out = [(p, f) for p in sorted(self._levels) for f in self._levels[p].drain()]
+        self._levels.clear()
+        self._len = 0
+        return out
+
     def remove_if(self, predicate: Callable[[Frame], bool]) -> list[Frame]:
-        kept: list[Frame] = []
+        kept: list[tuple[int, Frame]] = []
         removed: list[Frame] = []
-        for frame in self.drain():
-            (removed if predicate(frame) else kept).append(frame)
+        for priority, frame in self._drain_with_priority():
+            if predicate(frame):
+                removed.append(frame)
+            else:
+                kept.append((priority, frame))
         # Re-pushing in pop order keeps the relative order (and FAIR's rotation) intact.
-        for frame in kept:
-            self.push(frame)
+        for priority, frame in kept:
+            self.push(frame, priority)
         return removed
 
 
@@ -582,8 +645,11 @@ class Transport:
         with self._lock:
             return dict(self._peers)
 
-    def send(self, dst: int, frame: Frame) -> None:
+    def send(self, dst: int, frame: Frame, priority: int = 0) -> None:
         """Queue ``frame`` for ``dst``; never blocks on the network.
+
+        Frames of a lower ``priority`` go before any queued frame of a higher one (the frame
+        already being sent finishes first); within a priority, the transport's FlowOrder.
 
         Raises ValueError for dst == me (callers deliver to themselves), KeyError for an
         unknown dst, Oversized if the payload exceeds the codec's limit, RuntimeError after
@@ -599,7 +665,7 @@ class Transport:
             raise RuntimeError("transport is closed")
         link = self._link(dst)
         with link.cond:
-            link.queue.push(frame)
+            link.queue.push(frame, priority)
             link.queued_bytes += wire_size(frame)
             link.cond.notify()
         if self._trace is not None:
