@@ -131,7 +131,9 @@ def test_no_baseline_beats_crew(case) -> None:
         return
     rp = routelp.plan_routes(bw, members, size, active)
     check_routes(rp, bw, members, size, active)
-    assert crew.predicted_s == rp.predicted_s
+    # The same LP optimum; a degenerate LP may round its fractions to whole elements one
+    # element apart from one solve to the next (seen: 503012 against 503013 of 749999).
+    assert crew.predicted_s == pytest.approx(rp.predicted_s, rel=REL)
     assert crew.predicted_s >= lower_bound(bw, members, size, active) * (1 - 1e-9)
     # The LP optimum is never above a baseline's (its routes are columns, or pricing proved
     # nothing beats the pool); whole elements add at most one element per route to a link.

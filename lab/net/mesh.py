@@ -60,7 +60,6 @@ from lab.net.cleanup import (
     is_same_process,
     terminate_recorded,
 )
-from lab.net.netlink import HostNetlink
 from lab.net.preflight import Capabilities, ImpairmentMode
 from lab.net.shaping import ShapingError
 from lab.topology import Impairment, TopologySpec, Uplinks
@@ -146,8 +145,6 @@ class LabNetwork:
         self._links: dict[tuple[int, int], LinkState] = {}
         self._loss_fallback: dict[tuple[int, int], float] = {}
         self._procs: dict[int, ProcRecord] = {}
-        # Run-time changes: one netlink socket per host, opened on first use.
-        self._netlink = HostNetlink()
         self._gw_hosts: list[Any] = []
         self._gw_pids: list[int] = []
         self.state: LabState | None = None
@@ -511,7 +508,6 @@ class LabNetwork:
         """Remove everything this lab created. Safe to call more than once or half-built."""
         with self._lock:
             errors: list[str] = []
-            self._netlink.close()  # before the namespaces its sockets are in go away
             state = self.state
             if state is not None:
                 procs = [p for p in state.procs if p.kind == "proc"]
@@ -658,7 +654,9 @@ class LabNetwork:
                 self._check_emulable(new)
             self._links[(i, j)] = new
             if new.rate_mbit != old.rate_mbit:
-                self._netlink.change_rate(pid, dev, new.rate_mbit)
+                # tc, not lab.net.netlink: pyroute2 opens a namespace's socket by forking this
+                # (threaded) process, and in CI such a child ran the lab's teardown.
+                shaping.change_rate(pid, dev, new.rate_mbit)
             if impaired or new.rate_mbit != old.rate_mbit:
                 self._apply_leaf(i, j, old)
             if new.up != old.up:
@@ -716,7 +714,7 @@ class LabNetwork:
         same_kind = shaping.leaf_kind(shape, netem=self.cap.netem) == shaping.leaf_kind(
             before, netem=self.cap.netem
         )
-        self._netlink.set_leaf(
+        shaping.set_leaf(
             self.host_pid(i), self.intf(i, j), shape, netem=self.cap.netem, in_place=same_kind
         )
         self._apply_loss_fallback(i, j)

@@ -1,4 +1,14 @@
-"""Run-time link changes over netlink (pyroute2), in each host's namespace.
+"""Run-time link changes over netlink (pyroute2), in each host's namespace: measured, NOT used
+by the lab.
+
+The lab's ``LabNetwork.set_link`` changes rates with tc (``lab.net.shaping``). pyroute2 opens a
+socket in another namespace by forking the calling process (``pyroute2.process.ChildProcess``);
+the lab process has threads (monitor, faults, pipes), and in this session's CI run a forked
+child of it ran the lab's own teardown during a fault (``test_reliability`` chaos: the command
+took 6 s, the workers lost their coordinator, the hosts' namespaces were gone), and in lab.vm's
+guest the lookup of the interface failed. Until sockets are opened without a fork (a thread
+that calls setns before creating the socket), this module is the measured alternative that
+``python -m lab.netlinkbench`` times, from a process without the lab's threads.
 
 A rate change used to be two fork/execs of ``mnexec -a <pid> tc`` (the HTB class, then the leaf
 queue sized for the new rate). Here each host's namespace gets one netlink socket, opened on
