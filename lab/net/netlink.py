@@ -2,15 +2,16 @@
 by the lab.
 
 The lab's ``LabNetwork.set_link`` changes rates with tc (``lab.net.shaping``). pyroute2 opens a
-socket in another namespace by forking the calling process (``pyroute2.process.ChildProcess``);
-the lab process has threads (monitor, faults, pipes), and in this session's CI run a forked
-child of it ran the lab's own teardown during a fault (``test_reliability`` chaos: the command
-took 6 s, the workers lost their coordinator, the hosts' namespaces were gone), and in lab.vm's
-guest the lookup of the interface failed. Until sockets are opened without a fork (a thread
-that calls setns before creating the socket), this module is the measured alternative that
-``python -m lab.netlinkbench`` times, from a process without the lab's threads.
+socket in another namespace by forking the calling process (``pyroute2.process.ChildProcess``); the
+lab process has threads (monitor, faults, pipes), and in this session's CI run a forked child of it
+ran the lab's own teardown during a fault (``test_reliability`` chaos: the command took 6 s, the
+workers lost their coordinator, the hosts' namespaces were gone), and in the same run
+``tests/integration/test_mesh.py`` found no interface through a freshly opened socket. Until sockets
+are opened without a fork (a thread that calls setns before creating the socket), this module is the
+measured alternative that ``python -m lab.netlinkbench`` times, from a process without the lab's
+threads.
 
-A rate change used to be two fork/execs of ``mnexec -a <pid> tc`` (the HTB class, then the leaf
+A rate change by tc is two fork/execs of ``mnexec -a <pid> tc`` (the HTB class, then the leaf
 queue sized for the new rate). Here each host's namespace gets one netlink socket, opened on
 first use through ``/proc/<pid>/ns/net`` (pyroute2 forks one short-lived helper to create the
 socket inside the namespace) and kept: every later change is a request on that socket from this
