@@ -314,3 +314,51 @@ def test_limits_apply_only_inside_the_block() -> None:
     assert outside.rounds > 1 and outside.optimal
     with pytest.raises(PlanError, match="max_rounds"):
         routelp.plan_routes(bw, (0, 2), MB16, max_rounds=0)
+
+
+# --------------------------------------------------------------------------- latency levels
+
+
+def brute_force_choose(master: routelp._Master, seconds_per_unit: float) -> float:
+    """min over every latency level l of T_bw(l) + the worst used latency: every level solved."""
+    lat = np.asarray(master.lat)
+    best = math.inf
+    for lam in np.unique(lat):
+        sol = master.solve(allowed=lat <= lam)
+        assert sol is not None
+        x, t = sol[0], sol[1]
+        best = min(best, t * seconds_per_unit + float(lat[x > 1e-9].max()))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_latency_levels_branch_and_bound_matches_every_level(seed) -> None:
+    """``_choose`` solves a few levels, yet finds the optimum of solving all of them."""
+    rng = np.random.default_rng(seed)
+    n, members, size = 8, (0, 2, 5, 7), 8 << 20
+    bw = np.round(rng.uniform(10, 110, (n, n)), 1)
+    np.fill_diagonal(bw, np.inf)
+    delays = rng.uniform(0.0, 0.03, (n, n))
+    hop = routelp.hop_latency(bw, delays, part_bytes=65536)
+    master = routelp._Master(bw, (), hop)
+    act = np.ones(n, dtype=bool)
+    for col in routelp._seed_columns(bw, members, act, with_ring=True):
+        master.add(col)
+    for col in routelp._relay_star_columns(bw, members, act):
+        master.add(col)
+    usable = np.isfinite(bw) & (bw > 0)
+    for k in range(6):  # trees of least dual-weighted cost on random weights: many levels
+        wts = rng.uniform(0.1, 1.0, (n, n))
+        for _, shape in routelp._price_exact(wts, usable, members, np.arange(n), math.inf, 8)[1]:
+            master.add(routelp.Column((shape,), f"tree{k}"))
+    assert len(np.unique(master.lat)) > 20
+    spu = size / (master.r_ref * planner.BYTES_PER_S_PER_MBIT)
+    solves = []
+    real_solve = master.solve
+    master.solve = lambda *a, **kw: solves.append(1) or real_solve(*a, **kw)  # type: ignore[method-assign]
+    x, t_bw, lat = routelp._choose(master, spu)
+    chosen = len(solves)
+    master.solve = real_solve  # type: ignore[method-assign]
+    assert t_bw + lat == pytest.approx(brute_force_choose(master, spu), rel=1e-7)
+    assert lat == pytest.approx(float(np.asarray(master.lat)[x > 1e-9].max()))
+    assert chosen < len(np.unique(master.lat))
