@@ -48,7 +48,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -65,7 +65,7 @@ from crew.control.capacity import (
 from crew.control.grouping import Group, GroupFormer, GroupingError, GroupOutcome, WorkerState
 from crew.control.rejections import RejectionLimiter, SecurityNote
 from crew.control.verify import CHECK_TOLERANCE, relative_error
-from crew.plan import planner
+from crew.plan import planner, wiresize
 from crew.plan.schemes import GROUP_SCHEMES, GroupPlan, plan_group, plan_group_nonblocking
 from crew.wire import protocol as proto
 
@@ -583,14 +583,22 @@ class GroupLifecycle:
         assert self.size_elems is not None
         size = self.size_elems * 4
         active = self.alive()
-        bw = self._planning_bw(now)
+        # The planners count 4 bytes per element; a compressed run sends fewer
+        # (crew.plan.wiresize), so it plans on rates scaled by 4 / wire bytes per element: the
+        # same routes, the seconds and bytes of the real payload.
+        wire = wiresize.elem_bytes(self.cfg.compress, self.cfg.part_elems_for(self.size_elems))
+        scale = 4.0 / wire
+        bw = self._planning_bw(now) * scale
         # Shared capacities (cloud uplinks) and delays go only where there are some, so planners
         # and test doubles without the keywords keep working on plain topologies.
-        extra: dict[str, Any] = {"shared": self.cfg.shared} if self.cfg.shared else {}
+        extra: dict[str, Any] = {}
+        if self.cfg.shared:
+            extra["shared"] = [replace(s, mbit=s.mbit * scale) for s in self.cfg.shared]
         if self.capacity.delay_s is not None:
             extra["delay_s"] = self.capacity.delay_s
         # The route LP counts one part's serialisation per hop (pipeline fill); the parts a
         # multi-hop route gets are the smallest the engine cuts (crew.control.assignment).
+        # In float32 bytes, like the scaled rates.
         part_bytes = 4 * min(self.cfg.part_elems_for(self.size_elems), MIN_ROUTE_PART_ELEMS)
         plan = self._plan_fn(
             scheme,
@@ -602,7 +610,10 @@ class GroupLifecycle:
             part_bytes=part_bytes,
             **extra,
         )
-        bound = self._lower_bound(self.capacity.planning, members, size, active=active, **extra)
+        if wire != 4.0:
+            plan = replace(plan, elem_bytes=wire)
+        planning = self.capacity.planning * scale
+        bound = self._lower_bound(planning, members, size, active=active, **extra)
         return plan, bound
 
     def _plan_nonblocking(

@@ -206,7 +206,7 @@ def _one_hop_tree(agg: int, members: Sequence[int], hop: Callable[[int], int]) -
     return tree
 
 
-def link_load(routes: Iterable[Route], n: int, elem_bytes: int = 4) -> np.ndarray:
+def link_load(routes: Iterable[Route], n: int, elem_bytes: float = 4) -> np.ndarray:
     """Bytes each directed link carries: one copy of the range per tree edge."""
     load = np.zeros((n, n))
     for r in routes:

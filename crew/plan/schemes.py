@@ -52,6 +52,11 @@ class GroupPlan:
     predicted_s: float
     n: int
     total: int
+    elem_bytes: float = 4.0
+    """Wire bytes per element (``crew.plan.wiresize``): 4 for float32, about 2 for fp16 and 1
+    for int8 payloads. The planners count 4; the coordinator plans compressed runs on rates
+    scaled by 4 / elem_bytes and stamps the codec's figure here, so ``link_bytes`` (the
+    bytes the coordinator records and reserves) are what the links carry."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scheme", Scheme(self.scheme))
@@ -80,7 +85,7 @@ class GroupPlan:
         return "scatter and broadcast" if up and down else "scatter" if up else "broadcast"
 
     def link_bytes(self) -> np.ndarray:
-        return link_load(self.routes, self.n)
+        return link_load(self.routes, self.n, self.elem_bytes)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -90,6 +95,7 @@ class GroupPlan:
                 "elems": self.elems,
                 "pipelined": self.pipelined,
                 "predicted_s": self.predicted_s,
+                "elem_bytes": self.elem_bytes,
                 "routes": [r.to_list() for r in self.routes],
             }
         )
