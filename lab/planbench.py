@@ -10,12 +10,18 @@
   30 Mbit/s, p = n = 4, 16.8 MB), 4 uniform 50 Mbit/s clouds (16.8 MB), and the shipped
   ``bench-hetero`` and ``bench-uniform`` topologies (p = 4 of 8, 8 MB; every one of the 70
   groups, median and max over them).
-* ``timing`` -- wall time of ``crew``'s planner (``crew.plan.routelp.plan_routes``) per group at
-  n = 8, 16, 32, 60, 128, 256: *cold* (caches cleared before each plan) and *warm* (the same
-  group re-planned on capacities perturbed by up to 5%, as the coordinator does when groups in
-  flight change the residual capacity). Median and p90 per n. Run it under the CPU lock
-  (``flock -x /tmp/crew-cpu.lock python -m lab.planbench timing``): figures from a busy
-  machine are worthless.
+* ``timing`` -- wall time of ``crew``'s planning per group as the coordinator does it
+  (``plan_group``: the route LP ``crew.plan.routelp.plan_routes`` and the star tie check, plus
+  ``lower_bound``), with the per-hop part size the coordinator passes (``--part-bytes``), at
+  n = 8, 16, 32, 60: *cold* (caches cleared), *warm* (the same group re-planned on capacities
+  moved by up to 5%, as when groups in flight change the residual capacity) and *cached*
+  (identical inputs again). Median and p90 per n; the route LP's own cold median beside. With
+  ``--group-s S`` or ``--db OUT/crew/lab.db`` (a ``lab.bench`` run) it prints the planning
+  share of the median group time at n = 8; ``--db`` also replays that run's groups through
+  ``GroupLifecycle.plan_for`` (the run's rates, part size, codec) cold and in order with caches
+  as the coordinator had them (the run database records no planning times). Run it under the
+  CPU lock (``flock -x /tmp/crew-cpu.lock python -m lab.planbench timing``): figures from a
+  busy machine are worthless.
 
 A plan's time is its scheme's own cost model (``crew.plan.schemes.plan_group``): crew's is the route
 LP's (fluid, per-link and shared capacities), the baselines' are those of ``crew.plan.baselines``.
@@ -29,6 +35,7 @@ import itertools
 import json
 import math
 import random
+import sqlite3
 import statistics
 import sys
 import time
@@ -40,10 +47,11 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from crew.config import Scheme
+from crew.config import RunConfig, Scheme
 from crew.plan import routelp
 from crew.plan.planner import PlanError, lower_bound
 from crew.plan.schemes import GROUP_SCHEMES, plan_group
+from crew.wire import protocol as proto
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "crew" / "data" / "inter-cloud-bandwidth-samples.json"
@@ -236,14 +244,32 @@ def cases_tables(res: dict[str, Any]) -> list[Table]:
 # --------------------------------------------------------------------------- timing
 
 
+def _ms(values: Sequence[float]) -> dict[str, float]:
+    return {"median_ms": 1e3 * statistics.median(values), "p90_ms": 1e3 * pctl(values, 90)}
+
+
+def _time_group(
+    bw: np.ndarray, members: Sequence[int], size: int, part_bytes: int
+) -> tuple[float, float]:
+    """(seconds of crew's whole per-group planning as the coordinator does it: plan_group and
+    the lower bound, seconds of plan_group alone)."""
+    t0 = time.perf_counter()
+    plan_group(Scheme.CREW, bw, members, size, part_bytes=part_bytes)
+    t1 = time.perf_counter()
+    lower_bound(bw, members, size)
+    return time.perf_counter() - t0, t1 - t0
+
+
 def timing(args: argparse.Namespace) -> dict[str, Any]:
+    """Per n: cold (caches cleared), warm (same group, capacities moved by up to 5%) and
+    cached (same inputs again) planning, as the coordinator plans a group."""
     rng = random.Random(args.seed)
     values = samples()
-    out = {}
+    out: dict[str, Any] = {}
     for n in args.sizes:
         p = n if args.p_timing == "n" else min(int(args.p_timing), n)
         reps = max(3, args.reps if n <= 32 else args.reps // (4 if n <= 60 else 10))
-        cold, warm, rounds, optimal, gaps = [], [], [], 0, []
+        lp, cold, warm, cached, rounds, optimal, gaps = [], [], [], [], [], 0, []
         t_end = time.monotonic() + args.max_seconds
         for _ in range(reps):
             if time.monotonic() > t_end:
@@ -252,22 +278,26 @@ def timing(args: argparse.Namespace) -> dict[str, Any]:
             members = sorted(rng.sample(range(n), p))
             routelp.clear_caches()
             t0 = time.perf_counter()
-            rp = routelp.plan_routes(bw, members, args.size, max_rounds=args.max_rounds)
-            cold.append(time.perf_counter() - t0)
+            rp = routelp.plan_routes(
+                bw, members, args.size, max_rounds=args.max_rounds, part_bytes=args.part_bytes
+            )
+            lp.append(time.perf_counter() - t0)
             rounds.append(rp.rounds)
             optimal += rp.optimal
             gaps.append(rp.gap)
+            # the route LP's result is cached now: what the rest of plan_group and the bound add
+            rest, _ = _time_group(bw, members, args.size, args.part_bytes)
+            cold.append(lp[-1] + rest)
+            cached.append(_time_group(bw, members, args.size, args.part_bytes)[0])
             jitter = np.array([[1 + 0.05 * (rng.random() - 0.5) * 2 for _ in range(n)]] * n)
-            t0 = time.perf_counter()
-            routelp.plan_routes(bw * jitter, members, args.size, max_rounds=args.max_rounds)
-            warm.append(time.perf_counter() - t0)
+            warm.append(_time_group(bw * jitter, members, args.size, args.part_bytes)[0])
         out[str(n)] = {
             "p": p,
             "plans": len(cold),
-            "cold_median_ms": 1e3 * statistics.median(cold),
-            "cold_p90_ms": 1e3 * pctl(cold, 90),
-            "warm_median_ms": 1e3 * statistics.median(warm),
-            "warm_p90_ms": 1e3 * pctl(warm, 90),
+            "lp_cold": _ms(lp),
+            "cold": _ms(cold),
+            "warm": _ms(warm),
+            "cached": _ms(cached),
             "rounds_median": statistics.median(rounds),
             "proved_optimal": optimal,
             "gap_median": statistics.median(gaps),
@@ -277,29 +307,108 @@ def timing(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def run_groups(db: Path) -> tuple[RunConfig, list[tuple[int, ...]], list[float]]:
+    """A run's config, its groups in order and their op times (completed groups only)."""
+    cfg = RunConfig.load(db.parent / "config.json")
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = conn.execute(
+            "SELECT members, ended_at - started_at FROM groups"
+            " WHERE status = 'completed' ORDER BY id"
+        ).fetchall()
+    finally:
+        conn.close()
+    return cfg, [tuple(json.loads(m)) for m, _ in rows], [float(t) for _, t in rows]
+
+
+def replay(db: Path) -> dict[str, Any]:
+    """Replay a run's groups through the coordinator's own planning (``GroupLifecycle.plan_for``,
+    the run's config: rates, delays, shared links, part size, codec) and time it: *cold*
+    (caches cleared before each group) and *as run* (in order, caches kept, as the coordinator
+    process had them). The run's database has no planning times: a group's op time starts
+    before it is planned (``groups.started_at`` is the time the group formed)."""
+    from crew.control.lifecycle import GroupLifecycle
+
+    cfg, groups, op_s = run_groups(db)
+    if not groups:
+        raise SystemExit(f"{db}: no completed groups")
+    size_elems = int(cfg.extra.get("size_elems") or 0)
+    if size_elems <= 0:
+        raise SystemExit(f"{db}: config.json has no extra.size_elems (not a lab.bench run)")
+    life = GroupLifecycle(cfg)
+    for w in range(cfg.n):
+        life.handle(proto.Register(w, 0, 0, size_elems), 0.0)
+    out: dict[str, list[float]] = {"cold": [], "as_run": []}
+    for mode in ("cold", "as_run"):
+        routelp.clear_caches()
+        for g in groups:
+            if mode == "cold":
+                routelp.clear_caches()
+            t0 = time.perf_counter()
+            life.plan_for(g, 0.0)
+            out[mode].append(time.perf_counter() - t0)
+    routelp.clear_caches()
+    return {
+        "db": str(db),
+        "scheme": str(cfg.scheme),
+        "n": cfg.n,
+        "groups": len(groups),
+        "group_median_s": statistics.median(op_s),
+        "cold": _ms(out["cold"]),
+        "as_run": _ms(out["as_run"]),
+    }
+
+
 def timing_table(res: dict[str, Any]) -> Table:
     t = Table(
-        title="crew planner (route LP) wall time per group; gap: proved bound on plan / LP"
-        " optimum - 1"
+        title="crew's planning per group (route LP + star tie check + lower bound, as the"
+        " coordinator plans); warm: same group, rates moved <= 5%; cached: same inputs"
     )
-    cols = ("n", "p", "plans", "cold median", "cold p90", "warm median", "warm p90")
-    for col in (*cols, "CG rounds", "proved optimal", "gap median", "gap max"):
+    cols = ("n", "p", "plans", "LP cold med", "cold med", "cold p90", "warm med", "warm p90")
+    for col in (*cols, "cached med", "CG rounds", "proved opt.", "gap med", "gap max"):
         t.add_column(col, justify="right")
     for n, r in res.items():
         t.add_row(
             n,
             str(r["p"]),
             str(r["plans"]),
-            f"{r['cold_median_ms']:.1f} ms",
-            f"{r['cold_p90_ms']:.1f} ms",
-            f"{r['warm_median_ms']:.1f} ms",
-            f"{r['warm_p90_ms']:.1f} ms",
+            f"{r['lp_cold']['median_ms']:.1f} ms",
+            f"{r['cold']['median_ms']:.1f} ms",
+            f"{r['cold']['p90_ms']:.1f} ms",
+            f"{r['warm']['median_ms']:.1f} ms",
+            f"{r['warm']['p90_ms']:.1f} ms",
+            f"{r['cached']['median_ms']:.1f} ms",
             f"{r['rounds_median']:g}",
             f"{r['proved_optimal']}/{r['plans']}",
             f"{100 * r['gap_median']:.2f}%",
             f"{100 * r['gap_max']:.2f}%",
         )
     return t
+
+
+def share_lines(
+    res: dict[str, Any], group_s: float | None, rep: dict[str, Any] | None
+) -> list[str]:
+    """The planning share of the median group time (the issue's target: <= 5% at n = 8)."""
+    lines = []
+    if rep is not None:
+        g = rep["group_median_s"]
+        for mode in ("cold", "as_run"):
+            ms = rep[mode]["median_ms"]
+            lines.append(
+                f"replay of {rep['db']} ({rep['scheme']}, n={rep['n']}, {rep['groups']} groups,"
+                f" median op {g:.3f} s): {mode.replace('_', ' ')} planning median {ms:.1f} ms"
+                f" (p90 {rep[mode]['p90_ms']:.1f}) = {100 * ms / 1e3 / g:.1f}% of the median op"
+            )
+        group_s = group_s or g
+    if group_s and "8" in res:
+        for mode in ("cold", "warm", "cached"):
+            ms = res["8"][mode]["median_ms"]
+            lines.append(
+                f"n=8 random matrices, {mode} planning median {ms:.1f} ms ="
+                f" {100 * ms / 1e3 / group_s:.1f}% of a {group_s:.3f} s group"
+            )
+    return lines
 
 
 # --------------------------------------------------------------------------- CLI
@@ -327,8 +436,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--sizes",
-        default="8,16,32,60,128,256",
-        help="timing: worker counts (8,16,32,60,128,256)",
+        default="8,16,32,60",
+        help="timing: worker counts (8,16,32,60)",
     )
     ap.add_argument("--p-timing", default="4", help="timing: group size, or 'n' for p = n (4)")
     ap.add_argument("--reps", type=int, default=40, help="timing: plans per n up to 32 (40)")
@@ -337,6 +446,26 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="timing: column-generation rounds per plan at most (default: the planner's)",
+    )
+    ap.add_argument(
+        "--part-bytes",
+        type=int,
+        default=65536,
+        help="timing: per-hop part size the route LP counts (65536: what the coordinator passes"
+        " for 8 MB vectors, 4 x min(part elements, 16 Ki))",
+    )
+    ap.add_argument(
+        "--group-s",
+        type=float,
+        default=None,
+        help="timing: median group (op) time in seconds, for the planning share at n = 8",
+    )
+    ap.add_argument(
+        "--db",
+        type=Path,
+        default=None,
+        help="timing: a lab.bench run's lab.db (e.g. OUT/crew/lab.db): replay its groups through"
+        " the coordinator's planning, and take the median group time from it",
     )
     ap.add_argument(
         "--max-seconds", type=float, default=60.0, help="timing: wall time cap per n (60 s)"
@@ -362,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.p_timing != "n" and not (args.p_timing.isdigit() and int(args.p_timing) >= 2):
         print("--p-timing: an int >= 2 or 'n'")
         return 2
-    console = Console()
+    console = Console(width=max(Console().width, 150))
     if args.command == "sweep":
         res = sweep(args)
         bad = sum(r["below_crew"] for s, r in res["schemes"].items() if s != Scheme.CREW)
@@ -382,10 +511,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 console.print(t)
         return 1 if any(r["crew_beaten_in"] for r in res.values()) else 0
     res = timing(args)
+    rep = replay(args.db) if args.db is not None else None
+    lines = share_lines(res, args.group_s, rep)
     if args.json:
-        print(json.dumps(res, indent=1))
+        print(json.dumps({"timing": res, "replay": rep, "share": lines}, indent=1))
     else:
         console.print(timing_table(res))
+        for line in lines:
+            console.print(line)
     return 0
 
 

@@ -577,6 +577,11 @@ class GroupLifecycle:
             now,
         )
 
+    def plan_for(self, members: tuple[int, ...], now: float) -> tuple[GroupPlan, float]:
+        """The plan and bound a group of ``members`` would get now, exactly as ``_plan`` makes
+        them (``lab.planbench timing --db`` replays a run's groups through it)."""
+        return self._plan(tuple(members), self.scheme, now)
+
     def _plan(
         self, members: tuple[int, ...], scheme: Scheme, now: float
     ) -> tuple[GroupPlan, float]:
