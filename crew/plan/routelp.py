@@ -381,9 +381,10 @@ def column_latency(col: Column, hop: np.ndarray) -> float:
 
 
 @functools.lru_cache(maxsize=16)
-def _splits(q: int) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], int]:
-    """Per subset size k >= 2: (subsets S, reduceat starts, S1, S2) with S1 holding S's lowest
-    bit, S1 and S2 = S minus S1 non-empty: every way to merge two sub-trees at a node."""
+def _splits(q: int) -> tuple[list[tuple[np.ndarray, ...]], int]:
+    """Per subset size k >= 2: (subsets S, reduceat starts, S1, S2, the row of S for each
+    split, the splits' indices as a column) with S1 holding S's lowest bit, S1 and S2 = S
+    minus S1 non-empty: every way to merge two sub-trees at a node."""
     by_size: dict[int, list[int]] = {}
     for s in range(1, 1 << q):
         by_size.setdefault(s.bit_count(), []).append(s)
@@ -404,45 +405,45 @@ def _splits(q: int) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray, np.n
                 if sub == 0:
                     break
                 sub = (sub - 1) & rest
-        levels.append((np.array(subsets), np.array(starts), np.array(s1s), np.array(s2s)))
+        seg = np.repeat(np.arange(len(subsets)), np.diff([*starts, len(s1s)]))
+        idx = np.arange(len(s1s))[:, None]
+        levels.append((np.array(subsets), np.array(starts), np.array(s1s), np.array(s2s), seg, idx))
     return levels, (1 << q) - 1
 
 
-@functools.lru_cache(maxsize=16)
-def _split_of(q: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Subset -> (its S1 choices, matching S2) for the tree reconstruction."""
-    out = {}
-    for subsets, starts, s1, s2 in _splits(q)[0]:
-        for j, s in enumerate(subsets.tolist()):
-            end = starts[j + 1] if j + 1 < len(starts) else len(s1)
-            out[s] = (s1[starts[j] : end], s2[starts[j] : end])
-    return out
-
-
-def _dreyfus_wagner(dist: np.ndarray, terms: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """dp[S][v]: cheapest in-tree to v spanning terminals S (dist[u][v]: path u -> v), and
-    merge[S][u]: cheapest two sub-trees of S joined at u. All roots at once."""
+def _dreyfus_wagner(
+    dist: np.ndarray, terms: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """dp[S][v]: cheapest in-tree to v spanning terminals S (dist[u][v]: path u -> v), for all
+    roots at once, and the choices that rebuild the trees: via[S][x] is the node u where the
+    two sub-trees of S join on the way to x (dp[S][x] = merge[S][u] + dist[u][x]), and
+    half[S][u] the sub-set S1 of the cheapest split S = S1 + S2 joined at u. Both are first
+    minima (as numpy's argmin), so the trees are those an argmin search would rebuild."""
     q = len(terms)
     n = dist.shape[0]
     dp = np.full((1 << q, n), np.inf)
-    merge = np.full((1 << q, n), np.inf)
+    via = np.zeros((1 << q, n), dtype=np.int64)
+    half = np.zeros((1 << q, n), dtype=np.int64)
     for i, t in enumerate(terms):
         dp[1 << i] = dist[t]
     levels, _ = _splits(q)
-    for subsets, starts, s1, s2 in levels:
+    for subsets, starts, s1, s2, seg, idx in levels:
         vals = dp[s1] + dp[s2]
         m = np.minimum.reduceat(vals, starts, axis=0)
-        merge[subsets] = m
-        dp[subsets] = (m[:, :, None] + dist[None, :, :]).min(axis=1)
-    return dp, merge
+        first = np.where(vals == m[seg], idx, len(s1))  # the first split reaching the minimum
+        half[subsets] = s1[np.minimum.reduceat(first, starts, axis=0)]
+        joined = m[:, :, None] + dist[None, :, :]
+        via[subsets] = joined.argmin(axis=1)
+        dp[subsets] = joined.min(axis=1)
+    return dp, via, half
 
 
-def _path(pred: np.ndarray, u: int, v: int, edges: set[Edge]) -> None:
+def _path(pred: list[list[int]], u: int, v: int, edges: set[Edge]) -> None:
     x = v
-    for _ in range(pred.shape[0]):
+    for _ in range(len(pred)):
         if x == u:
             return
-        p = int(pred[u, x])
+        p = pred[u][x]
         if p < 0:
             raise AssertionError(f"no path {u}->{v} in the pricing graph")
         edges.add((p, x))
@@ -452,18 +453,16 @@ def _path(pred: np.ndarray, u: int, v: int, edges: set[Edge]) -> None:
 
 def _dw_tree(
     v: int,
-    dp: np.ndarray,
-    merge: np.ndarray,
-    dist: np.ndarray,
-    pred: np.ndarray,
+    via: list[list[int]],
+    half: list[list[int]],
+    pred: list[list[int]],
     terms: Sequence[int],
 ) -> set[Edge]:
-    """Edges (towards v) of the Dreyfus-Wagner tree of all terminals rooted at v."""
+    """Edges (towards v) of the Dreyfus-Wagner tree of all terminals rooted at v (``via`` and
+    ``half`` from ``_dreyfus_wagner``, as lists: plain indexing is what this loop does)."""
     q = len(terms)
-    full = (1 << q) - 1
-    split_of = _split_of(q)
     edges: set[Edge] = set()
-    stack = [(full, v)]
+    stack = [((1 << q) - 1, v)]
     for _ in range(4 * (1 << q)):  # each entry splits a set: at most 2^(q+1) entries
         if not stack:
             break
@@ -471,12 +470,11 @@ def _dw_tree(
         if s & (s - 1) == 0:
             _path(pred, terms[s.bit_length() - 1], x, edges)
             continue
-        u = int(np.argmin(merge[s] + dist[:, x]))
+        u = via[s][x]
         _path(pred, u, x, edges)
-        a, b = split_of[s]
-        j = int(np.argmin(dp[a, u] + dp[b, u]))
-        stack.append((int(a[j]), u))
-        stack.append((int(b[j]), u))
+        a = half[s][u]
+        stack.append((a, u))
+        stack.append((s ^ a, u))
     return edges
 
 
@@ -541,8 +539,10 @@ def _price_exact(
     of the roots whose cost is below ``cut`` (at most COLUMNS_PER_ROUND, cheapest first)."""
     dist_in, pred_in = _all_pairs(wt, usable)
     dist_out, pred_out = _all_pairs(wt.T, usable.T)
-    dp_in, merge_in = _dreyfus_wagner(dist_in, members)
-    dp_out, merge_out = _dreyfus_wagner(dist_out, members)
+    dp_in, via_in, half_in = _dreyfus_wagner(dist_in, members)
+    dp_out, via_out, half_out = _dreyfus_wagner(dist_out, members)
+    tables_in = via_in.tolist(), half_in.tolist(), pred_in.tolist()
+    tables_out = via_out.tolist(), half_out.tolist(), pred_out.tolist()
     full = (1 << len(members)) - 1
     cost = dp_in[full] + dp_out[full]
     out = []
@@ -551,8 +551,8 @@ def _price_exact(
         v = int(v)
         if not cost[v] < cut:
             break
-        up = _as_in_tree(v, _dw_tree(v, dp_in, merge_in, dist_in, pred_in, members), members)
-        rev = _dw_tree(v, dp_out, merge_out, dist_out, pred_out, members)
+        up = _as_in_tree(v, _dw_tree(v, *tables_in, members), members)
+        rev = _dw_tree(v, *tables_out, members)
         down_in = _as_in_tree(v, rev, members)  # in the reversed graph
         down = tuple(sorted((p, c) for c, p in down_in))
         out.append((float(cost[v]), Shape(v, up, down)))
