@@ -1,0 +1,72 @@
+"""lab.planbench timing: the per-group planning figures and the replay of a bench run's groups
+through the coordinator's planning. No root: the run is a real RunDB with completed groups."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from lifecycle_kit import make_cfg
+
+from crew.config import Scheme
+from crew.runtime.rundb import GroupStatus, RunDB
+from lab import planbench
+
+HETERO = [
+    [0.0, 19.8, 18.6, 38.4, 45.6],
+    [18.0, 0.0, 52.2, 32.4, 109.2],
+    [17.4, 55.8, 0.0, 55.8, 38.4],
+    [19.2, 48.0, 27.0, 0.0, 32.4],
+    [41.4, 22.8, 27.6, 27.6, 0.0],
+]
+GROUPS = [(0, 1, 2, 3), (1, 2, 3, 4), (0, 2, 3, 4)]
+OPS = [0.9, 0.8, 0.7]
+
+
+def bench_run(tmp_path: Path) -> Path:
+    run = tmp_path / "crew"
+    run.mkdir()
+    cfg = make_cfg(n=5, p=4, bw=HETERO, extra={"bench": True, "size_elems": 500_000})
+    cfg.save(run / "config.json")
+    db = RunDB(run / "lab.db")
+    for gid, (g, op) in enumerate(zip(GROUPS, OPS, strict=True), start=1):
+        db.add_closed_group(
+            group_id=gid,
+            scheme=Scheme.CREW,
+            members=g,
+            weights=[0.25] * 4,
+            formed_at=10.0 * gid,
+            started_at=10.0 * gid,
+            ended_at=10.0 * gid + op,
+            status=GroupStatus.COMPLETED,
+        )
+    db.close()
+    return run / "lab.db"
+
+
+def test_timing_prints_every_mode_and_the_share(tmp_path: Path, capsys) -> None:
+    db = bench_run(tmp_path)
+    argv = ["timing", "--sizes", "8", "--reps", "3", "--db", str(db), "--json"]
+    assert planbench.main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    row = out["timing"]["8"]
+    for mode in ("lp_cold", "cold", "warm", "cached"):
+        assert 0 < row[mode]["median_ms"] <= row[mode]["p90_ms"]
+    # a cached plan skips the route LP: it cannot take longer than the cold LP alone plus
+    # the rest of the group's planning
+    assert row["cached"]["median_ms"] < row["cold"]["median_ms"]
+    rep = out["replay"]
+    assert rep["groups"] == 3 and rep["n"] == 5
+    assert rep["group_median_s"] == pytest.approx(0.8)
+    assert any("% of the median op" in line for line in out["share"])
+    assert any(line.startswith("n=8 random matrices, cold") for line in out["share"])
+
+
+def test_replay_refuses_a_run_without_groups(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    run.mkdir()
+    make_cfg(n=5, p=4, bw=HETERO).save(run / "config.json")
+    RunDB(run / "lab.db").close()
+    with pytest.raises(SystemExit, match="no completed groups"):
+        planbench.replay(run / "lab.db")
