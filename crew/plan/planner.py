@@ -47,6 +47,8 @@ from highspy._core import HighsModelStatus, _Highs, kHighsInf
 from scipy.sparse import coo_array, csr_array
 from scipy.sparse.csgraph import maximum_flow
 
+from crew.plan.memo import Memo, key_part
+
 log = logging.getLogger(__name__)
 
 BYTES_PER_S_PER_MBIT = 1e6 / 8
@@ -999,7 +1001,29 @@ class SharedLink:
 # --------------------------------------------------------------------------- lower bound
 
 
+BOUNDS = Memo(512)
+"""Bounds already computed, by exact inputs (the coordinator bounds every group it plans)."""
+
+
 def lower_bound(
+    bw: np.ndarray,
+    group: Sequence[int],
+    size: int,
+    active: Collection[int] | None = None,
+    *,
+    shared: Sequence[SharedLink] | None = None,
+    delay_s: np.ndarray | None = None,
+) -> float:
+    """:func:`_lower_bound`, computed once per exact inputs (``BOUNDS``)."""
+    key = key_part((np.asarray(bw, dtype=float), group, size, active, shared, delay_s))
+    return float(
+        BOUNDS.get(
+            key, lambda: _lower_bound(bw, group, size, active, shared=shared, delay_s=delay_s)
+        )
+    )
+
+
+def _lower_bound(
     bw: np.ndarray,
     group: Sequence[int],
     size: int,

@@ -88,6 +88,7 @@ from highspy._core import HighsModelStatus, _Highs, kHighsInf
 from scipy.sparse import csr_array
 from scipy.sparse.csgraph import shortest_path
 
+from crew.plan import planner
 from crew.plan.planner import (
     BYTES_PER_S_PER_MBIT,
     PlanError,
@@ -972,9 +973,14 @@ def _remember(key: tuple, master: _Master, *xs: np.ndarray) -> None:
 
 
 def clear_caches() -> None:
-    """Forget cached results and warm columns (benchmarks measure cold planning with it)."""
+    """Forget cached results and warm columns, and the memoised bounds and star tie checks
+    (benchmarks measure cold planning with it)."""
+    from crew.plan import schemes
+
     _RESULTS.clear()
     _POOL.clear()
+    planner.BOUNDS.clear()
+    schemes.STAR_TIES.clear()
 
 
 def _choose(master: _Master, seconds_per_unit: float) -> tuple[np.ndarray, float, float]:

@@ -34,6 +34,7 @@ import numpy as np
 from crew.config import Scheme
 from crew.plan import planner, routelp
 from crew.plan.baselines import BASELINE_SCHEMES
+from crew.plan.memo import Memo, key_part
 from crew.plan.planner import SharedLink
 from crew.plan.routes import Route, link_load, relayed_star_routes, star_routes
 
@@ -141,6 +142,11 @@ STAR_TIE = 1e-6
 equally fast mix of routes (see ``_star_on_tie``)."""
 
 
+STAR_TIES = Memo(256)
+"""``_star_on_tie``'s answers by exact inputs: with the route LP's own result cache, a group
+planned again on the same rates costs lookups only."""
+
+
 def _star_on_tie(
     bw: np.ndarray,
     members: tuple[int, ...],
@@ -197,7 +203,8 @@ def plan_group(
         rp = routelp.plan_routes(
             bw, members, size, active, shared=shared, delay_s=delay_s, part_bytes=part_bytes
         )
-        star = _star_on_tie(bw, members, size, active, shared, delay_s, part_bytes, rp.predicted_s)
+        args = (bw, members, size, active, shared, delay_s, part_bytes, rp.predicted_s)
+        star = STAR_TIES.get(key_part(args), lambda: _star_on_tie(*args))
         if star is not None:
             return GroupPlan(scheme, members, star[0], True, star[1], n, total)
         return GroupPlan(scheme, members, rp.routes, True, rp.predicted_s, n, total)

@@ -1,0 +1,50 @@
+"""A bounded memo for pure planning functions: same inputs, same result, computed once. Pure.
+
+The coordinator plans every group, and with configured capacities the same group on the same
+rates comes back again and again (70 groups of 4 among 8 workers). Planning is deterministic,
+so a result computed for exactly these inputs is the result; nothing is approximated, only
+recomputation is skipped. Keys are exact: arrays by dtype, shape and bytes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import numpy as np
+
+
+def key_part(value: Any) -> Hashable:
+    """A hashable, exact stand-in for one input (arrays and nested sequences included)."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, np.ndarray):
+        return ("array", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, list | tuple):
+        return tuple(key_part(v) for v in value)
+    if isinstance(value, set | frozenset):
+        return ("set", tuple(sorted(key_part(v) for v in value)))  # type: ignore[type-var]
+    hash(value)  # frozen dataclasses and enums are their own key; anything else is an error
+    return value
+
+
+class Memo:
+    """Least recently used results of one function, at most ``size`` of them."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[Hashable, Any] = OrderedDict()
+
+    def get(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        if key in self._items:
+            self._items.move_to_end(key)
+            return self._items[key]
+        value = compute()  # an exception is not remembered: the next call raises it again
+        self._items[key] = value
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        self._items.clear()
