@@ -64,6 +64,35 @@ CONNECT_ATTEMPTS = 60  # x 0.5 s: the coordinator may start a moment after the w
 HEALTH_S = 0.5  # LinkHealth (probe states, group progress) period; changes go at once
 PROGRESS_KEYS = 64  # group revisions whose received bytes are remembered
 GROUP_DATA = (FrameKind.SCATTER, FrameKind.RESULT, FrameKind.RELAY)
+# Pace every data connection at this fraction of its link's configured rate (``cfg.bw_mbit``);
+# 0 (the default) leaves them unpaced. Pacing just below an HTB link's rate keeps its queue
+# empty (``crew.wire.transport.set_pacing`` has the measurement). ``CREW_PACE`` overrides it.
+PACE_FRACTION = 0.0
+
+
+def pace_fraction() -> float:
+    raw = os.environ.get("CREW_PACE", "")
+    try:
+        value = float(raw) if raw else PACE_FRACTION
+    except ValueError:
+        raise ValueError(f"CREW_PACE={raw!r}: expected a fraction such as 0.95") from None
+    if not 0 <= value <= 1:
+        raise ValueError(f"CREW_PACE={raw!r}: must be between 0 and 1")
+    return value
+
+
+def link_pacing(
+    me: int, bw_mbit: tuple[tuple[float, ...], ...], fraction: float
+) -> dict[int, float]:
+    """Bytes/s to pace each outgoing link of ``me`` at: ``fraction`` of its configured rate;
+    links without a known positive rate (or fraction 0) are left out, i.e. unpaced."""
+    if fraction <= 0:
+        return {}
+    out = {}
+    for j, mbit in enumerate(bw_mbit[me]):
+        if j != me and 0 < mbit < float("inf"):
+            out[j] = fraction * mbit * 1e6 / 8
+    return out
 
 
 @dataclass(frozen=True)
@@ -131,6 +160,7 @@ class Node:
                 on_reject=self._rejected,
                 flow_order=FlowOrder(cfg.flow_order),
                 stall_timeout=cfg.stall_timeout_s,
+                pacing=link_pacing(me, cfg.bw_mbit, pace_fraction()),
             )
         self.transport = transport
         self.control: FrameStream | None = None

@@ -39,6 +39,7 @@ import logging
 import os
 import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -184,6 +185,29 @@ _TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)  # Linux's option 
 
 def notsent_lowat() -> int:
     return int(os.environ.get("CREW_NOTSENT_LOWAT", NOTSENT_LOWAT))
+
+
+# Pacing (SO_MAX_PACING_RATE): a socket with a maximum pacing rate is paced by TCP itself
+# (sk_pacing_status "needed"), no fq qdisc required. Measured on this lab's kernel (6.18), one
+# CUBIC flow through an HTB class of 100 Mbit/s with a 50 ms pfifo, MTU 1500, no offloads:
+# unpaced 95.5 Mbit/s with 68-136 KB standing in the HTB queue and an RTT of 16-27 ms; paced at
+# 95 Mbit/s, 95.1 Mbit/s with the queue empty (<= 660 B) and an RTT of 3.9 ms. Pacing a little
+# below a link's rate thus removes the per-hop queueing delay (and the ACK delay of the
+# opposite direction) at a cost of the few percent below the rate. Off unless asked for.
+_SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)  # Linux's option number
+
+
+def set_pacing(sock: socket.socket, bytes_per_s: float | None) -> bool:
+    """Cap ``sock``'s send rate at ``bytes_per_s`` (None or <= 0: no cap); False if the
+    kernel refused (the socket then sends unpaced)."""
+    value = 0xFFFF_FFFF if not bytes_per_s or bytes_per_s <= 0 else int(bytes_per_s)
+    try:
+        # An unsigned 32-bit value (~0U is "no cap"): as a Python int it would overflow C's int.
+        packed = struct.pack("=I", min(value, 0xFFFF_FFFF))
+        sock.setsockopt(socket.SOL_SOCKET, _SO_MAX_PACING_RATE, packed)
+    except OSError:
+        return False
+    return True
 
 
 def _tune(sock: socket.socket, stall_timeout: float | None) -> None:
@@ -523,7 +547,10 @@ class Transport:
         flow_order: FlowOrder = FlowOrder.FCFS,
         connect_timeout: float = 5.0,
         stall_timeout: float = 30.0,
+        pacing: Mapping[int, float] | None = None,
     ) -> None:
+        """``pacing``: per destination, the rate (bytes/s) its connection is paced at
+        (``set_pacing``); destinations not in it are not paced."""
         if connect_timeout <= 0:
             raise ValueError(f"connect_timeout={connect_timeout} must be > 0")
         if stall_timeout <= 0:
@@ -538,6 +565,7 @@ class Transport:
         self._on_reject = on_reject
         self._lock = threading.Lock()  # peers, links, inbound set, stats
         self._peers: dict[int, Address] = dict(peers)
+        self._pacing: dict[int, float] = dict(pacing or {})
         self._links: dict[int, _Link] = {}
         self._inbound: dict[socket.socket, threading.Thread] = {}
         self._started = False
@@ -731,6 +759,21 @@ class Transport:
             except OSError:
                 pass  # closed meanwhile
 
+    def pace(self, dst: int, bytes_per_s: float | None) -> None:
+        """Pace the connection to ``dst`` at ``bytes_per_s`` (None: unpaced), now and after
+        reconnects."""
+        with self._lock:
+            if bytes_per_s is None:
+                self._pacing.pop(dst, None)
+            else:
+                self._pacing[dst] = bytes_per_s
+            link = self._links.get(dst)
+        if link is not None:
+            with link.cond:
+                stream = link.stream
+            if stream is not None:
+                set_pacing(stream.sock, bytes_per_s)
+
     def fail_peer(self, dst: int) -> None:
         """Drop the outbound connection to ``dst``; its sender thread reports the in-flight and
         queued frames through on_send_error (asynchronously), then reconnects on the next send."""
@@ -869,6 +912,10 @@ class Transport:
                 self._closing.wait(min(pause, max(0.0, deadline - time.monotonic())))
                 pause = min(pause * 2, _CONNECT_BACKOFF_S[1])
                 continue
+            with self._lock:
+                rate = self._pacing.get(link.dst)
+            if rate is not None:
+                set_pacing(stream.sock, rate)
             with link.cond:
                 link.stream = stream
                 if link.failure is not None:
@@ -1028,4 +1075,5 @@ __all__ = [
     "StreamStalled",
     "Transport",
     "TransportStats",
+    "set_pacing",
 ]

@@ -1,0 +1,348 @@
+"""CPU cost of the data path, per GB moved: ``python -m lab.datapath [--workers 4] [--mb 16]``.
+
+Runs the real thing in one process: ``--workers`` ReduceEngines, each with its own Transport
+(framed, HMAC-authenticated TCP) on loopback, all members of one group planned as CREW's
+direct stars (one equal segment per worker). ``--ops`` groups run back to back; the process's
+user and system CPU seconds over them are divided by the bytes the plan moves across links
+(``crew.plan.routes.link_load``), the figure ``lab.bench`` prints as CPU s/GB.
+
+Then every per-byte stage the engine and codec run is timed alone at the same part size, in
+CPU seconds per GB of link bytes (how many times it touches each link byte is in the table):
+HMAC-SHA256 (sender and receiver: x2), the finiteness check (x1, every received part), adding
+(up phase: x1/2), copies into the result (down phase: x1/2), the receive buffer's allocation
+(x1). What the stages do not explain is the kernel (TCP, loopback, softirq: mostly ``sys``)
+and Python's per-frame work (thread hand-offs, queues, frame objects).
+
+``--lab-mtu`` (root) re-runs itself in a fresh network namespace whose loopback has the lab's
+veth settings: MTU 1500 and TSO/GSO/GRO off (``lab.net.shaping.disable_offloads``), so every
+1448-byte segment costs the kernel a full trip, as on the lab's links. ``--json`` prints the
+figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import hashlib
+import hmac
+import io
+import json
+import os
+import pstats
+import resource
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from crew.plan.routes import Route, link_load, star_routes
+from crew.runtime.reduce import DTYPE, ReduceEngine
+from crew.wire.frames import HEADER_SIZE, FrameCodec
+from crew.wire.protocol import Assign
+from crew.wire.transport import Transport
+
+RUN = 1
+WAIT_S = 120.0  # one op on loopback takes well under a second; this only bounds a hang
+PART_ELEMS = 64 << 10  # crew.control.assignment.MAX_ROUTE_PART_ELEMS: the lab's part size
+
+
+@dataclass(frozen=True)
+class EndToEnd:
+    workers: int
+    ops: int
+    link_gb: float  # 10^9 bytes the plans moved across links, all ops
+    wall_s: float
+    user_s: float
+    sys_s: float
+
+    @property
+    def cpu_s_per_gb(self) -> float:
+        return (self.user_s + self.sys_s) / self.link_gb
+
+    @property
+    def gbit_s(self) -> float:
+        return self.link_gb * 8 / self.wall_s
+
+
+def _star_assign(group: int, n: int, total: int) -> Assign:
+    members = list(range(n))
+    bounds = [total * w // n for w in range(n + 1)]
+    routes = star_routes([(w, bounds[w], bounds[w + 1]) for w in members], members)
+    return Assign(
+        group=group,
+        rev=0,
+        scheme="crew",
+        members=members,
+        weights=[1.0 / n] * n,
+        routes=[r.to_list() for r in routes],
+        pipelined=True,
+        total=total,
+        part_elems=PART_ELEMS,
+        prescatter=[],
+        iterations=[0] * n,
+        split_epoch=-1,
+    )
+
+
+class ThreadProfiles:
+    """cProfile in every thread started while it is installed (cProfile alone sees one)."""
+
+    def __init__(self) -> None:
+        self.profiles: list[cProfile.Profile] = []
+        self._lock = threading.Lock()
+
+    def _start(self, *_: object) -> None:
+        prof = cProfile.Profile()
+        with self._lock:
+            self.profiles.append(prof)
+        prof.enable()  # replaces this hook in the calling thread
+
+    def install(self) -> None:
+        threading.setprofile(self._start)
+
+    def uninstall(self) -> None:
+        threading.setprofile(None)  # type: ignore[arg-type]
+        for prof in self.profiles:
+            prof.disable()
+
+    def top(self, count: int) -> str:
+        out = io.StringIO()
+        with self._lock:
+            profiles = list(self.profiles)
+        if profiles:
+            pstats.Stats(*profiles, stream=out).sort_stats("tottime").print_stats(count)
+        return out.getvalue()
+
+
+def end_to_end(
+    workers: int, mb: float, ops: int, profiles: ThreadProfiles | None = None
+) -> EndToEnd:
+    """``ops`` groups of all ``workers`` over real transports on loopback; CPU of this process."""
+    total = int(mb * 1e6) // DTYPE.itemsize
+    codec = FrameCodec(os.urandom(32), RUN)
+    done: dict[tuple[int, int], threading.Event] = {}
+    lock = threading.Lock()
+
+    def event(w: int, group: int) -> threading.Event:
+        with lock:
+            return done.setdefault((w, group), threading.Event())
+
+    if profiles is not None:
+        profiles.install()  # before the transports start their threads
+    transports: list[Transport] = []
+    engines: list[ReduceEngine] = []
+    for i in range(workers):
+
+        def send(dst: int, frame: Any, priority: int, i: int = i) -> None:
+            transports[i].send(dst, frame, priority)
+
+        def have_all(group: int, rev: int, nbytes: int, i: int = i) -> None:
+            event(i, group).set()
+
+        eng = ReduceEngine(i, workers, RUN, send, have_all)
+        engines.append(eng)
+        transports.append(Transport(i, ("127.0.0.1", 0), {}, codec, on_frame=eng.on_frame))
+    try:
+        for i, t in enumerate(transports):
+            for j, other in enumerate(transports):
+                if j != i:
+                    t.set_peer(j, other.address)
+            t.start()
+        rng = np.random.default_rng(1)
+        vectors = [rng.standard_normal(total).astype(DTYPE) for _ in range(workers)]
+        expected = np.mean(vectors, axis=0)
+        link_bytes = 0.0
+        results: list[tuple[int, int, np.ndarray | None]] = []
+        # Group 0 warms up connections and allocators; it is not counted.
+        r0, t0, w0 = resource.getrusage(resource.RUSAGE_SELF), 0.0, 0.0
+        for group in range(ops + 1):
+            assign = _star_assign(group, workers, total)
+            if group == 1:
+                r0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            for w in range(workers):
+                engines[w].assign(assign, vectors[w])
+            for w in range(workers):
+                if not event(w, group).wait(WAIT_S):
+                    raise TimeoutError(f"worker {w} never completed group {group}")
+            results.extend((w, group, engines[w].finish(group)) for w in range(workers))
+            if group >= 1:
+                routes = [Route.from_list(r) for r in assign.routes]
+                link_bytes += float(link_load(routes, workers).sum())
+        t0 = time.perf_counter() - w0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        for w, group, result in results:  # checked after the clock: allclose is costly
+            if result is None or not np.allclose(result, expected, atol=1e-5):
+                raise AssertionError(f"worker {w}: group {group} is not the average")
+    finally:
+        for t in transports:
+            t.close()
+        if profiles is not None:
+            profiles.uninstall()
+    return EndToEnd(
+        workers=workers,
+        ops=ops,
+        link_gb=link_bytes / 1e9,
+        wall_s=t0,
+        user_s=r1.ru_utime - r0.ru_utime,
+        sys_s=r1.ru_stime - r0.ru_stime,
+    )
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    per_link_byte: float  # how many times the stage touches each link byte
+    s_per_gb: float  # CPU s per GB the stage processes
+    note: str
+
+    @property
+    def s_per_link_gb(self) -> float:
+        return self.s_per_gb * self.per_link_byte
+
+
+def _cpu_per_gb(fn: Any, nbytes: int, min_s: float = 0.3) -> float:
+    """CPU seconds per 10^9 bytes of ``fn()`` processing ``nbytes`` per call (thread CPU)."""
+    fn()
+    calls = 0
+    start = time.thread_time()
+    while True:
+        fn()
+        calls += 1
+        used = time.thread_time() - start
+        if used >= min_s or calls >= 100_000:
+            return used / (calls * nbytes / 1e9)
+
+
+def stages(part_elems: int = PART_ELEMS, min_s: float = 0.3) -> list[Stage]:
+    """Each per-byte stage of the engine's data path, alone, at ``part_elems`` per part."""
+    nbytes = part_elems * DTYPE.itemsize
+    rng = np.random.default_rng(2)
+    part = rng.standard_normal(part_elems).astype(DTYPE)
+    payload = part.tobytes()
+    header = bytes(HEADER_SIZE)
+    acc = np.zeros(part_elems, dtype=DTYPE)
+    result = np.empty(part_elems * 4, dtype=DTYPE)
+    mac = hmac.new(os.urandom(32), digestmod=hashlib.sha256)
+
+    def tag() -> None:
+        m = mac.copy()
+        m.update(header)
+        m.update(payload)
+        m.digest()
+
+    def finite() -> None:
+        np.all(np.isfinite(np.frombuffer(payload, dtype=DTYPE)))
+
+    def add() -> None:
+        np.add(acc, part, out=acc)
+
+    def place() -> None:
+        result[part_elems : 2 * part_elems] = part
+
+    def alloc() -> None:
+        bytearray(nbytes)
+
+    return [
+        Stage(
+            "hmac-sha256", 2, _cpu_per_gb(tag, nbytes, min_s), "frames.FrameCodec, send and receive"
+        ),
+        Stage("finite check", 1, _cpu_per_gb(finite, nbytes, min_s), "reduce._values, every part"),
+        Stage("add", 0.5, _cpu_per_gb(add, nbytes, min_s), "reduce._add, up phase"),
+        Stage("copy to result", 0.5, _cpu_per_gb(place, nbytes, min_s), "reduce._deliver, down"),
+        Stage("recv buffer", 1, _cpu_per_gb(alloc, nbytes, min_s), "transport.FrameStream._read"),
+    ]
+
+
+def _lab_mtu_reexec(argv: Sequence[str]) -> int:
+    """Run this command again inside ``unshare -n`` with lo at MTU 1500 and offloads off."""
+    inner = [a for a in argv if a != "--lab-mtu"]
+    script = (
+        "set -e; ip link set lo mtu 1500; ip link set lo up; "
+        "ethtool -K lo tso off gso off gro off >/dev/null 2>&1 || true; "
+        'exec "$@"'
+    )
+    cmd = ["unshare", "-n", "sh", "-c", script, "sh", sys.executable, "-m", "lab.datapath"]
+    return subprocess.call([*cmd, "--in-lab-mtu", *inner])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m lab.datapath",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    ap.add_argument("--workers", type=int, default=4, help="engines (all members), default 4")
+    ap.add_argument("--mb", type=float, default=16.0, help="vector size in MB, default 16")
+    ap.add_argument("--ops", type=int, default=4, help="timed groups (after one warm-up)")
+    ap.add_argument(
+        "--lab-mtu",
+        action="store_true",
+        help="(root) loopback with the lab's veth settings: MTU 1500, no TSO/GSO/GRO",
+    )
+    ap.add_argument("--in-lab-mtu", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--no-stages", action="store_true", help="skip the per-stage timings")
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="cProfile every thread; print the N functions with the most own time",
+    )
+    ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if args.workers < 2:
+        raise SystemExit("--workers must be at least 2")
+    if args.lab_mtu:
+        if os.geteuid() != 0:
+            raise SystemExit("--lab-mtu needs root (a new network namespace)")
+        return _lab_mtu_reexec(argv)
+    profiles = ThreadProfiles() if args.profile else None
+    e2e = end_to_end(args.workers, args.mb, args.ops, profiles)
+    st = [] if args.no_stages else stages()
+    explained = sum(s.s_per_link_gb for s in st)
+    out = {
+        "network": "lab-mtu loopback (1500, no offloads)" if args.in_lab_mtu else "loopback",
+        "end_to_end": {
+            **asdict(e2e),
+            "cpu_s_per_gb": e2e.cpu_s_per_gb,
+            "user_s_per_gb": e2e.user_s / e2e.link_gb,
+            "sys_s_per_gb": e2e.sys_s / e2e.link_gb,
+            "gbit_s": e2e.gbit_s,
+        },
+        "stages": [{**asdict(s), "s_per_link_gb": s.s_per_link_gb} for s in st],
+        "unexplained_s_per_gb": e2e.cpu_s_per_gb - explained if st else None,
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(
+        f"{out['network']}: {e2e.workers} workers, {e2e.ops} ops, {e2e.link_gb:.3f} GB over links"
+        f" in {e2e.wall_s:.2f} s ({e2e.gbit_s:.2f} Gbit/s)"
+    )
+    print(
+        f"CPU s/GB moved: {e2e.cpu_s_per_gb:.2f} (user {e2e.user_s / e2e.link_gb:.2f},"
+        f" sys {e2e.sys_s / e2e.link_gb:.2f})"
+    )
+    for s in st:
+        print(
+            f"  {s.name:<15} {s.s_per_link_gb:6.3f} s per link GB"
+            f"  ({s.s_per_gb:.3f} s/GB x{s.per_link_byte:g}; {s.note})"
+        )
+    if profiles is not None:
+        print(profiles.top(args.profile))
+    if st:
+        print(f"  {'rest':<15} {out['unexplained_s_per_gb']:6.3f} s per link GB (kernel, Python)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
