@@ -65,7 +65,18 @@ until the mean of every worker's latest held-out accuracy first reaches ``--targ
 options of ``lab.run`` (``--workload``, ``--sync``, ``--local-steps``, ``--outer-lr``,
 ``--outer-momentum``, ``--compress``, ``--lr``, ``--batch-size``) apply to every scheme of one
 invocation; ``train.json`` also gives the final held-out loss (lm), the bytes the link counters
-saw and those bytes per worker-round (total / sum over workers of rounds).
+saw, those bytes per worker-round (total / sum over workers of rounds), the bytes until the
+target was reached (first 1 Hz sample at or after it) and the quality curve.
+
+A matrix in one call: ``--configs SCHEMES:SYNCS:COMPRESS`` (repeatable; each field a comma
+list, every combination runs in the order given), e.g. ``--configs
+crew,preduce:every-step,diloco:none,int8 --configs gloo:every-step:none --local-steps 8``.
+Each run is named ``<scheme>-<sync>[H]-<fp32|fp16|int8>`` (its folder ``DIR/train/<name>/`` and
+its key in ``train.json``); local-sgd and diloco take ``--local-steps``, every-step H = 1; the
+other training options are shared. The table gives per run: time to target, final quality,
+rounds per worker, link MB per worker, MB per worker-round (with its ratio to the same scheme
+and sync in fp32 when that ran too) and link MB until the target; ``DIR/train-plots.html`` (and
+``train-curves.png``, ``train-bytes.png``) plot every run's curve and its WAN MB.
 
 Outputs
 -------
