@@ -906,44 +906,37 @@ def train_table(results: dict[str, dict[str, Any]], target: float) -> Table:
     t = Table(title="training")
     cols = (
         "run",
-        "scheme",
-        "sync",
-        "compress",
         "training s",
         f"time to {target:g} s",
         "final held-out loss" if lm else "final accuracy",
         "rounds per worker",
         "link MB per worker",
         "MB per worker-round",
+        "x fp32",
         "link MB to target",
         "error",
     )
-    left = ("run", "scheme", "sync", "compress", "error")
+    left = ("run", "error")
     for col in cols:
-        t.add_column(col, justify="left" if col in left else "right")
+        t.add_column(col, justify="left" if col in left else "right", no_wrap=col == "run")
     for name, r in results.items():
-        c = r.get("config") or {}
         per_round = r.get("link_bytes_per_round")
-        cell = _fmt(None if per_round is None else per_round / 1e6, ".2f")
         twin = _fp32_twin(name, r, results)
         twin_round = results[twin].get("link_bytes_per_round") if twin else None
-        if per_round and twin_round:
-            cell += f" ({per_round / twin_round:.3f}x)"
+        ratio = per_round / twin_round if per_round and twin_round else None
         rounds = r.get("rounds_per_worker") or {}
         n = max(1, len(rounds))
         link = r.get("link_bytes")
         to_target = r.get("link_bytes_to_target")
         t.add_row(
             name,
-            c.get("scheme", name),
-            c.get("sync_label", ""),
-            c.get("codec", ""),
             _fmt(r.get("training_s"), ".0f"),
             _fmt(r["time_to_target_s"], ".1f"),
             _fmt(r.get("final_heldout_loss") if lm else r["final_accuracy"]),
             _fmt(sum(rounds.values()) / n if rounds else None, ".1f"),
             _fmt(None if link is None else link / n / 1e6, ".1f"),
-            cell,
+            _fmt(None if per_round is None else per_round / 1e6, ".2f"),
+            _fmt(ratio),
             _fmt(None if to_target is None else to_target / 1e6, ".0f"),
             r["error"] or "",
         )
