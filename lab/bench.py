@@ -65,7 +65,18 @@ until the mean of every worker's latest held-out accuracy first reaches ``--targ
 options of ``lab.run`` (``--workload``, ``--sync``, ``--local-steps``, ``--outer-lr``,
 ``--outer-momentum``, ``--compress``, ``--lr``, ``--batch-size``) apply to every scheme of one
 invocation; ``train.json`` also gives the final held-out loss (lm), the bytes the link counters
-saw and those bytes per worker-round (total / sum over workers of rounds).
+saw, those bytes per worker-round (total / sum over workers of rounds), the bytes until the
+target was reached (first 1 Hz sample at or after it) and the quality curve.
+
+A matrix in one call: ``--configs SCHEMES:SYNCS:COMPRESS`` (repeatable; each field a comma
+list, every combination runs in the order given), e.g. ``--configs
+crew,preduce:every-step,diloco:none,int8 --configs gloo:every-step:none --local-steps 8``.
+Each run is named ``<scheme>-<sync>[H]-<fp32|fp16|int8>`` (its folder ``DIR/train/<name>/`` and
+its key in ``train.json``); local-sgd and diloco take ``--local-steps``, every-step H = 1; the
+other training options are shared. The table gives per run: time to target, final quality,
+rounds per worker, link MB per worker, MB per worker-round (with its ratio to the same scheme
+and sync in fp32 when that ran too) and link MB until the target; ``DIR/train-plots.html`` (and
+``train-curves.png``, ``train-bytes.png``) plot every run's curve and its WAN MB.
 
 Outputs
 -------
@@ -364,6 +375,10 @@ class TrainResult:
     target_loss: float | None = None
     link_bytes: int | None = None  # all links, from the link counters
     link_bytes_per_round: float | None = None  # link_bytes / sum of the workers' rounds
+    link_bytes_to_target: int | None = None  # all links, until the target was first reached
+    # (seconds since the first iteration, mean of every worker's latest accuracy, or held-out
+    # loss for lm), once all n workers have reported one: the training curve of the plots.
+    curve: list[tuple[float, float]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -397,6 +412,7 @@ def train_results(
         latest: dict[int, float] = {}
         latest_loss: dict[int, float] = {}
         reached: float | None = None
+        curve: list[tuple[float, float]] = []
         for r in its:
             if r["accuracy"] is None:
                 continue
@@ -410,6 +426,9 @@ def train_results(
             )
             if reached is None and len(latest) == n and hit:
                 reached = float(r["t"]) - t0
+            quality = latest if target_loss is None else latest_loss
+            if len(quality) == n and float(r["t"]) <= end:
+                curve.append((round(float(r["t"]) - t0, 2), sum(quality.values()) / n))
         # Groups that completed while the lab was stopping fall outside the window.
         groups = conn.execute(
             "SELECT members, status FROM groups WHERE ended_at IS NULL OR ended_at <= ?", (end,)
@@ -425,6 +444,16 @@ def train_results(
             " FROM link_samples GROUP BY src, dst)"
         ).fetchone()
         link_bytes = int(link["total"]) if link and link["total"] is not None else None
+        to_target = None
+        if reached is not None:
+            # The first 1 Hz sample at or after the moment the target was reached, per link.
+            row = conn.execute(
+                "SELECT SUM(b) AS total FROM (SELECT (SELECT MIN(s2.tx_bytes) FROM link_samples"
+                " s2 WHERE s2.src = s.src AND s2.dst = s.dst AND s2.t >= ?) - MIN(s.tx_bytes)"
+                " AS b FROM link_samples s GROUP BY s.src, s.dst)",
+                (t0 + reached,),
+            ).fetchone()
+            to_target = int(row["total"]) if row and row["total"] is not None else None
         worker_rounds = sum(rounds.values())
         return TrainResult(
             training_s=end - t0,
@@ -445,12 +474,65 @@ def train_results(
             link_bytes_per_round=(
                 link_bytes / worker_rounds if link_bytes is not None and worker_rounds else None
             ),
+            link_bytes_to_target=to_target,
+            curve=curve,
         )
     finally:
         conn.close()
 
 
 # -- the lab side -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainRun:
+    """One training run of the benchmark: a scheme with its training options (RunOptions
+    fields). ``name`` is its folder (``DIR/train/<name>``) and its key in ``train.json``."""
+
+    name: str
+    scheme: str
+    training: dict[str, Any]
+
+    @property
+    def label(self) -> tuple[str, str, str]:
+        """(scheme, sync with its H, compress) for the table."""
+        t = self.training
+        sync = t["sync"] if t["sync"] == "every-step" else f"{t['sync']} H={t['local_steps']}"
+        return self.scheme, sync, "fp32" if t["compress"] == "none" else t["compress"]
+
+
+def parse_train_configs(items: Sequence[str], args: argparse.Namespace) -> tuple[TrainRun, ...]:
+    """``--configs SCHEMES:SYNCS:COMPRESS`` (each field a comma list; every combination runs,
+    in the order given) into training runs. every-step runs take H = 1, local-sgd and diloco
+    ``--local-steps``; the other training options are the command line's. Raises BenchError
+    naming the bad item, or a combination that cannot run (e.g. gloo with int8)."""
+    runs: list[TrainRun] = []
+    for item in items:
+        fields = item.split(":")
+        if len(fields) != 3 or not all(f.strip() for f in fields):
+            raise BenchError("--configs", f"{item!r}: want SCHEMES:SYNCS:COMPRESS")
+        schemes = parse_schemes(fields[0])
+        syncs = [x.strip() for x in fields[1].split(",") if x.strip()]
+        codecs = [x.strip() for x in fields[2].split(",") if x.strip()]
+        for scheme in schemes:
+            for sync in syncs:
+                for compress in codecs:
+                    h = 1 if sync == "every-step" else args.local_steps
+                    one = argparse.Namespace(
+                        **(vars(args) | {"sync": sync, "compress": compress, "local_steps": h})
+                    )
+                    try:
+                        training = training_options(one, scheme=scheme, nonblocking=False)
+                    except ConfigError as exc:
+                        raise BenchError(
+                            "--configs", f"{scheme}:{sync}:{compress}: {exc}"
+                        ) from None
+                    tag = sync if h == 1 else f"{sync}{h}"
+                    name = f"{scheme}-{tag}-{'fp32' if compress == 'none' else compress}"
+                    if any(r.name == name for r in runs):
+                        raise BenchError("--configs", f"{name} is listed twice")
+                    runs.append(TrainRun(name, scheme, training))
+    return tuple(runs)
 
 
 @dataclass(frozen=True)
@@ -472,6 +554,8 @@ class BenchSpec:
     part_bytes: int = 0  # 0: the run's automatic part size (RunConfig.part_elems_for)
     training: dict[str, Any] = field(default_factory=dict)  # RunOptions training fields
     target_loss: float = 2.0  # lm: held-out loss (nats per byte) whose reaching is timed
+    # with --train: the runs, in order (one per scheme with ``training``, or --configs)
+    train_runs: tuple[TrainRun, ...] = ()
 
     @property
     def size_elems(self) -> int:
@@ -670,23 +754,24 @@ def run_training(
     net: LabNetwork,
     caps: Capabilities,
     spec: BenchSpec,
-    scheme: str,
+    run: TrainRun,
     progress: Progress,
     index: int,
 ) -> TrainResult:
-    """A normal (training) lab run of one scheme for ``spec.duration_s`` of training."""
-    run_dir = spec.out / "train" / scheme
+    """A normal (training) lab run of one configuration for ``spec.duration_s`` of training."""
+    scheme = run.name
+    run_dir = spec.out / "train" / run.name
     total = int(math.ceil(spec.duration_s))
     task = progress.add_task(
-        f"train {index}/{len(spec.schemes)} {scheme}", total=total, status="starting"
+        f"train {index}/{len(spec.train_runs)} {run.name}", total=total, status="starting"
     )
     opts = RunOptions(
-        scheme=scheme,
+        scheme=Scheme(run.scheme),
         p=spec.p,
         seed=spec.seed,
         dashboard=False,
         log_level="WARNING",
-        **spec.training,
+        **run.training,
     )
     error: str | None = None
     ended_at: float | None = None
@@ -715,7 +800,7 @@ def run_training(
     finally:
         _reap(lab)
     try:
-        lm = spec.training.get("workload") == "lm"
+        lm = run.training.get("workload") == "lm"
         result = train_results(
             run_dir / "lab.db",
             n=spec.topology.n,
@@ -794,34 +879,121 @@ def error_lines(schemes: dict[str, dict[str, Any]], limit: int = 400) -> list[st
     return out
 
 
+def _fp32_twin(name: str, r: dict[str, Any], results: dict[str, dict[str, Any]]) -> str | None:
+    """The run with the same scheme and sync in fp32, for the bytes ratio (None: not run)."""
+    c = r.get("config")
+    if not c:
+        return None
+    for other, o in results.items():
+        oc = o.get("config") or {}
+        if (
+            other != name
+            and oc.get("compress") == "none"
+            and (oc.get("scheme"), oc.get("sync"), oc.get("local_steps"))
+            == (c["scheme"], c["sync"], c["local_steps"])
+        ):
+            return other
+    return None
+
+
 def train_table(results: dict[str, dict[str, Any]], target: float) -> Table:
+    """One row per training run: time to target, final quality, rounds and link bytes per
+    worker, bytes per worker-round (and its ratio to the same scheme and sync in fp32), and
+    the link bytes until the target was reached."""
     lm = any(r.get("target_loss") is not None for r in results.values())
     if lm:
         target = next(r["target_loss"] for r in results.values() if r.get("target_loss"))
     t = Table(title="training")
     cols = (
-        "scheme",
-        "rounds/worker/min",
-        "final held-out loss" if lm else "final accuracy",
+        "run",
+        "training s",
         f"time to {target:g} s",
-        "link MB",
+        "final held-out loss" if lm else "final accuracy",
+        "rounds per worker",
+        "link MB per worker",
         "MB per worker-round",
+        "x fp32",
+        "link MB to target",
         "error",
     )
+    left = ("run", "error")
     for col in cols:
-        t.add_column(col, justify="left" if col in ("scheme", "error") else "right")
+        t.add_column(col, justify="left" if col in left else "right", no_wrap=col == "run")
     for name, r in results.items():
         per_round = r.get("link_bytes_per_round")
+        twin = _fp32_twin(name, r, results)
+        twin_round = results[twin].get("link_bytes_per_round") if twin else None
+        ratio = per_round / twin_round if per_round and twin_round else None
+        rounds = r.get("rounds_per_worker") or {}
+        n = max(1, len(rounds))
+        link = r.get("link_bytes")
+        to_target = r.get("link_bytes_to_target")
         t.add_row(
             name,
-            _fmt(r["rounds_per_worker_per_min"], ".1f"),
-            _fmt(r.get("final_heldout_loss") if lm else r["final_accuracy"]),
+            _fmt(r.get("training_s"), ".0f"),
             _fmt(r["time_to_target_s"], ".1f"),
-            _fmt(None if r.get("link_bytes") is None else r["link_bytes"] / 1e6, ".1f"),
+            _fmt(r.get("final_heldout_loss") if lm else r["final_accuracy"]),
+            _fmt(sum(rounds.values()) / n if rounds else None, ".1f"),
+            _fmt(None if link is None else link / n / 1e6, ".1f"),
             _fmt(None if per_round is None else per_round / 1e6, ".2f"),
+            _fmt(ratio),
+            _fmt(None if to_target is None else to_target / 1e6, ".0f"),
             r["error"] or "",
         )
     return t
+
+
+def train_figures(train: dict[str, Any]) -> dict[str, Any]:
+    """Plotly figures of a training matrix: the quality curve of every run against time (with
+    the target), and each run's link MB in all and until the target."""
+    import plotly.graph_objects as go
+
+    runs = train["schemes"]
+    lm = any(r.get("target_loss") is not None for r in runs.values())
+    target = train.get("target_loss") if lm else train.get("target_accuracy")
+    what = "mean held-out loss (nats/byte)" if lm else "mean held-out accuracy"
+    curves = go.Figure()
+    for name, r in runs.items():
+        pts = r.get("curve") or []
+        curves.add_trace(
+            go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines", name=name)
+        )
+    if target is not None:
+        curves.add_hline(y=target, line_dash="dash", annotation_text=f"target {target:g}")
+    curves.update_layout(
+        title=f"training on {train['topology']}, p={train['p']}, seed {train['seed']}: "
+        f"{what} of all workers",
+        xaxis_title="seconds since the first iteration",
+        yaxis_title=what,
+        template="plotly_white",
+        width=1000,
+        height=550,
+    )
+    names = list(runs)
+    mb = go.Figure()
+    mb.add_trace(
+        go.Bar(
+            x=names,
+            y=[(runs[k].get("link_bytes") or 0) / 1e6 for k in names],
+            name="whole run",
+        )
+    )
+    mb.add_trace(
+        go.Bar(
+            x=names,
+            y=[(runs[k].get("link_bytes_to_target") or 0) / 1e6 for k in names],
+            name="until the target",
+        )
+    )
+    mb.update_layout(
+        title="WAN traffic: MB on all links (link counters)",
+        yaxis_title="MB",
+        barmode="group",
+        template="plotly_white",
+        width=max(700, 90 * len(names) + 200),
+        height=500,
+    )
+    return {"train-curves": curves, "train-bytes": mb}
 
 
 def build_figures(results: dict[str, Any]) -> dict[str, Any]:
@@ -934,7 +1106,7 @@ def build_figures(results: dict[str, Any]) -> dict[str, Any]:
     return {"op-times": times, "link-bytes": links}
 
 
-def write_figures(figures: dict[str, Any], out: Path) -> list[str]:
+def write_figures(figures: dict[str, Any], out: Path, html_name: str = "plots.html") -> list[str]:
     """Write all figures into ``plots.html``, and each as ``<name>.png`` when kaleido and a
     Chromium work.
 
@@ -946,7 +1118,7 @@ def write_figures(figures: dict[str, Any], out: Path) -> list[str]:
         fig.to_html(full_html=False, include_plotlyjs=(k == 0))
         for k, fig in enumerate(figures.values())
     ]
-    html = out / "plots.html"
+    html = out / html_name
     html.write_text(
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>lab.bench</title>"
         "</head><body>" + "\n".join(parts) + "</body></html>"
@@ -1066,6 +1238,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --train --workload lm: mean held-out loss (nats per byte) whose first "
         "reaching is timed (default 2.0)",
     )
+    p.add_argument(
+        "--configs",
+        action="append",
+        default=[],
+        metavar="SCHEMES:SYNCS:COMPRESS",
+        help="with --train: a matrix of training runs instead of one per --schemes entry, "
+        "e.g. crew,preduce:every-step,diloco:none,int8 (every combination, in order); "
+        "repeat for more. local-sgd and diloco take --local-steps, every-step H = 1",
+    )
     add_training_args(p)
     add_allow_missing(p)
     p.add_argument("--log-level", default="WARNING", help="log level of the benchmark itself")
@@ -1099,12 +1280,21 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
     if not 0 < args.target_accuracy <= 1:
         raise BenchError("--target-accuracy", f"must be in (0, 1], got {args.target_accuracy}")
     training: dict[str, Any] = {}
-    try:
-        for scheme in schemes:
-            training = training_options(args, scheme=scheme, nonblocking=False)
-    except ConfigError as exc:
-        field_name, _, why = str(exc).partition(":")
-        raise BenchError(f"--{field_name.replace('_', '-')}", why.strip()) from None
+    runs: tuple[TrainRun, ...] = ()
+    if args.configs:
+        if not args.train:
+            raise BenchError("--configs", "needs --train")
+        runs = parse_train_configs(args.configs, args)
+    else:
+        try:
+            for scheme in schemes:
+                training = training_options(args, scheme=scheme, nonblocking=False)
+        except ConfigError as exc:
+            field_name, _, why = str(exc).partition(":")
+            raise BenchError(f"--{field_name.replace('_', '-')}", why.strip()) from None
+        runs = tuple(
+            TrainRun(s, s, training_options(args, scheme=s, nonblocking=False)) for s in schemes
+        )
     return BenchSpec(
         topology=topo,
         schemes=schemes,
@@ -1121,6 +1311,7 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         part_bytes=args.part_bytes,
         training=training,
         target_loss=args.target_loss,
+        train_runs=runs if args.train else (),
     )
 
 
@@ -1129,7 +1320,7 @@ def _prepare_out(spec: BenchSpec, overwrite: bool) -> None:
     since a run database is appended to, which would mix two benchmarks' ops."""
     folders = [spec.out / s for s in spec.schemes] if spec.ops else []
     if spec.train:
-        folders += [spec.out / "train" / s for s in spec.schemes]
+        folders += [spec.out / "train" / r.name for r in spec.train_runs]
     existing = [f for f in folders if f.exists()]
     if existing and not overwrite:
         raise BenchError(
@@ -1203,12 +1394,16 @@ def run_benchmark(spec: BenchSpec) -> tuple[dict[str, Any], dict[str, Any] | Non
                     "seed": spec.seed,
                     "duration_s": spec.duration_s,
                     "target_accuracy": spec.target_accuracy,
+                    "target_loss": spec.target_loss,
                     "schemes": {},
                 }
-                for i, scheme in enumerate(spec.schemes, 1):
-                    tr = run_training(net, caps, spec, scheme, progress, i)
+                for i, run in enumerate(spec.train_runs, 1):
+                    tr = run_training(net, caps, spec, run, progress, i)
                     seen |= set(other_labs(tag))
-                    train["schemes"][scheme] = tr.to_dict()
+                    sch, sync, codec = run.label
+                    train["schemes"][run.name] = tr.to_dict() | {
+                        "config": {"scheme": sch, "sync_label": sync, "codec": codec} | run.training
+                    }
                     train["other_labs_seen"] = sorted(seen)
                     _write_json(spec.out / "train.json", train)
     results["wall_s"] = time.time() - started
@@ -1259,6 +1454,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(train_table(train["schemes"], spec.target_accuracy))
         failed |= any(r["error"] for r in train["schemes"].values())
         console.print(f"training results: {spec.out / 'train.json'}")
+        for note in write_figures(train_figures(train), spec.out, "train-plots.html"):
+            console.print(note)
     if results["other_labs_seen"]:
         console.print(
             f"[yellow]note:[/yellow] other labs ran on this machine meanwhile "

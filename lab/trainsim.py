@@ -23,9 +23,11 @@ import time
 
 import numpy as np
 
-from crew.train.compress import Codec, add_encoded, decode, encode, encoded_size
+from crew.control.verify import check_vector
+from crew.train.compress import Codec, encoded_size
 from crew.train.datasets import Partition
 from crew.train.outer import OuterConfig, OuterLoop, SyncMode
+from crew.train.partcodec import PartCodec
 from crew.train.workloads import DEFAULTS, Workload, make_trainer
 
 
@@ -52,18 +54,19 @@ def _trainers(args: argparse.Namespace) -> list:
     ]
 
 
-def star_reduce(codec: Codec, offers: list[np.ndarray], weights: list[float]) -> np.ndarray:
-    """Root = the first member: own vector unencoded, leaves encoded, broadcast encoded."""
-    n = offers[0].size
-    if codec is Codec.NONE:
-        return sum(np.float32(w) * v for w, v in zip(weights, offers, strict=True))
-    leaves = [
-        encode(codec, np.float32(w) * v) for w, v in zip(weights[1:], offers[1:], strict=True)
-    ]
-    total = np.float32(weights[0]) * offers[0] + decode(
-        codec, add_encoded(codec, leaves, [1.0] * len(leaves), n), n
-    )
-    return decode(codec, encode(codec, total), n)
+def star_reduce(
+    codecs: list[PartCodec] | None, offers: list[np.ndarray], weights: list[float]
+) -> np.ndarray:
+    """Root = the first member: own vector unencoded, leaves encoded, broadcast encoded, each
+    through the encoding member's own PartCodec (as the engine does; error feedback with it)."""
+    total: np.ndarray = np.float32(weights[0]) * offers[0]
+    if codecs is None:
+        for w, v in zip(weights[1:], offers[1:], strict=True):
+            total = total + np.float32(w) * v
+        return total
+    for pc, w, v in zip(codecs[1:], weights[1:], offers[1:], strict=True):
+        total = total + pc.encode(np.float32(w) * v, 0, 0.0)[1]
+    return codecs[0].encode(total, 0, 0.0)[1]
 
 
 def run(args: argparse.Namespace) -> dict[str, float | int | None]:
@@ -72,6 +75,12 @@ def run(args: argparse.Namespace) -> dict[str, float | int | None]:
     cfg = OuterConfig(mode, args.local_steps, args.outer_lr, args.outer_momentum)
     loops = [OuterLoop(cfg, t.get_vector()) for t in trainers]
     codec = Codec(args.compress)
+    check = check_vector(1, trainers[0].num_params)
+    codecs = (
+        None
+        if codec is Codec.NONE
+        else [PartCodec(codec, check, error_feedback=args.error_feedback == "on") for _ in trainers]
+    )
     rng = np.random.default_rng(args.seed)
     rounds = args.steps // args.local_steps
     reached = None
@@ -84,7 +93,8 @@ def run(args: argparse.Namespace) -> dict[str, float | int | None]:
         for g in range(0, args.n - args.p + 1, args.p):
             members = order[g : g + args.p]
             offers = [loops[m].before_reduce(trainers[m].get_vector()) for m in members]
-            result = star_reduce(codec, offers, [1.0 / len(members)] * len(members))
+            pcs = None if codecs is None else [codecs[m] for m in members]
+            result = star_reduce(pcs, offers, [1.0 / len(members)] * len(members))
             for m in members:
                 trainers[m].set_vector(loops[m].after_reduce(result))
         for m in order[(args.n // args.p) * args.p :]:  # left over: not in a group this round
@@ -120,6 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--outer-lr", type=float, default=0.7)
     p.add_argument("--outer-momentum", type=float, default=0.9)
     p.add_argument("--compress", choices=[c.value for c in Codec], default="none")
+    p.add_argument(
+        "--error-feedback",
+        choices=["on", "off"],
+        default="on",
+        help="each encoding worker adds what its last encode rounded away (fp16/int8)",
+    )
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--p", type=int, default=4)
     p.add_argument("--steps", type=int, default=480, help="local steps per worker")
@@ -138,10 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"SUMMARY workload={args.workload} mode={args.mode} H={args.local_steps} "
         f"outer_lr={args.outer_lr} mu={args.outer_momentum} compress={args.compress} "
+        f"ef={args.error_feedback} "
         f"n={args.n} p={args.p} partition={args.partition} steps_to_target="
         f"{out['steps_to_target']} rounds_to_target={out['rounds_to_target']} "
         f"final={out['final']:.4f} bytes/round={out['bytes_per_round']} "
-        f"({out['bytes_per_round'] / out['bytes_fp32_per_round']:.3f}x fp32)"
+        f"({float(out['bytes_per_round'] or 0) / float(out['bytes_fp32_per_round'] or 1):.3f}"
+        "x fp32)"
     )
     return 0
 

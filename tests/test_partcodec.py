@@ -31,9 +31,17 @@ class Net:
         self.queue: deque[tuple[int, Frame]] = deque()
         self.done: set[int] = set()
         self.tamper = tamper
-        pc = None if codec is Codec.NONE else PartCodec(codec, check)
+        # One codec per engine, as each Node builds its own (it holds the node's residual).
         self.engines = [
-            ReduceEngine(i, N, RUN, self._send, self._have_all(i), codec=pc) for i in range(N)
+            ReduceEngine(
+                i,
+                N,
+                RUN,
+                self._send,
+                self._have_all(i),
+                codec=None if codec is Codec.NONE else PartCodec(codec, check),
+            )
+            for i in range(N)
         ]
 
     def _send(self, dst: int, frame: Frame, priority: int = 0) -> None:
@@ -68,9 +76,9 @@ MEMBERS = (0, 1, 2)
 WEIGHTS = (0.25, 0.25, 0.5)
 
 
-def _assign(pipelined: bool) -> Assign:
+def _assign(pipelined: bool, group: int = 5) -> Assign:
     return Assign(
-        group=5,
+        group=group,
         rev=0,
         scheme="test",
         members=list(MEMBERS),
@@ -90,11 +98,11 @@ def _vectors(seed: int = 3) -> dict[int, np.ndarray]:
     return {m: rng.standard_normal(TOTAL).astype(np.float32) for m in MEMBERS}
 
 
-def _reported(net: Net, check: np.ndarray, m: int) -> float:
+def _reported(net: Net, check: np.ndarray, m: int, group: int = 5) -> float:
     """What Node._have_all reports for member m."""
-    result = net.engines[m].result(5)
+    result = net.engines[m].result(group)
     assert result is not None
-    return project(check, result) - net.engines[m].codec_error(5)
+    return project(check, result) - net.engines[m].codec_error(group)
 
 
 @pytest.mark.parametrize("codec", COMPRESSED)
@@ -119,6 +127,64 @@ def test_compressed_reduce_keeps_the_exact_check(codec: Codec, pipelined: bool) 
     if codec is Codec.INT8:  # without the accounting the int8 error would fail the check
         assert relative_error(raw, WEIGHTS, offered) > CHECK_TOLERANCE
     assert all(net.engines[i].dropped_frames == 0 for i in range(N))
+
+
+@pytest.mark.parametrize("codec", COMPRESSED)
+def test_error_feedback_residuals_keep_the_exact_check(codec: Codec) -> None:
+    """A second group on the same engines: every encoding node now adds its residual from the
+    first, and the check still holds exactly, because ``err`` accounts for what was sent."""
+    check = check_vector(RUN, TOTAL)
+    net = Net(codec, check)
+    net.run(_assign(True, group=5), _vectors(3))
+    residuals = [e._codec.residual() for e in net.engines]  # noqa: SLF001
+    assert sum(float(np.abs(r).sum()) for r in residuals if r is not None) > 0
+    v = _vectors(4)
+    net.run(_assign(False, group=6), v)
+    offered = [project(check, v[m]) for m in MEMBERS]
+    reported = [_reported(net, check, m, group=6) for m in MEMBERS]
+    assert relative_error(reported, WEIGHTS, offered) < 1e-5
+    results = [net.engines[m].result(6) for m in MEMBERS]
+    assert all(np.array_equal(r, results[0]) for r in results[1:])
+
+
+def test_error_feedback_sends_what_rounding_took_over_later_encodes() -> None:
+    """A weight on the int8 grid, moved by far less than half a step per round and re-encoded
+    each round (the every-step case): plain rounding never moves it; with the residual, the
+    sum of what was sent equals the sum asked for, less one residual of at most half a step."""
+    check = check_vector(RUN, 512)
+    base = np.linspace(-1.0, 1.0, 512, dtype=np.float32)  # int8 step about 1/255 = 3.9e-3
+    nudge = np.full(512, 1e-4, np.float32)
+    nudge[0::256] = nudge[255::256] = 0  # each block's min and max stay: its grid stays
+    for feedback in (False, True):
+        pc = PartCodec(Codec.INT8, check, error_feedback=feedback)
+        model = decode(Codec.INT8, encode(Codec.INT8, base), 512)
+        asked = np.zeros(512)
+        sent = np.zeros(512)
+        for _ in range(200):
+            y = model + nudge  # one local step
+            model = pc.encode(y, 0, 0.0)[1]  # what every member loads
+            asked += y.astype(np.float64)
+            sent += model.astype(np.float64)
+        moved = float(np.median(model - base))
+        if feedback:
+            step = 2.0 / 255
+            assert np.abs(sent - asked).max() <= step / 2 * (1 + 1e-3)
+            assert moved == pytest.approx(200 * 1e-4, rel=0.3)
+        else:
+            assert moved < 0.1 * 200 * 1e-4  # the updates were rounded away
+
+
+def test_error_feedback_refuses_non_finite_and_keeps_its_residual() -> None:
+    check = check_vector(RUN, 300)
+    pc = PartCodec(Codec.INT8, check)
+    pc.encode(np.linspace(0, 1, 300, dtype=np.float32), 0, 0.0)
+    before = pc.residual()
+    bad = np.linspace(0, 1, 300, dtype=np.float32)
+    bad[7] = np.inf
+    with pytest.raises(CompressError, match="non-finite"):
+        pc.encode(bad, 0, 0.0)
+    assert np.array_equal(pc.residual(), before) and np.isfinite(before).all()
+    assert PartCodec(Codec.INT8, check, error_feedback=False).residual() is None
 
 
 def test_uncompressed_reduce_has_no_codec_error() -> None:
@@ -198,6 +264,11 @@ def test_part_codec_carries_its_exact_error(codec: Codec) -> None:
     assert err == pytest.approx(expected, rel=1e-12)
     back, carried = pc.decode(payload, 1200, 700)
     assert np.array_equal(back, decoded) and carried == err
+    # The next encode adds the residual; err is still against the values asked for.
+    _, decoded2, err2 = pc.encode(x, 1200, 0.0)
+    assert not np.array_equal(decoded2, decoded)
+    expected2 = float(np.dot(check[1200:1900].astype(np.float64), decoded2 - x.astype(np.float64)))
+    assert err2 == pytest.approx(expected2, rel=1e-12)
     with pytest.raises(CompressError, match="outside the vector"):
         pc.decode(payload, TOTAL - 10, 700)
     with pytest.raises(CompressError, match="non-finite"):

@@ -24,13 +24,10 @@ in pseudo-gradients are the largest updates, into large errors (10x worse above)
 covers. Blocks of 256 keep the header at 3% (0.258x of float32, under the 0.27x target with
 frame headers); blocks of 64 cut the error by a quarter for 9% more bytes.
 
-Error feedback: not used. The codecs round to nearest, so the error is small, zero-mean noise
-rather than a bias (error feedback is what makes *biased* compressors such as top-k or sign
-converge). The lab averages whole vectors (models, see :mod:`crew.train.outer`): a member's result
-is replaced by the group's, so a residual kept by one member would be added to a vector that no
-longer holds the error it corrects; the re-encodes at aggregators and the broadcast, which a sender
-cannot see, would stay uncorrected anyway; and it costs one more model-sized buffer per member. The
-benchmark's int8-versus-fp32 accuracy figures are the check of this choice.
+Error feedback is not done here: these functions are stateless. The reduce engine's codec
+(:class:`crew.train.partcodec.PartCodec`) keeps each node's residual and adds it to the node's
+next encode; its docstring says why (models on the wire, small updates rounded away) and how it
+stays exact under verification.
 
 Error bounds (derived, for verification). One encode of a vector ``y`` changes element ``i`` by
 at most ``A(y)_i + c``, where ``A`` is elementwise *sub-additive and positively homogeneous*,
