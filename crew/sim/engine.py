@@ -33,6 +33,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -256,15 +257,16 @@ class Simulation:
             if kind == _Ev.END:
                 break
             if kind == _Ev.COMPUTE:
-                w, token = payload  # type: ignore[misc]
+                w, token = cast(tuple[int, int], payload)
                 if self.alive[w] and token == self.token[w]:
                     self.iteration[w] += 1
                     if self.rec:
                         self.rec.iteration(self.now, w, self.iteration[w])
                     self._apply(self.life.ready(w, self.iteration[w], self.now))
             elif kind == _Ev.DONE:
-                gid, rev = payload  # type: ignore[misc]
-                if self.transfers.get(gid, (None,))[0] == rev:
+                gid, rev = cast(tuple[int, int], payload)
+                cur = self.transfers.get(gid)
+                if cur is not None and cur[0] == rev:
                     del self.transfers[gid]
                     self._apply(self.life.delivered(gid, self.now))
             elif kind == _Ev.WAKE:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from crew.config import RunConfig
+from crew.config import RunConfig, Scheme
 from crew.control import lifecycle as lc
 from crew.control.grouping import Group, GroupFormer
 from crew.plan import routelp
@@ -134,7 +134,7 @@ class SimLifecycle:
             secret_path="",
             n=n,
             p=p,
-            scheme=scheme,
+            scheme=Scheme(scheme),
             coordinator_host="",
             coordinator_port=0,
             data_port=0,
