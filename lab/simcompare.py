@@ -1,4 +1,5 @@
-"""Simulated against emulated per-op times: ``python -m lab.simcompare RESULTS.json --topology Y``.
+"""Simulated against emulated: per-op times (``python -m lab.simcompare RESULTS.json --topology
+Y``) and training runs (``python -m lab.simcompare --train RUN_DIR``).
 
 ``lab.bench`` runs one seeded trace of groups, one group at a time, on the emulated network and
 writes ``results.json`` (per scheme: the op time of every group of the trace). This module
@@ -8,40 +9,97 @@ coordinator does: one group at a time, all workers active) and timed on fresh FC
 (``crew.sim.network``), and prints simulated / emulated per op (median and spread) for every
 scheme the results hold. Gloo is not planned per group and is skipped.
 
+The executor's costs beyond the links' rates (``crew.sim.network.ExecutorModel``), each taken
+from the lab, none fitted to the op times:
+
+* the planner's time: the lab's op time runs from the group's formation, before its plan, so
+  each simulated op starts its routes after the real planner call made here returns (its wall
+  time on this machine, with the coordinator's arguments: all workers active, the part size);
+* the per-hop standing queue: ``lab.net.shaping.QUEUE_EXTRA_S`` (50 ms), which CUBIC fills;
+* the shared host: the workers' CPU seconds per link byte that the same results measured for
+  the scheme (``cpu_s_per_gb``), on this host's cores (``os.cpu_count()``; the lab runs every
+  worker on it). ``--no-host`` leaves it out.
+
 ``lab.bench --sim`` calls :func:`bench_report` after the emulated runs.
+
+**Training runs** (``--train RUN_DIR``, a ``lab.run`` folder): the run's topology, scheme, p and
+seed (from its database), simulated for the run's training window (first iteration's start
+to the run's end) with the same executor model (its CPU per byte: ``--cpu-s-per-gb``, default
+the bench's crew figure on this lab). Two inputs come from the run, neither of them the rounds
+compared: the vector's size (its plans) and the real step time the straggler samples pad up to
+(``compute_s``: the median, over the workers without a straggler profile, of training ->
+ready in ``worker_states``; it holds torch's step and evaluation on the shared host). Prints
+rounds per worker, simulated / emulated.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from crew.config import Scheme
+from crew.control.assignment import MIN_ROUTE_PART_ELEMS
 from crew.plan.schemes import GROUP_SCHEMES, plan_group
-from crew.sim.network import LinkQueues, RouteTimer, part_bytes
+from crew.runtime.rundb import connect
+from crew.sim.engine import PlanDelay, SimConfig, Simulation
+from crew.sim.network import ExecutorModel, LinkQueues, RouteTimer, part_bytes
+from lab.net.shaping import QUEUE_EXTRA_S
 from lab.simrun import sim_topology
-from lab.topology import load_topology
+from lab.topology import load_topology, parse_topology
 
 GOODPUT = 0.95
+LAB_CPU_S_PER_GB = 12.2
+"""Workers' CPU seconds per GB of link bytes for crew on bench-hetero (lab.bench, this lab at
+main 6917be2, 2026-12-01): the training comparison's default host cost."""
+
+
+def lab_executor(cpu_s_per_gb: float | None, host: bool = True) -> ExecutorModel:
+    """The executor model of the lab's host: see the module docstring."""
+    cores = float(os.cpu_count() or 1) if host and cpu_s_per_gb else 0.0
+    per_byte = (cpu_s_per_gb or 0.0) / 1e9 if host else 0.0
+    return ExecutorModel(hop_queue_s=QUEUE_EXTRA_S, cpu_s_per_byte=per_byte, host_cores=cores)
 
 
 def simulate_op(
-    scheme: str, rate: np.ndarray, delay_s: np.ndarray, members: Sequence[int], size: int, seed: int
+    scheme: str,
+    rate: np.ndarray,
+    delay_s: np.ndarray,
+    members: Sequence[int],
+    size: int,
+    seed: int,
+    executor: ExecutorModel | None = None,
+    plan_time: bool = False,
 ) -> float:
-    """Seconds one group takes alone on the network, in the simulator's link model."""
+    """Seconds one group takes alone on the network, in the simulator's model: its transfer,
+    plus (``plan_time``) the real planner call's wall time, as the lab's op time includes it."""
     n = rate.shape[0]
     bw = rate.copy()
     np.fill_diagonal(bw, np.inf)
-    plan = plan_group(scheme, bw, members, size, active=list(range(n)), seed=seed)
-    links = LinkQueues(rate, GOODPUT, delay_s)
-    timer = RouteTimer(links, plan.routes, plan.pipelined, part_bytes(size, n))
-    end = timer.start(0.0)
+    part = part_bytes(size, n)
+    t0 = time.perf_counter()
+    plan = plan_group(
+        Scheme(scheme),
+        bw,
+        members,
+        size,
+        active=list(range(n)),
+        seed=seed,
+        part_bytes=4 * min(part // 4, MIN_ROUTE_PART_ELEMS),  # as the coordinator plans
+        delay_s=delay_s if np.any(delay_s > 0) else None,
+    )
+    start = time.perf_counter() - t0 if plan_time else 0.0
+    links = LinkQueues(rate, GOODPUT, delay_s, executor)
+    timer = RouteTimer(links, plan.routes, plan.pipelined, part)
+    end = timer.start(start)
     wake = timer.take_wakeups()
     for _ in range(10 * n * n * len(plan.routes) + 10):  # each release queues >= 1 edge
         if end is not None or not wake:
@@ -57,13 +115,16 @@ def simulate_op(
     return end
 
 
-def compare(results: dict[str, Any], topology: Path) -> dict[str, dict[str, float]]:
+def compare(
+    results: dict[str, Any], topology: Path, host: bool = True, plan_time: bool = True
+) -> dict[str, dict[str, float]]:
     topo = sim_topology(load_topology(topology))
     out: dict[str, dict[str, float]] = {}
     for scheme, r in results["schemes"].items():
         if scheme not in GROUP_SCHEMES or not r.get("op_times_s"):
             continue
         emulated = r["op_times_s"]
+        executor = lab_executor(r.get("cpu_s_per_gb"), host)
         simulated = [
             simulate_op(
                 scheme,
@@ -72,6 +133,8 @@ def compare(results: dict[str, Any], topology: Path) -> dict[str, dict[str, floa
                 members,
                 int(results["size_bytes"]),
                 int(results.get("seed", 0)),
+                executor,
+                plan_time,
             )
             for members in results["trace"][: len(emulated)]
         ]
@@ -82,6 +145,7 @@ def compare(results: dict[str, Any], topology: Path) -> dict[str, dict[str, floa
             "ratio_median": statistics.median(ratios),
             "ratio_min": min(ratios),
             "ratio_max": max(ratios),
+            "cpu_s_per_gb": executor.cpu_s_per_byte * 1e9,
         }
     return out
 
@@ -97,22 +161,126 @@ def report(cmp: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def bench_report(results: dict[str, Any], topology: Path) -> str:
+def bench_report(
+    results: dict[str, Any], topology: Path, host: bool = True, plan_time: bool = True
+) -> str:
     """What ``lab.bench --sim`` prints: every scheme of the results, simulated or why not."""
-    cmp = compare(results, topology)
+    cmp = compare(results, topology, host, plan_time)
     skipped = [s for s in results["schemes"] if s not in cmp]
-    lines = [report(cmp)]
+    model = lab_executor(1.0, host)
+    lines = [
+        f"simulated with: per-hop queue {model.hop_queue_s * 1e3:g} ms,"
+        + (f" host CPU per scheme's cpu_s_per_gb on {model.host_cores:g} cores" if host else "")
+        + (", the planner's wall time" if plan_time else ""),
+        report(cmp),
+    ]
     lines += [f"{s:11s} not simulated (no per-group plan, or no op time)" for s in skipped]
     return "\n".join(lines)
 
 
+def _run_facts(run_dir: Path) -> dict[str, Any]:
+    """What a lab run's database says about its inputs and its rounds (read-only)."""
+    conn = connect(run_dir / "lab.db", readonly=True)
+    try:
+        meta = {r["key"]: r["value"] for r in conn.execute("SELECT key, value FROM meta")}
+        options = json.loads(meta.get("options", "{}"))
+        spec = parse_topology(json.loads(meta["topology"]))
+        plan = conn.execute("SELECT plan FROM groups WHERE plan IS NOT NULL LIMIT 1").fetchone()
+        if plan is None:
+            raise SystemExit(f"{run_dir}: no planned group, nothing to compare")
+        total = sum(json.loads(plan["plan"])["elems"])
+        steps: list[float] = []
+        plain = {w.index for w in spec.workers if not w.straggler}
+        last: dict[int, float] = {}
+        for r in conn.execute("SELECT t, worker, state FROM worker_states ORDER BY t"):
+            w = r["worker"]
+            if r["state"] == "training":
+                last[w] = r["t"]
+            elif w in last and w in plain:
+                steps.append(r["t"] - last.pop(w))
+            else:
+                last.pop(w, None)
+        first = conn.execute("SELECT MIN(t) AS t FROM worker_states").fetchone()["t"]
+        rounds = [0] * spec.n
+        for g in conn.execute("SELECT members FROM groups WHERE status = 'completed'"):
+            for m in json.loads(g["members"]):
+                rounds[m] += 1
+    finally:
+        conn.close()
+    return {
+        "spec": spec,
+        "scheme": meta["scheme"],
+        "p": int(meta["p"]),
+        "seed": int(options.get("seed", 0)),
+        "size_bytes": 4 * total,
+        "compute_s": statistics.median(steps) if steps else 0.0,
+        "window_s": float(meta["ended_at"]) - float(first),
+        "rounds": rounds,
+    }
+
+
+def train_compare(run_dir: Path, cpu_s_per_gb: float = LAB_CPU_S_PER_GB) -> dict[str, Any]:
+    """Rounds per worker of a lab run and of its simulation (see the module docstring)."""
+    f = _run_facts(run_dir)
+    cfg = SimConfig(
+        scheme=Scheme(f["scheme"]),
+        p=f["p"],
+        duration_s=f["window_s"],
+        seed=f["seed"],
+        size_bytes=f["size_bytes"],
+        goodput=GOODPUT,
+        compute_s=f["compute_s"],
+        executor=lab_executor(cpu_s_per_gb),
+        plan_delay=PlanDelay.MEASURED,
+    )
+    res = Simulation(sim_topology(f["spec"]), cfg).run()
+    emu = statistics.mean(f["rounds"])
+    return {
+        "run": str(run_dir),
+        "scheme": f["scheme"],
+        "p": f["p"],
+        "seed": f["seed"],
+        "window_s": f["window_s"],
+        "size_bytes": f["size_bytes"],
+        "compute_s": f["compute_s"],
+        "emu_rounds": f["rounds"],
+        "sim_rounds": res.rounds,
+        "emu_mean": emu,
+        "sim_mean": res.rounds_per_worker,
+        "ratio": res.rounds_per_worker / emu if emu else float("nan"),
+    }
+
+
+def train_report(c: dict[str, Any]) -> str:
+    flag = "" if 0.85 <= c["ratio"] <= 1.15 else "   (outside 0.85-1.15)"
+    return (
+        f"{c['run']}: {c['scheme']} p={c['p']} seed {c['seed']}, {c['window_s']:.0f} s,"
+        f" {c['size_bytes'] / 1e6:.2f} MB, step {c['compute_s'] * 1e3:.0f} ms\n"
+        f"  rounds per worker: simulated {c['sim_mean']:.2f} {c['sim_rounds']},"
+        f" emulated {c['emu_mean']:.2f} {c['emu_rounds']}; sim/emu {c['ratio']:.2f}{flag}"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lab.simcompare", description=__doc__)
-    parser.add_argument("results", type=Path, help="a lab.bench results.json")
-    parser.add_argument("--topology", type=Path, required=True, help="the topology it ran on")
+    parser.add_argument("results", type=Path, nargs="?", help="a lab.bench results.json")
+    parser.add_argument("--topology", type=Path, help="the topology the results ran on")
+    parser.add_argument("--no-host", action="store_true", help="no shared-host CPU model")
+    parser.add_argument("--no-plan-time", action="store_true", help="routes start at formation")
+    parser.add_argument(
+        "--train", type=Path, action="append", default=[], help="a lab.run folder to compare"
+    )
+    parser.add_argument("--cpu-s-per-gb", type=float, default=LAB_CPU_S_PER_GB)
     args = parser.parse_args(argv)
-    results = json.loads(args.results.read_text())
-    print(bench_report(results, args.topology))
+    if args.results is None and not args.train:
+        parser.error("give a results.json (with --topology) or --train RUN_DIR")
+    if args.results is not None:
+        if args.topology is None:
+            parser.error("--topology: the topology the results ran on")
+        results = json.loads(args.results.read_text())
+        print(bench_report(results, args.topology, not args.no_host, not args.no_plan_time))
+    for run_dir in args.train:
+        print(train_report(train_compare(run_dir, args.cpu_s_per_gb)))
     return 0
 
 

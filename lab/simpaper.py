@@ -10,6 +10,9 @@
   every pair joined directly or through one relay), between t = 5 s and t = 45 s.
 * ``scale``: the planner's time per group and the simulator's wall time at n = 20 ... 256.
 
+Above ``crew.sim.candidates.CANDIDATES_FROM_N`` workers every group is planned over its members
+and the 16 best-connected others (``crew.sim.candidates``); ``scale`` prints it per row.
+
 Every cell is one ``crew.sim`` run on a topology generated with the cell's seed; ``--seeds``
 repeats cells and reports the median. Writes ``results.json``, ``plots.html`` and PNGs
 (through ``lab.bench.write_figures``) to ``--out``. Heavy: run under the CPU lock.
@@ -29,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from crew.config import Scheme
+from crew.sim.candidates import default_helpers
 from crew.sim.engine import Fault, SimConfig, SimResult, Simulation, default_plan_rounds
 from crew.sim.topogen import generate
 from lab.bench import write_figures
@@ -52,7 +56,12 @@ def one(
     return Simulation(
         topo,
         SimConfig(
-            scheme=scheme, p=p, duration_s=duration, seed=seed, plan_rounds=default_plan_rounds(n)
+            scheme=scheme,
+            p=p,
+            duration_s=duration,
+            seed=seed,
+            plan_rounds=default_plan_rounds(n),
+            helpers=default_helpers(n),
         ),
         faults,
     ).run()
@@ -164,13 +173,15 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
             "plan_s_total": float(plan_ms.sum() / 1e3),
             "sim_wall_s": wall,
             "link_jobs": res.jobs,
+            "helpers": default_helpers(n),
         }
         rows.append(row)
         print(
             f"n={n:3d}: {row['groups']} groups, {row['rounds_per_worker']:.2f} rounds/worker;"
             f" planner median {row['plan_ms_median']:.1f} ms (p90 {row['plan_ms_p90']:.1f}),"
             f" total {row['plan_s_total']:.1f} s; simulator wall {wall:.1f} s"
-            f" ({res.jobs} link jobs)",
+            f" ({res.jobs} link jobs; planner over "
+            + ("every worker)" if row["helpers"] is None else f"members + {row['helpers']})"),
             flush=True,
         )
     return {"kind": "scale", "p": args.p, "bwd": args.bwd, "duration_s": args.duration,

@@ -101,8 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         faults += extra
         for s in skipped:
             print(f"not simulated: {s}")
-    res = run(topo, config_from(args), faults, args.run_dir)
-    print(summary(res, args.run_dir))
+    cfg = config_from(args, topo.n)
+    res = run(topo, cfg, faults, args.run_dir)
+    print(summary(res, args.run_dir, cfg))
     return 0
 
 

@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 
 import numpy as np
 import pytest
 
-from crew.plan.routes import Route
+from crew.plan.routes import Route, validate_routes
+from crew.plan.schemes import plan_group
 from crew.sim.__main__ import main as sim_main
+from crew.sim.candidates import candidates, plan_on_candidates
 from crew.sim.engine import (
     LARGE_PLAN_ROUNDS,
     Fault,
     FaultKind,
+    PlanDelay,
     SimConfig,
     Simulation,
     default_plan_rounds,
 )
-from crew.sim.network import LinkQueues, RouteTimer, part_bytes
+from crew.sim.network import ExecutorModel, LinkQueues, NetworkError, RouteTimer, part_bytes
 from crew.sim.record import Recorder
 from crew.sim.topogen import SimTopology, generate
 
@@ -75,9 +79,11 @@ def test_three_workers_timed_by_hand() -> None:
     # half the vector on worker 2 (a non-member), whose links carry 2 MB each way, and splits
     # the other half between 0 and 1 (link 0->1 carries S1 + S0 = 2 MB): 2 s of link time.
     # Worker 2 can broadcast a part only once it arrived from both: the last part of its
-    # block leaves it one part (333,332 bytes, the lab's quarter block) after 2 s.
-    part = part_bytes(4 * MB, 3)
-    assert part == 333_332
+    # block leaves it one part after 2 s. The executor cuts that 2 MB route into 8 parts
+    # (crew.control.assignment.route_part_elems: 62,500 elements, below the run's quarter
+    # block of 333,332 bytes and the 256 KiB cap): 250,000 bytes.
+    assert part_bytes(4 * MB, 3) == 333_332
+    part = 250_000
     res = _run(_uniform(3), scheme="crew", p=2, size_bytes=4 * MB, duration_s=7.0)
     first_end = 1.0 + 2.0 + part / MB
     # Group 2: worker 2 (queued since t=1) and worker 0 (ready one second after group 1).
@@ -86,6 +92,74 @@ def test_three_workers_timed_by_hand() -> None:
     got = [(a, b) for _, a, b in res.group_times[:2]]
     assert np.allclose(got, expect, atol=1e-5), got
     assert res.rounds == [2, 1, 1]
+
+
+def test_per_hop_queue_delays_every_hop_of_a_store_and_forward_op() -> None:
+    # The two-worker preduce case with a 50 ms standing queue per hop: scatter arrives at
+    # 3.05, the broadcast at 5.10; the next round readies at 6.10 and ends at 10.20.
+    ex = ExecutorModel(hop_queue_s=0.05)
+    res = _run(_uniform(2), scheme="preduce", p=2, size_bytes=4 * MB, duration_s=12.0, executor=ex)
+    got = [(a, b) for _, a, b in res.group_times[:2]]
+    assert np.allclose(got, [(1.0, 5.1), (6.1, 10.2)], atol=1e-9), got
+
+
+def test_measured_plan_delay_starts_the_routes_after_the_plan() -> None:
+    # A planner clock that advances 0.25 s per reading (a plan reads it twice): every plan
+    # takes 0.25 s, so with PlanDelay.MEASURED the two-worker preduce case ends 0.25 s later.
+    cfg = SimConfig(
+        scheme="preduce",
+        p=2,
+        size_bytes=4 * MB,
+        duration_s=12.0,
+        goodput=1.0,
+        seed=1,
+        plan_delay=PlanDelay.MEASURED,
+    )
+    sim = Simulation(_uniform(2), cfg)
+    ticks = itertools.count()
+    sim.life.clock = lambda: 0.25 * next(ticks)
+    res = sim.run()
+    got = [(a, b) for _, a, b in res.group_times[:2]]
+    assert np.allclose(got, [(1.0, 5.25), (6.25, 10.5)], atol=1e-9), got
+    assert res.plan_seconds[:2] == [0.25, 0.25]
+
+
+def test_host_cpu_is_one_fcfs_queue_for_every_link() -> None:
+    # Two links of 1 MB/s on a host whose cores handle 0.5 MB of link bytes per second: the
+    # first job ends at 2 s, the second (another link) waits for the CPU: 4 s. Its link's
+    # byte counter still runs at the link's rate.
+    ex = ExecutorModel(cpu_s_per_byte=2e-6, host_cores=1.0)
+    links = LinkQueues(np.array([[0, 8.0], [8.0, 0]]), executor=ex)
+    assert links.queue(0, 1, MB, 0.0) == pytest.approx(2.0)
+    assert links.queue(1, 0, MB, 0.0) == pytest.approx(4.0)
+    assert links.sent_by(1.0, np.asarray(links.cap))[2] == pytest.approx(MB)
+    with pytest.raises(NetworkError, match="host_cores"):
+        ExecutorModel(host_cores=-1.0)
+
+
+def test_candidates_are_the_members_and_the_best_connected_others() -> None:
+    bw = np.full((6, 6), 10.0)
+    np.fill_diagonal(bw, 0.0)
+    bw[4, [0, 1]] = bw[[0, 1], 4] = 100.0  # 4: fast both ways to both members
+    bw[5, [0, 1]] = 100.0  # 5: fast only towards the members
+    assert candidates(bw, (0, 1), None, 1) == (0, 1, 4)
+    assert candidates(bw, (1, 0), [0, 1, 2, 3, 5], 2) == (0, 1, 2, 3)  # 4 inactive; tie: low index
+    assert candidates(bw, (0, 1), None, 0) == (0, 1)
+
+
+def test_a_plan_on_candidates_is_exact_on_the_full_network() -> None:
+    topo = generate(40, 2, 7)
+    bw = topo.rate_mbit.copy()
+    np.fill_diagonal(bw, np.inf)
+    members = (3, 17, 22, 39, 8)
+    size = 36_000_004
+    plan = plan_on_candidates(plan_group, 6, "crew", bw, members, size, active=range(40), seed=1)
+    cand = set(candidates(topo.rate_mbit, members, None, 6))
+    assert plan.n == 40 and set(plan.members) == set(members)
+    assert plan.participants() <= cand
+    validate_routes(plan.routes, members, 40, size // 4)  # every element, each once
+    load = plan.link_bytes()
+    assert load.sum() > 0 and np.all(load[~np.isin(np.arange(40), list(cand))] == 0)
 
 
 def test_store_and_forward_aggregator_broadcasts_when_its_own_scatter_is_in() -> None:

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 
 from crew.sim.engine import FaultKind
+from lab.net.shaping import QUEUE_EXTRA_S
 from lab.scenario import load_scenario
-from lab.simcompare import simulate_op
+from lab.simcompare import lab_executor, simulate_op
 from lab.simpaper import link_failures
 from lab.simrun import main as simrun_main
 from lab.simrun import scenario_faults, sim_topology
@@ -57,3 +58,16 @@ def test_a_bench_op_alone_takes_the_planners_time() -> None:
     t = simulate_op("preduce", rate, np.zeros((3, 3)), (0, 1, 2), 3_000_000, 0)
     assert abs(t - 2 * (1_000_000 / (1e6 * 0.95))) < 1e-6
     assert json.dumps(t)  # a plain float
+
+
+def test_the_lab_executor_adds_the_shaped_queue_per_hop() -> None:
+    # The same preduce op with the lab's executor model: two hops (scatter, broadcast), each
+    # 50 ms later (lab.net.shaping.QUEUE_EXTRA_S); 3 MB over 3 links is far below the host
+    # CPU's 2 cores / 12 CPU s per GB, so the CPU does not bind.
+    rate = np.full((3, 3), 8.0)
+    np.fill_diagonal(rate, 0.0)
+    ex = lab_executor(12.0)
+    assert ex.hop_queue_s == QUEUE_EXTRA_S == 0.05 and ex.cpu_s_per_byte == 12e-9
+    t = simulate_op("preduce", rate, np.zeros((3, 3)), (0, 1, 2), 3_000_000, 0, ex)
+    assert abs(t - 2 * (1_000_000 / (1e6 * 0.95) + 0.05)) < 1e-6
+    assert lab_executor(12.0, host=False).host_cores == 0.0

@@ -13,16 +13,19 @@ import numpy as np
 
 from crew.config import Scheme
 from crew.plan.schemes import GROUP_SCHEMES
+from crew.sim.candidates import CANDIDATES_FROM_N, DEFAULT_HELPERS, default_helpers
 from crew.sim.engine import (
     LARGE_PLAN_ROUNDS,
     PLAN_ROUNDS_FROM_N,
     Fault,
     FaultKind,
+    PlanDelay,
     SimConfig,
     SimResult,
     Simulation,
     default_plan_rounds,
 )
+from crew.sim.network import ExecutorModel
 from crew.sim.record import Recorder
 from crew.sim.topogen import BWD_SETTINGS, SimTopology, generate
 
@@ -61,9 +64,56 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         help="column-generation rounds per crew plan at most (default: the planner's own"
         f" bound up to n = {PLAN_ROUNDS_FROM_N} workers, {LARGE_PLAN_ROUNDS} above)",
     )
+    parser.add_argument(
+        "--helpers",
+        type=int,
+        default=None,
+        help="plan each group over its members and the K best-connected other workers"
+        f" (crew.sim.candidates; default: every worker up to n = {CANDIDATES_FROM_N},"
+        f" {DEFAULT_HELPERS} above; -1: every worker)",
+    )
+    parser.add_argument(
+        "--plan-delay",
+        type=PlanDelay,
+        default=PlanDelay.NONE,
+        choices=list(PlanDelay),
+        help="none: routes start when a group forms (deterministic); measured: after the real"
+        " planner call's wall time, plans made one after another (as in the lab)",
+    )
+    parser.add_argument(
+        "--hop-queue-ms",
+        type=float,
+        default=0.0,
+        help="standing queue per hop in ms (the lab's shaped links: 50; default 0)",
+    )
+    parser.add_argument(
+        "--host-cpu",
+        default=None,
+        metavar="CPU_S_PER_GB:CORES",
+        help="a shared host running every worker: CPU seconds per GB of link bytes and its cores"
+        " (the lab's: e.g. 11.3:2, lab.bench's cpu_s_per_gb); default: none",
+    )
 
 
-def config_from(args: argparse.Namespace) -> SimConfig:
+def executor_from(args: argparse.Namespace) -> ExecutorModel:
+    per_gb, cores = 0.0, 0.0
+    if args.host_cpu:
+        try:
+            a, b = args.host_cpu.split(":")
+            per_gb, cores = float(a), float(b)
+        except ValueError:
+            what = f"--host-cpu CPU_S_PER_GB:CORES: cannot read {args.host_cpu!r}"
+            raise SystemExit(what) from None
+    return ExecutorModel(args.hop_queue_ms / 1e3, per_gb / 1e9, cores)
+
+
+def helpers_for(args: argparse.Namespace, n: int) -> int | None:
+    if args.helpers is None:
+        return default_helpers(n)
+    return None if args.helpers < 0 else int(args.helpers)
+
+
+def config_from(args: argparse.Namespace, n: int) -> SimConfig:
     size = int(args.size_mb * 1e6) // 4 * 4
     return SimConfig(
         scheme=args.scheme,
@@ -75,6 +125,9 @@ def config_from(args: argparse.Namespace) -> SimConfig:
         compute_s=args.compute_s,
         staleness=args.staleness,
         plan_rounds=args.plan_rounds,
+        executor=executor_from(args),
+        plan_delay=args.plan_delay,
+        helpers=helpers_for(args, n),
     )
 
 
@@ -99,10 +152,25 @@ def run(topo: SimTopology, cfg: SimConfig, faults: list[Fault], run_dir: Path | 
     return Simulation(topo, cfg, faults, rec).run()
 
 
-def summary(res: SimResult, run_dir: Path | None) -> str:
+def model_line(cfg: SimConfig, n: int) -> str:
+    """What the run's planner and executor were given: never silent about a shortcut."""
+    who = (
+        "every worker"
+        if cfg.helpers is None
+        else f"members + {cfg.helpers} best-connected others (crew.sim.candidates)"
+    )
+    rounds = "planner's own bound" if cfg.plan_rounds is None else f"<= {cfg.plan_rounds}"
+    return (
+        f"planner over {who}; route-LP rounds {rounds}; plan delay {cfg.plan_delay.value};"
+        f" executor: {cfg.executor.describe()}"
+    )
+
+
+def summary(res: SimResult, run_dir: Path | None, cfg: SimConfig | None = None) -> str:
     plan = np.asarray(res.plan_seconds) * 1e3
     lines = [
         f"simulated {res.duration_s:g} s: n={res.n} p={res.p} scheme={res.scheme}",
+        *([model_line(cfg, res.n)] if cfg is not None else []),
         f"rounds per worker: mean {res.rounds_per_worker:.2f}, min {min(res.rounds)},"
         f" max {max(res.rounds)}",
         f"groups: {res.completed} completed, {res.abandoned} abandoned, {res.revisions} revisions",
@@ -129,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 1 <= args.p <= args.n:
         parser.error(f"--p: must be between 1 and {args.n}")
     topo = generate(args.n, args.bwd, args.seed, args.stragglers)
-    cfg = config_from(args)
+    cfg = config_from(args, args.n)
     if args.progress:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.plan_rounds is None:
@@ -137,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.n > SAMPLE_1HZ_MAX_N:  # n(n-1) links x 1 Hz would dwarf the rest of the database
         cfg = dataclasses.replace(cfg, sample_s=LARGE_SAMPLE_S)
     res = run(topo, cfg, faults_from(args), args.run_dir)
-    print(summary(res, args.run_dir))
+    print(summary(res, args.run_dir, cfg))
     return 0
 
 

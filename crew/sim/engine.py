@@ -33,13 +33,14 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
 from crew.config import Scheme
 from crew.plan import routelp
 from crew.sim.lifecycle import Abandon, Assign, Commit, Decision, SimLifecycle
-from crew.sim.network import LinkQueues, RouteTimer, part_bytes
+from crew.sim.network import ExecutorModel, LinkQueues, RouteTimer, part_bytes
 from crew.sim.record import Recorder
 from crew.sim.topogen import SimTopology
 from crew.train.stragglers import ComputeDelay, get_profile
@@ -72,6 +73,20 @@ class Fault:
 
 
 @dataclass(frozen=True)
+class PlanDelay(enum.Enum):
+    """Whether a group's routes wait for its plan.
+
+    ``NONE``: they start when the group forms (deterministic; the paper-scale default).
+    ``MEASURED``: the coordinator plans groups one after another, and a group's routes start
+    once its real planner call has returned: after the wall time that call took here, queued
+    behind the plans before it (the lab's op time includes its plan). Runs then depend on the
+    machine's speed."""
+
+    NONE = "none"
+    MEASURED = "measured"
+
+
+@dataclass(frozen=True)
 class SimConfig:
     scheme: Scheme = Scheme.CREW
     p: int = 5
@@ -88,6 +103,11 @@ class SimConfig:
     plan_rounds: int | None = None
     """Column-generation rounds per crew plan at most (``crew.plan.routelp.limits``; None: the
     planner's own bound). Rounds, not seconds, so that a run does not depend on the machine."""
+    executor: ExecutorModel = field(default_factory=ExecutorModel)
+    plan_delay: PlanDelay = PlanDelay.NONE
+    helpers: int | None = None
+    """Plan each group over its members and this many best-connected others
+    (``crew.sim.candidates``); None: over every worker."""
 
     def __post_init__(self) -> None:
         if self.size_bytes <= 0 or self.size_bytes % 4:
@@ -98,6 +118,8 @@ class SimConfig:
             raise ValueError(f"sample_s must be positive, got {self.sample_s}")
         if self.plan_rounds is not None and self.plan_rounds < 1:
             raise ValueError(f"plan_rounds must be >= 1, got {self.plan_rounds}")
+        if self.helpers is not None and self.helpers < 0:
+            raise ValueError(f"helpers must be >= 0, got {self.helpers}")
 
 
 PROGRESS_EVERY_S = 5  # simulated seconds between progress lines (logged at INFO)
@@ -162,7 +184,7 @@ class Simulation:
         self.topo = topo
         self.cfg = cfg
         self.n = n
-        self.net = LinkQueues(topo.rate_mbit, cfg.goodput, topo.delay_ms / 1000.0)
+        self.net = LinkQueues(topo.rate_mbit, cfg.goodput, topo.delay_ms / 1000.0, cfg.executor)
         self.cap = np.asarray(self.net.cap)  # as configured: byte counters of cut links stop
         self.part = part_bytes(cfg.size_bytes, n)
         self.transfers: dict[int, tuple[int, RouteTimer]] = {}  # gid -> (rev, timer)
@@ -178,6 +200,7 @@ class Simulation:
             committed_capacity=cfg.committed_capacity,
             group_timeout_min_s=cfg.group_timeout_min_s,
             plan_rounds=cfg.plan_rounds,
+            helpers=cfg.helpers,
         )
         self.rec = recorder
         self.delays = [
@@ -197,6 +220,7 @@ class Simulation:
         self.completed = self.abandoned = self.revisions = 0
         self.last_sent = np.zeros(n * n)
         self.tick_pending = False
+        self.planner_free = 0.0  # PlanDelay.MEASURED: when the coordinator's planner is free
 
     # ---- scheduling -----------------------------------------------------------------------
 
@@ -233,15 +257,16 @@ class Simulation:
             if kind == _Ev.END:
                 break
             if kind == _Ev.COMPUTE:
-                w, token = payload  # type: ignore[misc]
+                w, token = cast(tuple[int, int], payload)
                 if self.alive[w] and token == self.token[w]:
                     self.iteration[w] += 1
                     if self.rec:
                         self.rec.iteration(self.now, w, self.iteration[w])
                     self._apply(self.life.ready(w, self.iteration[w], self.now))
             elif kind == _Ev.DONE:
-                gid, rev = payload  # type: ignore[misc]
-                if self.transfers.get(gid, (None,))[0] == rev:
+                gid, rev = cast(tuple[int, int], payload)
+                cur = self.transfers.get(gid)
+                if cur is not None and cur[0] == rev:
                     del self.transfers[gid]
                     self._apply(self.life.delivered(gid, self.now))
             elif kind == _Ev.WAKE:
@@ -347,7 +372,10 @@ class Simulation:
         timer = RouteTimer(self.net, d.plan.routes, d.plan.pipelined, self.part)
         self.transfers[gid] = (d.rev, timer)
         self.plans[gid] = d.plan
-        timer.start(self.now)
+        start = self.now
+        if self.cfg.plan_delay is PlanDelay.MEASURED:  # plans are made one after another
+            start = self.planner_free = max(self.now, self.planner_free) + d.plan_s
+        timer.start(start)
         self._follow(gid, d.rev, timer)
         self._push(d.deadline + 1e-9, _Ev.TICK, None)
 

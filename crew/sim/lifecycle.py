@@ -15,6 +15,9 @@ simulated time through :class:`SimLifecycle`, which only translates:
   computing), ``EventRecord`` becomes a :class:`Note`. Every record output is also kept in
   :attr:`SimLifecycle.records` order for a run database (``crew.runtime.coordinator.write_record``).
 
+At large n the planner may be handed a candidate sub-network (``crew.sim.candidates``,
+``helpers``): the members and the k non-members best connected to them.
+
 So revisions, failover, deadlines, committed capacity, the group former (FIFO, several groups
 in flight, staleness, isolation guard) and the planner calls are all the real code's. The only
 knob the simulator sets differently from the lab is the former's heartbeat timeout: simulated
@@ -29,11 +32,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from crew.config import RunConfig
+from crew.config import RunConfig, Scheme
 from crew.control import lifecycle as lc
 from crew.control.grouping import Group, GroupFormer
 from crew.plan import routelp
 from crew.plan.schemes import GroupPlan, plan_group
+from crew.sim.candidates import plan_on_candidates
 from crew.wire import protocol as proto
 
 NEVER_SILENT_S = 1e9  # the former's heartbeat timeout: simulated workers never go silent
@@ -49,6 +53,7 @@ class Assign:
     bound_s: float
     deadline: float
     why: str = ""
+    plan_s: float = 0.0  # wall time of the real planner call that made ``plan``
 
 
 @dataclass(frozen=True)
@@ -116,8 +121,10 @@ class SimLifecycle:
         group_timeout_min_s: float = 30.0,
         isolation_max_wait: float = 10.0,
         plan_rounds: int | None = None,
+        helpers: int | None = None,
     ) -> None:
         self.plan_rounds = plan_rounds
+        self.helpers = helpers  # None: plan over every worker; k: crew.sim.candidates
         bw = np.array(bw_mbit, dtype=float)
         np.fill_diagonal(bw, 0.0)
         self.cfg = RunConfig(
@@ -127,7 +134,7 @@ class SimLifecycle:
             secret_path="",
             n=n,
             p=p,
-            scheme=scheme,
+            scheme=Scheme(scheme),
             coordinator_host="",
             coordinator_port=0,
             data_port=0,
@@ -146,6 +153,8 @@ class SimLifecycle:
             isolation_max_wait=isolation_max_wait,
         )
         self.plan_seconds: list[float] = []  # wall time of each planner call (for scale)
+        self._made: list[float] = []  # this call's successful plans' times, in planning order
+        self.clock = time.perf_counter  # what times a planner call (a test may set its own)
         self.life = lc.GroupLifecycle(self.cfg, former=self.former, plan=self._timed_plan)
         self.size_elems = int(size_bytes) // 4
         self.records: list[lc.Output] = []  # everything the life cycle recorded, in order
@@ -153,12 +162,20 @@ class SimLifecycle:
         self._open: dict[int, lc.OpenGroup] = {}  # gid -> its open group, once assigned
 
     def _timed_plan(self, *args, **kw) -> GroupPlan:  # noqa: ANN002, ANN003
-        t0 = time.perf_counter()
+        t0 = self.clock()
+        plan: GroupPlan | None = None
         try:
             with routelp.limits(max_rounds=self.plan_rounds):
-                return plan_group(*args, **kw)
+                if self.helpers is None:
+                    plan = plan_group(*args, **kw)
+                else:
+                    plan = plan_on_candidates(plan_group, self.helpers, *args, **kw)
+            return plan
         finally:
-            self.plan_seconds.append(time.perf_counter() - t0)
+            took = self.clock() - t0
+            self.plan_seconds.append(took)
+            if plan is not None:
+                self._made.append(took)
 
     # ---- events in ------------------------------------------------------------------------
 
@@ -205,7 +222,11 @@ class SimLifecycle:
     # ---- translation ----------------------------------------------------------------------
 
     def _drive(self, call) -> list[Decision]:  # noqa: ANN001
-        """Run one life-cycle call and translate its outputs, in order."""
+        """Run one life-cycle call and translate its outputs, in order.
+
+        The life cycle plans a group, then sends its Assign, one group after another; so the
+        k-th new Assign of a call carries the k-th successful plan's time of that call."""
+        self._made = []
         outs = call()
         decided: list[Decision] = []
         seen: set[tuple[str, int, int]] = set()
@@ -233,7 +254,8 @@ class SimLifecycle:
             self._open[msg.group] = og
             why = "" if msg.rev == 0 else "revised"
             bound = self._bound.get(msg.group, 0.0)
-            return [Assign(_current(og), msg.rev, og.plan, bound, og.deadline, why)]
+            plan_s = self._made.pop(0) if self._made else 0.0
+            return [Assign(_current(og), msg.rev, og.plan, bound, og.deadline, why, plan_s)]
         if isinstance(msg, proto.Commit | proto.Abandon):
             key = ("end", msg.group, 0)
             if key in seen:

@@ -22,7 +22,8 @@ broadcast tree. :class:`RouteTimer` times one revision's routes:
   ``end_e = max(fcfs_end_e, max_{f feeds e} arrive_f + part / c_e)``. A link's queue is
   advanced by ``bytes / c_e`` only (the wait for data leaves the link to other jobs: the lab's
   FCFS queue sends whatever frames it holds). Alone on the network, a revision therefore takes
-  the planner's pipelined time (the busiest link's load / rate) plus at most a part per hop.
+  the planner's pipelined time (the busiest link's load / rate) plus at most a part per hop
+  (and the hop's delay).
 * *store-and-forward* plans (crew-paper, preduce, blink, ...): a node passes a range on only
   when it holds the whole of it, so an edge's job is queued when its data has arrived (the
   engine calls back at that time, keeping the FCFS order across groups exact). For a star
@@ -31,8 +32,27 @@ broadcast tree. :class:`RouteTimer` times one revision's routes:
 A superseded revision's jobs stay queued (the lab does not recall frames already handed to a
 connection), except on a cut link, whose queue is lost.
 
-What is not modelled: TCP's slow start and loss recovery, aggregation (summing) time, the
-control plane's latency (Assign, HaveAll, Commit), frame headers beyond ``goodput``.
+**Parts.** A pipelined hop forwards a part once it holds all of it, so each hop adds one
+part's time at its rate. Parts are cut per route exactly as the executor cuts them
+(``crew.control.assignment.route_part_elems``: at least ``PARTS_PER_ROUTE`` parts of 64 to
+256 KiB, never above the run's part size).
+
+**The executor's host** (:class:`ExecutorModel`, all off by default, as at paper scale):
+
+* ``hop_queue_s``: the standing queue a bulk TCP flow keeps at a shaped link. The lab's HTB
+  leaf queue holds ``QUEUE_EXTRA_S`` = 50 ms at the link's rate plus the two-way delay
+  (``lab/net/shaping.py``) and CUBIC keeps it full, so every byte waits that long at every hop
+  on top of its serialisation (measured: 54-77 ms per hop). It is added to each hop's one-way
+  delay, so it delays a hop's arrival, not its link's throughput.
+* ``cpu_s_per_byte`` and ``host_cores``: a shared host whose cores run every worker's data
+  path. Every link byte costs ``cpu_s_per_byte`` CPU seconds (``lab.bench``'s ``cpu_s_per_gb``,
+  measured on the workers from ``/proc``), and the host serves those costs FCFS at
+  ``host_cores`` CPU seconds per second: one more queue every job passes, so a job ends no
+  earlier than the CPU has handled it. ``host_cores = 0``: no CPU model.
+
+What is not modelled: TCP's slow start and loss recovery, aggregation (summing) time apart from
+the host's CPU per byte, the control plane's latency (Assign, HaveAll, Commit), frame headers
+beyond ``goodput``.
 
 Cost: O(1) per job; a revision is O(edges of its routes).
 """
@@ -44,6 +64,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from crew.control.assignment import route_part_elems
 from crew.plan.planner import BYTES_PER_S_PER_MBIT
 from crew.plan.routes import Route
 
@@ -62,11 +83,45 @@ def part_bytes(size_bytes: int, n: int) -> int:
     return max(MIN_PART_BYTES, min(MAX_PART_BYTES, quarter))
 
 
+@dataclass(frozen=True)
+class ExecutorModel:
+    """The executor's per-hop and host costs beyond the links' rates (module docstring)."""
+
+    hop_queue_s: float = 0.0
+    cpu_s_per_byte: float = 0.0
+    host_cores: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("hop_queue_s", "cpu_s_per_byte", "host_cores"):
+            v = getattr(self, name)
+            if not (v >= 0 and v < float("inf")):
+                raise NetworkError(f"ExecutorModel.{name} must be finite and >= 0, got {v!r}")
+
+    @property
+    def cpu_bytes_per_s(self) -> float:
+        """Link bytes the host's cores handle per second (inf: no CPU model)."""
+        if self.host_cores <= 0 or self.cpu_s_per_byte <= 0:
+            return float("inf")
+        return self.host_cores / self.cpu_s_per_byte
+
+    def describe(self) -> str:
+        cpu = (
+            "no host CPU model"
+            if self.cpu_bytes_per_s == float("inf")
+            else f"host CPU {self.cpu_s_per_byte * 1e9:.1f} CPU s/GB on {self.host_cores:g} cores"
+        )
+        return f"per-hop queue {self.hop_queue_s * 1e3:g} ms, {cpu}"
+
+
 class LinkQueues:
     """One FCFS queue per directed link; see the module docstring."""
 
     def __init__(
-        self, rate_mbit: np.ndarray, goodput: float = 1.0, delay_s: np.ndarray | None = None
+        self,
+        rate_mbit: np.ndarray,
+        goodput: float = 1.0,
+        delay_s: np.ndarray | None = None,
+        executor: ExecutorModel | None = None,
     ) -> None:
         r = np.array(rate_mbit, dtype=float)
         if r.ndim != 2 or r.shape[0] != r.shape[1]:
@@ -80,8 +135,11 @@ class LinkQueues:
         r[~off] = 0.0
         self.goodput = float(goodput)
         self.cap: list[float] = (r * BYTES_PER_S_PER_MBIT * self.goodput).ravel().tolist()
+        ex = executor or ExecutorModel()
         d = np.zeros((n, n)) if delay_s is None else np.asarray(delay_s, dtype=float)
-        self.delay: list[float] = d.ravel().tolist()
+        self.delay: list[float] = (d + ex.hop_queue_s).ravel().tolist()
+        self.cpu_rate = ex.cpu_bytes_per_s
+        self.cpu_free = 0.0
         self.free: list[float] = [0.0] * (n * n)
         # Jobs for the byte counters: link, start, end (bytes = cap * (end - start)).
         self._jl: list[int] = []
@@ -108,6 +166,9 @@ class LinkQueues:
             self._js.append(start)
             self._je.append(end)
         self.jobs += 1
+        if self.cpu_rate < float("inf"):  # the host's cores, one FCFS queue for every job
+            self.cpu_free = max(at, self.cpu_free) + nbytes / self.cpu_rate
+            end = max(end, self.cpu_free)
         return end
 
     def delay_of(self, src: int, dst: int) -> float:
@@ -266,7 +327,7 @@ class RouteTimer:
             got: dict[int, float] = {}  # node -> when its partial sum is complete there
             for c, p in _up_order(r):
                 fcfs = self.links.queue(c, p, nbytes, at)
-                end = max(fcfs, got[c] + self._part_time(c, p, nbytes)) if c in got else fcfs
+                end = max(fcfs, got[c] + self._part_time(c, p, r)) if c in got else fcfs
                 a = end + self.links.delay_of(c, p)
                 got[p] = max(got.get(p, at), a)
                 done = max(done, a)
@@ -277,13 +338,15 @@ class RouteTimer:
             have = {r.root: got.get(r.root, at)}
             for p, c in _down_order(r):
                 fcfs = self.links.queue(p, c, nbytes, at)
-                end = max(fcfs, have[p] + self._part_time(p, c, nbytes))
+                end = max(fcfs, have[p] + self._part_time(p, c, r))
                 have[c] = end + self.links.delay_of(p, c)
                 done = max(done, have[c])
         return done
 
-    def _part_time(self, a: int, b: int, nbytes: int) -> float:
-        return min(self.part, nbytes) / self.links.rate(a, b)
+    def _part_time(self, a: int, b: int, r: Route) -> float:
+        """One part of route ``r`` on a -> b: the executor's part for that route."""
+        part = route_part_elems(r, max(1, self.part // self.eb)) * self.eb
+        return min(part, r.elems * self.eb) / self.links.rate(a, b)
 
 
 def _children(edges: Sequence[tuple[int, int]], parent_first: bool = True) -> dict[int, list[int]]:

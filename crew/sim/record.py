@@ -12,6 +12,7 @@ Loss and accuracy are NULL: the simulator moves no model.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import time
 from pathlib import Path
@@ -38,6 +39,15 @@ if TYPE_CHECKING:
     from crew.sim.topogen import SimTopology
 
 DB_NAME = "lab.db"
+
+
+def _plain(x: object) -> object:
+    """JSON for the options' enums and dataclasses (the executor model)."""
+    if isinstance(x, enum.Enum):
+        return x.value
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return dataclasses.asdict(x)
+    raise TypeError(f"not JSON: {x!r}")
 
 
 class Recorder:
@@ -136,7 +146,8 @@ class Recorder:
                     "simulated": "1",
                     "sim_options": json.dumps(
                         {k: v for k, v in cfg.__dict__.items() if k != "epoch"}
-                        | {"faults": [f.describe() for f in sim.faults]}
+                        | {"faults": [f.describe() for f in sim.faults]},
+                        default=_plain,
                     ),
                 }
             )
