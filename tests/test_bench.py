@@ -130,6 +130,8 @@ def test_options_are_validated() -> None:
         (["--ops", "0"], "--ops"),
         (["--timeout-per-op", "-1"], "--timeout-per-op"),
         (["--target-accuracy", "1.5"], "--target-accuracy"),
+        (["--pace", "1.5"], "--pace"),
+        (["--pace", "-0.1"], "--pace"),
     ]:
         with pytest.raises(BenchError) as info:
             bench.spec_from_args(parser.parse_args([*base, "--p", "2", *extra]))
@@ -139,6 +141,19 @@ def test_options_are_validated() -> None:
         bench.spec_from_args(parser.parse_args([*base, "--p", "2", "--ops", "0", "--train"])).ops
         == 0
     )
+
+
+def test_pace_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    small = str(Path(bench.__file__).resolve().parent.parent / "topologies" / "small.yaml")
+    parser = bench.build_parser()
+    base = ["--topology", small, "--out", "/nonexistent/x", "--p", "2"]
+    monkeypatch.delenv("CREW_PACE", raising=False)
+    assert bench.spec_from_args(parser.parse_args(base)).pace == bench.BENCH_PACE
+    assert bench.spec_from_args(parser.parse_args([*base, "--pace", "0"])).pace == 0.0
+    # The workers' own variable, when set, is the default; the flag still wins.
+    monkeypatch.setenv("CREW_PACE", "0.9")
+    assert bench.spec_from_args(parser.parse_args(base)).pace == 0.9
+    assert bench.spec_from_args(parser.parse_args([*base, "--pace", "0.8"])).pace == 0.8
 
 
 def test_percentile() -> None:
