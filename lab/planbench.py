@@ -51,6 +51,7 @@ from crew.config import RunConfig, Scheme
 from crew.plan import routelp
 from crew.plan.planner import PlanError, lower_bound
 from crew.plan.schemes import GROUP_SCHEMES, plan_group
+from crew.runtime.rundb import GroupStatus
 from crew.wire import protocol as proto
 
 REPO = Path(__file__).resolve().parent.parent
@@ -313,8 +314,8 @@ def run_groups(db: Path) -> tuple[RunConfig, list[tuple[int, ...]], list[float]]
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         rows = conn.execute(
-            "SELECT members, ended_at - started_at FROM groups"
-            " WHERE status = 'completed' ORDER BY id"
+            "SELECT members, ended_at - started_at FROM groups WHERE status = ? ORDER BY id",
+            (GroupStatus.COMPLETED.value,),
         ).fetchall()
     finally:
         conn.close()

@@ -49,7 +49,7 @@ import numpy as np
 from crew.config import Scheme
 from crew.control.assignment import MIN_ROUTE_PART_ELEMS
 from crew.plan.schemes import GROUP_SCHEMES, plan_group
-from crew.runtime.rundb import connect
+from crew.runtime.rundb import GroupStatus, WorkerState, connect
 from crew.sim.engine import PlanDelay, SimConfig, Simulation
 from crew.sim.network import ExecutorModel, LinkQueues, RouteTimer, part_bytes
 from lab.net.shaping import QUEUE_EXTRA_S
@@ -194,7 +194,7 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
         last: dict[int, float] = {}
         for r in conn.execute("SELECT t, worker, state FROM worker_states ORDER BY t"):
             w = r["worker"]
-            if r["state"] == "training":
+            if r["state"] == WorkerState.TRAINING:
                 last[w] = r["t"]
             elif w in last and w in plain:
                 steps.append(r["t"] - last.pop(w))
@@ -202,7 +202,10 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
                 last.pop(w, None)
         first = conn.execute("SELECT MIN(t) AS t FROM worker_states").fetchone()["t"]
         rounds = [0] * spec.n
-        for g in conn.execute("SELECT members FROM groups WHERE status = 'completed'"):
+        done = conn.execute(
+            "SELECT members FROM groups WHERE status = ?", (GroupStatus.COMPLETED.value,)
+        )
+        for g in done:
             for m in json.loads(g["members"]):
                 rounds[m] += 1
     finally:

@@ -143,7 +143,8 @@ def test_aggregator_death_replans_on_the_rest() -> None:
     outs = life.handle(lc.WorkerDisconnected(3, "no heartbeat"), 2.0)
     og = life.open[1]
     assert og.rev == 1 and og.members == (0, 1) and 3 not in og.plan.participants()
-    assert "group 1 revision 1: aggregator 3 lost" in events(outs, "recovery")
+    (why,) = events(outs, "recovery")
+    assert why.startswith("group 1 revision 1: aggregator 3 lost")
     assert closed(report_all(life, 1, 3.0)).outcome is GroupOutcome.COMPLETED
 
 
@@ -155,7 +156,8 @@ def test_link_failure_replans_around_the_link(link: tuple[int, int], phase: str)
     src, dst = link
     outs = life.handle(proto.LinkFailed(src, src, dst, "reset"), 2.0)
     assert f"link {src}->{dst} failed: reset" in events(outs, "fault")
-    assert f"group 1 revision 1: link {src}->{dst} failed during {phase}" in events(outs)
+    want = f"group 1 revision 1: link {src}->{dst} failed during {phase}"
+    assert any(e.startswith(want) for e in events(outs))
     og = life.open[1]
     assert not og.plan.uses(src, dst) and life.capacity.planning[src, dst] == 0.0
     # A second report of the same link is no new failure, and the plan no longer uses it.
@@ -451,10 +453,10 @@ def test_a_revision_that_stops_moving_data_is_revised_and_a_moving_one_is_not() 
 def test_a_poorly_reached_worker_is_kept_out_of_groups_for_a_bounded_wait() -> None:
     # p=5 of 7 live workers; probes say every link into worker 6 but one is dead.
     life = started(make_cfg(n=7, p=5))
-    life.handle(proto.LinkHealth(6, [0, 1, 2, 3, 4], []), 0.5)
+    outs = life.handle(proto.LinkHealth(6, [0, 1, 2, 3, 4], []), 0.5)
     assert life.capacity.planning[6, 0] == 0.0  # the reverse direction (ACKs) too
     beat(life, 1.0, tuple(range(7)))
-    outs = life.tick(1.0)
+    outs += life.tick(1.0)
     (msg,) = events(outs, "capacity")
     assert msg.startswith("worker 6 deferred: its live links reach it at 100.0 Mbit/s")
     assert life.former.deferred == {6}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
 
@@ -467,3 +468,30 @@ def test_data_connections_use_the_transports_congestion_control(codec: FrameCode
         finally:
             stream.close()
             inbound.close()
+
+
+def test_a_restarted_peer_gets_every_frame_sent_after_its_restart(make, codec) -> None:
+    """The peer process exits (its kernel closes the connection) and a new one listens on the
+    same port: frames sent afterwards must reach the new one, not vanish into the old
+    connection, whose first writes the kernel still accepts before the peer's reset comes."""
+    inbox = Inbox()
+    a = make(1, codec, Inbox())
+    b = make(2, codec, inbox)
+    a.set_peer(2, (LOOPBACK, b.port))
+    b.set_peer(1, (LOOPBACK, a.port))
+    a.start()
+    b.start()
+    a.send(2, frame(1, group=0))
+    assert inbox.wait_for(1)
+    port = b.port
+    b.close()
+    time.sleep(0.2)  # the old connection is half-closed now (the peer's FIN arrived)
+    again = Inbox()
+    b2 = Transport(2, (LOOPBACK, port), {1: (LOOPBACK, a.port)}, codec, again)
+    try:
+        b2.start()
+        for g in range(1, 6):
+            a.send(2, frame(1, group=g, payload=b"x" * 1000))
+        assert again.wait_for(5), f"the restarted peer got {len(again.frames)} of 5 frames"
+    finally:
+        b2.close()

@@ -5,6 +5,9 @@ talking.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+
 from crew.plan.routes import Route, RouteError, validate_routes
 from crew.wire.protocol import Assign
 
@@ -35,6 +38,17 @@ def validate_assign(assign: Assign, n: int) -> list[Route]:
         validate_routes(routes, assign.members, n, assign.total)
     except RouteError as exc:
         raise ReduceError(f"assign.routes: {exc}") from None
+    news = [e[0] for e in assign.kept if len(e) == 2]
+    olds = [e[1] for e in assign.kept if len(e) == 2]
+    if (
+        len(news) != len(assign.kept)
+        or len(set(news)) != len(news)
+        or len(set(olds)) != len(olds)
+        or any(not 0 <= k < len(routes) for k in news)
+        or any(k < 0 for k in olds)
+        or (assign.kept and assign.rev == 0)
+    ):
+        raise ReduceError(f"assign.kept: not distinct [new, old] route indices: {assign.kept}")
     members = set(assign.members)
     for k, r in enumerate(routes):
         # A relay with nothing below it would never complete a part, and its parent would wait
@@ -115,3 +129,64 @@ def covered_parts(assign: Assign) -> frozenset[tuple[int, int]]:
             if pre.get((r.root, s), 0) >= min(s + step, r.stop) - s:
                 out.add((r.root, s))
     return frozenset(out)
+
+
+# -- failover that resends only what was lost ------------------------------------------------
+
+
+def edges_of(route: Route) -> set[tuple[int, int]]:
+    """Directed links ``route`` sends on (reduce and broadcast)."""
+    return set(route.up) | set(route.down)
+
+
+def keepable_routes(
+    routes: list[Route], alive: set[int], usable: Callable[[int, int], bool]
+) -> list[int]:
+    """Indices of the routes a revision can keep as they are: every node alive, every link
+    usable. Their parts' sums and contributors stay where they are; only the other routes'
+    ranges are planned again (``revision_routes``)."""
+    return [
+        k
+        for k, r in enumerate(routes)
+        if r.nodes() <= alive and all(usable(s, d) for s, d in edges_of(r))
+    ]
+
+
+def lost_ranges(routes: list[Route], kept: list[int], total: int) -> list[tuple[int, int]]:
+    """The element ranges of ``[0, total)`` no kept route covers, merged and in order."""
+    covered = sorted((routes[k].start, routes[k].stop) for k in kept)
+    out: list[tuple[int, int]] = []
+    at = 0
+    for start, stop in covered:
+        if start > at:
+            out.append((at, start))
+        at = max(at, stop)
+    if at < total:
+        out.append((at, total))
+    return out
+
+
+def place_routes(compact: list[Route], ranges: list[tuple[int, int]]) -> list[Route]:
+    """Lay routes planned over ``[0, L)`` (L = the ranges' total length) onto ``ranges``,
+    cutting a route where a range ends: each piece keeps its route's trees."""
+    length = sum(b - a for a, b in ranges)
+    out: list[Route] = []
+    for r in compact:
+        if not 0 <= r.start < r.stop <= length:
+            raise ReduceError(f"route [{r.start}, {r.stop}) outside the lost length {length}")
+        offset = 0  # compact position of the current range's start
+        for a, b in ranges:
+            lo, hi = max(r.start, offset), min(r.stop, offset + (b - a))
+            if lo < hi:
+                out.append(replace(r, start=a + lo - offset, stop=a + hi - offset))
+            offset += b - a
+    return out
+
+
+def revision_routes(
+    old: list[Route], kept: list[int], placed: list[Route]
+) -> tuple[list[Route], list[list[int]]]:
+    """A revision's routes (the kept ones first, then ``placed``) and its ``Assign.kept``:
+    ``[new index, index in the previous revision]`` per kept route."""
+    routes = [old[k] for k in kept] + placed
+    return routes, [[i, k] for i, k in enumerate(kept)]

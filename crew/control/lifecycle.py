@@ -16,7 +16,11 @@ and when something breaks while it is open:
 * a member dies: the survivors get a new revision, planned without it, and average among
   themselves; with no survivor left the group is abandoned;
 * an aggregator that is no member dies, or a link the plan uses fails: a new revision is
-  planned on what is left (the LP moves the blocks to backup aggregators);
+  planned on what is left, and only for what was lost (:meth:`GroupLifecycle._plan_lost`):
+  the routes whose nodes and links are all still alive are kept as they are
+  (``Assign.kept``; the workers keep their partial sums, contributors and delivered results),
+  and the planner's LP places the other routes' ranges on the residual capacity, with backup
+  aggregators and relays. A member's loss re-plans everything (the weights change);
 * a revision stops moving data (the workers' ``LinkHealth`` progress reports show no new bytes
   for ``stall_after``, see :meth:`GroupLifecycle.stall_after`): a new revision is planned at
   once; a revision that keeps moving bytes is left alone up to its hard deadline
@@ -29,6 +33,15 @@ Links: the receivers' probes (``crew.wire.probes``, reported in ``LinkHealth``) 
 of plans at once and put them back when they pass again; a link a sender reports failed with
 data returns only after its probes pass (``crew.control.capacity``). A group whose plan uses a link
 that just died is revised at once.
+
+Suspects (staggered cuts): a worker whose links to ``SUSPECT_PEERS`` different peers failed
+within ``SUSPECT_S`` is *suspect* until ``SUSPECT_S`` after the last of them: cuts often come in
+bursts at one worker (its uplink, its host), and the probes find each within about
+``crew.wire.probes.DEAD_AFTER_S``, one after another, so its other links may be cut already
+without anyone knowing. (One failed link names no culprit: both ends stay in use.) While
+suspect it is no backup aggregator or relay in a re-plan (unless a member), and new groups
+leave it out while enough others are ready (with the deferred, below), so a group is not
+revised once per cut.
 
 Members: a worker the live links reach poorly (``capacity.poorly_reached``: most of its links
 dead, the rest contended) is kept out of groups while enough others are ready, for at most
@@ -47,14 +60,20 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from crew.config import RunConfig, Scheme
-from crew.control.assignment import MIN_ROUTE_PART_ELEMS
+from crew.control.assignment import (
+    MIN_ROUTE_PART_ELEMS,
+    keepable_routes,
+    lost_ranges,
+    place_routes,
+    revision_routes,
+)
 from crew.control.capacity import (
     CapacityView,
     InFlight,
@@ -66,6 +85,7 @@ from crew.control.grouping import Group, GroupFormer, GroupingError, GroupOutcom
 from crew.control.rejections import RejectionLimiter, SecurityNote
 from crew.control.verify import CHECK_TOLERANCE, relative_error
 from crew.plan import planner, wiresize
+from crew.plan.routes import link_load
 from crew.plan.schemes import GROUP_SCHEMES, GroupPlan, plan_group, plan_group_nonblocking
 from crew.wire import protocol as proto
 
@@ -75,6 +95,8 @@ MAX_REVISIONS = 8
 DEADLINE_FACTOR = 10.0  # a revision may take this many times its predicted time
 STALL_MIN_S = 3.0  # a revision that received no data for this long (at least) has stalled
 STALL_FACTOR = 3.0  # ... or for this many times its predicted time, if longer
+SUSPECT_S = 3.0  # how long a failed link counts towards its ends' suspicion (module doc)
+SUSPECT_PEERS = 2  # failed links to this many peers within SUSPECT_S make a worker suspect
 
 PlanFn = Callable[..., GroupPlan]  # plan_group(scheme, bw, members, size, active=, seed=, ...)
 PlanNonblockingFn = Callable[..., GroupPlan]  # plan_group_nonblocking(..., sent, a2a, active=)
@@ -239,6 +261,7 @@ class OpenGroup:
     rev_started: float = 0.0
     received: dict[int, int] = field(default_factory=dict)  # worker -> bytes of this revision
     moved_at: float = 0.0  # when this revision last received data (or was assigned)
+    kept: list[list[int]] = field(default_factory=list)  # Assign.kept of this revision
 
 
 @dataclass(frozen=True)
@@ -323,6 +346,8 @@ class GroupLifecycle:
         # Whether the workers report their groups' progress (LinkHealth): only then can a
         # revision be judged stalled before its hard deadline.
         self.progress_reported = False
+        self.failed_at: dict[int, dict[int, float]] = {}  # worker -> peer -> last link failure
+        self.suspect_until: dict[int, float] = {}  # worker -> end of its suspect time
         self._out: list[Output] = []
 
     # -- the public calls --------------------------------------------------------------------
@@ -586,40 +611,63 @@ class GroupLifecycle:
         self, members: tuple[int, ...], scheme: Scheme, now: float
     ) -> tuple[GroupPlan, float]:
         assert self.size_elems is not None
-        size = self.size_elems * 4
         active = self.alive()
-        # The planners count 4 bytes per element; a compressed run sends fewer
-        # (crew.plan.wiresize), so it plans on rates scaled by 4 / wire bytes per element: the
-        # same routes, the seconds and bytes of the real payload.
-        wire = wiresize.elem_bytes(self.cfg.compress, self.cfg.part_elems_for(self.size_elems))
-        scale = 4.0 / wire
-        bw = self._planning_bw(now) * scale
-        # Shared capacities (cloud uplinks) and delays go only where there are some, so planners
-        # and test doubles without the keywords keep working on plain topologies.
+        plan = self._solve(scheme, members, self.size_elems, active, now)
+        extra = self._plan_extra(self._wire_scale())
+        planning = self.capacity.planning * self._wire_scale()
+        bound = self._lower_bound(planning, members, self.size_elems * 4, active=active, **extra)
+        return plan, bound
+
+    def _wire_scale(self) -> float:
+        """4 / wire bytes per element. The planners count 4 bytes per element; a compressed
+        run sends fewer (crew.plan.wiresize), so it plans on rates scaled by this: the same
+        routes, the seconds and bytes of the real payload."""
+        assert self.size_elems is not None
+        return 4.0 / self._wire_bytes()
+
+    def _wire_bytes(self) -> float:
+        assert self.size_elems is not None
+        return wiresize.elem_bytes(self.cfg.compress, self.cfg.part_elems_for(self.size_elems))
+
+    def _plan_extra(self, scale: float) -> dict[str, Any]:
+        """Shared capacities (cloud uplinks) and delays go only where there are some, so
+        planners and test doubles without the keywords keep working on plain topologies."""
         extra: dict[str, Any] = {}
         if self.cfg.shared:
             extra["shared"] = [replace(s, mbit=s.mbit * scale) for s in self.cfg.shared]
         if self.capacity.delay_s is not None:
             extra["delay_s"] = self.capacity.delay_s
+        return extra
+
+    def _solve(
+        self,
+        scheme: Scheme,
+        members: tuple[int, ...],
+        elems: int,
+        active: Sequence[int],
+        now: float,
+    ) -> GroupPlan:
+        """One planner call for ``elems`` elements of the group on the residual capacity
+        (``_planning_bw``), scaled to the wire format; the whole vector or, for a revision that
+        keeps routes, only the lost ranges (``_plan_lost``)."""
+        assert self.size_elems is not None
+        wire = self._wire_bytes()
+        scale = 4.0 / wire
         # The route LP counts one part's serialisation per hop (pipeline fill); the parts a
         # multi-hop route gets are the smallest the engine cuts (crew.control.assignment).
         # In float32 bytes, like the scaled rates.
         part_bytes = 4 * min(self.cfg.part_elems_for(self.size_elems), MIN_ROUTE_PART_ELEMS)
         plan = self._plan_fn(
             scheme,
-            bw,
+            self._planning_bw(now) * scale,
             members,
-            size,
+            elems * 4,
             active=active,
             seed=self.cfg.seed,
             part_bytes=part_bytes,
-            **extra,
+            **self._plan_extra(scale),
         )
-        if wire != 4.0:
-            plan = replace(plan, elem_bytes=wire)
-        planning = self.capacity.planning * scale
-        bound = self._lower_bound(planning, members, size, active=active, **extra)
-        return plan, bound
+        return replace(plan, elem_bytes=wire) if wire != 4.0 else plan
 
     def _plan_nonblocking(
         self, members: tuple[int, ...], now: float
@@ -707,9 +755,13 @@ class GroupLifecycle:
             prescatter=og.prescatter if og.rev == 0 else [],
             iterations=[og.group.iterations[og.group.members.index(m)] for m in og.members],
             split_epoch=og.split_epoch,
+            kept=og.kept,
         )
         og.participants = og.plan.participants()
-        og.bytes_moved += int(og.plan.link_bytes().sum())
+        kept = {k for k, _ in og.kept}
+        fresh = tuple(r for k, r in enumerate(og.plan.routes) if k not in kept)
+        # kept routes were counted by an earlier revision
+        og.bytes_moved += int(link_load(fresh, og.plan.n, og.plan.elem_bytes).sum())
         og.rev_started = now
         og.have_all = set()
         og.result_projs = {}
@@ -782,24 +834,109 @@ class GroupLifecycle:
                 data={"group": gid, "members": list(og.members)},
             )
 
-    def _revise(self, og: OpenGroup, now: float, why: str) -> None:
+    def _revise(self, og: OpenGroup, now: float, why: str, *, keep: bool = False) -> None:
+        """A new revision of ``og``. ``keep``: the members are unchanged and something the plan
+        used died (aggregator, relay, link), so the routes still whole are kept and only the
+        rest is planned again (:meth:`_plan_lost`); otherwise everything is."""
         if og.rev + 1 >= MAX_REVISIONS:
             self._finish(og, now, committed=False, reason=f"too many revisions ({why})")
             return
-        try:
-            plan, _ = self._plan(og.members, og.scheme, now)
-        except planner.PlanError as exc:
-            self._finish(og, now, committed=False, reason=f"no plan after {why}: {exc}")
-            return
+        lost = self._plan_lost(og, now) if keep else None
+        if lost is not None:
+            plan, kept = lost
+        else:
+            try:
+                plan, _ = self._plan(og.members, og.scheme, now)
+            except planner.PlanError as exc:
+                self._finish(og, now, committed=False, reason=f"no plan after {why}: {exc}")
+                return
+            kept = []
         og.rev += 1
         og.plan = plan
+        og.kept = kept
+        resent = sum(r.elems for k, r in enumerate(plan.routes) if k >= len(kept))
         self._event(
             now,
             "recovery",
-            f"group {og.group.id} revision {og.rev}: {why}",
-            data={"group": og.group.id, "rev": og.rev},
+            f"group {og.group.id} revision {og.rev}: {why}"
+            + (
+                f"; {len(kept)} route(s) kept, {resent / plan.total:.0%} of the vector re-planned"
+                if kept
+                else ""
+            ),
+            data={
+                "group": og.group.id,
+                "rev": og.rev,
+                "kept_routes": len(kept),
+                "replanned_elems": resent,
+            },
         )
         self._assign(og, now)
+
+    def _plan_lost(self, og: OpenGroup, now: float) -> tuple[GroupPlan, list[list[int]]] | None:
+        """The next revision of ``og`` that keeps every route whose nodes are alive and whose
+        links are usable, and plans only the ranges of the others; with its ``Assign.kept``.
+
+        The lost ranges (possibly several) are planned as one vector of their total length on
+        the residual capacity (``_planning_bw``: what other open groups still use) with the
+        group's scheme, and laid back onto the ranges (``assignment.place_routes``). Suspect
+        workers that are no members neither aggregate nor relay in it. None when nothing can
+        be kept (or nothing was lost), when the lost part finds no plan, or for a non-blocking
+        group's first revision (its parts were cut by the pre-scatter split): then the caller
+        plans everything again.
+
+        Cost: one planner call on the lost bytes only; the kept routes' remaining time is not
+        re-estimated but bounds the prediction from below (what was left of the old one)."""
+        assert self.size_elems is not None
+        if og.rev == 0 and og.prescatter:
+            return None
+        old = list(og.plan.routes)
+        alive = set(self.alive())
+        bw = self.capacity.planning
+        kept = keepable_routes(old, alive, lambda s, d: bool(bw[s, d] > 0.0))
+        if not kept or len(kept) == len(old):
+            return None
+        lost = lost_ranges(old, kept, self.size_elems)
+        lost_elems = sum(b - a for a, b in lost)
+        suspects = self._suspects(now) - set(og.members)
+        active = [w for w in sorted(alive) if w not in suspects]
+        try:
+            part = self._solve(og.scheme, og.members, lost_elems, active, now)
+        except planner.PlanError as exc:
+            log.info("group %d: no plan for the lost part alone (%s)", og.group.id, exc)
+            return None
+        if part.pipelined != og.plan.pipelined:
+            return None  # one Assign carries one mode for all its routes
+        placed = place_routes(list(part.routes), lost)
+        routes, kept_list = revision_routes(old, kept, placed)
+        left = og.plan.predicted_s - (now - og.rev_started)
+        plan = GroupPlan(
+            og.scheme,
+            og.members,
+            tuple(routes),
+            og.plan.pipelined,
+            max(part.predicted_s, left),
+            og.plan.n,
+            og.plan.total,
+            og.plan.elem_bytes,
+        )
+        return plan, kept_list
+
+    def _suspects(self, now: float) -> set[int]:
+        """Workers with failed links to ``SUSPECT_PEERS`` peers, until ``SUSPECT_S`` after the
+        last one."""
+        return {w for w, until in self.suspect_until.items() if until > now}
+
+    def _suspect(self, src: int, dst: int, now: float) -> None:
+        """Link ``src -> dst`` just failed: count it against both ends."""
+        for w, peer in ((src, dst), (dst, src)):
+            peers = self.failed_at.setdefault(w, {})
+            for old in [q for q, t in peers.items() if now - t >= SUSPECT_S]:
+                del peers[old]
+            peers[peer] = now
+            if len(peers) >= SUSPECT_PEERS:
+                self.suspect_until[w] = now + SUSPECT_S
+        self._update_deferred(now)
 
     def _worker_lost(self, worker: int, now: float, why: str) -> None:
         self.former.mark_dead(worker, now)
@@ -822,7 +959,7 @@ class GroupLifecycle:
                     og.weights = tuple(1.0 / len(survivors) for _ in survivors)
                 self._revise(og, now, f"member {worker} lost")
             elif worker in og.participants:
-                self._revise(og, now, f"aggregator {worker} lost")
+                self._revise(og, now, f"aggregator {worker} lost", keep=True)
 
     def _next_trace_group(self, now: float) -> None:
         """Benchmark mode: start the next group of the trace once the previous one ended."""
@@ -891,21 +1028,28 @@ class GroupLifecycle:
         if self.trace is not None:
             return
         reach = self.capacity.reach_mbit(self.alive())
-        deferred = poorly_reached(reach)
+        poor = poorly_reached(reach)
+        suspects = self._suspects(now) & set(reach)
+        deferred = poor | suspects
         was = self.former.deferred
         if deferred == was:
             return
         self.former.set_deferred(deferred)
         median = float(np.median(list(reach.values()))) if reach else 0.0
         for w in sorted(deferred - was):
+            why = (
+                f"its live links reach it at {reach[w]:.1f} Mbit/s (median worker {median:.1f})"
+                if w in poor
+                else f"its links to {SUSPECT_PEERS}+ peers failed within {SUSPECT_S:g} s"
+                " (suspect: more may be cut)"
+            )
             self._event(
                 now,
                 "capacity",
-                f"worker {w} deferred: its live links reach it at {reach[w]:.1f} Mbit/s"
-                f" (median worker {median:.1f}); grouped only when too few others are ready"
+                f"worker {w} deferred: {why}; grouped only when too few others are ready"
                 f" or after {self.former.defer_max_wait:g} s",
                 worker=w,
-                data={"reach_mbit": reach[w], "median_mbit": median},
+                data={"reach_mbit": reach[w], "median_mbit": median, "suspect": w not in poor},
             )
         for w in sorted(was - deferred):
             self._event(
@@ -928,10 +1072,11 @@ class GroupLifecycle:
                 data={"src": src, "dst": dst},
             )
             self._update_split()
+            self._suspect(src, dst, now)
         for og in list(self.open.values()):
             if og.plan.uses(src, dst):
                 phase = og.plan.phase_of(src, dst)
-                self._revise(og, now, f"link {src}->{dst} failed during {phase}")
+                self._revise(og, now, f"link {src}->{dst} failed during {phase}", keep=True)
 
     def _link_health(self, msg: proto.LinkHealth, now: float) -> None:
         """Probe states of the links into ``msg.worker``, and its groups' progress."""
@@ -952,12 +1097,15 @@ class GroupLifecycle:
         if not updates:
             return
         self._update_split()
+        for u in updates:
+            if u.kind is LinkChange.DEAD:
+                self._suspect(u.src, u.dst, now)
         for og in list(self.open.values()):
             dead = [u for u in updates if u.kind is LinkChange.DEAD and og.plan.uses(u.src, u.dst)]
             if dead and og.group.id in self.open:
                 u = dead[0]
                 phase = og.plan.phase_of(u.src, u.dst)
-                self._revise(og, now, f"link {u.src}->{u.dst} failed during {phase}")
+                self._revise(og, now, f"link {u.src}->{u.dst} failed during {phase}", keep=True)
 
     def _link_rates(self, msg: proto.LinkRates, now: float) -> None:
         """Fold measured arrival rates into the estimates; re-plan on drift ("measured" mode)."""

@@ -382,6 +382,8 @@ class Node:
             if action.member:
                 self._members[action.assign.group] = tuple(action.assign.members)
             self.engine.assign(action.assign, vector if action.member else None)
+            if action.assign.rev > 0:  # queued frames of routes the revision dropped: unsend
+                self.transport.cancel(self.engine.superseded())
         elif isinstance(action, CancelPrescatter):
             keep = action.keep
             self.transport.cancel(

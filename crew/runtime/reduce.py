@@ -31,9 +31,14 @@ would idle meanwhile. Forwarded data first keeps every route flowing through its
 the first hops fill the rest of each link's time.
 
 Revisions: when a group changes (a member dies, a link fails) the coordinator sends a new
-revision with a new plan. All state of older revisions is discarded and the members send
-again, so a result always sums exactly the members of one revision, and no contribution is
-counted twice: every part remembers which children contributed.
+revision with a new plan. A revision may keep routes of the previous one unchanged
+(``Assign.kept``: same range, trees and members, none of its nodes or links lost): their state
+(partial sums with their contributors, held and delivered results) carries over, frames of
+them stamped with the older revision still count (``_Group.alias``), and nothing of them is
+sent again. Only the other routes start from scratch: the failover resends only what was lost.
+A member change always re-plans everything (the weights change). So a result always sums
+exactly the members of one revision, and no contribution is counted twice: every part
+remembers which children contributed, across revisions too.
 
 Compression (``--compress fp16|int8``): a :class:`~crew.train.partcodec.PartCodec` turns a part
 into payload bytes where a frame is made and back where one is read, and nowhere else: nodes
@@ -52,7 +57,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -187,6 +192,9 @@ class _Group:
     done: bool = False
     bytes_sent: int = 0
     errs: dict[tuple[int, int], float] = field(default_factory=dict)  # (route, part) -> err
+    # (rev, route index) of a kept route in an earlier revision -> its index in this one, so
+    # frames stamped before the revision still count (see ``ReduceEngine.assign``).
+    alias: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
 class ReduceEngine:
@@ -247,9 +255,15 @@ class ReduceEngine:
                         f" plan covers {assign.total}"
                     )
             g = _Group(assign=assign, routes={}, member=member, covered=covered_parts(assign))
+            carried = self._carry(current, assign, routes, g)
             for k, r in enumerate(routes):
                 on_route = self.me in r.nodes()
                 if not on_route:
+                    continue
+                if k in carried:
+                    g.routes[k] = carried[k]
+                    if member and carried[k].receiver:
+                        g.expected_results += len(carried[k].parts)
                     continue
                 expect = set(r.children_up(self.me))
                 if member:
@@ -269,20 +283,73 @@ class ReduceEngine:
                 g.routes[k] = st
                 if member and st.receiver:
                     g.expected_results += len(st.parts)
-            if member:
+            if member and g.result is None:
                 g.result = np.empty(assign.total, dtype=DTYPE)
             self._groups[assign.group] = g
-            for key in [k for k in self._early if k[0] == assign.group and k[1] <= assign.rev]:
+            early = sorted(k for k in self._early if k[0] == assign.group and k[1] <= assign.rev)
+            for key in early:
                 frames = self._early.pop(key)
                 self._early_bytes -= sum(len(f.payload) for f in frames)
-                if key[1] == assign.rev:
-                    for frame in frames:
-                        self._handle(frame)
+                for frame in frames:
+                    self._handle(frame)  # older revisions: only the kept routes' frames count
             if member:
                 self._contribute_own(g)
             for sender in list(self._pre):
                 self._use_prescattered(g, sender)
             self._check_done(g)
+
+    def _carry(
+        self, current: _Group | None, assign: Assign, routes: list[Route], g: _Group
+    ) -> dict[int, _RouteState]:
+        """The route states ``assign`` keeps from ``current`` (its previous revision), by their
+        new index; sets ``g``'s aliases, delivered parts, codec errors and result buffer."""
+        if current is None or not assign.kept or current.assign.rev != assign.rev - 1:
+            return {}
+        old_rev = current.assign.rev
+        carried: dict[int, _RouteState] = {}
+        moved: dict[int, int] = {}  # old index -> new
+        for new_k, old_k in assign.kept:
+            st = current.routes.get(old_k)
+            if st is None:
+                continue  # not on this route: nothing of it is held here
+            if st.route != routes[new_k]:
+                raise ReduceError(
+                    f"group {assign.group} rev {assign.rev}: kept route {new_k} is not route"
+                    f" {old_k} of rev {old_rev}"
+                )
+            carried[new_k] = st
+            moved[old_k] = new_k
+        for (rev, k), old_k in current.alias.items():
+            if old_k in moved:
+                g.alias[(rev, k)] = moved[old_k]
+        for old_k, new_k in moved.items():
+            g.alias[(old_rev, old_k)] = new_k
+        g.received = {(moved[k], s) for k, s in current.received if k in moved}
+        g.errs = {(moved[k], s): e for (k, s), e in current.errs.items() if k in moved}
+        if carried and current.member and self.me in assign.members:
+            g.result = current.result  # the kept ranges' results are in it already
+        return carried
+
+    def superseded(self) -> Callable[[Frame], bool]:
+        """A test for queued group frames that are of no use any more: their group ended, or
+        they belong to an older revision's route that the current one did not keep. The worker
+        drops such frames from its send queues on a new revision, so the links carry what
+        counts. The test works on a copy of the state taken now, without the engine's lock:
+        the transport calls it under its own queue locks, which the engine takes while holding
+        its lock (``_send``)."""
+        with self._lock:
+            finished = set(self._finished)
+            current = {gid: (g.assign.rev, frozenset(g.alias)) for gid, g in self._groups.items()}
+
+        def useless(frame: Frame) -> bool:
+            if frame.kind not in (FrameKind.SCATTER, FrameKind.RESULT):
+                return False
+            if frame.group in finished:
+                return True
+            rev, kept = current.get(frame.group, (-1, frozenset()))
+            return frame.rev < rev and (frame.rev, frame.block) not in kept
+
+        return useless
 
     def finish(self, group: int) -> np.ndarray | None:
         """Forget a group (committed or abandoned); return this member's result if complete."""
@@ -343,7 +410,10 @@ class ReduceEngine:
             self._park(frame)
             return
         if frame.rev < g.assign.rev:
-            return  # a superseded revision: not part of the new sum
+            k = g.alias.get((frame.rev, frame.block))
+            if k is None:
+                return  # a superseded revision's route: not part of the new sum
+            frame = replace(frame, rev=g.assign.rev, block=k)  # a kept route: still counts
         try:
             st = g.routes.get(frame.block)
             if st is None:
@@ -489,6 +559,9 @@ class ReduceEngine:
             if self.me not in st.expect:
                 continue
             for start in st.parts:
+                acc = st.acc.get(start)
+                if acc is not None and self.me in acc.contributors:
+                    continue  # a kept route: counted in an earlier revision
                 stop = start + self._part_len(g, st, start)
                 self._add(g, k, st, start, self.me, vec[start:stop] * weight, owned=True)
 

@@ -171,6 +171,10 @@ class Assign(Message):
     prescatter: list[list[int]]
     iterations: list[int]
     split_epoch: int
+    # ``[index here, index in revision rev - 1]`` per route this revision keeps unchanged from
+    # the previous one: its parts' partial sums, contributors and delivered results stay where
+    # they are and nothing of it is sent again (failover resends only what was lost).
+    kept: list[list[int]] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -369,9 +373,16 @@ def decode(obj: Any) -> Message:
     extra = sorted(set(obj) - set(names) - {"type"})
     if extra:
         raise ProtocolError(f"{kind}: unknown fields {extra}")
+    optional = {
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    }
     values = {}
     for name in names:
         if name not in obj:
+            if name in optional:
+                continue  # a field added later, with a default: older senders leave it out
             raise ProtocolError(f"{kind}.{name}: missing")
         values[name] = _check(f"{kind}.{name}", obj[name], hints[name])
     return cls(**values)

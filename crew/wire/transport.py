@@ -240,14 +240,38 @@ _PEER_RESTARTED = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
 
 
 def _pending_error(stream: FrameStream | None) -> OSError | None:
-    """The error the kernel recorded on an idle connection (SO_ERROR), if any."""
+    """The error the kernel recorded on an idle connection (SO_ERROR), if any; a connection
+    the peer closed counts as reset (``_peer_closed``)."""
     if stream is None:
         return None
     try:
         code = stream.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
     except OSError as e:  # closed under us
         return e
-    return OSError(code, f"idle connection failed: {os.strerror(code)}") if code else None
+    if code:
+        return OSError(code, f"idle connection failed: {os.strerror(code)}")
+    if _peer_closed(stream):
+        return ConnectionResetError(errno.ECONNRESET, "the peer closed the connection")
+    return None
+
+
+def _peer_closed(stream: FrameStream) -> bool:
+    """Whether the peer closed this outbound connection (its FIN arrived: the process exited).
+
+    Why it matters: the kernel still accepts writes on such a connection until the peer's
+    reset comes back, and the frames written meanwhile are lost without an error. A restarted
+    worker would miss the first parts of its first group, which then stalls until revised."""
+    try:
+        # Poll first: with a socket timeout set, Python's recv waits for readability itself.
+        poller = select.poll()
+        poller.register(stream.sock, select.POLLIN)
+        if not poller.poll(0):
+            return False  # open, nothing to read: the usual case
+        return stream.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except (OSError, ValueError):
+        return True  # closed under us
 
 
 class FrameStream:
@@ -859,6 +883,11 @@ class Transport:
                 self._fail_link(link, item)
                 continue
             try:
+                if link.stream is not None and _peer_closed(link.stream):
+                    with link.cond:  # the peer restarted: a new connection, not lost writes
+                        stale, link.stream = link.stream, None
+                    if stale is not None:
+                        stale.close()
                 stream = link.stream or self._connect(link)
                 if self._trace is not None:
                     self._trace.event("s", link.dst, item)

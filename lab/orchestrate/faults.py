@@ -126,8 +126,10 @@ class FaultInjector:
                     s, d, rate_mbit=rate, delay_ms=delay, jitter_ms=jitter, loss_pct=loss
                 )
                 self._record_link(s, d, st.rate_mbit, st.up, cmds.describe(command))
-                if rate is not None:
-                    lab.admin("set_link", src=s, dst=d, rate_mbit=rate)
+                if rate is not None or delay is not None:
+                    # The coordinator plans with rates and one-way delays: tell it of either.
+                    extra = {} if delay is None else {"delay_ms": st.delay_ms}
+                    lab.admin("set_link", src=s, dst=d, rate_mbit=st.rate_mbit, **extra)
             case cmds.StartContention(src=s, dst=d, rate_mbit=rate):
                 self._start_flow(s, d, rate)
             case cmds.StopContention(src=s, dst=d):

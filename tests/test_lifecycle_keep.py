@@ -1,0 +1,126 @@
+"""Revision decisions of the group life cycle: what a failover keeps, what it plans again, and
+the suspect time after a link of a worker fails (staggered cuts). Fake clock, no root."""
+
+from __future__ import annotations
+
+from lifecycle_kit import SIZE, make_cfg, report_all
+
+from crew.config import RunConfig
+from crew.control import lifecycle as lc
+from crew.control.grouping import GroupOutcome
+from crew.plan.routes import Route
+from crew.wire import protocol as proto
+
+
+def started(cfg: RunConfig | None = None) -> lc.GroupLifecycle:
+    cfg = cfg or make_cfg()
+    life = lc.GroupLifecycle(cfg)
+    for w in range(cfg.n):
+        life.handle(proto.Register(w, 100 + w, 0, SIZE), 0.0)
+    return life
+
+
+def form(life: lc.GroupLifecycle, members: tuple[int, ...], now: float = 1.0) -> None:
+    for m in members:
+        life.handle(proto.Ready(m, 1, float(m + 1), -1), now)
+
+
+def assigns(outs: list[lc.Output]) -> dict[int, proto.Assign]:
+    return {
+        o.worker: o.msg
+        for o in outs
+        if isinstance(o, lc.SendTo) and isinstance(o.msg, proto.Assign)
+    }
+
+
+def _routes(a: proto.Assign) -> list[Route]:
+    return [Route.from_list(r) for r in a.routes]
+
+
+def test_dead_aggregator_keeps_the_other_routes_and_replans_its_range() -> None:
+    life = started()
+    form(life, (0, 1))
+    old = list(life.open[1].plan.routes)
+    lost = [r for r in old if 3 in r.nodes()]
+    assert lost and len(lost) < len(old)
+    outs = life.handle(lc.WorkerDisconnected(3, "no heartbeat"), 2.0)
+    a = next(iter(assigns(outs).values()))
+    routes = _routes(a)
+    kept = [routes[new] for new, _ in a.kept]
+    assert kept == [old[k] for _, k in a.kept] == [r for r in old if 3 not in r.nodes()]
+    replanned = routes[len(a.kept) :]
+    assert sum(r.elems for r in replanned) == sum(r.elems for r in lost)
+    assert all(3 not in r.nodes() for r in routes)
+    ev = [e for e in outs if isinstance(e, lc.EventRecord) and e.kind == "recovery"]
+    assert ev[0].data is not None and ev[0].data["kept_routes"] == len(kept)
+    assert closed_ok(life)
+
+
+def test_member_loss_replans_everything() -> None:
+    life = started(make_cfg(p=3))
+    form(life, (0, 1, 2))
+    outs = life.handle(lc.WorkerDisconnected(2, "no heartbeat"), 2.0)
+    assert all(a.kept == [] for a in assigns(outs).values())
+    assert life.open[1].members == (0, 1)
+
+
+def test_stall_replans_everything() -> None:
+    life = started()
+    form(life, (0, 1))
+    life.handle(proto.LinkHealth(0, [], []), 1.0)  # progress is reported
+    outs = life.tick(1.0 + lc.STALL_MIN_S + 1.0)
+    a = assigns(outs)
+    assert a and all(x.rev == 1 and x.kept == [] for x in a.values())
+
+
+def test_dead_link_keeps_routes_that_do_not_use_it() -> None:
+    life = started()
+    form(life, (0, 1))
+    old = list(life.open[1].plan.routes)
+    outs = life.handle(proto.LinkHealth(2, [0], []), 2.0)  # probes: 0 -> 2 dead
+    a = next(iter(assigns(outs).values()))
+    assert a.rev == 1 and a.kept
+    routes = _routes(a)
+    assert all((0, 2) not in r.up and (0, 2) not in r.down for r in routes)
+    assert [old[k] for _, k in a.kept] == [
+        r for r in old if (0, 2) not in r.up and (0, 2) not in r.down
+    ]
+    # bytes of the group: rev 0's plan plus only the re-planned routes of rev 1
+    assert closed_ok(life)
+
+
+def test_failed_links_to_two_peers_make_a_worker_suspect_for_a_while() -> None:
+    life = started(make_cfg(n=6, p=2))
+    life.handle(proto.LinkHealth(2, [5], []), 2.0)  # 5 -> 2 dead: no culprit yet
+    assert life.former.deferred == frozenset()
+    life.handle(proto.LinkHealth(2, [5, 4], []), 2.5)  # and 4 -> 2: 2 is the common end
+    assert life.former.deferred == {2}
+    life.tick(2.5 + lc.SUSPECT_S - 0.1)
+    assert life.former.deferred == {2}
+    life.tick(2.5 + lc.SUSPECT_S + 0.1)
+    assert life.former.deferred == frozenset()
+    # A cut both ways between two workers names no culprit either.
+    life.handle(proto.LinkHealth(1, [0], []), 10.0)
+    life.handle(proto.LinkHealth(0, [1], []), 10.0)
+    assert life.former.deferred == frozenset()
+
+
+def test_suspect_workers_neither_aggregate_nor_relay_in_a_replan() -> None:
+    life = started(make_cfg(n=6, p=2))
+    form(life, (0, 1))
+    assert {4, 5} <= life.open[1].plan.participants()  # equal links: everyone aggregates
+    # 2 -> 5 and 3 -> 5 die (5 is suspect; the group uses neither 2 nor 3), then the
+    # aggregator 4 is lost: the re-plan of 4's range must not go to 5.
+    life.handle(proto.LinkHealth(5, [2, 3], []), 2.0)
+    assert life.open[1].rev == 0
+    outs = life.handle(lc.WorkerDisconnected(4, "no heartbeat"), 2.5)
+    a = next(iter(assigns(outs).values()))
+    placed = _routes(a)[len(a.kept) :]
+    assert placed and all(not ({4, 5} & r.nodes()) for r in placed)
+    assert any(5 in r.nodes() for r in _routes(a)[: len(a.kept)])  # what it holds is kept
+
+
+def closed_ok(life: lc.GroupLifecycle) -> bool:
+    outs = report_all(life, 1, 5.0)
+    rec = [o for o in outs if isinstance(o, lc.GroupClosedRecord)]
+    return len(rec) == 1 and rec[0].outcome is GroupOutcome.COMPLETED
