@@ -634,7 +634,11 @@ class GroupLifecycle:
         planners and test doubles without the keywords keep working on plain topologies."""
         extra: dict[str, Any] = {}
         if self.cfg.shared:
-            extra["shared"] = [replace(s, mbit=s.mbit * scale) for s in self.cfg.shared]
+            extra["shared"] = (
+                self.cfg.shared
+                if scale == 1.0
+                else tuple(replace(s, mbit=s.mbit * scale) for s in self.cfg.shared)
+            )
         if self.capacity.delay_s is not None:
             extra["delay_s"] = self.capacity.delay_s
         return extra
