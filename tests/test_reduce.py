@@ -562,3 +562,21 @@ def test_each_route_is_cut_into_its_own_parts() -> None:
                 engines[d].on_frame(f)
     for eng in engines:
         np.testing.assert_array_equal(eng.result(5), vec)
+
+
+def test_a_nodes_own_parts_are_interleaved_across_the_routes_of_a_link() -> None:
+    # Worker 0 sends up two routes to root 1 (three parts and two) and one to root 2. Route by
+    # route, route b would leave last on 0 -> 1 and reach root 1 only at the link's end, and
+    # its broadcast would run after; interleaved by progress, part j of a route with m parts
+    # goes at (j + 1/2) / m: a 1/6, b 1/4, a 1/2, b 3/4, a 5/6 (and c's one part at 1/2).
+    a = Route(0, 3000, 1, ((0, 1),), ((1, 0),))
+    b = Route(3000, 5000, 1, ((0, 1),), ((1, 0),))
+    c = Route(5000, 6000, 2, ((0, 2), (1, 2)), ((2, 0), (2, 1)))
+    assign = _assign_routes([a, b, c], 6000, 3, [0, 1], [0.5, 0.5], part_elems=1000)
+    assert route_part_sizes(assign, [a, b, c]) == [1000, 1000, 1000]
+    sent: list[tuple[int, int, int]] = []
+    eng = ReduceEngine(
+        0, 3, RUN, lambda d, f, _p: sent.append((d, f.block, f.offset)), lambda *a: None
+    )
+    eng.assign(assign, np.ones(6000, np.float32))
+    assert sent == [(1, 0, 0), (1, 1, 3000), (1, 0, 1000), (2, 2, 5000), (1, 1, 4000), (1, 0, 2000)]
