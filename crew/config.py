@@ -101,6 +101,11 @@ class RunConfig:
     nonblocking: bool = False
     committed_capacity: bool = True  # plan new groups on capacity left by groups in flight
     capacity: str = "configured"  # the planner's truth: "configured" rates or "measured" ones
+    # One host runs every worker's data path (the lab): its CPU seconds per GB of link bytes
+    # and its cores. > 0 gives crew's route LP one more resource, the host's CPU
+    # (crew.plan.hostcpu); 0 (the default, and any real deployment): none.
+    host_cpu_s_per_gb: float = 0.0
+    host_cores: float = 0.0
     stall_timeout_s: float = 8.0
     # control plane
     heartbeat_s: float = 1.0
@@ -160,6 +165,12 @@ class RunConfig:
             raise ConfigError(f"data_ports: need {self.n} or none, got {len(self.data_ports)}")
         if self.capacity not in ("configured", "measured"):
             raise ConfigError(f"capacity: 'configured' or 'measured', got {self.capacity!r}")
+        for name in ("host_cpu_s_per_gb", "host_cores"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ConfigError(f"{name}: must be finite and >= 0, got {v!r}")
+        if (self.host_cpu_s_per_gb > 0) != (self.host_cores > 0):
+            raise ConfigError("host_cpu_s_per_gb and host_cores: set both or neither")
         if self.part_bytes > self.max_payload:
             raise ConfigError("part_bytes: must not exceed max_payload")
         self._check_training()

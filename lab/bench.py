@@ -560,6 +560,8 @@ class BenchSpec:
     part_bytes: int = 0  # 0: the run's automatic part size (RunConfig.part_elems_for)
     # fraction of each link's configured rate its data connections are paced at (0: unpaced)
     pace: float = BENCH_PACE
+    # the host's CPU s per GB of link bytes, a capacity in crew's route LP (0: none)
+    host_cpu_s_per_gb: float = 0.0
     training: dict[str, Any] = field(default_factory=dict)  # RunOptions training fields
     target_loss: float = 2.0  # lm: held-out loss (nats per byte) whose reaching is timed
     # with --train: the runs, in order (one per scheme with ``training``, or --configs)
@@ -668,6 +670,7 @@ def run_ops(
         dashboard=False,
         log_level="WARNING",
         part_bytes=spec.part_bytes,
+        host_cpu_s_per_gb=spec.host_cpu_s_per_gb,
         extra={"bench": True, "size_elems": spec.size_elems, "trace": trace, "ops": k},
     )
     startup = STARTUP_TORCH_S if gloo else STARTUP_NUMPY_S
@@ -1243,6 +1246,16 @@ def build_parser() -> argparse.ArgumentParser:
         " The bench's links keep their rates, so the configured rate is the link's rate",
     )
     p.add_argument(
+        "--host-cpu",
+        type=float,
+        default=0.0,
+        metavar="S_PER_GB",
+        help="give crew's route LP the host's CPU as one more capacity: S_PER_GB CPU seconds"
+        " per GB of link bytes (a scheme's cpu_s_per_gb column; 12.2 for crew on"
+        " bench-hetero) on all of this machine's cores (crew.plan.hostcpu). 0 = none"
+        " (default)",
+    )
+    p.add_argument(
         "--part-bytes",
         type=int,
         default=0,
@@ -1296,6 +1309,8 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         pace = float(os.environ.get("CREW_PACE") or BENCH_PACE)
     if not 0 <= pace <= 1:
         raise BenchError("--pace", f"must be a fraction in [0, 1], got {pace}")
+    if not (math.isfinite(args.host_cpu) and args.host_cpu >= 0):
+        raise BenchError("--host-cpu", f"must be a finite number >= 0, got {args.host_cpu}")
     if args.part_bytes < 0 or args.part_bytes % 4:
         raise BenchError(
             "--part-bytes", f"must be 0 or a positive multiple of 4, got {args.part_bytes}"
@@ -1333,6 +1348,7 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         allow_missing=allowed_missing(args),
         part_bytes=args.part_bytes,
         pace=pace,
+        host_cpu_s_per_gb=args.host_cpu,
         training=training,
         target_loss=args.target_loss,
         train_runs=runs if args.train else (),
@@ -1384,6 +1400,11 @@ def run_benchmark(spec: BenchSpec) -> tuple[dict[str, Any], dict[str, Any] | Non
     # The workers read it at start (crew.runtime.node.pace_fraction); they inherit this env.
     os.environ["CREW_PACE"] = repr(spec.pace)
     console.print(f"pacing: {f'{spec.pace:g} x each link rate' if spec.pace else 'off'}")
+    if spec.host_cpu_s_per_gb:
+        console.print(
+            f"crew plans with the host CPU as a capacity: {spec.host_cpu_s_per_gb:g} CPU s/GB"
+            f" on {os.cpu_count()} cores"
+        )
     topo = spec.topology
     trace = make_trace(topo.n, spec.p, spec.ops, spec.seed)
     tag = secrets.token_hex(2)
@@ -1401,6 +1422,7 @@ def run_benchmark(spec: BenchSpec) -> tuple[dict[str, Any], dict[str, Any] | Non
         "wall_s": None,
         "lab_tag": tag,
         "pace": spec.pace,
+        "host_cpu_s_per_gb": spec.host_cpu_s_per_gb,
         "other_labs_seen": sorted(seen),
         "schemes": {},
     }

@@ -139,6 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
         "(re-planning when a link drifts by more than 25%%)",
     )
     p.add_argument(
+        "--host-cpu",
+        type=float,
+        default=d.host_cpu_s_per_gb,
+        metavar="S_PER_GB",
+        help="give crew's route LP this host's CPU as one more capacity: S_PER_GB CPU seconds"
+        " per GB of link bytes (lab.bench's CPU s/GB column; about 12 for crew with 8 workers"
+        " here) on all of the machine's cores (crew.plan.hostcpu); 0 = none (default)",
+    )
+    p.add_argument(
         "--no-committed-capacity",
         action="store_true",
         default=not d.committed_capacity,
@@ -312,6 +321,7 @@ def options_from_args(
         nonblocking=args.nonblocking,
         committed_capacity=not args.no_committed_capacity,
         capacity=args.capacity,
+        host_cpu_s_per_gb=args.host_cpu,
         dashboard=not args.no_dashboard,
         dashboard_host=args.dashboard_host,
         dashboard_port=args.dashboard_port,
@@ -339,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     if args.duration is not None and args.duration <= 0:
         console.print("[red]error:[/red] --duration: must be positive")
+        return EXIT_BAD_INPUT
+    if not (math.isfinite(args.host_cpu) and args.host_cpu >= 0):
+        console.print(f"[red]error:[/red] --host-cpu: must be a number >= 0, got {args.host_cpu}")
         return EXIT_BAD_INPUT
     if args.run_dir is not None and (args.run_dir / "lab.db").exists():
         console.print(

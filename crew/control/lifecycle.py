@@ -85,6 +85,7 @@ from crew.control.grouping import Group, GroupFormer, GroupingError, GroupOutcom
 from crew.control.rejections import RejectionLimiter, SecurityNote
 from crew.control.verify import CHECK_TOLERANCE, relative_error
 from crew.plan import planner, wiresize
+from crew.plan.hostcpu import host_cpu_link
 from crew.plan.routes import link_load
 from crew.plan.schemes import GROUP_SCHEMES, GroupPlan, plan_group, plan_group_nonblocking
 from crew.wire import protocol as proto
@@ -661,6 +662,12 @@ class GroupLifecycle:
         # multi-hop route gets are the smallest the engine cuts (crew.control.assignment).
         # In float32 bytes, like the scaled rates.
         part_bytes = 4 * min(self.cfg.part_elems_for(self.size_elems), MIN_ROUTE_PART_ELEMS)
+        extra = self._plan_extra(scale)
+        if self.cfg.host_cpu_s_per_gb > 0:
+            # The lab's one host: its CPU is a capacity too (crew.plan.hostcpu). Only the
+            # planner gets it; the lower bound stays the network's.
+            cpu = host_cpu_link(self.cfg.n, self.cfg.host_cpu_s_per_gb, self.cfg.host_cores)
+            extra["shared"] = (*extra.get("shared", ()), replace(cpu, mbit=cpu.mbit * scale))
         plan = self._plan_fn(
             scheme,
             self._planning_bw(now) * scale,
@@ -669,7 +676,7 @@ class GroupLifecycle:
             active=active,
             seed=self.cfg.seed,
             part_bytes=part_bytes,
-            **self._plan_extra(scale),
+            **extra,
         )
         return replace(plan, elem_bytes=wire) if wire != 4.0 else plan
 

@@ -80,6 +80,9 @@ class RunOptions:
     nonblocking: bool = RunConfig.default("nonblocking")
     committed_capacity: bool = RunConfig.default("committed_capacity")
     capacity: str = RunConfig.default("capacity")
+    # The host's CPU s per GB of link bytes as a planner capacity (crew.plan.hostcpu) on all
+    # of this machine's cores; 0: none.
+    host_cpu_s_per_gb: float = RunConfig.default("host_cpu_s_per_gb")
     lr: float | None = None  # None: the workload's default (crew.train.workloads.DEFAULTS)
     batch_size: int | None = None  # None: the workload's default
     local_steps: int = RunConfig.default("local_steps")
@@ -422,6 +425,8 @@ class LabRun:
             nonblocking=o.nonblocking,
             committed_capacity=o.committed_capacity,
             capacity=o.capacity,
+            host_cpu_s_per_gb=o.host_cpu_s_per_gb,
+            host_cores=float(os.cpu_count() or 1) if o.host_cpu_s_per_gb > 0 else 0.0,
             stall_timeout_s=o.stall_timeout_s,
             heartbeat_timeout_s=o.heartbeat_timeout_s,
             # An lm evaluation (64 windows of 128 bytes) costs about a training step and a
