@@ -328,6 +328,13 @@ class GroupLifecycle:
         self._plan_fn = plan
         self._plan_nonblocking_fn = plan_nonblocking
         self._lower_bound = lower_bound
+        # The lab's one host: its CPU is a capacity of crew's plans (crew.plan.hostcpu), built
+        # once here; the lower bound stays the network's.
+        self._host_cpu = (
+            host_cpu_link(cfg.n, cfg.host_cpu_s_per_gb, cfg.host_cores)
+            if cfg.host_cpu_s_per_gb > 0
+            else None
+        )
         self.scheme = cfg.scheme
         self.size_elems: int | None = None
         self.connected: set[int] = set()  # workers with a live control connection
@@ -663,11 +670,9 @@ class GroupLifecycle:
         # In float32 bytes, like the scaled rates.
         part_bytes = 4 * min(self.cfg.part_elems_for(self.size_elems), MIN_ROUTE_PART_ELEMS)
         extra = self._plan_extra(scale)
-        if self.cfg.host_cpu_s_per_gb > 0:
-            # The lab's one host: its CPU is a capacity too (crew.plan.hostcpu). Only the
-            # planner gets it; the lower bound stays the network's.
-            cpu = host_cpu_link(self.cfg.n, self.cfg.host_cpu_s_per_gb, self.cfg.host_cores)
-            extra["shared"] = (*extra.get("shared", ()), replace(cpu, mbit=cpu.mbit * scale))
+        if self._host_cpu is not None:  # only the planner gets it (see __init__)
+            cpu = replace(self._host_cpu, mbit=self._host_cpu.mbit * scale)
+            extra["shared"] = (*extra.get("shared", ()), cpu)
         plan = self._plan_fn(
             scheme,
             self._planning_bw(now) * scale,
