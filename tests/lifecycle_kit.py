@@ -39,3 +39,12 @@ def report_all(life: lc.GroupLifecycle, gid: int, now: float) -> list[lc.Output]
     for m in og.members:
         outs += life.handle(proto.HaveAll(m, gid, og.rev, 0, expected), now)
     return outs
+
+
+def started(cfg: RunConfig | None = None, **kw: Any) -> lc.GroupLifecycle:
+    """A life cycle with every worker of ``cfg`` registered at t = 0."""
+    cfg = cfg or make_cfg()
+    life = lc.GroupLifecycle(cfg, **kw)
+    for w in range(cfg.n):
+        life.handle(proto.Register(w, 100 + w, 0, SIZE), 0.0)
+    return life

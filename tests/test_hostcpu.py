@@ -7,14 +7,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from lifecycle_kit import make_cfg, started
 
 from crew.config import ConfigError
 from crew.plan import routelp
 from crew.plan.hostcpu import host_cpu_link
 from crew.plan.planner import PlanError, SharedLink
 from crew.plan.schemes import plan_group
-from tests.lifecycle_kit import make_cfg
-from tests.test_lifecycle import started
 
 
 def test_the_cpu_link_spans_every_directed_pair_at_cores_over_cost() -> None:

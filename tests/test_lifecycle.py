@@ -10,23 +10,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from lifecycle_kit import SIZE, make_cfg, report_all
+from lifecycle_kit import SIZE, make_cfg, report_all, started
 
-from crew.config import RunConfig
 from crew.control import lifecycle as lc
 from crew.control.grouping import GroupOutcome, WorkerState
 from crew.control.rejections import REJECT_EVENTS, REJECT_WINDOW_S
 from crew.plan import planner
 from crew.plan.schemes import plan_group
 from crew.wire import protocol as proto
-
-
-def started(cfg: RunConfig | None = None, **kw: Any) -> lc.GroupLifecycle:
-    cfg = cfg or make_cfg()
-    life = lc.GroupLifecycle(cfg, **kw)
-    for w in range(cfg.n):
-        life.handle(proto.Register(w, 100 + w, 0, SIZE), 0.0)
-    return life
 
 
 def of(outs: list[lc.Output], kind: type) -> list[Any]:

@@ -46,5 +46,8 @@ class Memo:
             self._items.popitem(last=False)
         return value
 
+    def __len__(self) -> int:
+        return len(self._items)
+
     def clear(self) -> None:
         self._items.clear()

@@ -981,6 +981,7 @@ def clear_caches() -> None:
     _POOL.clear()
     planner.BOUNDS.clear()
     schemes.STAR_TIES.clear()
+    schemes.CREW_PLANS.clear()
 
 
 def _choose(master: _Master, seconds_per_unit: float) -> tuple[np.ndarray, float, float]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from crew.config import Scheme
-from crew.plan import planner, routelp
+from crew.plan import planner, routelp, symmetry
 from crew.plan.baselines import BASELINE_SCHEMES
 from crew.plan.memo import Memo, key_part
 from crew.plan.planner import SharedLink
@@ -178,6 +178,31 @@ def _star_on_tie(
     return None
 
 
+CREW_PLANS = Memo(512)
+"""``crew``'s plans by their inputs up to renaming the workers (``crew.plan.symmetry``): a group
+isomorphic to one planned before gets that plan, renamed, without a route LP."""
+
+
+def _crew_routes(
+    bw: np.ndarray,
+    members: tuple[int, ...],
+    size: int,
+    active: Sequence[int] | None,
+    shared: Sequence[SharedLink] | None,
+    delay_s: np.ndarray | None,
+    part_bytes: int,
+) -> tuple[tuple[Route, ...], float]:
+    """``crew``'s routes and predicted time: the route LP's, or the star plan on a tie."""
+    rp = routelp.plan_routes(
+        bw, members, size, active, shared=shared, delay_s=delay_s, part_bytes=part_bytes
+    )
+    args = (bw, members, size, active, shared, delay_s, part_bytes, rp.predicted_s)
+    star = STAR_TIES.get(key_part(args), lambda: _star_on_tie(*args))
+    if star is not None:
+        return star
+    return rp.routes, rp.predicted_s
+
+
 def plan_group(
     scheme: Scheme,
     bw: np.ndarray,
@@ -200,14 +225,17 @@ def plan_group(
     n = bw.shape[0]
     total = size // 4
     if scheme == Scheme.CREW:
-        rp = routelp.plan_routes(
-            bw, members, size, active, shared=shared, delay_s=delay_s, part_bytes=part_bytes
+        order = symmetry.canonical_order(bw, members, active, delay_s)
+        key = symmetry.canonical_key(order, bw, members, active, shared, delay_s, size, part_bytes)
+
+        def canonical() -> tuple[tuple[Route, ...], float]:
+            routes, predicted = _crew_routes(bw, members, size, active, shared, delay_s, part_bytes)
+            return symmetry.rename_routes(routes, symmetry.to_canonical(order)), predicted
+
+        routes, predicted = CREW_PLANS.get(key, canonical)
+        return GroupPlan(
+            scheme, members, symmetry.rename_routes(routes, order), True, predicted, n, total
         )
-        args = (bw, members, size, active, shared, delay_s, part_bytes, rp.predicted_s)
-        star = STAR_TIES.get(key_part(args), lambda: _star_on_tie(*args))
-        if star is not None:
-            return GroupPlan(scheme, members, star[0], True, star[1], n, total)
-        return GroupPlan(scheme, members, rp.routes, True, rp.predicted_s, n, total)
     if scheme in STAR_SCHEMES:
         if scheme == Scheme.CREW_STAR:
             plan = planner.solve_pipelined(bw, members, size, active=active)

@@ -226,12 +226,16 @@ class Coordinator:
             log.warning("send to worker %d failed: %s", worker, exc)
 
     def _apply(self, outputs: list[lc.Output]) -> None:
+        # Messages first: a group's Assign must not wait for its rows (several SQLite
+        # transactions, which also wait for the lab's own writer). The next event is handled
+        # only after every record is written, so the database never lags the life cycle.
         for out in outputs:
             if isinstance(out, lc.SendTo):
                 self._send(out.worker, out.msg)
-            elif isinstance(out, lc.StopRequested):
+        for out in outputs:
+            if isinstance(out, lc.StopRequested):
                 self.stop_event.set()
-            else:
+            elif not isinstance(out, lc.SendTo):
                 write_record(self.db, out)
 
     # -- the event loop ----------------------------------------------------------------------
