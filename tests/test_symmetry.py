@@ -102,7 +102,8 @@ def test_a_renamed_network_gets_the_renamed_plan(seed: int, perm_seed: int) -> N
     assert np.allclose(loads[np.ix_(perm, perm)], link_load(plan.routes, n))
     routelp.clear_caches()
     cold = plan_group(Scheme.CREW, bw2, members2, SIZE)
-    assert cold.predicted_s == pytest.approx(renamed.predicted_s, rel=1e-6)
+    # equally fast LP optima may round to whole elements differently (a few elements of 262,144)
+    assert cold.predicted_s == pytest.approx(renamed.predicted_s, rel=1e-4)
 
 
 def test_rename_round_trip() -> None:
