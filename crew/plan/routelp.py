@@ -145,7 +145,14 @@ with ``lab.planbench`` matrices (p = 4, 64 KiB parts) it halves the rounds (n = 
 n = 16: 15.5 -> 8) at about the same time, and plans 3-4% faster under the latency model."""
 CROSS_LIMIT = 2
 """Used routes at the same root that each new shape is crossed with."""
+CROSS_MAX_N = 16
+"""Crossed pairs only up to this many workers: at n = 60 (p = 5, 5 rounds) they made plans 20%
+slower for 1% more rounds per worker in ``crew.sim`` (planner 232 -> 279 ms median)."""
 PRIMAL_SIMPLEX = 4
+DUAL_SIMPLEX = 1
+DUAL_FOR_LEVELS = True
+"""Solve the latency levels of ``_choose`` with the dual simplex: fixing columns at 0 keeps the
+basis dual feasible, not primal (planbench matrices: n = 8 -10%, n = 60 -8% per plan)."""
 """HiGHS's ``simplex_strategy`` value for the primal simplex."""
 CUT_CHECK_MIN_N = 12
 """From this many workers on, the max-flow cut bound (``planner.lower_bound``, a few ms) is
@@ -302,6 +309,8 @@ class _Master:
         if allowed is not None:
             upper = np.where(allowed, _INF, 0.0)
             self.h.changeColsBounds(k, idx, np.zeros(k), upper)
+            if DUAL_FOR_LEVELS:
+                self.h.setOptionValue("simplex_strategy", DUAL_SIMPLEX)
         try:
             self._run()
             sol = self.h.getSolution()
@@ -326,6 +335,8 @@ class _Master:
         finally:
             if allowed is not None:
                 self.h.changeColsBounds(k, idx, np.zeros(k), np.full(k, _INF))
+                if DUAL_FOR_LEVELS:
+                    self.h.setOptionValue("simplex_strategy", PRIMAL_SIMPLEX)
         y = np.clip(-duals[1:], 0.0, None)
         return np.clip(x, 0.0, None), t, np.concatenate([[0.0], y]), float(duals[0])
 
@@ -906,7 +917,7 @@ def _plan(
             optimal = True  # Lagrangian bound: no mix of routes beats t by more than GAP
             break
         added = sum(master.add(Column((s,), "priced")) for s in new)
-        if CROSS_PAIRS and sol is not None:
+        if CROSS_PAIRS and n <= CROSS_MAX_N and sol is not None:
             for col in _crossed(master, sol[0], new):
                 master.add(col)
         if not added:

@@ -77,6 +77,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         type=PlanDelay,
         default=PlanDelay.NONE,
         choices=list(PlanDelay),
+        metavar="{" + ",".join(d.value for d in PlanDelay) + "}",
         help="none: routes start when a group forms (deterministic); measured: after the real"
         " planner call's wall time, plans made one after another (as in the lab)",
     )
