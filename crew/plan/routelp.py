@@ -149,11 +149,12 @@ CROSS_MAX_N = 16
 """Crossed pairs only up to this many workers: at n = 60 (p = 5, 5 rounds) they made plans 20%
 slower for 1% more rounds per worker in ``crew.sim`` (planner 232 -> 279 ms median)."""
 PRIMAL_SIMPLEX = 4
+"""HiGHS's ``simplex_strategy`` value for the primal simplex."""
 DUAL_SIMPLEX = 1
+"""HiGHS's ``simplex_strategy`` value for the dual simplex."""
 DUAL_FOR_LEVELS = True
 """Solve the latency levels of ``_choose`` with the dual simplex: fixing columns at 0 keeps the
 basis dual feasible, not primal (planbench matrices: n = 8 -10%, n = 60 -8% per plan)."""
-"""HiGHS's ``simplex_strategy`` value for the primal simplex."""
 CUT_CHECK_MIN_N = 12
 """From this many workers on, the max-flow cut bound (``planner.lower_bound``, a few ms) is
 computed first and column generation stops once the LP reaches it: the plan is then proved
