@@ -186,6 +186,17 @@ def test_a_suspect_member_stays_when_fewer_than_two_would_remain() -> None:
     assert not any(isinstance(o, lc.SendTo) and isinstance(o.msg, proto.Abandon) for o in outs)
 
 
+def test_the_links_of_a_lost_worker_make_no_one_suspect() -> None:
+    life = started(make_cfg(n=8, p=2))
+    life.handle(lc.WorkerDisconnected(6, "control connection closed"), 1.0)
+    # the probes find all of 6's links dead a little later; then one more link of 0 fails
+    life.handle(proto.LinkHealth(0, [6], []), 2.0)
+    life.handle(proto.LinkHealth(1, [6], []), 2.0)
+    life.handle(proto.LinkHealth(0, [6, 5], []), 2.5)
+    assert life._suspects(2.5) == set()
+    assert life.former.deferred == frozenset()
+
+
 def assigns_all(outs: list[lc.Output]) -> list[proto.Assign]:
     return [o.msg for o in outs if isinstance(o, lc.SendTo) and isinstance(o.msg, proto.Assign)]
 

@@ -952,10 +952,14 @@ class GroupLifecycle:
         return {w for w, until in self.suspect_until.items() if until > now}
 
     def _suspect(self, src: int, dst: int, now: float) -> set[int]:
-        """Link ``src -> dst`` just failed: count it against both ends. Returns the workers
-        that became suspect by it (were not suspect before)."""
+        """Link ``src -> dst`` just failed: count it against both ends (against none for the
+        end that is a lost worker: its links all fail, and name no live culprit). Returns the
+        workers that became suspect by it (were not suspect before)."""
         before = self._suspects(now)
+        alive = set(self.alive())
         for w, peer in ((src, dst), (dst, src)):
+            if w not in alive or peer not in alive:
+                continue  # a link to a lost worker says nothing about this end
             peers = self.failed_at.setdefault(w, {})
             for old in [q for q, t in peers.items() if now - t >= SUSPECT_S]:
                 del peers[old]
