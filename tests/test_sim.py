@@ -249,3 +249,23 @@ def test_plan_rounds_caps_crew_planning_and_stays_deterministic() -> None:
     assert runs[0].rounds == runs[1].rounds  # rounds, not seconds: the machine does not matter
     assert runs[0].completed > 0
     assert default_plan_rounds(8) is None and default_plan_rounds(60) == LARGE_PLAN_ROUNDS
+
+
+def test_a_member_dropped_as_suspect_trains_on(tmp_path) -> None:  # noqa: ANN001
+    # Two links into worker 1 are cut at once while it is in a group of three: it becomes
+    # suspect and is dropped (crew.control.lifecycle), alive; it must compute and average
+    # again, not wait for a group that no longer counts it.
+    topo = _uniform(6, mbit=8.0)
+    faults = [Fault(1.5, FaultKind.CUT_LINK, 0, 1), Fault(1.5, FaultKind.CUT_LINK, 2, 1)]
+    cfg = SimConfig(p=3, duration_s=20.0, seed=1, goodput=1.0, size_bytes=2 * MB)
+    res = Simulation(topo, cfg, faults, Recorder(tmp_path, epoch=0.0)).run()
+    db = sqlite3.connect(tmp_path / "lab.db")
+    dropped = db.execute(
+        "SELECT COUNT(*) FROM events WHERE message LIKE '%member 1 suspect%dropped%'"
+    ).fetchone()[0]
+    later = db.execute(
+        "SELECT COUNT(*) FROM group_members m JOIN groups g ON g.id = m.group_id"
+        " WHERE m.worker = 1 AND g.status = 'completed' AND g.formed_at > 6.0"
+    ).fetchone()[0]
+    assert dropped == 1
+    assert later > 0, res.rounds

@@ -38,10 +38,13 @@ Suspects (staggered cuts): a worker whose links to ``SUSPECT_PEERS`` different p
 within ``SUSPECT_S`` is *suspect* until ``SUSPECT_S`` after the last of them: cuts often come in
 bursts at one worker (its uplink, its host), and the probes find each within about
 ``crew.wire.probes.DEAD_AFTER_S``, one after another, so its other links may be cut already
-without anyone knowing. (One failed link names no culprit: both ends stay in use.) While
-suspect it is no backup aggregator or relay in a re-plan (unless a member), and new groups
-leave it out while enough others are ready (with the deferred, below), so a group is not
-revised once per cut.
+without anyone knowing. (One failed link names no culprit: both ends stay in use.) It is set
+aside once, when it becomes suspect, in every open group at the same time
+(:meth:`GroupLifecycle._after_link_faults`): a group that has it as a member drops it like a
+lost member (if at least two members remain), and one that uses it only as an aggregator or
+relay gets one revision that re-plans its routes on the others. While suspect it is in no
+plan of a group it is no member of (new groups, revisions), and new groups leave it out while
+enough others are ready (with the deferred, below), so a group is not revised once per cut.
 
 Members: a worker the live links reach poorly (``capacity.poorly_reached``: most of its links
 dead, the rest contended) is kept out of groups while enough others are ready, for at most
@@ -619,12 +622,18 @@ class GroupLifecycle:
         self, members: tuple[int, ...], scheme: Scheme, now: float
     ) -> tuple[GroupPlan, float]:
         assert self.size_elems is not None
-        active = self.alive()
+        active = self._active_for(members, now)
         plan = self._solve(scheme, members, self.size_elems, active, now)
         extra = self._plan_extra(self._wire_scale())
         planning = self.capacity.planning * self._wire_scale()
         bound = self._lower_bound(planning, members, self.size_elems * 4, active=active, **extra)
         return plan, bound
+
+    def _active_for(self, members: Sequence[int], now: float) -> list[int]:
+        """The workers a plan for ``members`` may use: the live ones, without the suspects
+        that are no members (a suspect aggregates or relays for no one while suspect)."""
+        aside = self._suspects(now) - set(members)
+        return [w for w in self.alive() if w not in aside]
 
     def _wire_scale(self) -> float:
         """4 / wire bytes per element. The planners count 4 bytes per element; a compressed
@@ -714,7 +723,7 @@ class GroupLifecycle:
             elapsed = max(0.0, now - self.ready_at[g][0])
             rate = np.where(np.isfinite(bw[g]), bw[g], 0.0) * 1e6 / 8
             sent[g] = np.minimum(a2a_bytes, elapsed * rate)
-        active = self.alive()
+        active = self._active_for(members, now)
         plan = self._plan_nonblocking_fn(
             self.scheme, bw, members, size, sent, self.split, active=active
         )
@@ -838,7 +847,7 @@ class GroupLifecycle:
                 dropped=tuple(sorted(set(og.group.members) - set(og.members))),
             )
         )
-        for m in og.group.members:
+        for m in og.members:  # dropped members were set back to training when dropped
             if m in self.connected:
                 self._status(m, WorkerState.TRAINING, group_id=None)
         if not committed:
@@ -896,7 +905,8 @@ class GroupLifecycle:
         The lost ranges (possibly several) are planned as one vector of their total length on
         the residual capacity (``_planning_bw``: what other open groups still use) with the
         group's scheme, and laid back onto the ranges (``assignment.place_routes``). Suspect
-        workers that are no members neither aggregate nor relay in it. None when nothing can
+        workers that are no members count as lost: a route through one is not kept, and they
+        neither aggregate nor relay in the new part. None when nothing can
         be kept (or nothing was lost), when the lost part finds no plan, or for a non-blocking
         group's first revision (its parts were cut by the pre-scatter split): then the caller
         plans everything again.
@@ -907,15 +917,13 @@ class GroupLifecycle:
         if og.rev == 0 and og.prescatter:
             return None
         old = list(og.plan.routes)
-        alive = set(self.alive())
+        active = self._active_for(og.members, now)
         bw = self.capacity.planning
-        kept = keepable_routes(old, alive, lambda s, d: bool(bw[s, d] > 0.0))
+        kept = keepable_routes(old, set(active), lambda s, d: bool(bw[s, d] > 0.0))
         if not kept or len(kept) == len(old):
             return None
         lost = lost_ranges(old, kept, self.size_elems)
         lost_elems = sum(b - a for a, b in lost)
-        suspects = self._suspects(now) - set(og.members)
-        active = [w for w in sorted(alive) if w not in suspects]
         try:
             part = self._solve(og.scheme, og.members, lost_elems, active, now)
         except planner.PlanError as exc:
@@ -943,9 +951,15 @@ class GroupLifecycle:
         last one."""
         return {w for w, until in self.suspect_until.items() if until > now}
 
-    def _suspect(self, src: int, dst: int, now: float) -> None:
-        """Link ``src -> dst`` just failed: count it against both ends."""
+    def _suspect(self, src: int, dst: int, now: float) -> set[int]:
+        """Link ``src -> dst`` just failed: count it against both ends (against none for the
+        end that is a lost worker: its links all fail, and name no live culprit). Returns the
+        workers that became suspect by it (were not suspect before)."""
+        before = self._suspects(now)
+        alive = set(self.alive())
         for w, peer in ((src, dst), (dst, src)):
+            if w not in alive or peer not in alive:
+                continue  # a link to a lost worker says nothing about this end
             peers = self.failed_at.setdefault(w, {})
             for old in [q for q, t in peers.items() if now - t >= SUSPECT_S]:
                 del peers[old]
@@ -953,6 +967,7 @@ class GroupLifecycle:
             if len(peers) >= SUSPECT_PEERS:
                 self.suspect_until[w] = now + SUSPECT_S
         self._update_deferred(now)
+        return self._suspects(now) - before
 
     def _worker_lost(self, worker: int, now: float, why: str) -> None:
         self.former.mark_dead(worker, now)
@@ -1088,11 +1103,10 @@ class GroupLifecycle:
                 data={"src": src, "dst": dst},
             )
             self._update_split()
-            self._suspect(src, dst, now)
-        for og in list(self.open.values()):
-            if og.plan.uses(src, dst):
-                phase = og.plan.phase_of(src, dst)
-                self._revise(og, now, f"link {src}->{dst} failed during {phase}", keep=True)
+            newly = self._suspect(src, dst, now)
+        else:
+            newly = set()
+        self._after_link_faults([(src, dst)], newly, now)
 
     def _link_health(self, msg: proto.LinkHealth, now: float) -> None:
         """Probe states of the links into ``msg.worker``, and its groups' progress."""
@@ -1113,15 +1127,58 @@ class GroupLifecycle:
         if not updates:
             return
         self._update_split()
-        for u in updates:
-            if u.kind is LinkChange.DEAD:
-                self._suspect(u.src, u.dst, now)
+        dead = [(u.src, u.dst) for u in updates if u.kind is LinkChange.DEAD]
+        newly: set[int] = set()
+        for src, dst in dead:
+            newly |= self._suspect(src, dst, now)
+        self._after_link_faults(dead, newly, now)
+
+    def _after_link_faults(
+        self, dead: Sequence[tuple[int, int]], newly: set[int], now: float
+    ) -> None:
+        """Links ``dead`` just failed and made ``newly`` suspect: at most one revision of each
+        open group, for all of it at once.
+
+        * A member that just became suspect is dropped, like a lost member, if at least two
+          members remain (it is told with an ``Abandon`` and trains on); the survivors get a
+          whole new plan without it.
+        * Otherwise a group whose plan uses a dead link, or a suspect that is no member as an
+          aggregator or relay, gets a revision that keeps the routes clear of both
+          (:meth:`_plan_lost`). So a suspect is set aside once, when it becomes suspect, and
+          not once per cut link of it that the probes find later."""
+        suspects = self._suspects(now)
         for og in list(self.open.values()):
-            dead = [u for u in updates if u.kind is LinkChange.DEAD and og.plan.uses(u.src, u.dst)]
-            if dead and og.group.id in self.open:
-                u = dead[0]
-                phase = og.plan.phase_of(u.src, u.dst)
-                self._revise(og, now, f"link {u.src}->{u.dst} failed during {phase}", keep=True)
+            if og.group.id not in self.open:
+                continue
+            drop = [m for m in og.members if m in newly]
+            if drop and self.trace is None and len(og.members) - len(drop) >= 2:
+                self._drop_suspects(og, drop, now)
+                continue
+            used = [(s, d) for s, d in dead if og.plan.uses(s, d)]
+            aside = sorted((og.participants - set(og.members)) & suspects)
+            why = [f"link {s}->{d} failed during {og.plan.phase_of(s, d)}" for s, d in used[:1]]
+            if aside:
+                why.append(
+                    f"suspect worker{'s' if len(aside) > 1 else ''}"
+                    f" {', '.join(map(str, aside))} set aside"
+                )
+            if why:
+                self._revise(og, now, "; ".join(why), keep=True)
+
+    def _drop_suspects(self, og: OpenGroup, drop: Sequence[int], now: float) -> None:
+        gid = og.group.id
+        for w in drop:
+            shrunk = self.former.drop_member(gid, w)
+            og.members, og.weights = shrunk.members, shrunk.weights
+            self._send(w, proto.Abandon(gid, "dropped from the group: suspect", []))
+            self._status(w, WorkerState.TRAINING, group_id=None)
+        names = ", ".join(map(str, drop))
+        self._revise(
+            og,
+            now,
+            f"member{'s' if len(drop) > 1 else ''} {names} suspect"
+            f" (links to {SUSPECT_PEERS}+ peers failed within {SUSPECT_S:g} s): dropped",
+        )
 
     def _link_rates(self, msg: proto.LinkRates, now: float) -> None:
         """Fold measured arrival rates into the estimates; re-plan on drift ("measured" mode)."""

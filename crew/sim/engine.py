@@ -368,7 +368,10 @@ class Simulation:
         else:
             self.revisions += 1
             for m in d.group.dropped:
-                self.in_group.pop(m, None)
+                if self.in_group.get(m) == gid:
+                    del self.in_group[m]
+                    if self.alive[m]:  # dropped while alive (a suspect): it trains on
+                        self._compute(m)
         timer = RouteTimer(self.net, d.plan.routes, d.plan.pipelined, self.part)
         self.transfers[gid] = (d.rev, timer)
         self.plans[gid] = d.plan

@@ -256,6 +256,8 @@ class SimLifecycle:
             bound = self._bound.get(msg.group, 0.0)
             plan_s = self._made.pop(0) if self._made else 0.0
             return [Assign(_current(og), msg.rev, og.plan, bound, og.deadline, why, plan_s)]
+        if isinstance(msg, proto.Abandon) and msg.group in self.life.open:
+            return []  # a member dropped while its group goes on (the revision tells)
         if isinstance(msg, proto.Commit | proto.Abandon):
             key = ("end", msg.group, 0)
             if key in seen:
