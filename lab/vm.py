@@ -199,6 +199,13 @@ def _stage2_script(
 ) -> str:
     q = shlex.quote
     exports = "\n".join(f"export {k}={q(v)}" for k, v in sorted(env.items()))
+    # A fresh tmpfs on /run and /tmp, except over the repository's share (a clone in /tmp would
+    # vanish under it): there the overlay root's own tmpfs upper layer keeps writes in the guest.
+    scratch = "\n".join(
+        f"mount -t tmpfs tmpfs {d}"
+        for d in ("/run", "/tmp")
+        if not Path(repo).is_relative_to(d) and not Path(cwd).is_relative_to(d)
+    )
     return f"""# crew-vm stage 2: PID 1 in the overlay root
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
@@ -206,8 +213,7 @@ mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
-mount -t tmpfs tmpfs /run
-mount -t tmpfs tmpfs /tmp
+{scratch}
 mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
 mkdir -p /lib/modules/{kernel.version}
 mount --bind {q(str(kernel.modules))} /lib/modules/{kernel.version}

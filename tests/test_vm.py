@@ -16,7 +16,9 @@ import pytest
 from lab.vm import (
     REPO,
     VM_ENV_FLAG,
+    GuestKernel,
     VmError,
+    _stage2_script,
     build_initramfs,
     find_busybox,
     find_kernel,
@@ -98,3 +100,15 @@ def test_initramfs_is_a_newc_archive_with_busybox_init_and_modules_in_order() ->
         "virtio_pci",
     ]
     assert mods[-1] == "overlay" and mods.index("9pnet") < mods.index("9p")
+
+
+@pytest.mark.parametrize(
+    ("repo", "scratch"),
+    [("/work/main", ["/run", "/tmp"]), ("/tmp/ci/clone", ["/run"]), ("/run/x/repo", ["/tmp"])],
+)
+def test_stage2_never_mounts_a_tmpfs_over_the_repository(repo: str, scratch: list[str]) -> None:
+    """A clone under /tmp once vanished under the guest's fresh /tmp (python: not found)."""
+    kernel = GuestKernel(root=Path("/k"), version="6.1.0-test")
+    script = _stage2_script(kernel, Path(repo), Path(repo), "true", 10.0, {})
+    mounted = [ln.split()[-1] for ln in script.splitlines() if ln.startswith("mount -t tmpfs")]
+    assert [d for d in mounted if d in ("/run", "/tmp")] == scratch
