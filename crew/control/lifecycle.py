@@ -983,8 +983,7 @@ class GroupLifecycle:
                     self._finish(og, now, committed=False, reason=f"worker {worker} lost")
                     continue
                 if self.trace is None:
-                    shrunk = self.former.drop_member(og.group.id, worker)
-                    og.members, og.weights = shrunk.members, shrunk.weights
+                    self._drop_member(og, worker)
                 else:
                     og.members = survivors
                     og.weights = tuple(1.0 / len(survivors) for _ in survivors)
@@ -1165,11 +1164,15 @@ class GroupLifecycle:
             if why:
                 self._revise(og, now, "; ".join(why), keep=True)
 
+    def _drop_member(self, og: OpenGroup, worker: int) -> None:
+        """The former forgets ``worker`` in the group; the open group takes its new weights."""
+        shrunk = self.former.drop_member(og.group.id, worker)
+        og.members, og.weights = shrunk.members, shrunk.weights
+
     def _drop_suspects(self, og: OpenGroup, drop: Sequence[int], now: float) -> None:
         gid = og.group.id
         for w in drop:
-            shrunk = self.former.drop_member(gid, w)
-            og.members, og.weights = shrunk.members, shrunk.weights
+            self._drop_member(og, w)
             self._send(w, proto.Abandon(gid, "dropped from the group: suspect", []))
             self._status(w, WorkerState.TRAINING, group_id=None)
         names = ", ".join(map(str, drop))
