@@ -275,11 +275,14 @@ def measured_link_bytes(conn: Any, start: float, end: float) -> dict[str, int]:
 
 
 def planned_link_bytes(plans: Sequence[str], n: int) -> dict[str, int]:
-    """Sum of ``link_load`` over the plans (JSON as in ``groups.plan``); only links used."""
+    """Sum of ``link_load`` over the plans (JSON as in ``groups.plan``); only links used. Each
+    plan's ``elem_bytes`` (its codec's wire bytes per element, 4 for float32 and for plans
+    written before the field existed) sizes its elements."""
     total = np.zeros((n, n))
     for raw in plans:
-        routes = [Route.from_list(r) for r in json.loads(raw)["routes"]]
-        total += link_load(routes, n)
+        data = json.loads(raw)
+        routes = [Route.from_list(r) for r in data["routes"]]
+        total += link_load(routes, n, float(data.get("elem_bytes", 4.0)))
     return {
         f"{i}->{j}": int(total[i, j])
         for i in range(n)

@@ -350,3 +350,15 @@ def test_process_cpu_s_counts_this_process_and_not_a_missing_one() -> None:
     after = bench.process_cpu_s(os.getpid())
     assert before is not None and after is not None and after > before
     assert bench.process_cpu_s(2**22 + 12345) is None  # above pid_max's default: no such pid
+
+
+def test_planned_link_bytes_use_each_plans_wire_size() -> None:
+    """An int8 plan (about 1.03 wire bytes an element) moves a quarter of a float32 plan's
+    bytes over the same routes; a plan JSON without the field counts 4 bytes an element."""
+    route = [0, 100, 0, [], [[0, 1]]]
+    f32 = json.dumps({"routes": [route], "elem_bytes": 4.0})
+    int8 = json.dumps({"routes": [route], "elem_bytes": 1.03125})
+    old = json.dumps({"routes": [route]})
+    assert bench.planned_link_bytes([f32], 2) == {"0->1": 400}
+    assert bench.planned_link_bytes([old], 2) == {"0->1": 400}
+    assert bench.planned_link_bytes([int8, f32], 2) == {"0->1": 103 + 400}
