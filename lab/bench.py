@@ -300,19 +300,22 @@ def op_results(
     size_bytes: int,
     entered_at: float | None = None,
     left_at: float | None = None,
+    warmup: int = 0,
 ) -> SchemeResult:
     """A scheme's :class:`SchemeResult` from its run database alone (read-only).
 
     Group schemes: the rows of the trace's groups. Gloo: the op rows worker 0 reported, with the
     bound of an all-reduce among all n workers. ``correct`` is False unless exactly ``ops`` ops
-    completed (see the module docstring for the rest).
+    completed (see the module docstring for the rest). ``warmup``: the first groups (ids 1 ..
+    warmup, ``--warmup``) are not ops and are left out.
     """
     n = bw.shape[0]
     conn = connect(db_path, readonly=True)
     try:
         rows = conn.execute(
             "SELECT id, status, started_at, ended_at, bound_s, predicted_s, verify_err,"
-            " revisions, plan FROM groups ORDER BY started_at, id"
+            " revisions, plan FROM groups WHERE id > ? ORDER BY started_at, id",
+            (0 if gloo else warmup,),
         ).fetchall()
         done = [
             r for r in rows if r["status"] == GroupStatus.COMPLETED and r["started_at"] is not None
@@ -569,6 +572,8 @@ class BenchSpec:
     target_loss: float = 2.0  # lm: held-out loss (nats per byte) whose reaching is timed
     # with --train: the runs, in order (one per scheme with ``training``, or --configs)
     train_runs: tuple[TrainRun, ...] = ()
+    # untimed groups of all n workers each scheme runs before the trace (see --warmup)
+    warmup: int = 0
 
     @property
     def size_elems(self) -> int:
@@ -665,6 +670,8 @@ def run_ops(
     gloo = scheme == GLOO
     run_dir = spec.out / scheme
     k = spec.ops
+    warm = 0 if gloo else spec.warmup
+    replay = [list(range(spec.topology.n))] * warm + trace
     task = progress.add_task(f"{index}/{len(spec.schemes)} {scheme}", total=k, status="starting")
     opts = RunOptions(
         scheme=scheme,
@@ -674,10 +681,10 @@ def run_ops(
         log_level="WARNING",
         part_bytes=spec.part_bytes,
         host_cpu_s_per_gb=spec.host_cpu_s_per_gb,
-        extra={"bench": True, "size_elems": spec.size_elems, "trace": trace, "ops": k},
+        extra={"bench": True, "size_elems": spec.size_elems, "trace": replay, "ops": k + warm},
     )
     startup = STARTUP_TORCH_S if gloo else STARTUP_NUMPY_S
-    budget = startup + spec.timeout_per_op_s * k
+    budget = startup + spec.timeout_per_op_s * (k + warm)
     error: str | None = None
     cpu_used: float | None = None
     entered = time.time()
@@ -688,11 +695,12 @@ def run_ops(
             deadline = time.monotonic() + budget
             ended = 0
             cpu_first: float | None = None
-            while ended < k:
+            while ended < k + warm:
                 if time.monotonic() > deadline:
                     raise SchemeFailed(
                         f"timed out after {budget:.0f} s ({startup:.0f} s start-up + "
-                        f"{spec.timeout_per_op_s:g} s x {k} ops) with {ended}/{k} ops ended"
+                        f"{spec.timeout_per_op_s:g} s x {k + warm} ops) with"
+                        f" {max(0, ended - warm)}/{k} ops ended"
                     )
                 _check_alive(lab)
                 ended = int(
@@ -703,10 +711,14 @@ def run_ops(
                     )
                     or 0
                 )
-                progress.update(task, completed=ended)
-                if cpu_first is None and not gloo and _db_scalar(lab, FIRST_OP_STARTED_SQL):
+                progress.update(task, completed=max(0, ended - warm))
+                if (
+                    cpu_first is None
+                    and not gloo
+                    and _db_scalar(lab, f"{FIRST_OP_STARTED_SQL} AND id > {warm}")
+                ):
                     cpu_first = _workers_cpu_s(lab)
-                if ended < k:
+                if ended < k + warm:
                     time.sleep(POLL_S)
             if cpu_first is not None:
                 cpu_used = _workers_cpu_s(lab) - cpu_first
@@ -734,6 +746,7 @@ def run_ops(
             size_bytes=spec.size_elems * 4,
             entered_at=entered,
             left_at=left,
+            warmup=warm,
         )
     except Exception as exc:  # no database (the lab never started): report what we know
         result = SchemeResult(
@@ -1192,6 +1205,16 @@ def build_parser() -> argparse.ArgumentParser:
         "0 skips the op benchmark, for --train alone)",
     )
     p.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        metavar="W",
+        help="before each scheme's trace, W untimed groups of all n workers with that scheme, "
+        "so the timed ops find the data connections open and their TCP windows grown "
+        "(measured: a fresh connection was receive-window limited for 64%% of its first op); "
+        "not for gloo (default 0)",
+    )
+    p.add_argument(
         "--out",
         type=Path,
         required=True,
@@ -1303,6 +1326,8 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         raise BenchError("--size-mb", f"must be at least 4 bytes, got {args.size_mb} MB")
     if args.ops < 0 or (args.ops == 0 and not args.train):
         raise BenchError("--ops", f"must be >= 1 (0 only with --train), got {args.ops}")
+    if args.warmup < 0:
+        raise BenchError("--warmup", f"must be >= 0, got {args.warmup}")
     if not (math.isfinite(args.timeout_per_op) and args.timeout_per_op > 0):
         raise BenchError("--timeout-per-op", f"must be positive, got {args.timeout_per_op}")
     if args.train and not (math.isfinite(args.duration) and args.duration > 0):
@@ -1355,6 +1380,7 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         training=training,
         target_loss=args.target_loss,
         train_runs=runs if args.train else (),
+        warmup=args.warmup,
     )
 
 
@@ -1419,6 +1445,7 @@ def run_benchmark(spec: BenchSpec) -> tuple[dict[str, Any], dict[str, Any] | Non
         "p": spec.p,
         "size_bytes": spec.size_bytes,
         "ops": spec.ops,
+        "warmup": spec.warmup,
         "seed": spec.seed,
         "trace": trace,
         "started_at": started,

@@ -194,7 +194,7 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
         last: dict[int, float] = {}
         for r in conn.execute("SELECT t, worker, state FROM worker_states ORDER BY t"):
             w = r["worker"]
-            if r["state"] == WorkerState.TRAINING:
+            if r["state"] == WorkerState.TRAINING.value:  # the database holds the value
                 last[w] = r["t"]
             elif w in last and w in plain:
                 steps.append(r["t"] - last.pop(w))

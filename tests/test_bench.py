@@ -186,6 +186,22 @@ def test_op_results_of_a_correct_scheme(tmp_path: Path) -> None:
     assert d["op_times_s"] == (1.0, 2.0, 3.0, 4.0) and d["error"] is None
 
 
+def test_op_results_leave_out_the_warmup_groups(tmp_path: Path) -> None:
+    # --warmup W: the coordinator's first W groups (ids 1..W, all n workers) are not ops.
+    warm = dict(start=5.0, end=9.0, bound=0.5, predicted=0.9, err=1e-7, members=[0, 1])
+    db = _db(tmp_path, [warm, *_good_groups()])
+    r = bench.op_results(db, ops=4, gloo=False, bw=BW, size_bytes=SIZE, warmup=1)
+    assert r.op_times_s == (1.0, 2.0, 3.0, 4.0) and r.correct
+    assert not bench.op_results(db, ops=4, gloo=False, bw=BW, size_bytes=SIZE).correct  # 5 ops
+    parser = bench.build_parser()
+    small = str(Path(bench.__file__).resolve().parent.parent / "topologies" / "small.yaml")
+    base = ["--topology", small, "--out", "/nonexistent/x", "--p", "2"]
+    assert bench.spec_from_args(parser.parse_args(base)).warmup == 0
+    assert bench.spec_from_args(parser.parse_args([*base, "--warmup", "1"])).warmup == 1
+    with pytest.raises(bench.BenchError, match="--warmup"):
+        bench.spec_from_args(parser.parse_args([*base, "--warmup", "-1"]))
+
+
 @pytest.mark.parametrize(
     "change, why",
     [

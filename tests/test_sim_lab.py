@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from crew.sim.engine import FaultKind
 from lab.net.shaping import QUEUE_EXTRA_S
@@ -71,3 +72,39 @@ def test_the_lab_executor_adds_the_shaped_queue_per_hop() -> None:
     t = simulate_op("preduce", rate, np.zeros((3, 3)), (0, 1, 2), 3_000_000, 0, ex)
     assert abs(t - 2 * (1_000_000 / (1e6 * 0.95) + 0.05)) < 1e-6
     assert lab_executor(12.0, host=False).host_cores == 0.0
+
+
+def test_train_compare_reads_the_step_time_from_worker_states(tmp_path: Path) -> None:
+    # The run database stores states as strings: comparing them with the WorkerState member
+    # (a plain Enum) matched nothing, and every training comparison simulated a 0 ms step.
+    import yaml
+
+    from crew.runtime.rundb import connect
+    from lab.simcompare import _run_facts
+
+    topo = yaml.safe_load((ROOT / "topologies" / "small.yaml").read_text())
+    conn = connect(tmp_path / "lab.db")
+    with conn:
+        for k, v in {
+            "topology": json.dumps(topo),
+            "scheme": "preduce",
+            "p": "2",
+            "options": json.dumps({"seed": 3}),
+            "ended_at": "20.0",
+        }.items():
+            conn.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (k, v))
+        plan = {"elems": [5, 5, 0]}
+        conn.execute(
+            "INSERT INTO groups (id, scheme, members, weights, formed_at, status, plan)"
+            " VALUES (1, 'preduce', '[0, 1]', '[0.5, 0.5]', 1.0, 'completed', ?)",
+            (json.dumps(plan),),
+        )
+        for t, w, state in [(1.0, 0, "training"), (1.3, 0, "ready"), (2.0, 1, "training")]:
+            conn.execute(
+                "INSERT INTO worker_states (t, worker, state) VALUES (?, ?, ?)", (t, w, state)
+            )
+        conn.execute("INSERT INTO worker_states (t, worker, state) VALUES (2.5, 1, 'ready')")
+    conn.close()
+    facts = _run_facts(tmp_path)
+    assert facts["compute_s"] == pytest.approx(0.4)  # median of 0.3 and 0.5
+    assert facts["size_bytes"] == 40 and facts["seed"] == 3 and facts["rounds"] == [1, 1, 0]

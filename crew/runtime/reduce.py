@@ -30,6 +30,14 @@ first served) would wait until the link had sent everything else, and the route'
 would idle meanwhile. Forwarded data first keeps every route flowing through its hops while
 the first hops fill the rest of each link's time.
 
+That holds for **pipelined** plans only. A store-and-forward plan sends everything at one
+priority, so each link is first come, first served, as its phases (and ``crew.sim.network``)
+assume: with hop priorities a root's broadcast, queued once its own range was in, overtook the
+rest of that node's scatter to the other roots on the same link, so those roots started their
+own broadcasts only after it (measured on bench-hetero, preduce: a 2.3 MB broadcast ahead of
+the scatter's last 0.34 MB on a 22.8 Mbit/s link delayed the next root by 0.65 s, ops 1.53x
+their plan).
+
 Revisions: when a group changes (a member dies, a link fails) the coordinator sends a new
 revision with a new plan. A revision may keep routes of the previous one unchanged
 (``Assign.kept``: same range, trees and members, none of its nodes or links lost): their state
@@ -269,6 +277,9 @@ class ReduceEngine:
                 if member:
                     expect.add(self.me)
                 heights = up_heights(r)
+                # Store and forward: one level, so every link is first come, first served (see
+                # the module docstring); pipelined: furthest along first.
+                hop = assign.pipelined
                 st = _RouteState(
                     route=r,
                     step=steps[k],
@@ -277,8 +288,8 @@ class ReduceEngine:
                     parent=r.parent(self.me),
                     down=r.children_down(self.me),
                     receiver=self.me in r.receivers(),
-                    up_priority=-heights.get(self.me, 0),
-                    down_priority=-(heights[r.root] + down_depth(r, self.me)),
+                    up_priority=-heights.get(self.me, 0) if hop else 0,
+                    down_priority=-(heights[r.root] + down_depth(r, self.me)) if hop else 0,
                 )
                 g.routes[k] = st
                 if member and st.receiver:

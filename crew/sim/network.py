@@ -2,15 +2,18 @@
 
 Pure and deterministic: no clock, no sockets; the engine passes the time in.
 
-**Links.** In the lab every directed pair is one TCP connection with one FCFS frame queue
-(``crew.wire.transport``), shared by all routes and groups, shaped to the link's rate: frames
-queued first leave first, at the full rate. :class:`LinkQueues` models exactly that at the
-granularity of one route's range over one edge (a *job*): a job queued at time ``t`` on link
-``l`` starts at ``max(t, free_l)`` and ends ``bytes / c_l`` later, and ``free_l`` moves to
-its end. So a link never carries more than its capacity and serves jobs in arrival order, and
-under constant capacities a job's end is known the moment it is queued. Capacities are
-``rate_mbit x 1e6 / 8 x goodput`` bytes/s (``goodput``: payload share of the shaped rate; the
-lab measures ~0.95 with TCP/IP headers). A job then arrives ``delay_l`` (one-way) later.
+**Links.** In the lab every directed pair is one TCP connection with one frame queue
+(``crew.wire.transport``), shared by all routes and groups, shaped to the link's rate. For a
+store-and-forward plan it is first come, first served: frames queued first leave first, at the
+full rate (``crew.runtime.reduce`` sends such plans at one priority). A pipelined plan's frames
+go furthest along their route first; the pipelined model below approximates that.
+:class:`LinkQueues` models the FCFS queue at the granularity of one route's range over one edge
+(a *job*): a job queued at time ``t`` on link ``l`` starts at ``max(t, free_l)`` and ends
+``bytes / c_l`` later, and ``free_l`` moves to its end. So a link never carries more than its
+capacity and serves jobs in arrival order, and under constant capacities a job's end is known
+the moment it is queued. Capacities are ``rate_mbit x 1e6 / 8 x goodput`` bytes/s (``goodput``:
+payload share of the shaped rate; the lab measures ~0.95 with TCP/IP headers). A job then
+arrives ``delay_l`` (one-way) later.
 
 **Routes** (``crew.plan.routes``): a range climbs a reduce tree to its root and comes down a
 broadcast tree. :class:`RouteTimer` times one revision's routes:
