@@ -33,7 +33,14 @@ import numpy as np
 
 from crew.config import Scheme
 from crew.sim.candidates import default_helpers
-from crew.sim.engine import Fault, SimConfig, SimResult, Simulation, default_plan_rounds
+from crew.sim.engine import (
+    Fault,
+    SimConfig,
+    SimResult,
+    Simulation,
+    default_level_tol,
+    default_plan_rounds,
+)
 from crew.sim.topogen import generate
 from lab.bench import write_figures
 from lab.scenario import parse_scenario
@@ -61,6 +68,7 @@ def one(
             duration_s=duration,
             seed=seed,
             plan_rounds=default_plan_rounds(n),
+            plan_level_tol=default_level_tol(n),
             helpers=default_helpers(n),
         ),
         faults,

@@ -331,9 +331,8 @@ def brute_force_choose(master: routelp._Master, seconds_per_unit: float) -> floa
     return best
 
 
-@pytest.mark.parametrize("seed", range(10))
-def test_latency_levels_branch_and_bound_matches_every_level(seed) -> None:
-    """``_choose`` solves a few levels, yet finds the optimum of solving all of them."""
+def _many_levels(seed: int) -> tuple[routelp._Master, float]:
+    """A master LP with many latency levels (random rates and delays, 64 KiB parts)."""
     rng = np.random.default_rng(seed)
     n, members, size = 8, (0, 2, 5, 7), 8 << 20
     bw = np.round(rng.uniform(10, 110, (n, n)), 1)
@@ -352,13 +351,51 @@ def test_latency_levels_branch_and_bound_matches_every_level(seed) -> None:
         for _, shape in routelp._price_exact(wts, usable, members, np.arange(n), math.inf, 8)[1]:
             master.add(routelp.Column((shape,), f"tree{k}"))
     assert len(np.unique(master.lat)) > 20
-    spu = size / (master.r_ref * planner.BYTES_PER_S_PER_MBIT)
+    return master, size / (master.r_ref * planner.BYTES_PER_S_PER_MBIT)
+
+
+def _counted_choose(
+    master: routelp._Master, spu: float, tolerance: float = 0.0
+) -> tuple[float, float, int]:
+    """(modelled time T_bw + latency of _choose's plan, that latency, LP solves)."""
     solves = []
     real_solve = master.solve
     master.solve = lambda *a, **kw: solves.append(1) or real_solve(*a, **kw)  # type: ignore[method-assign]
-    x, t_bw, lat = routelp._choose(master, spu)
-    chosen = len(solves)
-    master.solve = real_solve  # type: ignore[method-assign]
-    assert t_bw + lat == pytest.approx(brute_force_choose(master, spu), rel=1e-7)
+    try:
+        x, t_bw, lat = routelp._choose(master, spu, tolerance)
+    finally:
+        master.solve = real_solve  # type: ignore[method-assign]
     assert lat == pytest.approx(float(np.asarray(master.lat)[x > 1e-9].max()))
+    return t_bw + lat, lat, len(solves)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_latency_levels_branch_and_bound_matches_every_level(seed) -> None:
+    """``_choose`` solves a few levels, yet finds the optimum of solving all of them."""
+    master, spu = _many_levels(seed)
+    t, _, chosen = _counted_choose(master, spu)
+    assert t == pytest.approx(brute_force_choose(master, spu), rel=1e-7)
     assert chosen < len(np.unique(master.lat))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_level_tolerance_stays_within_its_factor(seed) -> None:
+    """With a tolerance the search skips levels, and its plan is within 1 / (1 - tol) of the
+    optimum over every level."""
+    master, spu = _many_levels(seed)
+    best = brute_force_choose(master, spu)
+    _, _, exact_solves = _counted_choose(master, spu)
+    for tol in (0.01, 0.05, 0.2):
+        t, _, solves = _counted_choose(master, spu, tol)
+        assert best * (1 - 1e-7) <= t <= best / (1 - tol) * (1 + 1e-7)
+        assert solves <= exact_solves
+    assert solves < exact_solves  # 20% skips levels on every seed here (3-4 solves, not 8-12)
+
+
+def test_level_tolerance_is_checked_and_scoped() -> None:
+    with pytest.raises(PlanError, match="level_tolerance"):
+        with routelp.limits(level_tolerance=1.0):
+            pass
+    with routelp.limits(level_tolerance=0.05):
+        assert routelp._LIMITS["level_tolerance"] == 0.05
+    assert "level_tolerance" not in routelp._LIMITS

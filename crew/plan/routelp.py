@@ -832,16 +832,19 @@ def plan_routes(
     delays = _check_delays(delay_s, n, sh)
     if not isinstance(time_budget_s, int | float) or not time_budget_s > 0:
         raise PlanError("time_budget_s", f"must be a positive number, got {time_budget_s!r}")
+    level_tol = float(_LIMITS.get("level_tolerance", 0.0))
     key = (
         w.tobytes(), ms, act.tobytes(), total, sh,
         None if delays is None else delays.tobytes(), int(part_bytes), exact, max_rounds,
+        level_tol,
     )  # fmt: skip
     if warm and key in _RESULTS:
         _RESULTS.move_to_end(key)
         return _RESULTS[key]
     result = _plan(
-        w, ms, act, total, sh, delays, int(part_bytes), time_budget_s, exact, warm, max_rounds
-    )
+        w, ms, act, total, sh, delays, int(part_bytes), time_budget_s, exact, warm, max_rounds,
+        level_tol,
+    )  # fmt: skip
     if warm:
         _RESULTS[key] = result
         while len(_RESULTS) > CACHE_RESULTS:
@@ -861,6 +864,7 @@ def _plan(
     exact: bool | None,
     warm: bool,
     max_rounds: int,
+    level_tol: float = 0.0,
 ) -> RoutePlanResult:
     n = w.shape[0]
     size = total * ELEM_BYTES
@@ -944,7 +948,7 @@ def _plan(
             master.add(col)
         if not cut and n < CUT_CHECK_MIN_N:
             cut = _cut_units(w, ms, act, size, sh, seconds_per_unit)
-    x, t_lp, lat_used = _choose(master, seconds_per_unit)
+    x, t_lp, lat_used = _choose(master, seconds_per_unit, level_tol)
     if warm:  # used columns first, then the rest of the pool (see POOL_SHAPES)
         _remember(pool_key, master, x, sol[0], np.ones(len(master.cols)))
     if optimal:
@@ -989,19 +993,39 @@ def _cut_units(
 
 
 @contextlib.contextmanager
-def limits(*, max_rounds: int | None = None, time_budget_s: float | None = None) -> Iterator[None]:
+def limits(
+    *,
+    max_rounds: int | None = None,
+    time_budget_s: float | None = None,
+    level_tolerance: float | None = None,
+) -> Iterator[None]:
     """Within the block, plans whose caller gives no bound use these (a simulator that plans
-    thousands of groups trades a proved gap for time, deterministically with ``max_rounds``)."""
+    thousands of groups trades a proved gap for time, deterministically with ``max_rounds``).
+
+    ``level_tolerance`` (default 0: exact): the latency-level search (:func:`_choose`) skips
+    the levels that could improve the plan's modelled time by at most this share of it, so the
+    plan is within a factor 1 / (1 - tolerance) of the best over the pool (on top of
+    ``RoutePlanResult.gap``, which is the column generation's; the simulator states both in
+    its summary)."""
+    if level_tolerance is not None and not 0.0 <= level_tolerance < 1.0:
+        raise PlanError("level_tolerance", f"must be in [0, 1), got {level_tolerance!r}")
     old = dict(_LIMITS)
     if max_rounds is not None:
         _LIMITS["max_rounds"] = max_rounds
     if time_budget_s is not None:
         _LIMITS["time_budget_s"] = time_budget_s
+    if level_tolerance is not None:
+        _LIMITS["level_tolerance"] = level_tolerance
     try:
         yield
     finally:
         _LIMITS.clear()
         _LIMITS.update(old)
+
+
+def active_limits() -> tuple[tuple[str, float], ...]:
+    """The :func:`limits` in force, for caches of plans made from this module's."""
+    return tuple(sorted(_LIMITS.items()))
 
 
 def _remember(key: tuple, master: _Master, *xs: np.ndarray) -> None:
@@ -1032,7 +1056,9 @@ def clear_caches() -> None:
     schemes.CREW_PLANS.clear()
 
 
-def _choose(master: _Master, seconds_per_unit: float) -> tuple[np.ndarray, float, float]:
+def _choose(
+    master: _Master, seconds_per_unit: float, tolerance: float = 0.0
+) -> tuple[np.ndarray, float, float]:
     """Best fractions under T = T_bw + max latency of used columns (module docstring).
 
     Returns (x, T_bw in seconds, latency in seconds) of the fractional optimum.
@@ -1055,7 +1081,11 @@ def _choose(master: _Master, seconds_per_unit: float) -> tuple[np.ndarray, float
     several latencies (the other used columns keep the bound at the solve's own T_bw): on
     planbench's random matrices (p = 4, 64 KiB parts) it cut the level solves per plan from
     16 to 13.5 at n = 8, 25 to 20 at n = 16 and 29 to 27 at n = 60.
-    Only the chosen level's solve gets the link-time tie-break."""
+    Only the chosen level's solve gets the link-time tie-break.
+
+    ``tolerance`` > 0 (:func:`limits`) also drops an interval that could improve the best
+    found by at most that share of it: the result is then within 1 / (1 - tolerance) of the
+    optimum."""
     lat = np.asarray(master.lat)
     if master.hop is None:
         sol = master.solve(tie_break=True)
@@ -1092,8 +1122,8 @@ def _choose(master: _Master, seconds_per_unit: float) -> tuple[np.ndarray, float
         if lo > hi:
             continue
         below = np.maximum(bound[lo : hi + 1], t_known) + levels[lo : hi + 1]
-        if below.min() >= best_t:
-            continue  # no level here can beat the best found
+        if below.min() >= best_t * (1.0 - tolerance):
+            continue  # no level here can beat the best found (by more than the tolerance)
         if solves >= MAX_LATENCY_LEVELS:
             log.warning("route LP: stopped after %d latency-level solves", solves)
             break

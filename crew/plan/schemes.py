@@ -226,7 +226,10 @@ def plan_group(
     total = size // 4
     if scheme == Scheme.CREW:
         order = symmetry.canonical_order(bw, members, active, delay_s)
-        key = symmetry.canonical_key(order, bw, members, active, shared, delay_s, size, part_bytes)
+        key = (
+            symmetry.canonical_key(order, bw, members, active, shared, delay_s, size, part_bytes),
+            routelp.active_limits(),  # a plan made under limits() is not the unbounded one
+        )
 
         def canonical() -> tuple[tuple[Route, ...], float]:
             routes, predicted = _crew_routes(bw, members, size, active, shared, delay_s, part_bytes)

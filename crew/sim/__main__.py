@@ -15,6 +15,7 @@ from crew.config import Scheme
 from crew.plan.schemes import GROUP_SCHEMES
 from crew.sim.candidates import CANDIDATES_FROM_N, DEFAULT_HELPERS, default_helpers
 from crew.sim.engine import (
+    LARGE_LEVEL_TOL,
     LARGE_PLAN_ROUNDS,
     PLAN_ROUNDS_FROM_N,
     Fault,
@@ -23,6 +24,7 @@ from crew.sim.engine import (
     SimConfig,
     SimResult,
     Simulation,
+    default_level_tol,
     default_plan_rounds,
 )
 from crew.sim.network import ExecutorModel
@@ -63,6 +65,15 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="column-generation rounds per crew plan at most (default: the planner's own"
         f" bound up to n = {PLAN_ROUNDS_FROM_N} workers, {LARGE_PLAN_ROUNDS} above)",
+    )
+    parser.add_argument(
+        "--plan-level-tol",
+        type=float,
+        default=None,
+        metavar="TOL",
+        help="relative tolerance of crew's latency-level search: levels that could improve a"
+        " plan's modelled time by at most this share are skipped (default: exact up to"
+        f" n = {PLAN_ROUNDS_FROM_N} workers, {LARGE_LEVEL_TOL:g} above)",
     )
     parser.add_argument(
         "--helpers",
@@ -126,6 +137,9 @@ def config_from(args: argparse.Namespace, n: int) -> SimConfig:
         compute_s=args.compute_s,
         staleness=args.staleness,
         plan_rounds=args.plan_rounds,
+        plan_level_tol=(
+            default_level_tol(n) if args.plan_level_tol is None else args.plan_level_tol
+        ),
         executor=executor_from(args),
         plan_delay=args.plan_delay,
         helpers=helpers_for(args, n),
@@ -161,8 +175,10 @@ def model_line(cfg: SimConfig, n: int) -> str:
         else f"members + {cfg.helpers} best-connected others (crew.sim.candidates)"
     )
     rounds = "planner's own bound" if cfg.plan_rounds is None else f"<= {cfg.plan_rounds}"
+    levels = "exact" if not cfg.plan_level_tol else f"within {cfg.plan_level_tol:.2%}"
     return (
-        f"planner over {who}; route-LP rounds {rounds}; plan delay {cfg.plan_delay.value};"
+        f"planner over {who}; route-LP rounds {rounds}; latency levels {levels};"
+        f" plan delay {cfg.plan_delay.value};"
         f" executor: {cfg.executor.describe()}"
     )
 

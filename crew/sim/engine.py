@@ -103,6 +103,9 @@ class SimConfig:
     plan_rounds: int | None = None
     """Column-generation rounds per crew plan at most (``crew.plan.routelp.limits``; None: the
     planner's own bound). Rounds, not seconds, so that a run does not depend on the machine."""
+    plan_level_tol: float = 0.0
+    """Relative tolerance of crew's latency-level search (``crew.plan.routelp.limits``; 0:
+    exact). Like ``plan_rounds``, a bound on work that does not depend on the machine."""
     executor: ExecutorModel = field(default_factory=ExecutorModel)
     plan_delay: PlanDelay = PlanDelay.NONE
     helpers: int | None = None
@@ -118,6 +121,8 @@ class SimConfig:
             raise ValueError(f"sample_s must be positive, got {self.sample_s}")
         if self.plan_rounds is not None and self.plan_rounds < 1:
             raise ValueError(f"plan_rounds must be >= 1, got {self.plan_rounds}")
+        if not 0.0 <= self.plan_level_tol < 1.0:
+            raise ValueError(f"plan_level_tol must be in [0, 1), got {self.plan_level_tol}")
         if self.helpers is not None and self.helpers < 0:
             raise ValueError(f"helpers must be >= 0, got {self.helpers}")
 
@@ -130,6 +135,16 @@ group by default. At n = 60 an unbounded plan takes ~1 s (60 rounds, hundreds of
 optimum spreads a group over most of the network's links), and a run plans ~350 groups (12
 rounds: 0.24 s per plan, 99 s per run). A capped plan is within the gap that
 ``lab.planbench timing --max-rounds 5`` reports (median, max) of the LP optimum."""
+
+
+LARGE_LEVEL_TOL = 0.0
+"""Above PLAN_ROUNDS_FROM_N workers, crew's latency-level search skips levels that could
+improve a plan by at most this share of its modelled time (``crew.plan.routelp.limits``)."""
+
+
+def default_level_tol(n: int) -> float:
+    """The simulator's default ``SimConfig.plan_level_tol`` for n workers."""
+    return LARGE_LEVEL_TOL if n > PLAN_ROUNDS_FROM_N else 0.0
 
 
 def default_plan_rounds(n: int) -> int | None:
@@ -200,6 +215,7 @@ class Simulation:
             committed_capacity=cfg.committed_capacity,
             group_timeout_min_s=cfg.group_timeout_min_s,
             plan_rounds=cfg.plan_rounds,
+            plan_level_tol=cfg.plan_level_tol,
             helpers=cfg.helpers,
         )
         self.rec = recorder

@@ -122,8 +122,10 @@ class SimLifecycle:
         isolation_max_wait: float = 10.0,
         plan_rounds: int | None = None,
         helpers: int | None = None,
+        plan_level_tol: float = 0.0,
     ) -> None:
         self.plan_rounds = plan_rounds
+        self.plan_level_tol = plan_level_tol
         self.helpers = helpers  # None: plan over every worker; k: crew.sim.candidates
         bw = np.array(bw_mbit, dtype=float)
         np.fill_diagonal(bw, 0.0)
@@ -165,7 +167,7 @@ class SimLifecycle:
         t0 = self.clock()
         plan: GroupPlan | None = None
         try:
-            with routelp.limits(max_rounds=self.plan_rounds):
+            with routelp.limits(max_rounds=self.plan_rounds, level_tolerance=self.plan_level_tol):
                 if self.helpers is None:
                     plan = plan_group(*args, **kw)
                 else:
