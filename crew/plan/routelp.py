@@ -1005,8 +1005,8 @@ def limits(
     ``level_tolerance`` (default 0: exact): the latency-level search (:func:`_choose`) skips
     the levels that could improve the plan's modelled time by at most this share of it, so the
     plan is within a factor 1 / (1 - tolerance) of the best over the pool (on top of
-    ``RoutePlanResult.gap``, which is the column generation's; the simulator states both in
-    its summary)."""
+    ``RoutePlanResult.gap``, which is the column generation's; the simulator states the
+    tolerance in its summary)."""
     if level_tolerance is not None and not 0.0 <= level_tolerance < 1.0:
         raise PlanError("level_tolerance", f"must be in [0, 1), got {level_tolerance!r}")
     old = dict(_LIMITS)
