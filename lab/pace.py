@@ -71,14 +71,28 @@ class Pace:
             return "no faults injected"
         if self.baseline is None:
             return f"first fault at {self.first_fault_s:.0f} s: too early for a baseline"
+        # A fault still in force (no repair yet) or no full window yet leaves fields None:
+        # the dashboard renders this while a cut is live, so every optional part says so.
         share = self.worst_share
         rec = self.recovered_after_s
+        worst = (
+            "no full window yet"
+            if self.worst is None or self.worst_at_s is None
+            else f"{self.worst} ({'–' if share is None else f'{share:.0%}'})"
+            f" at t={self.worst_at_s:.0f} s"
+        )
+        if self.last_repair_s is None:
+            after = "no repair yet"
+        else:
+            back = "never" if rec is None else f"{rec:.1f} s"
+            after = (
+                f"back to {RECOVERED:.0%} {back} after the last repair"
+                f" (t={self.last_repair_s:.0f} s)"
+            )
         return (
             f"baseline {self.baseline:.1f} groups/{WINDOW_S:g} s before the first fault"
-            f" (t={self.first_fault_s:.0f} s); windows {list(self.windows)}; worst"
-            f" {self.worst} ({share:.0%}) at t={self.worst_at_s:.0f} s; back to"
-            f" {RECOVERED:.0%} {'never' if rec is None else f'{rec:.1f} s'} after the last"
-            f" repair (t={self.last_repair_s:.0f} s)"
+            f" (t={self.first_fault_s:.0f} s); windows {list(self.windows)}; worst {worst};"
+            f" {after}"
         )
 
 

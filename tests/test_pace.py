@@ -42,3 +42,15 @@ def test_what_counts_as_a_fault() -> None:
     assert is_fault_start("set_link", {"src": 0, "dst": 1, "rate_mbit": 5}, rates)
     assert not is_fault_start("set_link", {"src": 0, "dst": 1, "rate_mbit": 50}, rates)
     assert not is_fault_start("set_p", {"p": 5}, rates)
+
+
+def test_describe_while_a_fault_is_still_in_force() -> None:
+    """No repair yet and no full window yet: the dashboard shows this mid-cut (it raised
+    TypeError formatting None)."""
+    from lab.pace import Pace
+
+    live = Pace(5.0, (), 30.0, None, None, None, None)
+    text = live.describe()
+    assert "no repair yet" in text and "no full window yet" in text
+    partial = Pace(5.0, (3,), 30.0, None, 3, 30.0, None)
+    assert "worst 3 (60%) at t=30 s" in partial.describe()
