@@ -38,7 +38,6 @@ from crew.sim.engine import (
     SimConfig,
     SimResult,
     Simulation,
-    default_level_tol,
     default_plan_rounds,
 )
 from crew.sim.topogen import generate
@@ -68,7 +67,6 @@ def one(
             duration_s=duration,
             seed=seed,
             plan_rounds=default_plan_rounds(n),
-            plan_level_tol=default_level_tol(n),
             helpers=default_helpers(n),
         ),
         faults,

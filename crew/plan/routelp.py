@@ -341,12 +341,15 @@ class _Master:
         y = np.clip(-duals[1:], 0.0, None)
         return np.clip(x, 0.0, None), t, np.concatenate([[0.0], y]), float(duals[0])
 
-    def coef_matrix(self) -> np.ndarray:
-        """Every column's load per row (columns x rows, row 0 the convexity row, zeroed)."""
-        out = np.zeros((len(self.cols), len(self.row_rate)))
-        for c, coef in enumerate(self.coefs):
+    def coef_matrix(self, cols: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+        """These columns' (default: every column's) load per row (columns x rows, row 0 the
+        convexity row, zeroed: it is no resource)."""
+        which = range(len(self.cols)) if cols is None else cols
+        out = np.zeros((len(which), len(self.row_rate)))
+        for k, c in enumerate(which):
+            coef = self.coefs[c]
             rows = np.fromiter(coef.keys(), dtype=np.int64, count=len(coef))
-            out[c, rows] = np.fromiter(coef.values(), dtype=float, count=len(coef))
+            out[k, rows] = np.fromiter(coef.values(), dtype=float, count=len(coef))
         out[:, 0] = 0.0
         return out
 
@@ -1153,12 +1156,7 @@ def _round(master: _Master, x: np.ndarray, total: int) -> np.ndarray:
         out = np.zeros(x.size, dtype=np.int64)
         out[used] = largest_remainder(x[used], total)
         return out
-    m = len(master.row_rate)
-    coef = np.zeros((used.size, m))
-    for k, c in enumerate(used):
-        for r, v in master.coefs[c].items():
-            coef[k, r] = v
-    coef[:, 0] = 0.0  # the convexity row is no resource
+    coef = master.coef_matrix(used)
     load = elems @ coef
     frac = quota - elems
     for _ in range(left):  # one element each: at most used.size steps

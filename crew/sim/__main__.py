@@ -15,7 +15,6 @@ from crew.config import Scheme
 from crew.plan.schemes import GROUP_SCHEMES
 from crew.sim.candidates import CANDIDATES_FROM_N, DEFAULT_HELPERS, default_helpers
 from crew.sim.engine import (
-    LARGE_LEVEL_TOL,
     LARGE_PLAN_ROUNDS,
     PLAN_ROUNDS_FROM_N,
     Fault,
@@ -24,7 +23,6 @@ from crew.sim.engine import (
     SimConfig,
     SimResult,
     Simulation,
-    default_level_tol,
     default_plan_rounds,
 )
 from crew.sim.network import ExecutorModel
@@ -69,11 +67,10 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plan-level-tol",
         type=float,
-        default=None,
+        default=0.0,
         metavar="TOL",
         help="relative tolerance of crew's latency-level search: levels that could improve a"
-        " plan's modelled time by at most this share are skipped (default: exact up to"
-        f" n = {PLAN_ROUNDS_FROM_N} workers, {LARGE_LEVEL_TOL:g} above)",
+        " plan's modelled time by at most this share are skipped (default 0: exact)",
     )
     parser.add_argument(
         "--helpers",
@@ -137,9 +134,7 @@ def config_from(args: argparse.Namespace, n: int) -> SimConfig:
         compute_s=args.compute_s,
         staleness=args.staleness,
         plan_rounds=args.plan_rounds,
-        plan_level_tol=(
-            default_level_tol(n) if args.plan_level_tol is None else args.plan_level_tol
-        ),
+        plan_level_tol=args.plan_level_tol,
         executor=executor_from(args),
         plan_delay=args.plan_delay,
         helpers=helpers_for(args, n),

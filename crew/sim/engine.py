@@ -137,16 +137,6 @@ rounds: 0.24 s per plan, 99 s per run). A capped plan is within the gap that
 ``lab.planbench timing --max-rounds 5`` reports (median, max) of the LP optimum."""
 
 
-LARGE_LEVEL_TOL = 0.0
-"""Above PLAN_ROUNDS_FROM_N workers, crew's latency-level search skips levels that could
-improve a plan by at most this share of its modelled time (``crew.plan.routelp.limits``)."""
-
-
-def default_level_tol(n: int) -> float:
-    """The simulator's default ``SimConfig.plan_level_tol`` for n workers."""
-    return LARGE_LEVEL_TOL if n > PLAN_ROUNDS_FROM_N else 0.0
-
-
 def default_plan_rounds(n: int) -> int | None:
     """The simulator's default ``SimConfig.plan_rounds`` for n workers."""
     return LARGE_PLAN_ROUNDS if n > PLAN_ROUNDS_FROM_N else None
