@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import statistics
+from statistics import NormalDist
+
 import pytest
 
 from lab.net.mesh import LinkState
-from lab.net.probe import expected_rtt, loss_row, parse_ping, rtt_rows
+from lab.net.probe import PingStats, expected_rtt, loss_row, parse_ping, rtt_rows
 
 PING_OUTPUT = """\
 PING 198.18.0.2 (198.18.0.2) from 198.18.0.1 : 56(84) bytes of data.
@@ -58,3 +61,22 @@ def test_loss_bound_is_10_percent_or_three_binomial_sigmas_whichever_is_wider() 
     few = parse_ping("100 packets transmitted, 75 received")  # 25% of 100: within 3 sigma
     row = loss_row("t", a, b, few)
     assert row.ok and row.high - row.configured == pytest.approx(3 * 100 * (0.2 * 0.8 / 100) ** 0.5)
+
+
+def test_jitter_is_judged_by_a_spread_a_few_late_answers_do_not_inflate() -> None:
+    """200 RTTs normal around 40 ms with sd 5 (by their quantiles), four of them answered
+    60 ms late by a busy guest: the sample deviation is far outside the 25% bound, the spread
+    from the interquartile range is not; without the late answers both are about 5."""
+    normal = NormalDist(40.0, 5.0)
+    rtts = [normal.inv_cdf((k + 0.5) / 200) for k in range(200)]
+    late = rtts[:196] + [100.0] * 4
+    stats = PingStats(200, 200, tuple(late))
+    assert stats.spread_ms == pytest.approx(5.0, rel=0.05)
+    assert statistics.stdev(late) > 5.0 * 1.25  # what the bound used to be judged on
+    a = LinkState(0, 1, 20.0, delay_ms=20, jitter_ms=3)
+    b = LinkState(1, 0, 20.0, delay_ms=20, jitter_ms=4)
+    (jitter,) = [r for r in rtt_rows("built", a, b, stats) if r.quantity == "jitter (RTT sd)"]
+    assert jitter.ok
+    narrow = PingStats(200, 200, tuple(40.0 + (r - 40.0) / 2 for r in rtts))
+    (jitter,) = [r for r in rtt_rows("built", a, b, narrow) if r.quantity == "jitter (RTT sd)"]
+    assert not jitter.ok  # half the configured jitter still fails
