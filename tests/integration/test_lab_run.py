@@ -101,8 +101,17 @@ def test_killed_worker_leaves_survivors_training_and_nothing_behind(tmp_path: Pa
     state_dir = tmp_path / "state"
     with LabRun(topo, caps, _opts(scheme="crew"), tmp_path / "run", state_dir=state_dir) as lab:
         db = lab.db_path
+        # With p = 2 of 3, workers 0 and 1 can complete groups before worker 2 has registered
+        # (a slow torch import): killed then, it is no worker the coordinator knew, and has no
+        # status row. Kill it once it has been a member of a completed group.
         wait_until(
-            lab, lambda: len(completed_groups(db)) >= 2, FIRST_GROUP_WAIT_S, "two completed groups"
+            lab,
+            lambda: (
+                len(completed_groups(db)) >= 2
+                and any(2 in json.loads(g["members"]) for g in completed_groups(db))
+            ),
+            FIRST_GROUP_WAIT_S,
+            "two completed groups, one with worker 2",
         )
         cmds.submit(db, cmds.KillWorker(worker=2))
         wait_until(lab, lambda: lab.exit_codes.get(2) is not None, 30, "worker 2 to die")
