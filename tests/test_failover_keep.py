@@ -14,6 +14,7 @@ from crew.control.assignment import (
     revision_routes,
     validate_assign,
 )
+from crew.control.verify import check_vector, project
 from crew.plan.routes import Route, star_routes
 from crew.runtime.reduce import ReduceEngine
 from crew.wire.frames import Frame, FrameKind
@@ -99,14 +100,16 @@ class Wire:
     """Engines joined by an in-order frame queue that the test pumps; frames from or to a dead
     node vanish, and chosen frames can be held back and released later."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, check: np.ndarray | None = None):
         self.queue: list[tuple[int, Frame]] = []
         self.held: list[tuple[int, Frame]] = []
         self.dead: set[int] = set()
         self.hold: set[tuple[int, int]] = set()  # (sender, receiver) held back
         self.done: list[tuple[int, int]] = []
         self.sent: list[tuple[int, Frame]] = []
-        self.engines = [ReduceEngine(i, n, RUN, self._send(i), self._report(i)) for i in range(n)]
+        self.engines = [
+            ReduceEngine(i, n, RUN, self._send(i), self._report(i), check=check) for i in range(n)
+        ]
 
     def _send(self, i: int):
         def send(dst: int, frame: Frame, priority: int) -> None:
@@ -155,7 +158,8 @@ def test_a_revision_after_a_dead_relay_keeps_the_delivered_parts() -> None:
         up=((0, 4), (2, 4), (4, 3), (1, 3)),
         down=((3, 4), (4, 0), (4, 2), (3, 1)),
     )
-    w = Wire(5)
+    check = check_vector(RUN, total)
+    w = Wire(5, check)
     rev0 = _assign([route0, route1], total, members, rev=0)
     w.dead = {4}
     w.hold = {(2, 0)}
@@ -189,7 +193,52 @@ def test_a_revision_after_a_dead_relay_keeps_the_delivered_parts() -> None:
         result = w.engines[m].result(1)
         assert result is not None
         np.testing.assert_allclose(result, np.asarray(expected), rtol=1e-5, atol=1e-6)
+        # The projection summed part by part counts the kept route's rev-0 parts once.
+        proj = w.engines[m].result_projection(1)
+        assert proj == pytest.approx(project(check, result), rel=1e-9)
     assert all(e.dropped_frames == 0 for e in w.engines)
+
+
+def test_a_kept_routes_delivered_results_stay_in_the_result_projection() -> None:
+    """Route 0 completes in rev 0 (its results are delivered), route 1's relay dies; rev 1
+    keeps route 0. Each member's part-by-part projection must still count route 0's results,
+    delivered before the revision, exactly once."""
+    rng = np.random.default_rng(5)
+    members = (0, 1, 2)
+    total = 300_000
+    v = {m: rng.standard_normal(total).astype(np.float32) for m in members}
+    route0 = Route(0, 100_000, 0, up=((1, 0), (2, 0)), down=((0, 1), (0, 2)))
+    route1 = Route(
+        100_000,
+        total,
+        3,
+        up=((0, 4), (2, 4), (4, 3), (1, 3)),
+        down=((3, 4), (4, 0), (4, 2), (3, 1)),
+    )
+    check = check_vector(RUN, total)
+    w = Wire(5, check)
+    w.dead = {4}
+    rev0 = _assign([route0, route1], total, members, rev=0)
+    for node in range(4):
+        w.engines[node].assign(rev0, v.get(node))
+    w.pump()
+    assert w.done == []
+    old = [route0, route1]
+    kept = keepable_routes(old, {0, 1, 2, 3}, lambda s, d: 4 not in (s, d))
+    placed = place_routes(
+        star_routes([(3, 0, total - 100_000)], list(members)), lost_ranges(old, kept, total)
+    )
+    routes, kept_list = revision_routes(old, kept, placed)
+    rev1 = _assign(routes, total, members, rev=1, kept=kept_list)
+    for node in range(4):
+        w.engines[node].assign(rev1, v.get(node))
+    w.pump()
+    assert sorted(w.done) == [(0, 1), (1, 1), (2, 1)]
+    for m in members:
+        result = w.engines[m].result(1)
+        assert result is not None
+        proj = w.engines[m].result_projection(1)
+        assert proj == pytest.approx(project(check, result), rel=1e-9)
 
 
 def test_frames_of_routes_a_revision_dropped_are_superseded() -> None:

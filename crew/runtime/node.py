@@ -148,6 +148,7 @@ class Node:
             self._send_data,
             self._have_all,
             codec=None if codec is Codec.NONE else PartCodec(codec, self.check),
+            check=self.check,
         )
         if transport is None:
             transport = Transport(
@@ -206,14 +207,11 @@ class Node:
             log.warning("worker %d: control send failed: %s", self.me, exc)
 
     def _have_all(self, group: int, rev: int, bytes_sent: int) -> None:
-        result = self.engine.result(group)
-        # Less the codec's accounted error, so the coordinator's check stays exact
-        # (crew.train.partcodec derives it; 0 without compression).
-        proj = (
-            project(self.check, result) - self.engine.codec_error(group)
-            if result is not None
-            else float("nan")
-        )
+        # The engine projected each result part as it arrived, so no pass over the whole
+        # result is left for the op's tail. Less the codec's accounted error, so the
+        # coordinator's check stays exact (crew.train.partcodec derives it; 0 without compression).
+        proj = self.engine.result_projection(group)
+        proj = float("nan") if proj is None else proj - self.engine.codec_error(group)
         self.tell(proto.HaveAll(self.me, group, rev, bytes_sent, proj))
 
     def _send_failed(self, dst: int, err: BaseException, unsent: list[Frame]) -> None:
