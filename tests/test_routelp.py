@@ -499,7 +499,12 @@ def test_plans_above_the_row_threshold_match_full_row_plans(monkeypatch) -> None
     np.fill_diagonal(bw, np.inf)
     delays = rng.uniform(0.0, 0.04, (n, n))
     members = (1, 7, 20, 33)
-    kw = dict(delay_s=delays, part_bytes=65536, warm=False, max_rounds=5)
+
+    def plan() -> routelp.RoutePlanResult:
+        return routelp.plan_routes(
+            bw, members, MB16, delay_s=delays, part_bytes=65536, warm=False, max_rounds=5
+        )
+
     built: list[int] = []
     real_init = routelp._LevelLP.__init__
 
@@ -508,10 +513,10 @@ def test_plans_above_the_row_threshold_match_full_row_plans(monkeypatch) -> None
         real_init(self, coef, rows)
 
     monkeypatch.setattr(routelp._LevelLP, "__init__", spy)
-    rows = routelp.plan_routes(bw, members, MB16, **kw)
+    rows = plan()
     assert built
     monkeypatch.setattr(routelp, "LEVEL_ROWS_MIN_N", 10**9)
-    full = routelp.plan_routes(bw, members, MB16, **kw)
+    full = plan()
     assert len(built) == 1
     assert rows.lp_s == pytest.approx(full.lp_s, rel=1e-7)
     assert rows.predicted_s == pytest.approx(full.predicted_s, rel=1e-6)
