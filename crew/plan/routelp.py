@@ -159,10 +159,11 @@ basis dual feasible, not primal (planbench matrices: n = 8 -10%, n = 60 -8% per 
 LEVEL_ROWS_MIN_N = 32
 """From this many workers on, ``_choose`` solves the latency levels on a row-generated LP
 (``_LevelLP``: the master's columns, but only the resource rows that bind) instead of the
-master, which has a row for every link any column uses (hundreds at n = 60, of which a few
-dozen bind). A level solve is then a small LP plus a check of the omitted rows, and the result
-is the full LP's optimum. Below, the master has few enough rows that building and checking the
-second LP did not pay."""
+master, which has a row for every link any column uses (in ``crew.sim`` at n = 60, p = 5: a
+median of 891 rows, 126 binding at the top level, 169 kept by the last level). A level solve is
+then a smaller LP plus a check of the omitted rows, and the result is the full LP's optimum.
+Below, the master has few enough rows that building and checking the second LP did not pay
+(planbench timing, n = 8 / 16: 16.3 / 34.9 ms cold with it at every n, 14.3 / 33.2 without)."""
 LEVEL_ROWS_SLACK = 1e-9
 """Relative excess of an omitted row's load over t at which ``_LevelLP`` adds the row (the
 solver's own feasibility tolerance is 1e-7 in LP units of about 1)."""
