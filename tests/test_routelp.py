@@ -399,3 +399,139 @@ def test_level_tolerance_is_checked_and_scoped() -> None:
     with routelp.limits(level_tolerance=0.05):
         assert routelp._LIMITS["level_tolerance"] == 0.05
     assert "level_tolerance" not in routelp._LIMITS
+
+
+# --------------------------------------------------------------------------- row-generated levels
+
+
+def _binding_rows(master: routelp._Master, coef) -> np.ndarray:  # noqa: ANN001
+    """The rows that bind in the master's (all columns) optimum, as _choose starts from."""
+    sol = master.solve()
+    assert sol is not None
+    load = sol[0] @ coef
+    binding = (sol[2] > 0) | (load >= sol[1] * (1 - routelp.LEVEL_ROWS_SLACK))
+    binding[0] = False
+    return np.flatnonzero(binding)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("start", ["binding", "none"])
+def test_level_lp_with_generated_rows_is_the_full_lp(seed, start) -> None:  # noqa: ANN001
+    """At every latency level the row-generated LP reaches the full LP's optimum, though it
+    keeps only some rows, and its duals are a valid dual bound of the full LP."""
+    master, _ = _many_levels(seed)
+    coef = master.coef_sparse()
+    rows = _binding_rows(master, coef) if start == "binding" else np.zeros(0, dtype=np.int64)
+    level_lp = routelp._LevelLP(coef, rows)
+    lat = np.asarray(master.lat)
+    levels = np.unique(lat)
+    rng = np.random.default_rng(seed)
+    for i in rng.permutation(levels.size):  # any order: rows kept from earlier levels stay
+        allowed = lat <= levels[i]
+        full = master.solve(allowed=allowed)
+        x, t, y, _ = level_lp.solve(allowed)
+        assert full is not None
+        assert t == pytest.approx(full[1], rel=1e-7)
+        assert np.all(x[~allowed] == 0.0)
+        load = x @ coef
+        assert load.max() <= t * (1 + 1e-7)  # feasible for every row, kept or not
+        y = y / max(1.0, float(y.sum()))  # weak duality: the cheapest allowed column at y
+        assert float((coef @ y)[allowed].min()) <= full[1] * (1 + 1e-7)
+    assert 0 < level_lp.kept.sum() < coef.shape[1]  # rows were generated, not all of them
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_choose_on_generated_rows_matches_every_level(seed) -> None:  # noqa: ANN001
+    """Row-generated level solves (threshold lowered to force them at n = 8) give the optimum
+    over every level, as the full-row search does, with no more level solves."""
+    master, spu = _many_levels(seed)
+    best = brute_force_choose(master, spu)
+    x_full, t_full, lat_full = routelp._choose(master, spu, level_rows_min_n=10**9)
+    solves: list[int] = []
+    real = routelp._LevelLP.solve
+
+    def counted(self, allowed):  # noqa: ANN001, ANN202
+        solves.append(1)
+        return real(self, allowed)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(routelp._LevelLP, "solve", counted)
+        x, t_bw, lat = routelp._choose(master, spu, level_rows_min_n=0)
+    assert solves, "the level solves did not use the row-generated LP"
+    assert t_bw + lat == pytest.approx(best, rel=1e-7)
+    assert t_bw + lat == pytest.approx(t_full + lat_full, rel=1e-7)
+    assert lat == pytest.approx(float(np.asarray(master.lat)[x > 1e-9].max()))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_latency_levels_are_searched_best_first(seed, monkeypatch) -> None:  # noqa: ANN001
+    """The open intervals of levels come out of the heap lowest bound first (the bounds only
+    rise, so the keys popped never fall), and the search still reaches the optimum of solving
+    every level."""
+    import heapq
+
+    popped: list[float] = []
+
+    class Recording:
+        heappush = staticmethod(heapq.heappush)
+
+        @staticmethod
+        def heappop(heap):  # noqa: ANN001, ANN205
+            item = heapq.heappop(heap)
+            popped.append(item[0])
+            return item
+
+    monkeypatch.setattr(routelp, "heapq", Recording)
+    master, spu = _many_levels(seed)
+    t, _, solves = _counted_choose(master, spu)
+    assert t == pytest.approx(brute_force_choose(master, spu), rel=1e-7)
+    assert len(popped) >= solves - 2  # every level solve but the top and the last was popped
+    assert popped == sorted(popped)
+
+
+def test_plans_above_the_row_threshold_match_full_row_plans(monkeypatch) -> None:  # noqa: ANN001
+    """At n = 36 (>= LEVEL_ROWS_MIN_N) with delays and parts, the plan's LP time is the one
+    the full-row level solves give."""
+    assert routelp.LEVEL_ROWS_MIN_N <= 36
+    rng = np.random.default_rng(5)
+    n = 36
+    bw = np.round(rng.uniform(10, 200, (n, n)), 1)
+    np.fill_diagonal(bw, np.inf)
+    delays = rng.uniform(0.0, 0.04, (n, n))
+    members = (1, 7, 20, 33)
+
+    def plan() -> routelp.RoutePlanResult:
+        return routelp.plan_routes(
+            bw, members, MB16, delay_s=delays, part_bytes=65536, warm=False, max_rounds=5
+        )
+
+    built: list[int] = []
+    real_init = routelp._LevelLP.__init__
+
+    def spy(self, coef, rows):  # noqa: ANN001, ANN202
+        built.append(1)
+        real_init(self, coef, rows)
+
+    monkeypatch.setattr(routelp._LevelLP, "__init__", spy)
+    rows = plan()
+    assert built
+    monkeypatch.setattr(routelp, "LEVEL_ROWS_MIN_N", 10**9)
+    full = plan()
+    assert len(built) == 1
+    assert rows.lp_s == pytest.approx(full.lp_s, rel=1e-7)
+    assert rows.predicted_s == pytest.approx(full.predicted_s, rel=1e-6)
+
+
+def test_master_keeps_each_columns_coefficients() -> None:
+    """_Master.add stores each column's sparse row entries once; coef_matrix is built from
+    them and matches the column's edges."""
+    master, _ = _many_levels(0)
+    dense = master.coef_matrix()
+    assert np.array_equal(dense, master.coef_sparse().toarray())
+    assert np.all(dense[:, 0] == 0.0)
+    for c in (0, len(master.cols) // 2, len(master.cols) - 1):
+        uses = master.cols[c].edge_uses()
+        for (a, b), k in uses.items():
+            row = master.row_of[("link", a, b)]
+            assert dense[c, row] == pytest.approx(k * master.r_ref / master.w[a, b])
+        assert np.count_nonzero(dense[c]) == len(uses)

@@ -76,6 +76,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import heapq
 import logging
 import math
 import time
@@ -155,6 +156,17 @@ DUAL_SIMPLEX = 1
 DUAL_FOR_LEVELS = True
 """Solve the latency levels of ``_choose`` with the dual simplex: fixing columns at 0 keeps the
 basis dual feasible, not primal (planbench matrices: n = 8 -10%, n = 60 -8% per plan)."""
+LEVEL_ROWS_MIN_N = 32
+"""From this many workers on, ``_choose`` solves the latency levels on a row-generated LP
+(``_LevelLP``: the master's columns, but only the resource rows that bind) instead of the
+master, which has a row for every link any column uses (in ``crew.sim`` at n = 60, p = 5: a
+median of 891 rows, 126 binding at the top level, 169 kept by the last level). A level solve is
+then a smaller LP plus a check of the omitted rows, and the result is the full LP's optimum.
+Below, the master has few enough rows that building and checking the second LP did not pay
+(planbench timing, n = 8 / 16: 16.3 / 34.9 ms cold with it at every n, 14.3 / 33.2 without)."""
+LEVEL_ROWS_SLACK = 1e-9
+"""Relative excess of an omitted row's load over t at which ``_LevelLP`` adds the row (the
+solver's own feasibility tolerance is 1e-7 in LP units of about 1)."""
 CUT_CHECK_MIN_N = 12
 """From this many workers on, the max-flow cut bound (``planner.lower_bound``, a few ms) is
 computed first and column generation stops once the LP reaches it: the plan is then proved
@@ -241,7 +253,11 @@ class _Master:
                 self.shared_of.setdefault(e, []).append(k)
         self.cols: list[Column] = []
         self.keys: set[tuple[Shape, ...]] = set()
-        self.coefs: list[dict[int, float]] = []
+        # Per column its sparse coefficients (rows incl. row 0, values), made once in add():
+        # every solve of _choose, the level LPs and _round read them, and rebuilding them from
+        # the column's edges each time cost more than the small LPs at n = 60.
+        self.col_rows: list[np.ndarray] = []
+        self.col_vals: list[np.ndarray] = []
         self.tie: list[float] = []
         self.lat: list[float] = []
         # highspy.Highs (the public wrapper) prints a banner to fd 1 on first use, which would
@@ -285,7 +301,8 @@ class _Master:
         self.h.addCol(0.0, 0.0, _INF, rows.size, rows, vals)
         self.keys.add(key)
         self.cols.append(col)
-        self.coefs.append(coef)
+        self.col_rows.append(rows)
+        self.col_vals.append(vals)
         self.tie.append(tie)
         self.lat.append(0.0 if self.hop is None else column_latency(col, self.hop))
         return True
@@ -344,13 +361,20 @@ class _Master:
     def coef_matrix(self, cols: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
         """These columns' (default: every column's) load per row (columns x rows, row 0 the
         convexity row, zeroed: it is no resource)."""
-        which = range(len(self.cols)) if cols is None else cols
-        out = np.zeros((len(which), len(self.row_rate)))
-        for k, c in enumerate(which):
-            coef = self.coefs[c]
-            rows = np.fromiter(coef.keys(), dtype=np.int64, count=len(coef))
-            out[k, rows] = np.fromiter(coef.values(), dtype=float, count=len(coef))
-        out[:, 0] = 0.0
+        return self.coef_sparse(cols).toarray()
+
+    def coef_sparse(self, cols: Sequence[int] | np.ndarray | None = None) -> csr_array:
+        """``coef_matrix`` as a sparse matrix (a column touches a few dozen of the rows)."""
+        which = range(len(self.cols)) if cols is None else [int(c) for c in cols]
+        rows = [self.col_rows[c] for c in which]
+        vals = [self.col_vals[c] for c in which]
+        indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum([r.size for r in rows], out=indptr[1:])
+        idx = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int32)
+        data = np.concatenate(vals) if vals else np.zeros(0)
+        data = np.where(idx == 0, 0.0, data)  # row 0 is the convexity row, no resource
+        out = csr_array((data, idx, indptr), shape=(len(rows), len(self.row_rate)))
+        out.eliminate_zeros()
         return out
 
     def link_weights(self, y: np.ndarray) -> np.ndarray:
@@ -368,6 +392,88 @@ class _Master:
                 for a, b in s.pairs:
                     wt[a, b] += y[row] * self.r_ref / s.mbit
         return wt
+
+
+class _LevelLP:
+    """The master LP's columns over a subset of its resource rows, grown on demand (row
+    generation), for the latency-level solves of ``_choose`` at n >= ``LEVEL_ROWS_MIN_N``.
+
+    A solve fixes the columns above the level at 0 and solves over the rows kept so far; then
+    every omitted row is checked at the solution (its load ``x @ coef`` against t), the violated
+    ones are added and the LP is solved again from its basis (dual simplex: added rows and fixed
+    columns keep the basis dual feasible). When no omitted row is violated, the solution is
+    feasible for the full LP and optimal for a relaxation of it, so it is the full LP's optimum
+    (same t; exact, up to ``LEVEL_ROWS_SLACK``), and its duals, 0 on the omitted rows, are dual
+    feasible for the full LP, so ``_choose``'s dual bounds stay valid. Rows stay once added:
+    later levels start from every row an earlier one needed. Cost per pass: one sparse
+    (columns x rows) product for the check, on top of the LP over the kept rows."""
+
+    def __init__(self, coef: csr_array, rows: np.ndarray) -> None:
+        self.coef = coef  # columns x master rows, row 0 (convexity) zeroed
+        self.by_row = coef.T.tocsr()  # master rows x columns: the entries of a row to add
+        self.k = coef.shape[0]
+        self.kept = np.zeros(coef.shape[1], dtype=bool)
+        self.kept[0] = True  # the convexity row is always there (as LP row 0)
+        self.lp_rows: list[int] = [0]  # the master row of each LP row
+        self.h = _Highs()
+        options = (("output_flag", False), ("threads", 1), ("presolve", "off"))
+        for opt, val in (*options, ("simplex_strategy", DUAL_SIMPLEX)):
+            self.h.setOptionValue(opt, val)
+        self.h.addVar(0.0, _INF)
+        self.h.changeColCost(0, 1.0)
+        self.h.addRow(1.0, 1.0, 0, np.zeros(0, dtype=np.int32), np.zeros(0))
+        k = self.k
+        self.h.addCols(
+            k, np.zeros(k), np.zeros(k), np.full(k, _INF), k,
+            np.arange(k, dtype=np.int32), np.zeros(k, dtype=np.int32), np.ones(k),
+        )  # fmt: skip
+        self.idx = np.arange(1, k + 1, dtype=np.int32)
+        self._add_rows(rows)
+
+    def _add_rows(self, rows: np.ndarray) -> None:
+        """Add these master rows: load - t <= 0 over the LP's columns (1..k) and t (0)."""
+        rows = rows[~self.kept[rows]]
+        if rows.size == 0:
+            return
+        sub = self.by_row[rows]
+        starts = (sub.indptr[:-1] + np.arange(rows.size)).astype(np.int32)
+        nnz = int(sub.indptr[-1]) + rows.size
+        index = np.empty(nnz, dtype=np.int32)
+        value = np.empty(nnz)
+        at_t = starts  # each row's first entry is t's -1, then the columns' loads
+        index[at_t] = 0
+        value[at_t] = -1.0
+        rest = np.ones(nnz, dtype=bool)
+        rest[at_t] = False
+        index[rest] = sub.indices + 1
+        value[rest] = sub.data
+        self.h.addRows(
+            rows.size, np.full(rows.size, -_INF), np.zeros(rows.size), nnz, starts, index, value
+        )
+        self.kept[rows] = True
+        self.lp_rows.extend(int(r) for r in rows)
+
+    def solve(self, allowed: np.ndarray) -> tuple[np.ndarray, float, np.ndarray, float]:
+        """As ``_Master.solve(allowed)``: (x, t, duals y >= 0 over the master's rows, mu)."""
+        self.h.changeColsBounds(self.k, self.idx, np.zeros(self.k), np.where(allowed, _INF, 0.0))
+        for _ in range(self.coef.shape[1] + 1):  # each pass adds a row: bounded
+            self.h.run()
+            status = self.h.getModelStatus()
+            if status != _OPTIMAL:
+                raise PlanError("bw", f"route LP level: {self.h.modelStatusToString(status)}")
+            sol = self.h.getSolution()
+            values = np.asarray(sol.col_value)
+            t = float(values[0])
+            x = np.clip(values[1:], 0.0, None)
+            load = self.by_row @ x
+            bad = np.flatnonzero((load > t * (1 + LEVEL_ROWS_SLACK)) & ~self.kept)
+            if bad.size == 0:
+                break
+            self._add_rows(bad)
+        duals = np.asarray(sol.row_dual)
+        y = np.zeros(self.coef.shape[1])
+        y[np.asarray(self.lp_rows[1:], dtype=np.int64)] = np.clip(-duals[1:], 0.0, None)
+        return x, t, y, float(duals[0])
 
 
 def column_latency(col: Column, hop: np.ndarray) -> float:
@@ -1060,7 +1166,10 @@ def clear_caches() -> None:
 
 
 def _choose(
-    master: _Master, seconds_per_unit: float, tolerance: float = 0.0
+    master: _Master,
+    seconds_per_unit: float,
+    tolerance: float = 0.0,
+    level_rows_min_n: int | None = None,
 ) -> tuple[np.ndarray, float, float]:
     """Best fractions under T = T_bw + max latency of used columns (module docstring).
 
@@ -1083,8 +1192,20 @@ def _choose(
     (columns x resources) product per solve. It is weak where the optimum mixes columns of
     several latencies (the other used columns keep the bound at the solve's own T_bw): on
     planbench's random matrices (p = 4, 64 KiB parts) it cut the level solves per plan from
-    16 to 13.5 at n = 8, 25 to 20 at n = 16 and 29 to 27 at n = 60.
-    Only the chosen level's solve gets the link-time tie-break.
+    16 to 13.5 at n = 8, 25 to 20 at n = 16 and 29 to 27 at n = 60 (session 9, depth first).
+
+    Best first: the open intervals wait in a heap by their lower bound (re-ranked when later
+    duals raised it); the one with the lowest is solved at the middle of its levels that can
+    still beat the best found, so the solves go where the optimum can still be, the best found
+    drops early and prunes the rest sooner. In ``crew.sim`` at n = 60 (p = 5) it halved the
+    level solves per plan of the depth-first order (22.4 -> 10.3). Splitting at the level of
+    lowest bound instead solved the levels nearly one by one (the bound grows with the level
+    where no dual has reached it yet).
+
+    From n >= ``level_rows_min_n`` (default ``LEVEL_ROWS_MIN_N``) the level solves below the
+    top one use ``_LevelLP``, started from the rows that bind in the top (master) solve; each
+    returns the full LP's optimum. Only the chosen level's solve gets the link-time tie-break,
+    on the master.
 
     ``tolerance`` > 0 (:func:`limits`) also drops an interval that could improve the best
     found by at most that share of it: the result is then within 1 / (1 - tolerance) of the
@@ -1102,41 +1223,72 @@ def _choose(
     levels = np.unique(lat)
     by_lat = np.argsort(lat, kind="stable")
     ends = np.searchsorted(lat[by_lat], levels, side="right") - 1
-    coef = master.coef_matrix()[by_lat]  # columns sorted by latency x resource rows
+    coef = master.coef_sparse()  # columns x resource rows (row 0 zeroed)
+    coef_by_lat = coef[by_lat]
     bound = np.zeros(levels.size)  # dual lower bound on T_bw(level), seconds
+
+    def tighten(y: np.ndarray) -> None:
+        y = y / max(1.0, float(y.sum()))  # weak duality needs sum y <= 1
+        cheapest = np.minimum.accumulate(coef_by_lat @ y)[ends] * seconds_per_unit
+        np.maximum(bound, cheapest, out=bound)
+
+    top = master.solve()
+    assert top is not None
+    tighten(top[2])
+    t_top, w_top = top[1] * seconds_per_unit, worst(top[0])
+    min_n = LEVEL_ROWS_MIN_N if level_rows_min_n is None else level_rows_min_n
+    level_lp: _LevelLP | None = None
+    if master.w.shape[0] >= min_n and levels.size > 1:
+        # start from the rows that bind at the top: most levels' optima load the same links
+        load = top[0] @ coef
+        binding = (top[2] > 0) | (load >= top[1] * (1 - LEVEL_ROWS_SLACK))
+        binding[0] = False
+        level_lp = _LevelLP(coef, np.flatnonzero(binding))
 
     def at(i: int) -> tuple[float, float]:
         """(T_bw in seconds, worst used latency) of the LP over columns up to level i; its
         duals tighten every level's bound."""
-        sol = master.solve(allowed=None if i == levels.size - 1 else lat <= levels[i])
+        allowed = lat <= levels[i]
+        sol = master.solve(allowed=allowed) if level_lp is None else level_lp.solve(allowed)
         assert sol is not None  # every level has at least the column that defines it
-        y = sol[2]
-        y = y / max(1.0, float(y.sum()))  # weak duality needs sum y <= 1
-        cheapest = np.minimum.accumulate(coef @ y)[ends] * seconds_per_unit
-        np.maximum(bound, cheapest, out=bound)
+        tighten(sol[2])
         return sol[1] * seconds_per_unit, worst(sol[0])
 
-    t_top, w_top = at(levels.size - 1)
-    best_t, best_level = t_top + w_top, w_top
-    stack = [(0, int(np.searchsorted(levels, w_top)) - 1, t_top)]
-    solves = 1
-    while stack:
-        lo, hi, t_known = stack.pop()
-        if lo > hi:
-            continue
+    def low(lo: int, hi: int, t_known: float) -> tuple[float, np.ndarray]:
+        """Lower bound of T_bw + level over levels lo..hi, and each level's."""
         below = np.maximum(bound[lo : hi + 1], t_known) + levels[lo : hi + 1]
-        if below.min() >= best_t * (1.0 - tolerance):
-            continue  # no level here can beat the best found (by more than the tolerance)
+        return float(below.min()), below
+
+    best_t, best_level = t_top + w_top, w_top
+    heap: list[tuple[float, int, int, float]] = []
+
+    def push(lo: int, hi: int, t_known: float) -> None:
+        if lo <= hi:
+            heapq.heappush(heap, (low(lo, hi, t_known)[0], lo, hi, t_known))
+
+    push(0, int(np.searchsorted(levels, w_top)) - 1, t_top)
+    solves = 1
+    while heap:
+        key, lo, hi, t_known = heapq.heappop(heap)
+        if key >= best_t * (1.0 - tolerance):
+            break  # the lowest bound left cannot beat the best found (by the tolerance)
+        now, below = low(lo, hi, t_known)
+        if now > key:  # later solves raised this interval's bound: re-rank it
+            heapq.heappush(heap, (now, lo, hi, t_known))
+            continue
         if solves >= MAX_LATENCY_LEVELS:
             log.warning("route LP: stopped after %d latency-level solves", solves)
             break
-        m = (lo + hi) // 2
+        # split in the middle of the levels that can still beat the best found (a binary
+        # search: splitting at the lowest bound instead solved the levels one by one)
+        open_ = np.flatnonzero(below < best_t * (1.0 - tolerance))
+        m = lo + int(open_[0] + open_[-1]) // 2
         t_m, w_m = at(m)
         solves += 1
         if t_m + w_m < best_t:
             best_t, best_level = t_m + w_m, w_m
-        stack.append((m + 1, hi, t_known))
-        stack.append((lo, int(np.searchsorted(levels, w_m)) - 1, t_m))
+        push(m + 1, hi, t_known)
+        push(lo, int(np.searchsorted(levels, w_m)) - 1, t_m)
     sol = master.solve(allowed=lat <= best_level, tie_break=True)
     assert sol is not None
     x, t = sol[0], sol[1]

@@ -26,6 +26,7 @@ gloo           not planned here: torch.distributed all-reduce among all workers
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -147,6 +148,54 @@ STAR_TIES = Memo(256)
 planned again on the same rates costs lookups only."""
 
 
+def star_bound(
+    bw: np.ndarray,
+    members: Sequence[int],
+    size: int,
+    active: Sequence[int] | None = None,
+    shared: Sequence[SharedLink] | None = None,
+    delay_s: np.ndarray | None = None,
+    part_bytes: int = 0,
+) -> float:
+    """A lower bound on the time of any star plan (one star per aggregator, any split) under
+    the route LP's cost model (``routelp.route_time``), from the members' link rates alone.
+
+    Cost model: a star at aggregator v carries v's block S_v over every link m -> v and v -> m
+    of the other members m (plus, at a member aggregator, the other members' blocks), so
+    T_bw >= S_v / min(a_v, b_v), with a_v, b_v the slowest link into v from the group and out
+    of v to it. Summing S_v <= T_bw * min(a_v, b_v) over the usable aggregators (active,
+    reaching every member both ways: the only ones a star split gives elements) with
+    sum S_v = M gives T_bw >= M / sum_v min(a_v, b_v); shared capacities only add load. The
+    latency term is the slowest used star's, at least the least of the usable stars'. Costs
+    two (n x p) minima, against the star split's LP it lets ``_star_on_tie`` skip. The small
+    margin keeps float error on the bound's side."""
+    w = planner._check_bw(bw)
+    n = w.shape[0]
+    ms = list(members)
+    if len(ms) < 2:
+        return 0.0
+    act = planner._check_active(active, n, tuple(ms))
+    into, out_of = planner._group_rates(w, ms)  # inf where v is the only member (diagonal)
+    usable = act & (into > 0) & (out_of > 0)
+    if not usable.any():
+        return math.inf  # no star reaches every member
+    rate = np.minimum(into, out_of)[usable]
+    moved = (size // routelp.ELEM_BYTES) * routelp.ELEM_BYTES
+    t_bw = moved / (float(rate.sum()) * planner.BYTES_PER_S_PER_MBIT)
+    sh = routelp._check_shared(shared, n)
+    hop = routelp.hop_latency(w, planner._check_delays(delay_s, n, sh), part_bytes)
+    lat = 0.0
+    if hop is not None:
+        mask = np.zeros(n, dtype=bool)
+        mask[ms] = True
+        up = np.where(mask[:, None], hop, -np.inf)  # up[m, v]: member m -> aggregator v
+        down = np.where(mask[None, :], hop, -np.inf)  # down[v, m]: aggregator v -> member m
+        np.fill_diagonal(up, -np.inf)  # a member aggregator has no link to itself
+        np.fill_diagonal(down, -np.inf)
+        lat = float((up.max(axis=0) + down.max(axis=1))[usable].min())
+    return (t_bw + lat) * (1.0 - 1e-9)
+
+
 def _star_on_tie(
     bw: np.ndarray,
     members: tuple[int, ...],
@@ -167,6 +216,10 @@ def _star_on_tie(
     1.38x its plan and stars 1.16x. A star has the fewest hops a partial reduce can have, so
     ties go to it. The star is priced by the same cost model (``routelp.route_time``), so
     ``crew`` stays no worse than the route LP by more than ``STAR_TIE``."""
+    if route_lp_s * (1 + STAR_TIE) < star_bound(
+        bw, members, size, active, shared, delay_s, part_bytes
+    ):
+        return None  # no star can tie: skip the star split (an LP over every aggregator)
     try:
         plan = planner.solve_pipelined(bw, members, size, active=active)
     except planner.PlanError:
