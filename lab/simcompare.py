@@ -62,11 +62,13 @@ LAB_CPU_S_PER_GB = 12.2
 main 6917be2, 2026-12-01): the training comparison's default host cost."""
 
 
-def lab_executor(cpu_s_per_gb: float | None, host: bool = True) -> ExecutorModel:
+def lab_executor(
+    cpu_s_per_gb: float | None, host: bool = True, hop_queue_s: float = QUEUE_EXTRA_S
+) -> ExecutorModel:
     """The executor model of the lab's host: see the module docstring."""
     cores = float(os.cpu_count() or 1) if host and cpu_s_per_gb else 0.0
     per_byte = (cpu_s_per_gb or 0.0) / 1e9 if host else 0.0
-    return ExecutorModel(hop_queue_s=QUEUE_EXTRA_S, cpu_s_per_byte=per_byte, host_cores=cores)
+    return ExecutorModel(hop_queue_s=hop_queue_s, cpu_s_per_byte=per_byte, host_cores=cores)
 
 
 def simulate_op(
@@ -116,7 +118,11 @@ def simulate_op(
 
 
 def compare(
-    results: dict[str, Any], topology: Path, host: bool = True, plan_time: bool = True
+    results: dict[str, Any],
+    topology: Path,
+    host: bool = True,
+    plan_time: bool = True,
+    hop_queue_s: float = QUEUE_EXTRA_S,
 ) -> dict[str, dict[str, float]]:
     topo = sim_topology(load_topology(topology))
     out: dict[str, dict[str, float]] = {}
@@ -124,7 +130,7 @@ def compare(
         if scheme not in GROUP_SCHEMES or not r.get("op_times_s"):
             continue
         emulated = r["op_times_s"]
-        executor = lab_executor(r.get("cpu_s_per_gb"), host)
+        executor = lab_executor(r.get("cpu_s_per_gb"), host, hop_queue_s)
         simulated = [
             simulate_op(
                 scheme,
@@ -162,12 +168,16 @@ def report(cmp: dict[str, dict[str, float]]) -> str:
 
 
 def bench_report(
-    results: dict[str, Any], topology: Path, host: bool = True, plan_time: bool = True
+    results: dict[str, Any],
+    topology: Path,
+    host: bool = True,
+    plan_time: bool = True,
+    hop_queue_s: float = QUEUE_EXTRA_S,
 ) -> str:
     """What ``lab.bench --sim`` prints: every scheme of the results, simulated or why not."""
-    cmp = compare(results, topology, host, plan_time)
+    cmp = compare(results, topology, host, plan_time, hop_queue_s)
     skipped = [s for s in results["schemes"] if s not in cmp]
-    model = lab_executor(1.0, host)
+    model = lab_executor(1.0, host, hop_queue_s)
     lines = [
         f"simulated with: per-hop queue {model.hop_queue_s * 1e3:g} ms,"
         + (f" host CPU per scheme's cpu_s_per_gb on {model.host_cores:g} cores" if host else "")
@@ -274,14 +284,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--train", type=Path, action="append", default=[], help="a lab.run folder to compare"
     )
     parser.add_argument("--cpu-s-per-gb", type=float, default=LAB_CPU_S_PER_GB)
+    parser.add_argument(
+        "--hop-queue-ms",
+        type=float,
+        default=QUEUE_EXTRA_S * 1e3,
+        help="standing queue per hop in the executor model, ms (default: HTB's queue, "
+        f"{QUEUE_EXTRA_S * 1e3:g}; paced connections keep it far lower, unmeasured)",
+    )
     args = parser.parse_args(argv)
+    if not args.hop_queue_ms >= 0:
+        parser.error(f"--hop-queue-ms must be >= 0, got {args.hop_queue_ms}")
     if args.results is None and not args.train:
         parser.error("give a results.json (with --topology) or --train RUN_DIR")
     if args.results is not None:
         if args.topology is None:
             parser.error("--topology: the topology the results ran on")
         results = json.loads(args.results.read_text())
-        print(bench_report(results, args.topology, not args.no_host, not args.no_plan_time))
+        print(
+            bench_report(
+                results,
+                args.topology,
+                not args.no_host,
+                not args.no_plan_time,
+                args.hop_queue_ms / 1e3,
+            )
+        )
     for run_dir in args.train:
         print(train_report(train_compare(run_dir, args.cpu_s_per_gb)))
     return 0

@@ -74,6 +74,20 @@ def test_the_lab_executor_adds_the_shaped_queue_per_hop() -> None:
     assert lab_executor(12.0, host=False).host_cores == 0.0
 
 
+def test_the_hop_queue_can_be_set_and_a_bad_one_is_refused(capsys) -> None:
+    # Paced connections keep HTB's queue far below 50 ms, so simcompare takes --hop-queue-ms.
+    rate = np.full((3, 3), 8.0)
+    np.fill_diagonal(rate, 0.0)
+    ex = lab_executor(12.0, hop_queue_s=0.0)
+    t = simulate_op("preduce", rate, np.zeros((3, 3)), (0, 1, 2), 3_000_000, 0, ex)
+    assert abs(t - 2 * (1_000_000 / (1e6 * 0.95))) < 1e-6
+    from lab.simcompare import main as simcompare_main
+
+    with pytest.raises(SystemExit):
+        simcompare_main(["x.json", "--topology", "t.yaml", "--hop-queue-ms", "-5"])
+    assert "--hop-queue-ms must be >= 0, got -5" in capsys.readouterr().err
+
+
 def test_train_compare_reads_the_step_time_from_worker_states(tmp_path: Path) -> None:
     # The run database stores states as strings: comparing them with the WorkerState member
     # (a plain Enum) matched nothing, and every training comparison simulated a 0 ms step.
