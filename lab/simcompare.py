@@ -15,7 +15,9 @@ from the lab, none fitted to the op times:
 * the planner's time: the lab's op time runs from the group's formation, before its plan, so
   each simulated op starts its routes after the real planner call made here returns (its wall
   time on this machine, with the coordinator's arguments: all workers active, the part size);
-* the per-hop standing queue: ``lab.net.shaping.QUEUE_EXTRA_S`` (50 ms), which CUBIC fills;
+* the per-hop standing queue: on paced runs (``lab.bench --pace``, on by default)
+  ``PACED_HOP_QUEUE_S``, measured from a frame trace; on unpaced ones
+  ``lab.net.shaping.QUEUE_EXTRA_S`` (50 ms), which CUBIC fills;
 * the shared host: the workers' CPU seconds per link byte that the same results measured for
   the scheme (``cpu_s_per_gb``), on this host's cores (``os.cpu_count()``; the lab runs every
   worker on it). ``--no-host`` leaves it out.
@@ -60,6 +62,20 @@ GOODPUT = 0.95
 LAB_CPU_S_PER_GB = 12.2
 """Workers' CPU seconds per GB of link bytes for crew on bench-hetero (lab.bench, this lab at
 main 6917be2, 2026-12-01): the training comparison's default host cost."""
+
+
+PACED_HOP_QUEUE_S = 0.014
+"""Seconds a part waits per hop beyond its serialisation when connections are paced: from the
+frame trace (``CREW_FRAME_TRACE``) of 5 crew groups on bench-hetero (session 11, paced at 0.95),
+6,159 frames' send start to arrival less their bytes at 0.95 x the link's rate: median 13.6 ms
+(p25 3.1, p75 24.5). Pacing keeps HTB's queue near empty; what is left is mostly a frame waiting
+behind the unsent bytes already in its socket (``TCP_NOTSENT_LOWAT``, 64 KiB). Taken from the
+trace, not fitted to op times."""
+
+
+def hop_queue_for(results: dict[str, Any]) -> float:
+    """The executor model's standing queue per hop for a ``lab.bench`` results file."""
+    return PACED_HOP_QUEUE_S if results.get("pace") else QUEUE_EXTRA_S
 
 
 def lab_executor(
@@ -122,8 +138,11 @@ def compare(
     topology: Path,
     host: bool = True,
     plan_time: bool = True,
-    hop_queue_s: float = QUEUE_EXTRA_S,
+    hop_queue_s: float | None = None,
 ) -> dict[str, dict[str, float]]:
+    """``hop_queue_s`` None: :func:`hop_queue_for` the results."""
+    if hop_queue_s is None:
+        hop_queue_s = hop_queue_for(results)
     topo = sim_topology(load_topology(topology))
     out: dict[str, dict[str, float]] = {}
     for scheme, r in results["schemes"].items():
@@ -172,9 +191,11 @@ def bench_report(
     topology: Path,
     host: bool = True,
     plan_time: bool = True,
-    hop_queue_s: float = QUEUE_EXTRA_S,
+    hop_queue_s: float | None = None,
 ) -> str:
     """What ``lab.bench --sim`` prints: every scheme of the results, simulated or why not."""
+    if hop_queue_s is None:
+        hop_queue_s = hop_queue_for(results)
     cmp = compare(results, topology, host, plan_time, hop_queue_s)
     skipped = [s for s in results["schemes"] if s not in cmp]
     model = lab_executor(1.0, host, hop_queue_s)
@@ -287,12 +308,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--hop-queue-ms",
         type=float,
-        default=QUEUE_EXTRA_S * 1e3,
-        help="standing queue per hop in the executor model, ms (default: HTB's queue, "
-        f"{QUEUE_EXTRA_S * 1e3:g}; paced connections keep it far lower, unmeasured)",
+        default=None,
+        help="standing queue per hop in the executor model, ms (default: "
+        f"{PACED_HOP_QUEUE_S * 1e3:g} if the bench paced its connections, else HTB's "
+        f"{QUEUE_EXTRA_S * 1e3:g})",
     )
     args = parser.parse_args(argv)
-    if not args.hop_queue_ms >= 0:
+    if args.hop_queue_ms is not None and not args.hop_queue_ms >= 0:
         parser.error(f"--hop-queue-ms must be >= 0, got {args.hop_queue_ms}")
     if args.results is None and not args.train:
         parser.error("give a results.json (with --topology) or --train RUN_DIR")
@@ -306,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.topology,
                 not args.no_host,
                 not args.no_plan_time,
-                args.hop_queue_ms / 1e3,
+                None if args.hop_queue_ms is None else args.hop_queue_ms / 1e3,
             )
         )
     for run_dir in args.train:

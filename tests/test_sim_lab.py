@@ -81,7 +81,11 @@ def test_the_hop_queue_can_be_set_and_a_bad_one_is_refused(capsys) -> None:
     ex = lab_executor(12.0, hop_queue_s=0.0)
     t = simulate_op("preduce", rate, np.zeros((3, 3)), (0, 1, 2), 3_000_000, 0, ex)
     assert abs(t - 2 * (1_000_000 / (1e6 * 0.95))) < 1e-6
+    from lab.simcompare import PACED_HOP_QUEUE_S, hop_queue_for
     from lab.simcompare import main as simcompare_main
+
+    assert hop_queue_for({"pace": 0.95}) == PACED_HOP_QUEUE_S < QUEUE_EXTRA_S
+    assert hop_queue_for({"pace": 0}) == hop_queue_for({}) == QUEUE_EXTRA_S
 
     with pytest.raises(SystemExit):
         simcompare_main(["x.json", "--topology", "t.yaml", "--hop-queue-ms", "-5"])

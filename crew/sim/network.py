@@ -45,8 +45,10 @@ part's time at its rate. Parts are cut per route exactly as the executor cuts th
 * ``hop_queue_s``: the standing queue a bulk TCP flow keeps at a shaped link. The lab's HTB
   leaf queue holds ``QUEUE_EXTRA_S`` = 50 ms at the link's rate plus the two-way delay
   (``lab/net/shaping.py``) and CUBIC keeps it full, so every byte waits that long at every hop
-  on top of its serialisation (measured: 54-77 ms per hop). It is added to each hop's one-way
-  delay, so it delays a hop's arrival, not its link's throughput.
+  on top of its serialisation (measured unpaced: 54-77 ms per hop). Paced connections (the
+  lab's default) keep that queue near empty; a part then waits about 14 ms per hop behind the
+  unsent bytes in its socket (``lab.simcompare.PACED_HOP_QUEUE_S``, from a frame trace). It is
+  added to each hop's one-way delay, so it delays a hop's arrival, not its link's throughput.
 * ``cpu_s_per_byte`` and ``host_cores``: a shared host whose cores run every worker's data
   path. Every link byte costs ``cpu_s_per_byte`` CPU seconds (``lab.bench``'s ``cpu_s_per_gb``,
   measured on the workers from ``/proc``), and the host serves those costs FCFS at
