@@ -17,7 +17,8 @@ from the lab, none fitted to the op times:
   time on this machine, with the coordinator's arguments: all workers active, the part size);
 * the per-hop standing queue: on paced runs (``lab.bench --pace``, on by default)
   ``PACED_HOP_QUEUE_S``, measured from a frame trace; on unpaced ones
-  ``lab.net.shaping.QUEUE_EXTRA_S`` (50 ms), which CUBIC fills;
+  ``lab.net.shaping.QUEUE_EXTRA_S`` (50 ms), which CUBIC fills; for ``--train``
+  ``TRAIN_HOP_QUEUE_S``, measured from a lab.run's frame trace;
 * the shared host: the workers' CPU seconds per link byte that the same results measured for
   the scheme (``cpu_s_per_gb``), on this host's cores (``os.cpu_count()``; the lab runs every
   worker on it). ``--no-host`` leaves it out.
@@ -71,6 +72,14 @@ frame trace (``CREW_FRAME_TRACE``) of 5 crew groups on bench-hetero (session 11,
 (p25 3.1, p75 24.5). Pacing keeps HTB's queue near empty; what is left is mostly a frame waiting
 behind the unsent bytes already in its socket (``TCP_NOTSENT_LOWAT``, 64 KiB). Taken from the
 trace, not fitted to op times."""
+
+
+TRAIN_HOP_QUEUE_S = 0.019
+"""The same wait per hop for ``--train``'s ``lab.run`` folders, whose workers are unpaced by
+default (``CREW_PACE`` unset): from the frame trace of a 40 s crew run on default.yaml (p = 3,
+seed 1, session 11), 43,969 frames' send start to arrival less serialisation at 0.95 x the rate
+and the link's delay: median 18.6 ms (p25 4.9, p75 35.9). Training groups are short and many, so
+CUBIC rarely fills HTB's 50 ms queue. Measured on crew's traffic only."""
 
 
 def hop_queue_for(results: dict[str, Any]) -> float:
@@ -253,7 +262,9 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def train_compare(run_dir: Path, cpu_s_per_gb: float = LAB_CPU_S_PER_GB) -> dict[str, Any]:
+def train_compare(
+    run_dir: Path, cpu_s_per_gb: float = LAB_CPU_S_PER_GB, hop_queue_s: float = TRAIN_HOP_QUEUE_S
+) -> dict[str, Any]:
     """Rounds per worker of a lab run and of its simulation (see the module docstring)."""
     f = _run_facts(run_dir)
     cfg = SimConfig(
@@ -264,7 +275,7 @@ def train_compare(run_dir: Path, cpu_s_per_gb: float = LAB_CPU_S_PER_GB) -> dict
         size_bytes=f["size_bytes"],
         goodput=GOODPUT,
         compute_s=f["compute_s"],
-        executor=lab_executor(cpu_s_per_gb),
+        executor=lab_executor(cpu_s_per_gb, hop_queue_s=hop_queue_s),
         plan_delay=PlanDelay.MEASURED,
     )
     res = Simulation(sim_topology(f["spec"]), cfg).run()
@@ -311,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="standing queue per hop in the executor model, ms (default: "
         f"{PACED_HOP_QUEUE_S * 1e3:g} if the bench paced its connections, else HTB's "
-        f"{QUEUE_EXTRA_S * 1e3:g})",
+        f"{QUEUE_EXTRA_S * 1e3:g}; --train: {TRAIN_HOP_QUEUE_S * 1e3:g}, measured)",
     )
     args = parser.parse_args(argv)
     if args.hop_queue_ms is not None and not args.hop_queue_ms >= 0:
@@ -332,7 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         )
     for run_dir in args.train:
-        print(train_report(train_compare(run_dir, args.cpu_s_per_gb)))
+        queue = TRAIN_HOP_QUEUE_S if args.hop_queue_ms is None else args.hop_queue_ms / 1e3
+        print(train_report(train_compare(run_dir, args.cpu_s_per_gb, queue)))
     return 0
 
 

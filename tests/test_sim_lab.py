@@ -86,6 +86,12 @@ def test_the_hop_queue_can_be_set_and_a_bad_one_is_refused(capsys) -> None:
 
     assert hop_queue_for({"pace": 0.95}) == PACED_HOP_QUEUE_S < QUEUE_EXTRA_S
     assert hop_queue_for({"pace": 0}) == hop_queue_for({}) == QUEUE_EXTRA_S
+    import inspect
+
+    from lab.simcompare import TRAIN_HOP_QUEUE_S, train_compare
+
+    default = inspect.signature(train_compare).parameters["hop_queue_s"].default
+    assert default == TRAIN_HOP_QUEUE_S < QUEUE_EXTRA_S
 
     with pytest.raises(SystemExit):
         simcompare_main(["x.json", "--topology", "t.yaml", "--hop-queue-ms", "-5"])
