@@ -232,6 +232,21 @@ def _check_shared(shared: Sequence[SharedLink] | None, n: int) -> tuple[SharedLi
 # --------------------------------------------------------------------------- the master LP
 
 
+def _new_lp(simplex_strategy: int) -> _Highs:
+    """A HiGHS LP "minimise t" with the variable t (column 0) and the convexity row (row 0,
+    sum of the route fractions = 1, no fractions yet): what the master and the level LPs start
+    from. highspy.Highs (the public wrapper) prints a banner to fd 1 on first use, which would
+    corrupt `lab.planbench --json`; the core class is the same solver without it."""
+    h = _Highs()
+    options = (("output_flag", False), ("threads", 1), ("presolve", "off"))
+    for opt, val in (*options, ("simplex_strategy", simplex_strategy)):
+        h.setOptionValue(opt, val)
+    h.addVar(0.0, _INF)
+    h.changeColCost(0, 1.0)
+    h.addRow(1.0, 1.0, 0, np.zeros(0, dtype=np.int32), np.zeros(0))
+    return h
+
+
 class _Master:
     """The restricted master LP over a growing column pool, kept in one HiGHS instance so that
     every re-solve after adding columns (or rows, as new links appear) warm-starts from the
@@ -260,17 +275,9 @@ class _Master:
         self.col_vals: list[np.ndarray] = []
         self.tie: list[float] = []
         self.lat: list[float] = []
-        # highspy.Highs (the public wrapper) prints a banner to fd 1 on first use, which would
-        # corrupt `lab.planbench --json`; the core class is the same solver without it.
-        self.h = _Highs()
         # Primal simplex: after columns are added the old basis stays primal feasible, so
         # primal re-solves from it (measured at n = 60: 1.5x faster than HiGHS's default dual).
-        options = (("output_flag", False), ("threads", 1), ("presolve", "off"))
-        for opt, val in (*options, ("simplex_strategy", PRIMAL_SIMPLEX)):
-            self.h.setOptionValue(opt, val)
-        self.h.addVar(0.0, _INF)
-        self.h.changeColCost(0, 1.0)
-        self.h.addRow(1.0, 1.0, 0, np.zeros(0, dtype=np.int32), np.zeros(0))
+        self.h = _new_lp(PRIMAL_SIMPLEX)
 
     def _row(self, key: tuple[str, int, int], rate: float) -> int:
         row = self.row_of.get(key)
@@ -415,13 +422,7 @@ class _LevelLP:
         self.kept = np.zeros(coef.shape[1], dtype=bool)
         self.kept[0] = True  # the convexity row is always there (as LP row 0)
         self.lp_rows: list[int] = [0]  # the master row of each LP row
-        self.h = _Highs()
-        options = (("output_flag", False), ("threads", 1), ("presolve", "off"))
-        for opt, val in (*options, ("simplex_strategy", DUAL_SIMPLEX)):
-            self.h.setOptionValue(opt, val)
-        self.h.addVar(0.0, _INF)
-        self.h.changeColCost(0, 1.0)
-        self.h.addRow(1.0, 1.0, 0, np.zeros(0, dtype=np.int32), np.zeros(0))
+        self.h = _new_lp(DUAL_SIMPLEX)
         k = self.k
         self.h.addCols(
             k, np.zeros(k), np.zeros(k), np.full(k, _INF), k,
