@@ -141,42 +141,58 @@ class Wire:
         self.pump()
 
 
+RELAY_MEMBERS = (0, 1, 2)
+RELAY_TOTAL = 300_000
+# Route 0: a star at member 0; route 1: a tree through non-member relay 4 to root 3.
+RELAY_ROUTES = [
+    Route(0, 100_000, 0, up=((1, 0), (2, 0)), down=((0, 1), (0, 2))),
+    Route(
+        100_000,
+        RELAY_TOTAL,
+        3,
+        up=((0, 4), (2, 4), (4, 3), (1, 3)),
+        down=((3, 4), (4, 0), (4, 2), (3, 1)),
+    ),
+]
+
+
+def _rev0_with_relay_4_dead(w: Wire, v: dict[int, np.ndarray]) -> None:
+    w.dead = {4}
+    rev0 = _assign(RELAY_ROUTES, RELAY_TOTAL, RELAY_MEMBERS, rev=0)
+    for node in range(4):
+        w.engines[node].assign(rev0, v.get(node))
+    w.pump()
+    assert w.done == []  # route 1 never completes: its relay is dead
+
+
+def _rev1_around_relay_4() -> tuple[list[int], Assign]:
+    """What the coordinator revises to: the routes that avoid 4 kept, the lost range re-planned
+    as a star at 3. Returns the kept route indices and revision 1."""
+    kept = keepable_routes(RELAY_ROUTES, {0, 1, 2, 3}, lambda s, d: 4 not in (s, d))
+    placed = place_routes(
+        star_routes([(3, 0, RELAY_TOTAL - 100_000)], list(RELAY_MEMBERS)),
+        lost_ranges(RELAY_ROUTES, kept, RELAY_TOTAL),
+    )
+    routes, kept_list = revision_routes(RELAY_ROUTES, kept, placed)
+    return kept, _assign(routes, RELAY_TOTAL, RELAY_MEMBERS, rev=1, kept=kept_list)
+
+
 def test_a_revision_after_a_dead_relay_keeps_the_delivered_parts() -> None:
     """Route 0 (a star at 0) is complete but for 2's parts, which are still on their way;
     route 1 goes through relay 4, which dies. Revision 1 keeps route 0 and re-plans route 1's
     range as a star at 3: nothing of route 0 is sent again, 2's late rev-0 parts still count,
     and every member ends with the exact average."""
     rng = np.random.default_rng(4)
-    members = (0, 1, 2)
-    total = 300_000
-    v = {m: rng.standard_normal(total).astype(np.float32) for m in members}
-    route0 = Route(0, 100_000, 0, up=((1, 0), (2, 0)), down=((0, 1), (0, 2)))
-    route1 = Route(
-        100_000,
-        total,
-        3,
-        up=((0, 4), (2, 4), (4, 3), (1, 3)),
-        down=((3, 4), (4, 0), (4, 2), (3, 1)),
-    )
-    check = check_vector(RUN, total)
+    members = RELAY_MEMBERS
+    v = {m: rng.standard_normal(RELAY_TOTAL).astype(np.float32) for m in members}
+    check = check_vector(RUN, RELAY_TOTAL)
     w = Wire(5, check)
-    rev0 = _assign([route0, route1], total, members, rev=0)
-    w.dead = {4}
     w.hold = {(2, 0)}
-    for node in range(4):
-        w.engines[node].assign(rev0, v.get(node))
-    w.pump()
-    assert w.done == []  # route 1 never completes: its relay is dead
+    _rev0_with_relay_4_dead(w, v)
     assert w.held, "2's route-0 parts are held back"
 
-    old = [route0, route1]
-    kept = keepable_routes(old, {0, 1, 2, 3}, lambda s, d: 4 not in (s, d))
+    kept, rev1 = _rev1_around_relay_4()
     assert kept == [0]
-    placed = place_routes(
-        star_routes([(3, 0, total - 100_000)], list(members)), lost_ranges(old, kept, total)
-    )
-    routes, kept_list = revision_routes(old, kept, placed)
-    rev1 = _assign(routes, total, members, rev=1, kept=kept_list)
     sent_before = len(w.sent)
     for node in range(4):
         w.engines[node].assign(rev1, v.get(node))
@@ -204,37 +220,17 @@ def test_a_kept_routes_delivered_results_stay_in_the_result_projection() -> None
     keeps route 0. Each member's part-by-part projection must still count route 0's results,
     delivered before the revision, exactly once."""
     rng = np.random.default_rng(5)
-    members = (0, 1, 2)
-    total = 300_000
-    v = {m: rng.standard_normal(total).astype(np.float32) for m in members}
-    route0 = Route(0, 100_000, 0, up=((1, 0), (2, 0)), down=((0, 1), (0, 2)))
-    route1 = Route(
-        100_000,
-        total,
-        3,
-        up=((0, 4), (2, 4), (4, 3), (1, 3)),
-        down=((3, 4), (4, 0), (4, 2), (3, 1)),
-    )
-    check = check_vector(RUN, total)
+    v = {m: rng.standard_normal(RELAY_TOTAL).astype(np.float32) for m in RELAY_MEMBERS}
+    check = check_vector(RUN, RELAY_TOTAL)
     w = Wire(5, check)
-    w.dead = {4}
-    rev0 = _assign([route0, route1], total, members, rev=0)
-    for node in range(4):
-        w.engines[node].assign(rev0, v.get(node))
-    w.pump()
-    assert w.done == []
-    old = [route0, route1]
-    kept = keepable_routes(old, {0, 1, 2, 3}, lambda s, d: 4 not in (s, d))
-    placed = place_routes(
-        star_routes([(3, 0, total - 100_000)], list(members)), lost_ranges(old, kept, total)
-    )
-    routes, kept_list = revision_routes(old, kept, placed)
-    rev1 = _assign(routes, total, members, rev=1, kept=kept_list)
+    _rev0_with_relay_4_dead(w, v)
+    kept, rev1 = _rev1_around_relay_4()
+    assert kept == [0]
     for node in range(4):
         w.engines[node].assign(rev1, v.get(node))
     w.pump()
     assert sorted(w.done) == [(0, 1), (1, 1), (2, 1)]
-    for m in members:
+    for m in RELAY_MEMBERS:
         result = w.engines[m].result(1)
         assert result is not None
         proj = w.engines[m].result_projection(1)

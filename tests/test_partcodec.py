@@ -5,97 +5,32 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections import deque
 
 import numpy as np
 import pytest
+import reduce_kit
+from reduce_kit import MEMBERS, RUN, TOTAL, WEIGHTS, N, path_and_tree, vectors
 
 from crew.control.verify import CHECK_TOLERANCE, check_vector, project, relative_error
-from crew.plan.routes import Route
-from crew.runtime.reduce import ReduceEngine
 from crew.train.compress import Codec, CompressError, decode, encode, encode_bound
 from crew.train.partcodec import ERR_HEADER, PartCodec
 from crew.wire.frames import Frame, FrameKind
-from crew.wire.protocol import Assign
 
-RUN = 11
-N = 5
-TOTAL = 3000
 COMPRESSED = [Codec.FP16, Codec.INT8]
 
 
-class Net:
-    """n engines joined by an in-memory queue (the transport is tested elsewhere)."""
+class Net(reduce_kit.Net):
+    """The kit's engines, each with its own PartCodec of ``codec`` (none for Codec.NONE)."""
 
     def __init__(self, codec: Codec, check: np.ndarray, tamper=None) -> None:
-        self.queue: deque[tuple[int, Frame]] = deque()
-        self.done: set[int] = set()
-        self.tamper = tamper
-        # One codec per engine, as each Node builds its own (it holds the node's residual).
-        self.engines = [
-            ReduceEngine(
-                i,
-                N,
-                RUN,
-                self._send,
-                self._have_all(i),
-                codec=None if codec is Codec.NONE else PartCodec(codec, check),
-            )
-            for i in range(N)
-        ]
-
-    def _send(self, dst: int, frame: Frame, priority: int = 0) -> None:
-        if self.tamper is not None:
-            frame = self.tamper(frame)
-        self.queue.append((dst, frame))
-
-    def _have_all(self, i: int):
-        return lambda group, rev, nbytes: self.done.add(i)
-
-    def run(self, assign: Assign, vectors: dict[int, np.ndarray]) -> None:
-        for i, e in enumerate(self.engines):
-            if i in assign.members or any(i in Route.from_list(r).nodes() for r in assign.routes):
-                e.assign(assign, vectors.get(i))
-        for _ in range(100_000):
-            if not self.queue:
-                return
-            dst, frame = self.queue.popleft()
-            self.engines[dst].on_frame(frame)
-        raise AssertionError("frames still flowing")
+        super().__init__(
+            codec_for=lambda i: None if codec is Codec.NONE else PartCodec(codec, check),
+            tamper=tamper,
+        )
 
 
-ROUTES = [
-    # [0, 1000): along 1 -> 2 -> 0, broadcast 0 -> 1 -> 2 (a path: member relays)
-    Route(0, 1000, 0, up=((1, 2), (2, 0)), down=((0, 1), (1, 2))),
-    # [1000, 3000): a tree through non-member 4 to non-member root 3
-    Route(
-        1000, 3000, 3, up=((0, 4), (2, 4), (4, 3), (1, 3)), down=((3, 4), (4, 0), (4, 2), (3, 1))
-    ),
-]
-MEMBERS = (0, 1, 2)
-WEIGHTS = (0.25, 0.25, 0.5)
-
-
-def _assign(pipelined: bool, group: int = 5) -> Assign:
-    return Assign(
-        group=group,
-        rev=0,
-        scheme="test",
-        members=list(MEMBERS),
-        weights=list(WEIGHTS),
-        routes=[r.to_list() for r in ROUTES],
-        pipelined=pipelined,
-        total=TOTAL,
-        part_elems=256,
-        prescatter=[],
-        iterations=[0] * len(MEMBERS),
-        split_epoch=-1,
-    )
-
-
-def _vectors(seed: int = 3) -> dict[int, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {m: rng.standard_normal(TOTAL).astype(np.float32) for m in MEMBERS}
+_assign = path_and_tree
+_vectors = vectors
 
 
 def _reported(net: Net, check: np.ndarray, m: int, group: int = 5) -> float:

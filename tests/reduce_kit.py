@@ -1,0 +1,93 @@
+"""Shared helpers for reduce-engine unit tests: engines joined by an in-memory frame queue (the
+transport is tested elsewhere) and one group whose routes are a path and a tree."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from crew.plan.routes import Route
+from crew.runtime.reduce import ReduceEngine
+from crew.train.partcodec import PartCodec
+from crew.wire.frames import Frame
+from crew.wire.protocol import Assign
+
+RUN = 11
+N = 5
+TOTAL = 3000
+
+
+class Net:
+    """N engines joined by an in-memory queue. ``codec_for(i)``: engine i's part codec (each
+    Node builds its own: it holds the node's residual); ``check``: the engines' check vector
+    (``ReduceEngine(check=)``); ``tamper``: applied to every frame sent."""
+
+    def __init__(
+        self,
+        codec_for: Callable[[int], PartCodec | None] = lambda i: None,
+        check: np.ndarray | None = None,
+        tamper: Callable[[Frame], Frame] | None = None,
+    ) -> None:
+        self.queue: deque[tuple[int, Frame]] = deque()
+        self.done: set[int] = set()
+        self.tamper = tamper
+        self.engines = [
+            ReduceEngine(i, N, RUN, self._send, self._have_all(i), codec=codec_for(i), check=check)
+            for i in range(N)
+        ]
+
+    def _send(self, dst: int, frame: Frame, priority: int = 0) -> None:
+        if self.tamper is not None:
+            frame = self.tamper(frame)
+        self.queue.append((dst, frame))
+
+    def _have_all(self, i: int) -> Callable[[int, int, int], None]:
+        return lambda group, rev, nbytes: self.done.add(i)
+
+    def run(self, assign: Assign, vectors: dict[int, np.ndarray]) -> None:
+        for i, e in enumerate(self.engines):
+            if i in assign.members or any(i in Route.from_list(r).nodes() for r in assign.routes):
+                e.assign(assign, vectors.get(i))
+        for _ in range(100_000):
+            if not self.queue:
+                return
+            dst, frame = self.queue.popleft()
+            self.engines[dst].on_frame(frame)
+        raise AssertionError("frames still flowing")
+
+
+ROUTES = [
+    # [0, 1000): along 1 -> 2 -> 0, broadcast 0 -> 1 -> 2 (a path: member relays)
+    Route(0, 1000, 0, up=((1, 2), (2, 0)), down=((0, 1), (1, 2))),
+    # [1000, 3000): a tree through non-member 4 to non-member root 3
+    Route(
+        1000, 3000, 3, up=((0, 4), (2, 4), (4, 3), (1, 3)), down=((3, 4), (4, 0), (4, 2), (3, 1))
+    ),
+]
+MEMBERS = (0, 1, 2)
+WEIGHTS = (0.25, 0.25, 0.5)
+
+
+def path_and_tree(pipelined: bool, group: int = 5) -> Assign:
+    """Revision 0 of ``group``: MEMBERS with WEIGHTS over ROUTES, parts of 256 elements."""
+    return Assign(
+        group=group,
+        rev=0,
+        scheme="test",
+        members=list(MEMBERS),
+        weights=list(WEIGHTS),
+        routes=[r.to_list() for r in ROUTES],
+        pipelined=pipelined,
+        total=TOTAL,
+        part_elems=256,
+        prescatter=[],
+        iterations=[0] * len(MEMBERS),
+        split_epoch=-1,
+    )
+
+
+def vectors(seed: int = 3) -> dict[int, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {m: rng.standard_normal(TOTAL).astype(np.float32) for m in MEMBERS}
