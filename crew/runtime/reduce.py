@@ -702,7 +702,7 @@ class ReduceEngine:
             g.result[start : start + values.size] = values
             if self._check is not None:
                 # Verified as it lands: the whole-vector projection at the end sat on the op's
-                # tail (5-160 ms per member on bench-hetero, under this lock, 2 cores busy).
+                # tail (4-160 ms per member on bench-hetero, under this lock, 2 cores busy).
                 g.projs[(k, start)] = project(self._check[start : start + values.size], values)
         if st.down:
             if self._pipelined(g):
