@@ -106,6 +106,11 @@ class RunConfig:
     # (crew.plan.hostcpu); 0 (the default, and any real deployment): none.
     host_cpu_s_per_gb: float = 0.0
     host_cores: float = 0.0
+    # The payload share of a link's configured rate, which the planners count a link to carry.
+    # Configured rates are frame rates (what HTB shapes), and TCP/IP headers take about 5% of
+    # the frames (crew.control.capacity.TCP_GOODPUT; crew.sim's --goodput default). Use 1.0 for
+    # rates that are already measured payload rates.
+    goodput: float = 0.95
     stall_timeout_s: float = 8.0
     # control plane
     heartbeat_s: float = 1.0
@@ -169,6 +174,10 @@ class RunConfig:
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"{name}: must be finite and >= 0, got {v!r}")
+        if isinstance(self.goodput, bool) or not (
+            isinstance(self.goodput, int | float) and 0 < self.goodput <= 1
+        ):
+            raise ConfigError(f"goodput: must be in (0, 1], got {self.goodput!r}")
         if (self.host_cpu_s_per_gb > 0) != (self.host_cores > 0):
             raise ConfigError("host_cpu_s_per_gb and host_cores: set both or neither")
         if self.part_bytes > self.max_payload:

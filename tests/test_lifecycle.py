@@ -5,6 +5,7 @@ a test needs a planner that fails or records what it was given."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from lifecycle_kit import SIZE, make_cfg, report_all, started
 
+from crew.config import ConfigError
 from crew.control import lifecycle as lc
 from crew.control.grouping import GroupOutcome, WorkerState
 from crew.control.rejections import REJECT_EVENTS, REJECT_WINDOW_S
@@ -244,14 +246,36 @@ def test_new_groups_are_planned_on_capacity_left_by_groups_in_flight() -> None:
     life = started(plan=spy)
     form(life, (0, 1), now=1.0)
     form(life, (2, 3), now=1.0)
-    assert np.array_equal(seen[0], life.capacity.planning)
-    assert (seen[1] <= life.capacity.planning).all() and (seen[1] < life.capacity.planning).any()
+    payload = life.capacity.planning * life.cfg.goodput
+    assert np.array_equal(seen[0], payload)
+    assert (seen[1] <= payload).all() and (seen[1] < payload).any()
     # Without committed capacity, every group sees the full matrix.
     seen.clear()
     life = started(make_cfg(committed_capacity=False), plan=spy)
     form(life, (0, 1))
     form(life, (2, 3))
-    assert np.array_equal(seen[1], life.capacity.planning)
+    assert np.array_equal(seen[1], payload)
+
+
+@pytest.mark.parametrize("goodput", [1.0, 0.95, 0.5])
+def test_plans_count_the_payload_rate_and_the_bound_the_frame_rate(goodput: float) -> None:
+    """A plan's rates are goodput x the configured (frame) rates, so its predicted time is the
+    configured-rate plan's / goodput (no latency term here); the recorded bound stays on the
+    frame rates, which binds any transport."""
+    whole = of(form(started(make_cfg(goodput=1.0)), (0, 1)), lc.GroupOpenedRecord)[0]
+    life = started(make_cfg(goodput=goodput))
+    opened = of(form(life, (0, 1)), lc.GroupOpenedRecord)[0]
+    # the same routes (only the scale changed); the per-hop part time scales with the rate too
+    assert json.loads(opened.plan_json)["routes"] == json.loads(whole.plan_json)["routes"]
+    assert opened.predicted_s == pytest.approx(whole.predicted_s / goodput, rel=1e-6)
+    bound = planner.lower_bound(life.capacity.planning, (0, 1), SIZE * 4)
+    assert opened.bound_s == whole.bound_s == pytest.approx(bound, rel=1e-9)
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, 1.5, float("nan"), True, "0.9"])
+def test_goodput_out_of_range_is_a_config_error(bad: object) -> None:
+    with pytest.raises(ConfigError, match="goodput: must be in"):
+        make_cfg(goodput=bad)
 
 
 def test_measured_drift_replans_new_groups() -> None:

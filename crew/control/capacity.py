@@ -258,8 +258,11 @@ class CapacityView:
         reach = np.minimum(bw.sum(axis=0), bw.sum(axis=1))
         return {w: float(r) for w, r in zip(live, reach, strict=True)}
 
-    def residual(self, in_flight: Iterable[InFlight], now: float) -> np.ndarray:
-        """``planning`` minus what the groups in flight still send (see the module doc)."""
+    def residual(self, in_flight: Iterable[InFlight], now: float, share: float = 1.0) -> np.ndarray:
+        """``share`` x ``planning`` minus what the groups in flight still send (see the module
+        doc). ``share``: the payload share of the rates (``RunConfig.goodput``), since the
+        groups' committed bytes are payload."""
+        base = self.planning * share if share != 1.0 else self.planning
         committed = np.zeros_like(self.planning)
         horizon = 0.0
         for g in in_flight:
@@ -268,8 +271,8 @@ class CapacityView:
             committed += g.link_bytes * left
             horizon = max(horizon, predicted * left)
         if horizon <= 0.0:
-            return self.planning
-        return planner.residual_capacity(self.planning, committed, horizon)
+            return base
+        return planner.residual_capacity(base, committed, horizon)
 
 
 def poorly_reached(reach: dict[int, float], share: float = POOR_REACH_SHARE) -> frozenset[int]:

@@ -51,8 +51,10 @@ dead, the rest contended) is kept out of groups while enough others are ready, f
 ``grouping.DEFER_MAX_WAIT_S`` (``GroupFormer.set_deferred``): with p close to the live workers,
 groups run one at a time, and one such member would gate every one of them.
 
-Plans are made on ``capacity.residual`` (committed capacity, when ``cfg.committed_capacity``)
-and the recorded lower bound on ``capacity.planning`` (see ``crew.control.capacity``).
+Plans are made on payload rates, ``cfg.goodput`` x the planning rates (TCP/IP headers take
+about 5% of what a shaper counts), less the committed capacity of the groups in flight
+(``capacity.residual``, when ``cfg.committed_capacity``); the recorded lower bound is on the
+frame rates of ``capacity.planning``, a bound for any transport (see ``crew.control.capacity``).
 
 Events in: the workers' and the lab's :mod:`crew.wire.protocol` messages (``Register``, ``Ready``,
 ``HaveAll``, ``Admin``, ...) and :class:`WorkerDisconnected`, via :meth:`GroupLifecycle.handle`;
@@ -603,14 +605,18 @@ class GroupLifecycle:
     # -- planning ----------------------------------------------------------------------------
 
     def _planning_bw(self, now: float) -> np.ndarray:
+        """The payload rates a new plan gets: ``RunConfig.goodput`` x the planning rates, less
+        what the groups in flight still send when ``committed_capacity``."""
+        share = self.cfg.goodput
         if not self.cfg.committed_capacity or not self.open:
-            return self.capacity.planning
+            return self.capacity.planning * share
         return self.capacity.residual(
             (
                 InFlight(og.plan.link_bytes(), og.plan.predicted_s, og.rev_started)
                 for og in self.open.values()
             ),
             now,
+            share,
         )
 
     def plan_for(self, members: tuple[int, ...], now: float) -> tuple[GroupPlan, float]:
@@ -678,8 +684,9 @@ class GroupLifecycle:
         # multi-hop route gets are the smallest the engine cuts (crew.control.assignment).
         # In float32 bytes, like the scaled rates.
         part_bytes = 4 * min(self.cfg.part_elems_for(self.size_elems), MIN_ROUTE_PART_ELEMS)
-        extra = self._plan_extra(scale)
+        extra = self._plan_extra(scale * self.cfg.goodput)  # shared links carry frames too
         if self._host_cpu is not None:  # only the planner gets it (see __init__)
+            # CPU seconds per GB were measured per payload GB: no goodput
             cpu = replace(self._host_cpu, mbit=self._host_cpu.mbit * scale)
             extra["shared"] = (*extra.get("shared", ()), cpu)
         plan = self._plan_fn(
@@ -717,15 +724,16 @@ class GroupLifecycle:
         assert self.size_elems is not None
         size = self.size_elems * 4
         bw = self.capacity.planning
+        payload = bw * self.cfg.goodput
         a2a_bytes = np.array(self.split.elems, dtype=float) * 4
         sent = np.zeros_like(bw)
         for g in members:
             elapsed = max(0.0, now - self.ready_at[g][0])
-            rate = np.where(np.isfinite(bw[g]), bw[g], 0.0) * 1e6 / 8
+            rate = np.where(np.isfinite(payload[g]), payload[g], 0.0) * 1e6 / 8
             sent[g] = np.minimum(a2a_bytes, elapsed * rate)
         active = self._active_for(members, now)
         plan = self._plan_nonblocking_fn(
-            self.scheme, bw, members, size, sent, self.split, active=active
+            self.scheme, payload, members, size, sent, self.split, active=active
         )
         return plan, self._lower_bound(bw, members, size, active=active)
 

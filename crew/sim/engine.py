@@ -207,6 +207,7 @@ class Simulation:
             plan_rounds=cfg.plan_rounds,
             plan_level_tol=cfg.plan_level_tol,
             helpers=cfg.helpers,
+            goodput=cfg.goodput,  # plans count the payload rate the network delivers
         )
         self.rec = recorder
         self.delays = [

@@ -123,6 +123,7 @@ class SimLifecycle:
         plan_rounds: int | None = None,
         helpers: int | None = None,
         plan_level_tol: float = 0.0,
+        goodput: float = RunConfig.default("goodput"),
     ) -> None:
         self.plan_rounds = plan_rounds
         self.plan_level_tol = plan_level_tol
@@ -146,6 +147,7 @@ class SimLifecycle:
             staleness=staleness,
             committed_capacity=committed_capacity,
             group_timeout_min_s=group_timeout_min_s,
+            goodput=goodput,
         )
         self.former = GroupFormer(
             n,
