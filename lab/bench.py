@@ -681,7 +681,13 @@ def run_ops(
         log_level="WARNING",
         part_bytes=spec.part_bytes,
         host_cpu_s_per_gb=spec.host_cpu_s_per_gb,
-        extra={"bench": True, "size_elems": spec.size_elems, "trace": replay, "ops": k + warm},
+        extra={
+            "bench": True,
+            "size_elems": spec.size_elems,
+            "trace": replay,
+            "ops": k + warm,
+            "warmup": warm,  # groups 1..warm are untimed (lab.planbench's replay skips them)
+        },
     )
     startup = STARTUP_TORCH_S if gloo else STARTUP_NUMPY_S
     budget = startup + spec.timeout_per_op_s * (k + warm)

@@ -309,13 +309,16 @@ def timing(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_groups(db: Path) -> tuple[RunConfig, list[tuple[int, ...]], list[float]]:
-    """A run's config, its groups in order and their op times (completed groups only)."""
+    """A run's config, its groups in order and their op times (completed groups only, without
+    a ``lab.bench`` run's untimed warm-up groups: ids 1 .. ``extra.warmup``)."""
     cfg = RunConfig.load(db.parent / "config.json")
+    warmup = int(cfg.extra.get("warmup") or 0)
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         rows = conn.execute(
-            "SELECT members, ended_at - started_at FROM groups WHERE status = ? ORDER BY id",
-            (GroupStatus.COMPLETED.value,),
+            "SELECT members, ended_at - started_at FROM groups WHERE status = ? AND id > ?"
+            " ORDER BY id",
+            (GroupStatus.COMPLETED.value, warmup),
         ).fetchall()
     finally:
         conn.close()

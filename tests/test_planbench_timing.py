@@ -24,18 +24,22 @@ GROUPS = [(0, 1, 2, 3), (1, 2, 3, 4), (0, 2, 3, 4)]
 OPS = [0.9, 0.8, 0.7]
 
 
-def bench_run(tmp_path: Path) -> Path:
+def bench_run(tmp_path: Path, warmup: int = 0) -> Path:
+    """A lab.bench run folder of GROUPS with OPS, after ``warmup`` untimed groups of all five."""
     run = tmp_path / "crew"
     run.mkdir()
-    cfg = make_cfg(n=5, p=4, bw=HETERO, extra={"bench": True, "size_elems": 500_000})
+    extra = {"bench": True, "size_elems": 500_000, "warmup": warmup}
+    cfg = make_cfg(n=5, p=4, bw=HETERO, extra=extra)
     cfg.save(run / "config.json")
     db = RunDB(run / "lab.db")
-    for gid, (g, op) in enumerate(zip(GROUPS, OPS, strict=True), start=1):
+    groups = [(0, 1, 2, 3, 4)] * warmup + GROUPS
+    ops = [5.0] * warmup + OPS
+    for gid, (g, op) in enumerate(zip(groups, ops, strict=True), start=1):
         db.add_closed_group(
             group_id=gid,
             scheme=Scheme.CREW,
             members=g,
-            weights=[0.25] * 4,
+            weights=[1 / len(g)] * len(g),
             formed_at=10.0 * gid,
             started_at=10.0 * gid,
             ended_at=10.0 * gid + op,
@@ -61,6 +65,13 @@ def test_timing_prints_every_mode_and_the_share(tmp_path: Path, capsys) -> None:
     assert rep["group_median_s"] == pytest.approx(0.8)
     assert any("% of the median op" in line for line in out["share"])
     assert any(line.startswith("n=8 random matrices, cold") for line in out["share"])
+
+
+def test_replay_leaves_out_the_warmup_groups(tmp_path: Path) -> None:
+    """The warm-up groups are no ops: neither their planning nor their (long) times count."""
+    rep = planbench.replay(bench_run(tmp_path, warmup=2))
+    assert rep["groups"] == 3
+    assert rep["group_median_s"] == pytest.approx(0.8)
 
 
 def test_replay_refuses_a_run_without_groups(tmp_path: Path) -> None:
