@@ -25,7 +25,8 @@ Per scheme (``results.json`` → ``schemes.<name>``):
     the median over ops of ``op_time / bound`` (per op, because groups differ, so bounds differ);
 ``planned_s``, ``median_over_planned``
     the median of the ops' planned times (``predicted_s``, the plan's own estimate of the op
-    on the capacities it planned with) and the median over ops of ``op_time / predicted``:
+    on the capacities it planned with: the payload share ``RunConfig.goodput``, 0.95, of each
+    link's rate, docs/architecture.md §4) and the median over ops of ``op_time / predicted``:
     how close the executor comes to its plan (1.0 = exactly as planned; Gloo has no plan);
 ``worker_cpu_s``, ``cpu_s_per_gb``
     CPU seconds (user + system) all workers spent from the first op's start to the last op's

@@ -19,9 +19,10 @@
   ``--group-s S`` or ``--db OUT/crew/lab.db`` (a ``lab.bench`` run) it prints the planning
   share of the median group time at n = 8; ``--db`` also replays that run's groups through
   ``GroupLifecycle.plan_for`` (the run's rates, part size, codec) cold and in order with caches
-  as the coordinator had them (the run database records no planning times). Run it under the
-  CPU lock (``flock -x /tmp/crew-cpu.lock python -m lab.planbench timing``): figures from a
-  busy machine are worthless.
+  as the coordinator had them (the run database records no planning times), ``--replay-passes``
+  times (a group's time: the median of its passes), without the run's warm-up groups. Run it
+  under the CPU lock (``flock -x /tmp/crew-cpu.lock python -m lab.planbench timing``): figures
+  from a busy machine are worthless.
 
 A plan's time is its scheme's own cost model (``crew.plan.schemes.plan_group``): crew's is the route
 LP's (fluid, per-link and shared capacities), the baselines' are those of ``crew.plan.baselines``.
@@ -325,12 +326,19 @@ def run_groups(db: Path) -> tuple[RunConfig, list[tuple[int, ...]], list[float]]
     return cfg, [tuple(json.loads(m)) for m, _ in rows], [float(t) for _, t in rows]
 
 
-def replay(db: Path) -> dict[str, Any]:
+REPLAY_PASSES = 5
+"""Passes over a run's groups per replay mode: one cold plan of 8 groups moved by 30-60% from
+one invocation to the next on this machine (session 12: 23-37 ms), so each group's time is
+the median of its passes."""
+
+
+def replay(db: Path, passes: int = REPLAY_PASSES) -> dict[str, Any]:
     """Replay a run's groups through the coordinator's own planning (``GroupLifecycle.plan_for``,
     the run's config: rates, delays, shared links, part size, codec) and time it: *cold*
     (caches cleared before each group) and *as run* (in order, caches kept, as the coordinator
-    process had them). The run's database has no planning times: a group's op time starts
-    before it is planned (``groups.started_at`` is the time the group formed)."""
+    process had them), ``passes`` times each; a group's time is the median of its passes.
+    The run's database has no planning times: a group's op time starts before it is planned
+    (``groups.started_at`` is the time the group formed)."""
     from crew.control.lifecycle import GroupLifecycle
 
     cfg, groups, op_s = run_groups(db)
@@ -342,21 +350,27 @@ def replay(db: Path) -> dict[str, Any]:
     life = GroupLifecycle(cfg)
     for w in range(cfg.n):
         life.handle(proto.Register(w, 0, 0, size_elems), 0.0)
-    out: dict[str, list[float]] = {"cold": [], "as_run": []}
+    if passes < 1:
+        raise SystemExit(f"--replay-passes: must be >= 1, got {passes}")
+    out: dict[str, list[float]] = {}
     for mode in ("cold", "as_run"):
-        routelp.clear_caches()
-        for g in groups:
-            if mode == "cold":
-                routelp.clear_caches()
-            t0 = time.perf_counter()
-            life.plan_for(g, 0.0)
-            out[mode].append(time.perf_counter() - t0)
+        seen: list[list[float]] = [[] for _ in groups]
+        for _ in range(passes):
+            routelp.clear_caches()
+            for k, g in enumerate(groups):
+                if mode == "cold":
+                    routelp.clear_caches()
+                t0 = time.perf_counter()
+                life.plan_for(g, 0.0)
+                seen[k].append(time.perf_counter() - t0)
+        out[mode] = [statistics.median(v) for v in seen]
     routelp.clear_caches()
     return {
         "db": str(db),
         "scheme": str(cfg.scheme),
         "n": cfg.n,
         "groups": len(groups),
+        "passes": passes,
         "group_median_s": statistics.median(op_s),
         "cold": _ms(out["cold"]),
         "as_run": _ms(out["as_run"]),
@@ -400,8 +414,9 @@ def share_lines(
         for mode in ("cold", "as_run"):
             ms = rep[mode]["median_ms"]
             lines.append(
-                f"replay of {rep['db']} ({rep['scheme']}, n={rep['n']}, {rep['groups']} groups,"
-                f" median op {g:.3f} s): {mode.replace('_', ' ')} planning median {ms:.1f} ms"
+                f"replay of {rep['db']} ({rep['scheme']}, n={rep['n']}, {rep['groups']} groups"
+                f" x {rep['passes']} passes, median op {g:.3f} s):"
+                f" {mode.replace('_', ' ')} planning median {ms:.1f} ms"
                 f" (p90 {rep[mode]['p90_ms']:.1f}) = {100 * ms / 1e3 / g:.1f}% of the median op"
             )
         group_s = group_s or g
@@ -472,6 +487,13 @@ def build_parser() -> argparse.ArgumentParser:
         " the coordinator's planning, and take the median group time from it",
     )
     ap.add_argument(
+        "--replay-passes",
+        type=int,
+        default=REPLAY_PASSES,
+        help=f"timing --db: passes over the run's groups per mode; a group's time is the median"
+        f" of its passes ({REPLAY_PASSES})",
+    )
+    ap.add_argument(
         "--max-seconds", type=float, default=60.0, help="timing: wall time cap per n (60 s)"
     )
     return ap
@@ -515,7 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 console.print(t)
         return 1 if any(r["crew_beaten_in"] for r in res.values()) else 0
     res = timing(args)
-    rep = replay(args.db) if args.db is not None else None
+    rep = replay(args.db, args.replay_passes) if args.db is not None else None
     lines = share_lines(res, args.group_s, rep)
     if args.json:
         print(json.dumps({"timing": res, "replay": rep, "share": lines}, indent=1))

@@ -51,7 +51,18 @@ def bench_run(tmp_path: Path, warmup: int = 0) -> Path:
 
 def test_timing_prints_every_mode_and_the_share(tmp_path: Path, capsys) -> None:
     db = bench_run(tmp_path)
-    argv = ["timing", "--sizes", "8", "--reps", "3", "--db", str(db), "--json"]
+    argv = [
+        "timing",
+        "--sizes",
+        "8",
+        "--reps",
+        "3",
+        "--db",
+        str(db),
+        "--replay-passes",
+        "2",
+        "--json",
+    ]
     assert planbench.main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     row = out["timing"]["8"]
@@ -61,7 +72,7 @@ def test_timing_prints_every_mode_and_the_share(tmp_path: Path, capsys) -> None:
     # the rest of the group's planning
     assert row["cached"]["median_ms"] < row["cold"]["median_ms"]
     rep = out["replay"]
-    assert rep["groups"] == 3 and rep["n"] == 5
+    assert rep["groups"] == 3 and rep["n"] == 5 and rep["passes"] == 2
     assert rep["group_median_s"] == pytest.approx(0.8)
     assert any("% of the median op" in line for line in out["share"])
     assert any(line.startswith("n=8 random matrices, cold") for line in out["share"])
@@ -69,9 +80,14 @@ def test_timing_prints_every_mode_and_the_share(tmp_path: Path, capsys) -> None:
 
 def test_replay_leaves_out_the_warmup_groups(tmp_path: Path) -> None:
     """The warm-up groups are no ops: neither their planning nor their (long) times count."""
-    rep = planbench.replay(bench_run(tmp_path, warmup=2))
-    assert rep["groups"] == 3
+    rep = planbench.replay(bench_run(tmp_path, warmup=2), passes=2)
+    assert rep["groups"] == 3 and rep["passes"] == 2
     assert rep["group_median_s"] == pytest.approx(0.8)
+
+
+def test_replay_passes_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="--replay-passes: must be >= 1"):
+        planbench.replay(bench_run(tmp_path), passes=0)
 
 
 def test_replay_refuses_a_run_without_groups(tmp_path: Path) -> None:

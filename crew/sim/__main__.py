@@ -42,7 +42,13 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--size-mb", type=float, default=180.0, help="model size in MB (default 180, the paper's)"
     )
-    parser.add_argument("--goodput", type=float, default=0.95, help="payload share of a link")
+    parser.add_argument(
+        "--goodput",
+        type=float,
+        default=0.95,
+        help="payload share of a link's rate: what the simulated links deliver and the plans"
+        " count (0.95)",
+    )
     parser.add_argument(
         "--compute-s", type=float, default=0.0, help="real step time a straggler sample pads up to"
     )
