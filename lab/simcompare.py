@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from crew.config import Scheme
+from crew.config import RunConfig, Scheme
 from crew.control.assignment import MIN_ROUTE_PART_ELEMS
 from crew.plan.schemes import GROUP_SCHEMES, plan_group
 from crew.runtime.rundb import GroupStatus, WorkerState, connect
@@ -59,7 +59,7 @@ from lab.net.shaping import QUEUE_EXTRA_S
 from lab.simrun import sim_topology
 from lab.topology import load_topology, parse_topology
 
-GOODPUT = 0.95
+GOODPUT = RunConfig.default("goodput")  # the payload share the lab's plans count
 LAB_CPU_S_PER_GB = 12.2
 """Workers' CPU seconds per GB of link bytes for crew on bench-hetero (lab.bench, this lab at
 main 6917be2, 2026-12-01): the training comparison's default host cost."""

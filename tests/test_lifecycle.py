@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from lifecycle_kit import SIZE, make_cfg, report_all, started
 
-from crew.config import ConfigError
+from crew.config import ConfigError, RunConfig
 from crew.control import lifecycle as lc
 from crew.control.grouping import GroupOutcome, WorkerState
 from crew.control.rejections import REJECT_EVENTS, REJECT_WINDOW_S
@@ -270,6 +270,15 @@ def test_plans_count_the_payload_rate_and_the_bound_the_frame_rate(goodput: floa
     assert opened.predicted_s == pytest.approx(whole.predicted_s / goodput, rel=1e-6)
     bound = planner.lower_bound(life.capacity.planning, (0, 1), SIZE * 4)
     assert opened.bound_s == whole.bound_s == pytest.approx(bound, rel=1e-9)
+
+
+def test_plans_and_the_capacity_estimator_count_the_same_payload_share() -> None:
+    """The estimator scales measured payload rates up by TCP_GOODPUT to frame rates; plans scale
+    frame rates down by RunConfig.goodput. With different defaults a measured link would be
+    planned above or below what it delivered."""
+    from crew.control.capacity import TCP_GOODPUT
+
+    assert RunConfig.default("goodput") == TCP_GOODPUT
 
 
 @pytest.mark.parametrize("bad", [0.0, -0.1, 1.5, float("nan"), True, "0.9"])

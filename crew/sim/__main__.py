@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crew.config import Scheme
+from crew.config import RunConfig, Scheme
 from crew.plan.schemes import GROUP_SCHEMES
 from crew.sim.candidates import CANDIDATES_FROM_N, DEFAULT_HELPERS, default_helpers
 from crew.sim.engine import (
@@ -42,12 +42,13 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--size-mb", type=float, default=180.0, help="model size in MB (default 180, the paper's)"
     )
+    goodput = RunConfig.default("goodput")
     parser.add_argument(
         "--goodput",
         type=float,
-        default=0.95,
+        default=goodput,
         help="payload share of a link's rate: what the simulated links deliver and the plans"
-        " count (0.95)",
+        f" count ({goodput:g})",
     )
     parser.add_argument(
         "--compute-s", type=float, default=0.0, help="real step time a straggler sample pads up to"

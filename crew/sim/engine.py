@@ -37,7 +37,7 @@ from typing import cast
 
 import numpy as np
 
-from crew.config import Scheme
+from crew.config import RunConfig, Scheme
 from crew.plan import routelp
 from crew.sim.lifecycle import Abandon, Assign, Commit, Decision, SimLifecycle
 from crew.sim.network import ExecutorModel, LinkQueues, RouteTimer, part_bytes
@@ -93,7 +93,8 @@ class SimConfig:
     duration_s: float = 50.0
     seed: int = 0
     size_bytes: int = 180_000_000  # the paper's model, ~180 MB
-    goodput: float = 0.95  # payload share of the shaped rate, as the lab measures with TCP
+    # payload share of the shaped rate, as the lab measures with TCP; the plans count it too
+    goodput: float = RunConfig.default("goodput")
     compute_s: float = 0.0  # the real step time the straggler sample pads up to
     staleness: bool = False
     committed_capacity: bool = True
