@@ -4,7 +4,7 @@ transport is tested elsewhere) and one group whose routes are a path and a tree.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -70,21 +70,37 @@ MEMBERS = (0, 1, 2)
 WEIGHTS = (0.25, 0.25, 0.5)
 
 
-def path_and_tree(pipelined: bool, group: int = 5) -> Assign:
-    """Revision 0 of ``group``: MEMBERS with WEIGHTS over ROUTES, parts of 256 elements."""
+def assign_routes(
+    routes: Sequence[Route],
+    total: int,
+    group: int,
+    members: Sequence[int],
+    weights: Sequence[float],
+    rev: int = 0,
+    part_elems: int = 1000,
+    pipelined: bool = True,
+) -> Assign:
+    """A test scheme's Assign of ``routes`` (no pre-scatter, every member at iteration 0)."""
     return Assign(
         group=group,
-        rev=0,
+        rev=rev,
         scheme="test",
-        members=list(MEMBERS),
-        weights=list(WEIGHTS),
-        routes=[r.to_list() for r in ROUTES],
+        members=list(members),
+        weights=list(weights),
+        routes=[r.to_list() for r in routes],
         pipelined=pipelined,
-        total=TOTAL,
-        part_elems=256,
+        total=total,
+        part_elems=part_elems,
         prescatter=[],
-        iterations=[0] * len(MEMBERS),
+        iterations=[0] * len(members),
         split_epoch=-1,
+    )
+
+
+def path_and_tree(pipelined: bool, group: int = 5) -> Assign:
+    """Revision 0 of ``group``: MEMBERS with WEIGHTS over ROUTES, parts of 256 elements."""
+    return assign_routes(
+        ROUTES, TOTAL, group, MEMBERS, WEIGHTS, part_elems=256, pipelined=pipelined
     )
 
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from reduce_kit import assign_routes
 
 from crew.control.assignment import (
     MAX_ROUTE_PART_ELEMS,
@@ -91,7 +92,7 @@ def _assign(
     plan: planner.Plan, group: int, members, weights, rev=0, part_elems=1000, pipelined=True
 ) -> Assign:
     segments = [(s.worker, s.start, s.stop) for s in plan.segments]
-    return _assign_routes(
+    return assign_routes(
         star_routes(segments, members),
         plan.total_elems,
         group,
@@ -100,25 +101,6 @@ def _assign(
         rev,
         part_elems,
         pipelined,
-    )
-
-
-def _assign_routes(
-    routes, total, group, members, weights, rev=0, part_elems=1000, pipelined=True
-) -> Assign:
-    return Assign(
-        group=group,
-        rev=rev,
-        scheme="test",
-        members=list(members),
-        weights=list(weights),
-        routes=[r.to_list() for r in routes],
-        pipelined=pipelined,
-        total=total,
-        part_elems=part_elems,
-        prescatter=[],
-        iterations=[0] * len(members),
-        split_epoch=-1,
     )
 
 
@@ -219,7 +201,7 @@ def test_single_member_group_keeps_its_vector(cluster: Cluster) -> None:
 def test_forged_and_duplicate_frames_are_dropped_not_counted() -> None:
     sent: list[tuple[int, Frame]] = []
     eng = ReduceEngine(1, 3, RUN, lambda d, f, _prio: sent.append((d, f)), lambda *a: None)
-    a = _assign_routes(star_routes([(1, 0, 4)], [0, 2]), 4, 1, [0, 2], [0.5, 0.5], part_elems=4)
+    a = assign_routes(star_routes([(1, 0, 4)], [0, 2]), 4, 1, [0, 2], [0.5, 0.5], part_elems=4)
     eng.assign(a)
     good = Frame(
         FrameKind.SCATTER,
@@ -276,7 +258,7 @@ def test_frames_before_their_assignment_are_parked_and_replayed() -> None:
         )
     assert sent == []
     eng.assign(
-        _assign_routes(star_routes([(2, 0, 2)], [0, 1]), 2, 3, [0, 1], [0.5, 0.5], part_elems=2)
+        assign_routes(star_routes([(2, 0, 2)], [0, 1]), 2, 3, [0, 1], [0.5, 0.5], part_elems=2)
     )
     assert sorted(d for d, _ in sent) == [0, 1]
 
@@ -284,14 +266,14 @@ def test_frames_before_their_assignment_are_parked_and_replayed() -> None:
 def test_validate_assign_rejects_gaps_and_bad_members() -> None:
     stars = star_routes([(0, 0, 4), (1, 5, 10)], [0])
     with pytest.raises(ReduceError, match="gap or an overlap"):
-        validate_assign(_assign_routes(stars, 10, 1, [0], [1.0]), 3)
+        validate_assign(assign_routes(stars, 10, 1, [0], [1.0]), 3)
     with pytest.raises(ReduceError, match="out of range"):
-        validate_assign(_assign_routes(star_routes([(0, 0, 10)], [7]), 10, 1, [7], [1.0]), 3)
+        validate_assign(assign_routes(star_routes([(0, 0, 10)], [7]), 10, 1, [7], [1.0]), 3)
     with pytest.raises(ReduceError, match="receives 9 of 10"):
-        validate_assign(_assign_routes(star_routes([(0, 0, 9)], [0]), 10, 1, [0], [1.0]), 3)
+        validate_assign(assign_routes(star_routes([(0, 0, 9)], [0]), 10, 1, [0], [1.0]), 3)
     no_path = Route(0, 10, 0, up=(), down=((0, 1),))
     with pytest.raises(ReduceError, match="does not reach root"):
-        validate_assign(_assign_routes([no_path], 10, 1, [0, 1], [0.5, 0.5]), 3)
+        validate_assign(assign_routes([no_path], 10, 1, [0, 1], [0.5, 0.5]), 3)
 
 
 @pytest.mark.parametrize("pipelined", [True, False])
@@ -313,7 +295,7 @@ def test_trees_with_relays_and_paths(cluster: Cluster, pipelined: bool) -> None:
             down=((3, 4), (4, 0), (4, 2), (3, 1)),
         ),
     ]
-    a = _assign_routes(
+    a = assign_routes(
         routes, total, 21, members, (0.25, 0.25, 0.5), part_elems=300, pipelined=pipelined
     )
     results = _run_group(cluster, a, v)
@@ -329,7 +311,7 @@ def test_all_to_all_routes_without_broadcast(cluster: Cluster) -> None:
     routes = [
         Route(0, total, m, up=tuple((o, m) for o in members if o != m), down=()) for m in members
     ]
-    results = _run_group(cluster, _assign_routes(routes, total, 31, members, (1 / 3,) * 3), v)
+    results = _run_group(cluster, assign_routes(routes, total, 31, members, (1 / 3,) * 3), v)
     for m in members:
         np.testing.assert_allclose(results[m], np.full(total, 2.0), rtol=1e-6)
 
@@ -423,7 +405,7 @@ def test_relayed_stars_compute_the_average(cluster: Cluster) -> None:
     to3 = next(r for r in routes if r.root == 3)
     assert (0, 3) not in to3.up and (3, 0) not in to3.down
     v = {m: rng.standard_normal(total).astype(np.float32) for m in members}
-    a = _assign_routes(routes, total, 51, members, (0.2, 0.3, 0.5), part_elems=400)
+    a = assign_routes(routes, total, 51, members, (0.2, 0.3, 0.5), part_elems=400)
     results = _run_group(cluster, a, v)
     expected = 0.2 * v[0] + 0.3 * v[1] + 0.5 * v[2]
     for m in members:
@@ -453,7 +435,7 @@ def _relay_chain(rev: int = 0, members=(0, 1, 2)) -> Assign:
     down = tuple(e for e in ((3, 1), (1, 0), (3, 2)) if e[1] in members or e[1] == 1)
     route = Route(0, 6, 3, up=up, down=down)
     w = [1.0 / len(members)] * len(members)
-    return _assign_routes([route], 6, 61, members, w, rev=rev, part_elems=2)
+    return assign_routes([route], 6, 61, members, w, rev=rev, part_elems=2)
 
 
 def test_member_relay_adds_its_copy_and_forwards_one_stream_part_by_part() -> None:
@@ -501,7 +483,7 @@ def test_non_member_relay_holds_nothing_and_a_new_revision_drops_its_partial_sum
 def test_validate_assign_rejects_a_relay_with_nothing_below_it() -> None:
     dead_end = Route(0, 4, 0, up=((1, 0), (2, 0)), down=((0, 1),))
     with pytest.raises(ReduceError, match="relay 2 has no children"):
-        validate_assign(_assign_routes([dead_end], 4, 1, [0, 1], [0.5, 0.5]), 3)
+        validate_assign(assign_routes([dead_end], 4, 1, [0, 1], [0.5, 0.5]), 3)
 
 
 def test_frames_further_along_their_route_get_the_earlier_priority() -> None:
@@ -537,7 +519,7 @@ def test_each_route_is_cut_into_its_own_parts() -> None:
     small = Route(1 << 20, (1 << 20) + 200_000, 1, ((0, 1),), ((1, 0),))
     tiny = Route((1 << 20) + 200_000, (1 << 20) + 200_100, 1, ((0, 1),), ((1, 0),))
     total = tiny.stop
-    a = _assign_routes([big, small, tiny], total, 5, [0, 1], [0.5, 0.5], part_elems=1 << 16)
+    a = assign_routes([big, small, tiny], total, 5, [0, 1], [0.5, 0.5], part_elems=1 << 16)
     steps = route_part_sizes(a, [big, small, tiny])
     assert steps == [1 << 16, 25_000, MIN_ROUTE_PART_ELEMS]
     assert route_part_elems(small, 1 << 16, prescatter=True) == 1 << 16
@@ -572,7 +554,7 @@ def test_a_nodes_own_parts_are_interleaved_across_the_routes_of_a_link() -> None
     a = Route(0, 3000, 1, ((0, 1),), ((1, 0),))
     b = Route(3000, 5000, 1, ((0, 1),), ((1, 0),))
     c = Route(5000, 6000, 2, ((0, 2), (1, 2)), ((2, 0), (2, 1)))
-    assign = _assign_routes([a, b, c], 6000, 3, [0, 1], [0.5, 0.5], part_elems=1000)
+    assign = assign_routes([a, b, c], 6000, 3, [0, 1], [0.5, 0.5], part_elems=1000)
     assert route_part_sizes(assign, [a, b, c]) == [1000, 1000, 1000]
     sent: list[tuple[int, int, int]] = []
     eng = ReduceEngine(
@@ -586,7 +568,7 @@ def _two_root_star(pipelined: bool) -> Assign:
     # The original partial reduce on two members: route 0 rooted at 0, route 1 rooted at 1,
     # each scattered to its root by the other member and broadcast back.
     routes = [Route(0, 8, 0, ((1, 0),), ((0, 1),)), Route(8, 16, 1, ((0, 1),), ((1, 0),))]
-    return _assign_routes(routes, 16, 61, [0, 1], [0.5, 0.5], part_elems=2, pipelined=pipelined)
+    return assign_routes(routes, 16, 61, [0, 1], [0.5, 0.5], part_elems=2, pipelined=pipelined)
 
 
 @pytest.mark.parametrize("pipelined", [False, True])
