@@ -39,6 +39,10 @@ def test_check_measures_delay_and_loss_where_configured(tmp_path: Path) -> None:
     assert rows[("w0<->w1", "RTT median")]["configured"] == pytest.approx(25.0)
     assert rows[("w0<->w2", "loss")]["configured"] == pytest.approx(25.0)
     assert all(p["ok"] for p in report["probes"]), report["probes"]
+    # A figure out of bounds is measured again once (--retries 1) before it fails the check.
+    assert report["retries"] == 1
+    assert all(1 <= p["attempts"] <= 2 for p in report["probes"]), report["probes"]
+    assert all(1 <= lk["attempts"] <= 2 for lk in report["links"]), report["links"]
     # The undelayed, lossless pair's goodput is judged as usual.
     judged = [lk for lk in report["links"] if {lk["src"], lk["dst"]} == {1, 2}]
     assert judged and all(lk["status"] == "ok" for lk in judged), judged
