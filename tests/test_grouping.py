@@ -250,6 +250,25 @@ def test_heartbeat_expiry_at_the_right_time():
     assert g.expire(100.0) == []  # the dead are not reported again
 
 
+def test_excused_time_is_not_silence_but_what_follows_is():
+    g = make(3, 2, heartbeat_timeout=10.0)  # all joined at t=0
+    g.heartbeat(0, 4.0)
+    g.mark_dead(2, 4.0)
+    g.excuse(20.0, 21.0)  # the observer was away from t=1 to t=21
+    assert g.expire(21.0) == []  # 0 seen at min(21, 24) = 21, 1 at 20
+    assert g.expire(30.0) == []
+    assert g.expire(30.001) == [1]  # silent 10 s since its excused sighting at 20
+    assert g.expire(31.001) == [0]
+    assert g.state(2) is WorkerState.DEAD  # the dead stay dead
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.inf, math.nan])
+def test_excuse_refuses_a_bad_gap(bad: float) -> None:
+    g = make(3, 2)
+    with pytest.raises(GroupingError, match="seconds"):
+        g.excuse(bad, 1.0)
+
+
 def test_ready_counts_as_a_sign_of_life():
     g = make(3, 3, heartbeat_timeout=10.0)
     g.ready(0, 1, 8.0)

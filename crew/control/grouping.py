@@ -406,6 +406,19 @@ class GroupFormer:
             self._kill(w)
         return gone
 
+    def excuse(self, seconds: float, now: float) -> None:
+        """The observer (the coordinator) was away for ``seconds``: every live worker's last
+        sighting moves forward by that much, so time nobody watched is not counted as silence.
+        Without it, a coordinator that stalls longer than ``heartbeat_timeout`` (a frozen host,
+        a blocked write) would find every worker silent on waking and declare them all dead."""
+        self._tick(now)
+        if not (_positive_finite(seconds) or seconds == 0):
+            raise GroupingError("seconds", f"must be >= 0 and finite, got {seconds!r}")
+        for w in range(self._n):
+            seen = self._last_seen[w]
+            if self._is_alive(w) and seen is not None:
+                self._last_seen[w] = min(now, seen + seconds)
+
     def mark_dead(self, worker: int, now: float) -> None:
         """Explicit death (connection lost, or gave up waiting for an ABSENT worker).
 

@@ -56,6 +56,15 @@ about 5% of what a shaper counts), less the committed capacity of the groups in 
 (``capacity.residual``, when ``cfg.committed_capacity``); the recorded lower bound is on the
 frame rates of ``capacity.planning``, a bound for any transport (see ``crew.control.capacity``).
 
+Liveness: a worker silent for ``cfg.heartbeat_timeout_s`` is lost (its groups are revised
+without it). Silence is counted only while the coordinator watches: when no event or tick has
+reached the life cycle for more than ``AWAY_FRACTION`` of that timeout (a frozen host, a blocked
+database write, a long plan), the time it was away is excused (``GroupFormer.excuse``) rather than
+blamed on every worker at once. A worker lost to silence whose control connection is still open
+and that speaks again (a heartbeat, a Ready, a report) is taken back (``_heard_again``): it was
+late, not dead, and without this it would stay out of every group for the rest of the run while
+``p_eff`` shrank around it.
+
 Events in: the workers' and the lab's :mod:`crew.wire.protocol` messages (``Register``, ``Ready``,
 ``HaveAll``, ``Admin``, ...) and :class:`WorkerDisconnected`, via :meth:`GroupLifecycle.handle`;
 the passage of time via :meth:`GroupLifecycle.tick`; the end via :meth:`GroupLifecycle.shutdown`.
@@ -98,6 +107,9 @@ from crew.wire import protocol as proto
 log = logging.getLogger("crew.control.lifecycle")
 
 MAX_REVISIONS = 8
+# The coordinator ticks every quarter second; a gap above this share of the heartbeat timeout
+# means it was not running, and the workers' silence over the gap is not theirs.
+AWAY_FRACTION = 0.5
 DEADLINE_FACTOR = 10.0  # a revision may take this many times its predicted time
 STALL_MIN_S = 3.0  # a revision that received no data for this long (at least) has stalled
 STALL_FACTOR = 3.0  # ... or for this many times its predicted time, if longer
@@ -361,6 +373,7 @@ class GroupLifecycle:
         self.progress_reported = False
         self.failed_at: dict[int, dict[int, float]] = {}  # worker -> peer -> last link failure
         self.suspect_until: dict[int, float] = {}  # worker -> end of its suspect time
+        self._looked_at: float | None = None  # the last event or tick: when it last watched
         self._out: list[Output] = []
 
     # -- the public calls --------------------------------------------------------------------
@@ -371,6 +384,7 @@ class GroupLifecycle:
         self._out = []
         kind = "closed" if isinstance(event, WorkerDisconnected) else "msg"
         try:
+            self._watch(now)
             if isinstance(event, WorkerDisconnected):
                 self.connected.discard(event.worker)
                 self._worker_lost(event.worker, now, event.why)
@@ -384,6 +398,7 @@ class GroupLifecycle:
     def tick(self, now: float) -> list[Output]:
         """Time passes: rejection summaries, link retries, silent workers, deadlines, holds."""
         self._out = []
+        self._watch(now)
         for note in self.rejections.expire(now):
             self._security_event(note, now)
         retried = self.capacity.retry_due(now)
@@ -499,6 +514,34 @@ class GroupLifecycle:
         self.offered_proj = dict(snap.offered_proj)
         self.trace_next = snap.trace_next
 
+    # -- liveness ----------------------------------------------------------------------------
+
+    def _watch(self, now: float) -> None:
+        """Excuse the workers' silence over a gap in the coordinator's own attention."""
+        last, self._looked_at = self._looked_at, now
+        if last is None or now - last <= AWAY_FRACTION * self.cfg.heartbeat_timeout_s:
+            return
+        self.former.excuse(now - last, now)
+        self._event(
+            now,
+            "coordinator",
+            f"the coordinator was away {now - last:.1f} s (no event or tick reached it):"
+            " the workers' silence in that time is not counted",
+            level=Level.WARNING,
+        )
+
+    def _heard_again(self, worker: int, now: float) -> None:
+        """A worker lost to silence spoke on its open connection: it is back (module doc)."""
+        self.former.join(worker, now)
+        self._status(worker, WorkerState.TRAINING)
+        self._event(
+            now,
+            "recovery",
+            f"worker {worker} heard again after it was lost to silence: back in groups",
+            worker=worker,
+        )
+        self._update_split()
+
     # -- outputs -----------------------------------------------------------------------------
 
     def _take(self) -> list[Output]:
@@ -534,7 +577,10 @@ class GroupLifecycle:
             raise proto.ProtocolError(f"worker: {worker!r} is not a worker of this run")
         if isinstance(msg, proto.Register):
             self._register(msg, now)
-        elif isinstance(msg, proto.Heartbeat):
+            return
+        if worker in self.connected and self.former.state(worker) is WorkerState.DEAD:
+            self._heard_again(worker, now)
+        if isinstance(msg, proto.Heartbeat):
             self.former.heartbeat(worker, now)
         elif isinstance(msg, proto.Ready) and self.trace is not None:
             self.offered_proj[worker] = msg.proj  # benchmark: the fixed vector it offers

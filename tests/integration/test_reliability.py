@@ -51,7 +51,7 @@ from lab.net.cleanup import (
 )
 from lab.net.preflight import check
 from lab.orchestrate.runner import REPO, LabRun, lab_limits
-from lab.pace import WINDOW_S, read_pace
+from lab.pace import WINDOW_S, Pace, read_pace
 from lab.scenario import Scenario, ScenarioPlayer, load_scenario
 from lab.topology import load_topology
 
@@ -255,6 +255,22 @@ def _scenario_specific(case: Case, lab: LabRun, sc: Scenario) -> Callable[[], bo
     return lambda: True
 
 
+def _timeline(db: Path, start: float, pace: Pace) -> list[str]:
+    """What the coordinator and the lab recorded around the worst window, for a failure's
+    message (CI keeps only the assertion, not the run's files)."""
+    if pace.worst_at_s is None:
+        return []
+    a, b = start + pace.worst_at_s - WINDOW_S, start + pace.worst_at_s + 2 * WINDOW_S
+    got = rows(
+        db,
+        "SELECT t, kind, message FROM events WHERE t BETWEEN ? AND ?"
+        " AND kind IN ('fault', 'recovery', 'coordinator', 'worker', 'command', 'capacity')"
+        " ORDER BY t LIMIT 80",
+        (a, b),
+    )
+    return [f"{r['t'] - start:.1f} {r['kind']}: {r['message'][:100]}" for r in got]
+
+
 def _check_scenario_after(case: Case, db: Path, sc: Scenario, extra: dict) -> None:
     applied = _applied(db)
     if case.file == "worker-crash":
@@ -330,7 +346,15 @@ def _check_scenario_after(case: Case, db: Path, sc: Scenario, extra: dict) -> No
         finally:
             conn.close()
         print(f"pace: {pace.describe()}")
-        assert pace.worst_share is not None and pace.worst_share >= PACE_MIN_SHARE, pace
+        # Only the killed worker may be lost; one lost to silence while it trained is the
+        # coordinator's misjudgement (a CI run lost all eight after a stall, and p fell to 1).
+        lost = rows(db, "SELECT message FROM events WHERE message LIKE '%lost: no heartbeat%'")
+        timeline = _timeline(db, float(start), pace)
+        assert not lost, [r["message"] for r in lost] + timeline
+        assert pace.worst_share is not None and pace.worst_share >= PACE_MIN_SHARE, (
+            pace,
+            timeline,
+        )
         assert pace.recovered_after_s is not None and pace.recovered_after_s <= PACE_BACK_S
     elif case.file == "coordinator-crash":
         kills = [c for c in applied if c["kind"] == "kill_coordinator"]
