@@ -1,17 +1,18 @@
 """CPU cost of the data path, per GB moved: ``python -m lab.datapath [--workers 4] [--mb 16]``.
 
 Runs the real thing in one process: ``--workers`` ReduceEngines, each with its own Transport
-(framed, HMAC-authenticated TCP) on loopback, all members of one group planned as CREW's
+(framed, MAC-authenticated TCP) on loopback, all members of one group planned as CREW's
 direct stars (one equal segment per worker). ``--ops`` groups run back to back; the process's
 user and system CPU seconds over them are divided by the bytes the plan moves across links
 (``crew.plan.routes.link_load``), the figure ``lab.bench`` prints as CPU s/GB.
 
 Then every per-byte stage the engine and codec run is timed alone at the same part size, in
 CPU seconds per GB of link bytes (how many times it touches each link byte is in the table):
-HMAC-SHA256 (sender and receiver: x2), the finiteness check (x1, every received part), adding
-(up phase: x1/2), copies into the result (down phase: x1/2), the receive buffer's allocation
-(x1). What the stages do not explain is the kernel (TCP, loopback, softirq: mostly ``sys``)
-and Python's per-frame work (thread hand-offs, queues, frame objects).
+the frame MAC (keyed BLAKE3, ``FrameCodec.tag``; sender and receiver: x2), the finiteness
+check (x1, every received part), adding (up phase: x1/2), copies into the result (down phase:
+x1/2), the receive buffer's allocation (x1). What the stages do not explain is the kernel
+(TCP, loopback, softirq: mostly ``sys``) and Python's per-frame work (thread hand-offs, queues,
+frame objects).
 
 ``--lab-mtu`` (root) re-runs itself in a fresh network namespace whose loopback has the lab's
 veth settings: MTU 1500 and TSO/GSO/GRO off (``lab.net.shaping.disable_offloads``), so every
@@ -23,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import hashlib
-import hmac
 import io
 import json
 import os
@@ -227,13 +226,10 @@ def stages(part_elems: int = PART_ELEMS, min_s: float = 0.3) -> list[Stage]:
     header = bytes(HEADER_SIZE)
     acc = np.zeros(part_elems, dtype=DTYPE)
     result = np.empty(part_elems * 4, dtype=DTYPE)
-    mac = hmac.new(os.urandom(32), digestmod=hashlib.sha256)
+    codec = FrameCodec(os.urandom(32), 1)
 
     def tag() -> None:
-        m = mac.copy()
-        m.update(header)
-        m.update(payload)
-        m.digest()
+        codec.tag(header, payload)
 
     def finite() -> None:
         np.all(np.isfinite(np.frombuffer(payload, dtype=DTYPE)))
@@ -248,9 +244,7 @@ def stages(part_elems: int = PART_ELEMS, min_s: float = 0.3) -> list[Stage]:
         bytearray(nbytes)
 
     return [
-        Stage(
-            "hmac-sha256", 2, _cpu_per_gb(tag, nbytes, min_s), "frames.FrameCodec, send and receive"
-        ),
+        Stage("frame MAC", 2, _cpu_per_gb(tag, nbytes, min_s), "FrameCodec.tag, send and receive"),
         Stage("finite check", 1, _cpu_per_gb(finite, nbytes, min_s), "reduce._values, every part"),
         Stage("add", 0.5, _cpu_per_gb(add, nbytes, min_s), "reduce._add, up phase"),
         Stage("copy to result", 0.5, _cpu_per_gb(place, nbytes, min_s), "reduce._deliver, down"),

@@ -20,7 +20,7 @@ def test_end_to_end_moves_the_planned_bytes_and_counts_cpu() -> None:
 def test_stages_cover_the_per_byte_work() -> None:
     stages = datapath.stages(part_elems=4096, min_s=0.02)
     names = {s.name for s in stages}
-    assert {"hmac-sha256", "finite check", "add", "copy to result", "recv buffer"} <= names
+    assert {"frame MAC", "finite check", "add", "copy to result", "recv buffer"} <= names
     assert all(s.s_per_gb > 0 for s in stages)
 
 

@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import struct
 
+import blake3
 import numpy as np
 import pytest
 from frame_strategies import frames
@@ -16,6 +17,7 @@ from crew.wire.frames import (
     COORDINATOR,
     HEADER,
     HEADER_SIZE,
+    MAC_CONTEXT,
     MAGIC,
     TAG_SIZE,
     VERSION,
@@ -63,8 +65,14 @@ def _raw(
     header = HEADER.pack(
         magic, version, kind, 3, run, 1, 2, 3, 4, 5, len(payload) if length is None else length
     )
-    tag = hmac.new(codec_secret, header + payload, hashlib.sha256).digest()
-    return header + payload + tag
+    return header + payload + documented_tag(codec_secret, header, payload)
+
+
+def documented_tag(secret: bytes, header: bytes, payload: bytes) -> bytes:
+    """The tag as the module doc defines it, computed apart from the codec: keyed BLAKE3 over
+    payload || header, the key derived from the run secret."""
+    key = blake3.blake3(secret, derive_key_context=MAC_CONTEXT).digest()
+    return blake3.blake3(payload + header, key=key).digest()
 
 
 class Recorder:
@@ -118,7 +126,7 @@ def test_header_layout_is_network_order(codec: FrameCodec) -> None:
     header = bytes(codec.encode(frame)[0])
     assert HEADER_SIZE == 40
     assert header[:4] == b"CRW1"
-    assert header[4] == 1 and header[5] == FrameKind.RESULT
+    assert header[4] == VERSION == 2 and header[5] == FrameKind.RESULT
     assert header[6:8] == b"\x01\x02"
     assert struct.unpack("!Q", header[28:36])[0] == 1 << 40
     assert struct.unpack("!I", header[36:40])[0] == 1
@@ -202,8 +210,25 @@ def test_bad_magic(codec: FrameCodec) -> None:
 
 
 def test_bad_version(codec: FrameCodec) -> None:
-    with pytest.raises(BadVersion, match="version 2"):
-        codec.decode(_raw(SECRET, version=2))
+    with pytest.raises(BadVersion, match="version 3"):
+        codec.decode(_raw(SECRET, version=3))
+
+
+def test_a_version_1_frame_with_its_hmac_sha256_tag_is_refused_by_version(
+    codec: FrameCodec,
+) -> None:
+    header = HEADER.pack(MAGIC, 1, FrameKind.SCATTER, 3, RUN, 1, 2, 3, 4, 5, 3)
+    old = header + b"abc" + hmac.new(SECRET, header + b"abc", hashlib.sha256).digest()
+    with pytest.raises(BadVersion, match="version 1 is not 2"):
+        codec.decode(old)
+
+
+def test_the_tag_is_the_documented_keyed_blake3(codec: FrameCodec) -> None:
+    """Pins the wire format: another implementation can compute the tag from the module doc."""
+    frame = Frame(FrameKind.SCATTER, sender=2, run=RUN, group=9, offset=128, payload=b"x" * 5000)
+    header, payload, tag = codec.encode(frame)
+    assert len(tag) == TAG_SIZE == 32
+    assert tag == documented_tag(SECRET, bytes(header), bytes(payload))
 
 
 def test_unknown_kind(codec: FrameCodec) -> None:
