@@ -70,7 +70,7 @@ forwarded. A route's parts scale with the route, not with the vector: with k par
 hop costs about 1/k of the route's own transfer time."""
 
 MIN_ROUTE_PART_ELEMS = 16 << 10
-"""No route part below 64 KiB (unless the route is smaller): per-frame costs (framing, HMAC,
+"""No route part below 64 KiB (unless the route is smaller): per-frame costs (framing, MAC,
 a Python call per hop) stay small against the bytes."""
 
 MAX_ROUTE_PART_ELEMS = 64 << 10

@@ -1,7 +1,7 @@
 """The host's CPU as one more capacity of the route LP, for labs where one machine runs every
 worker's data path.
 
-**Cost model.** Every byte a link carries costs CPU on the host: framing, HMAC and the copy at
+**Cost model.** Every byte a link carries costs CPU on the host: framing, the MAC and the copy at
 the sender, the same and the add at the receiver, and the kernel's TCP and shaping work in
 between. ``lab.bench`` measures it per scheme as ``cpu_s_per_gb``: the workers' CPU seconds
 (from ``/proc``) per GB of link bytes, 12.2 for crew on bench-hetero with 8 workers on 2 cores.

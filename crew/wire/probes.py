@@ -17,7 +17,7 @@ Detection: a cut is declared between ``DEAD_AFTER_S`` and ``DEAD_AFTER_S + PROBE
 after it; a probe may sit behind a full HTB queue (at most ~50 ms plus the configured delay,
 ``lab.net.shaping``) or be tail-dropped, so ``DEAD_AFTER_S`` spans several probes.
 
-Authentication: the frame's HMAC (the run's ``FrameCodec`` secret) proves the sender; the probe
+Authentication: the frame's MAC (the run's ``FrameCodec`` secret) proves the sender; the probe
 names its receiver (``block``) so it cannot be reflected to another worker, and carries the
 sender's clock in microseconds (``offset``) as a sequence number: a replayed probe (not newer
 than the last one accepted from that sender) is refused, so a recording cannot make a dead link

@@ -1,8 +1,8 @@
 """Framed, authenticated TCP transport for the CREW data plane (and FrameStream for control).
 
 Threads, not asyncio: the worker's training loop is blocking torch code, and the transport must
-keep moving bytes while it runs. Python threads suffice because socket I/O and the HMAC over
-large buffers (hashlib) release the GIL.
+keep moving bytes while it runs. Python threads suffice because socket I/O and the frame MAC over
+large buffers (blake3) release the GIL.
 
 Topology of one ``Transport``:
 

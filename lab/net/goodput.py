@@ -11,7 +11,7 @@ read after the window opened. Both sides are bounded in
 time: nothing here waits forever. No iperf3 needed.
 
 ``--frames`` on both sides measures the data plane instead of raw TCP: the source sends
-``PAYLOAD`` frames of ``--frame-bytes`` through crew's ``FrameStream`` (header, HMAC tag, the
+``PAYLOAD`` frames of ``--frame-bytes`` through crew's ``FrameStream`` (header, MAC tag, the
 transport's socket options), the sink decodes and verifies each; only payload bytes count. The
 two share a fixed meter secret: the figure is about throughput, not authentication.
 """
