@@ -402,7 +402,8 @@ def probe_pair(net: LabNetwork, i: int, j: int, probes: int, interval_s: float) 
     return rows
 
 
-def _any_out(rows: list[Row]) -> bool:
+def any_out(rows: list[Row]) -> bool:
+    """Whether some figure of ``rows`` is out of its bounds."""
     return not all(r.ok for r in rows)
 
 
@@ -415,7 +416,7 @@ def probe_pairs(
     for i, j in impaired_pairs(net):
         rows, attempts = retried(
             partial(probe_pair, net, i, j, probes, interval_s),
-            _any_out,
+            any_out,
             retries,
         )
         out += [(r, attempts) for r in rows]

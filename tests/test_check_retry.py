@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from lab.check import LinkResult, build_parser, main, retried
+from lab.check import LinkResult, any_out, build_parser, main, retried
+from lab.net.probe import Row
 
 
 def _results(*statuses: str):
@@ -54,3 +55,13 @@ def test_retries_default_to_one_and_negative_is_refused(capsys) -> None:
     assert build_parser().parse_args([]).retries == 1
     assert main(["--retries", "-1"]) == 2
     assert "--retries >= 0" in capsys.readouterr().err
+
+
+def test_a_pair_is_measured_again_when_any_of_its_figures_is_out() -> None:
+    inside = Row("built", "w0<->w1", "RTT median", 25.0, 25.4, 21.0, 29.0, "ms", 500)
+    outside = Row("built", "w0<->w1", "RTT p90", 25.0, 31.9, 21.0, 29.0, "ms", 500)
+    assert not any_out([inside])
+    assert any_out([inside, outside])
+    batches = iter([[inside, outside], [inside, inside]])
+    rows, attempts = retried(lambda: next(batches), any_out, 1)
+    assert (rows, attempts) == ([inside, inside], 2)
