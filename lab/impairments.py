@@ -11,7 +11,7 @@ then after changing the links at run time (``LabNetwork.set_link``, the call the
 and scenarios' commands end in), prints the table and exits 1 if any row is out of bounds.
 
 Like ``lab.check``, a measurement out of bounds (one pair's RTT rows, the loss row, the
-goodput row) is taken again once before it counts (``run_cases(retries=1)``): under QEMU's
+goodput row) is taken again once before it counts (``measure_all(retries=1)``): under QEMU's
 software emulation one lost slice of CPU can push a ping train's p90 or a 3 s transfer out of
 bounds, and a wrong impairment is wrong every time.
 """

@@ -264,7 +264,7 @@ class GroupFormer:
             raise GroupingError(
                 "isolation_window", f"must be None or an int >= 0, got {isolation_window!r}"
             )
-        if not (_positive_finite(isolation_max_wait) or isolation_max_wait == 0):
+        if not _non_negative_finite(isolation_max_wait):
             raise GroupingError(
                 "isolation_max_wait", f"must be >= 0 and finite, got {isolation_max_wait!r}"
             )
@@ -273,7 +273,7 @@ class GroupFormer:
         self.staleness_decay = float(staleness_decay)
         self._isolation_window = None if isolation_window is None else int(isolation_window)
         self.isolation_max_wait = float(isolation_max_wait)
-        if not (_positive_finite(defer_max_wait) or defer_max_wait == 0):
+        if not _non_negative_finite(defer_max_wait):
             raise GroupingError(
                 "defer_max_wait", f"must be >= 0 and finite, got {defer_max_wait!r}"
             )
@@ -412,7 +412,7 @@ class GroupFormer:
         Without it, a coordinator that stalls longer than ``heartbeat_timeout`` (a frozen host,
         a blocked write) would find every worker silent on waking and declare them all dead."""
         self._tick(now)
-        if not (_positive_finite(seconds) or seconds == 0):
+        if not _non_negative_finite(seconds):
             raise GroupingError("seconds", f"must be >= 0 and finite, got {seconds!r}")
         for w in range(self._n):
             seen = self._last_seen[w]
@@ -683,3 +683,7 @@ class GroupFormer:
 
 def _positive_finite(x: object) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _non_negative_finite(x: object) -> bool:
+    return _positive_finite(x) or x == 0
