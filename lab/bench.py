@@ -55,6 +55,18 @@ used, and worker 0 reports each op as a ``groups`` row. Its ``bound_s`` is
 result is torch's and is verified separately by ``tests/test_gloo.py``. Compare it with the
 partial-reduce schemes knowing that it averages n vectors, not p.
 
+Rounds (``--rounds R``)
+-----------------------
+The scheme list runs R times on the same network, round r rotated r - 1 places, so over as many
+rounds as schemes every scheme takes every position once (``lab.benchrounds``; this machine's
+speed drifts by up to 2x over minutes, and a scheme that always runs first or last would carry
+the drift). Each round's results are kept in ``rounds`` (a list of ``{scheme: ...}`` as above)
+and summarised per scheme in ``repeat``: the median, min and max over the rounds of the round's
+median, measured / planned, measured / bound and CPU s/GB, ``fastest`` (rounds in which its
+median was the lowest of the correct schemes', ties counting for each) and ``correct``.
+``schemes`` then holds each scheme's ops of all rounds pooled (same fields as one run). Run
+folders become ``DIR/round-K/<scheme>/``; ``round_count`` is R.
+
 Training (``--train``)
 ----------------------
 Per scheme, a normal lab run (real torch workers training on the digits set) on the same
@@ -85,7 +97,8 @@ Outputs
 terminal table, ``DIR/plots.html`` (op-time box plots with each scheme's median bound; measured
 MB per op on every link as heat maps; plotly.js embedded, opens offline), the same figures as
 PNG when kaleido can drive a Chromium (``BROWSER_PATH``, default ``/usr/bin/chromium``), and
-one run folder per scheme, ``DIR/<scheme>/`` (``lab.db``, config, logs) to dig into.
+one run folder per scheme, ``DIR/<scheme>/`` (``lab.db``, config, logs) to dig into; with
+``--rounds``, a rounds table above the pooled one.
 
 Wall-clock figures from this 2-core machine are distorted when other labs run at the same
 time; the benchmark lists the ones it saw (``other_labs_seen``).
@@ -122,6 +135,14 @@ from crew.plan import planner
 from crew.plan.routes import Route, link_load
 from crew.plan.schemes import GROUP_SCHEMES
 from crew.runtime.rundb import GroupStatus, connect
+from lab.benchrounds import (
+    op_stats,
+    percentile,
+    pool_results,
+    round_orders,
+    round_summary,
+    run_folder,
+)
 from lab.net.cleanup import ROOT_NAME_PREFIX, root_link_names
 from lab.net.mesh import LabNetwork
 from lab.net.preflight import (
@@ -211,13 +232,6 @@ def make_trace(n: int, p: int, ops: int, seed: int) -> list[list[int]]:
         raise BenchError("--ops", f"must be >= 0, got {ops}")
     rng = random.Random(seed)
     return [sorted(rng.sample(range(n), p)) for _ in range(ops)]
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0..100) with linear interpolation; None for no values."""
-    if not values:
-        return None
-    return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
 @dataclass(frozen=True)
@@ -327,9 +341,7 @@ def op_results(
             bounds: list[float | None] = [bound] * len(done)
         else:
             bounds = [r["bound_s"] for r in done]
-        ratios = [t / b for t, b in zip(times, bounds, strict=True) if b and math.isfinite(b)]
         predicted = [r["predicted_s"] for r in done]
-        to_plan = [t / q for t, q in zip(times, predicted, strict=True) if q and math.isfinite(q)]
         errs = [r["verify_err"] for r in done]
         abandoned = sum(1 for r in rows if r["status"] == GroupStatus.ABANDONED)
         if gloo:
@@ -351,12 +363,8 @@ def op_results(
         return SchemeResult(
             op_times_s=tuple(times),
             bound_s=tuple(bounds),
-            median_s=percentile(times, 50),
-            p90_s=percentile(times, 90),
-            median_over_bound=percentile(ratios, 50),
             predicted_s=tuple(predicted),
-            planned_s=percentile([q for q in predicted if q and math.isfinite(q)], 50),
-            median_over_planned=percentile(to_plan, 50),
+            **op_stats(times, bounds, predicted),
             correct=correct,
             completed=len(done),
             abandoned=abandoned,
@@ -575,6 +583,7 @@ class BenchSpec:
     train_runs: tuple[TrainRun, ...] = ()
     # untimed groups of all n workers each scheme runs before the trace (see --warmup)
     warmup: int = 0
+    rounds: int = 1  # the scheme list runs this many times, rotated (lab.benchrounds)
 
     @property
     def size_elems(self) -> int:
@@ -666,14 +675,19 @@ def run_ops(
     trace: list[list[int]],
     progress: Progress,
     index: int,
+    round_no: int = 1,
 ) -> SchemeResult:
-    """Replay the trace (or K Gloo ops) with one scheme; never raises for a scheme's failure."""
+    """Replay the trace (or K Gloo ops) with one scheme; never raises for a scheme's failure.
+    ``round_no``: which of ``spec.rounds`` rounds this is (1-based; it names the run folder)."""
     gloo = scheme == GLOO
-    run_dir = spec.out / scheme
+    run_dir = run_folder(spec.out, scheme, round_no, spec.rounds)
     k = spec.ops
     warm = 0 if gloo else spec.warmup
     replay = [list(range(spec.topology.n))] * warm + trace
-    task = progress.add_task(f"{index}/{len(spec.schemes)} {scheme}", total=k, status="starting")
+    label = f"{index}/{len(spec.schemes)} {scheme}"
+    if spec.rounds > 1:
+        label = f"round {round_no}/{spec.rounds}: {label}"
+    task = progress.add_task(label, total=k, status="starting")
     opts = RunOptions(
         scheme=scheme,
         p=spec.p,
@@ -899,6 +913,38 @@ def results_table(schemes: dict[str, dict[str, Any]], title: str, ops: int) -> T
             _fmt(r.get("cpu_s_per_gb"), ".1f"),
             f"{r['completed']}/{ops}",
             ok,
+        )
+    return t
+
+
+def _fmt_spread(s: dict[str, float | None], spec: str = ".3f") -> str:
+    if s["median"] is None:
+        return "-"
+    return f"{s['median']:{spec}} ({s['min']:{spec}}-{s['max']:{spec}})"
+
+
+def rounds_table(summary: dict[str, dict[str, Any]], topology: str, rounds: int) -> Table:
+    """Per scheme over the rounds (``lab.benchrounds.round_summary``): the median of the
+    rounds' medians, measured / planned and measured / bound, each with its range, the rounds
+    it was the fastest correct scheme in, and the rounds it was correct in."""
+    t = Table(
+        title=f"{topology}: {rounds} rounds, each scheme list rotated one place per round",
+        caption="median (min-max) over the rounds of each round's median; fastest: rounds in"
+        " which the scheme's median was the lowest of the correct schemes' (ties count for"
+        " each)",
+    )
+    for col in ("scheme", "median s", "meas/plan", "/bound", "CPU s/GB", "fastest", "correct"):
+        t.add_column(col, justify="left" if col == "scheme" else "right")
+    for name, r in summary.items():
+        t.add_row(
+            name,
+            _fmt_spread(r["median_s"]),
+            _fmt_spread(r["median_over_planned"], ".2f"),
+            _fmt_spread(r["median_over_bound"], ".2f"),
+            _fmt_spread(r["cpu_s_per_gb"], ".1f"),
+            f"{r['fastest']}/{r['rounds']}",
+            ("[green]" if r["correct"] == r["rounds"] else "[red]")
+            + f"{r['correct']}/{r['rounds']}",
         )
     return t
 
@@ -1222,6 +1268,17 @@ def build_parser() -> argparse.ArgumentParser:
         "not for gloo (default 0)",
     )
     p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="R",
+        help="run the scheme list R times on the same network, each round rotated one place "
+        "(round 2 starts with the second scheme), and report per scheme the median of the "
+        "rounds' medians with their range and in how many rounds it was the fastest: the "
+        "machine's speed drifts, so schemes run one after another are compared fairly only "
+        "over rounds. Run folders become OUT/round-K/SCHEME (default 1)",
+    )
+    p.add_argument(
         "--out",
         type=Path,
         required=True,
@@ -1335,6 +1392,8 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         raise BenchError("--ops", f"must be >= 1 (0 only with --train), got {args.ops}")
     if args.warmup < 0:
         raise BenchError("--warmup", f"must be >= 0, got {args.warmup}")
+    if args.rounds < 1:
+        raise BenchError("--rounds", f"must be >= 1, got {args.rounds}")
     if not (math.isfinite(args.timeout_per_op) and args.timeout_per_op > 0):
         raise BenchError("--timeout-per-op", f"must be positive, got {args.timeout_per_op}")
     if args.train and not (math.isfinite(args.duration) and args.duration > 0):
@@ -1388,13 +1447,22 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         target_loss=args.target_loss,
         train_runs=runs if args.train else (),
         warmup=args.warmup,
+        rounds=args.rounds,
     )
 
 
 def _prepare_out(spec: BenchSpec, overwrite: bool) -> None:
     """Make --out; refuse (or with --overwrite, delete) run folders of an earlier benchmark,
     since a run database is appended to, which would mix two benchmarks' ops."""
-    folders = [spec.out / s for s in spec.schemes] if spec.ops else []
+    folders = (
+        [
+            run_folder(spec.out, s, r, spec.rounds)
+            for r in range(1, spec.rounds + 1)
+            for s in spec.schemes
+        ]
+        if spec.ops
+        else []
+    )
     if spec.train:
         folders += [spec.out / "train" / r.name for r in spec.train_runs]
     existing = [f for f in folders if f.exists()]
@@ -1426,6 +1494,24 @@ def _progress() -> Progress:
     )
 
 
+def _record_rounds(
+    results: dict[str, Any], schemes: Sequence[str], rounds: list[dict[str, Any]], total: int
+) -> None:
+    """Put the rounds run so far (of ``total``) into ``results``: a single round as ever
+    (``schemes``); several: each round's results (``rounds``), their summary (``repeat``) and
+    ``schemes`` pooled over them (``lab.benchrounds``)."""
+    if total == 1:
+        results["schemes"] = {s: rounds[0][s] for s in schemes if s in rounds[0]}
+        return
+    results["rounds"] = rounds
+    results["repeat"] = round_summary(rounds)
+    results["schemes"] = {
+        s: pool_results([rnd[s] for rnd in rounds if s in rnd])
+        for s in schemes
+        if any(s in rnd for rnd in rounds)
+    }
+
+
 def run_benchmark(spec: BenchSpec) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Build one network, run every scheme on it (and train, if asked); write the JSON files.
 
@@ -1453,6 +1539,7 @@ def run_benchmark(spec: BenchSpec) -> tuple[dict[str, Any], dict[str, Any] | Non
         "size_bytes": spec.size_bytes,
         "ops": spec.ops,
         "warmup": spec.warmup,
+        "round_count": spec.rounds,
         "seed": spec.seed,
         "trace": trace,
         "started_at": started,
@@ -1467,13 +1554,17 @@ def run_benchmark(spec: BenchSpec) -> tuple[dict[str, Any], dict[str, Any] | Non
     with LabNetwork(topo, tag=tag, capabilities=caps, mgmt_subnet=free_mgmt_subnet()) as net:
         with _progress() as progress:
             if spec.ops:
-                for i, scheme in enumerate(spec.schemes, 1):
-                    res = run_ops(net, caps, spec, scheme, trace, progress, i)
-                    seen |= set(other_labs(tag))
-                    results["schemes"][scheme] = res.to_dict()
-                    results["other_labs_seen"] = sorted(seen)
-                    results["wall_s"] = time.time() - started
-                    _write_json(spec.out / "results.json", results)
+                rounds: list[dict[str, Any]] = []
+                for r, order in enumerate(round_orders(spec.schemes, spec.rounds), 1):
+                    rounds.append({})
+                    for i, scheme in enumerate(order, 1):
+                        res = run_ops(net, caps, spec, scheme, trace, progress, i, r)
+                        seen |= set(other_labs(tag))
+                        rounds[-1][scheme] = res.to_dict()
+                        results["other_labs_seen"] = sorted(seen)
+                        results["wall_s"] = time.time() - started
+                        _record_rounds(results, spec.schemes, rounds, spec.rounds)
+                        _write_json(spec.out / "results.json", results)
             if spec.train:
                 train = {
                     "topology": topo.name,
@@ -1526,7 +1617,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{results['topology']}: p={spec.p}, {spec.size_bytes / MB:g} MB, "
             f"{spec.ops} ops, seed {spec.seed} (wall {results['wall_s']:.0f} s)"
         )
-        console.print(results_table(results["schemes"], title, spec.ops))
+        if spec.rounds > 1:
+            title = f"{title}, pooled over {spec.rounds} rounds"
+            console.print(rounds_table(results["repeat"], results["topology"], spec.rounds))
+        console.print(results_table(results["schemes"], title, spec.ops * spec.rounds))
         for line in error_lines(results["schemes"]):
             console.print(f"[red]failed[/red] {line}", highlight=False)
         failed |= not all(r["correct"] for r in results["schemes"].values())

@@ -132,6 +132,7 @@ def test_options_are_validated() -> None:
         (["--target-accuracy", "1.5"], "--target-accuracy"),
         (["--pace", "1.5"], "--pace"),
         (["--pace", "-0.1"], "--pace"),
+        (["--rounds", "0"], "--rounds"),
     ]:
         with pytest.raises(BenchError) as info:
             bench.spec_from_args(parser.parse_args([*base, "--p", "2", *extra]))

@@ -77,3 +77,30 @@ def test_bench_small(tmp_path: Path) -> None:
     assert (out / "plots.html").stat().st_size > 0
     for name in schemes:
         assert (out / name / "lab.db").exists()
+
+
+def test_bench_rounds(tmp_path: Path) -> None:
+    """``--rounds 2``: each scheme runs twice on one network, round 2 in the rotated order, into
+    its own run folder; results.json keeps both rounds, their summary and the pooled ops."""
+    out = tmp_path / "bench"
+    schemes = ["crew", "ps"]
+    args = ["--topology", str(SMALL), "--schemes", ",".join(schemes), "--p", "2"]
+    args += ["--size-mb", str(SIZE_MB), "--ops", "2", "--rounds", "2", "--out", str(out)]
+    rc = bench.main([*args, "--timeout-per-op", "30"])
+    results = json.loads((out / "results.json").read_text())
+    errors = {s: r["error"] for s, r in results.get("schemes", {}).items() if r["error"]}
+    assert rc == 0, f"benchmark failed: {errors}"
+    assert results["round_count"] == 2
+    assert [list(r) for r in results["rounds"]] == [schemes, schemes[::-1]]
+    for name in schemes:
+        for k in (1, 2):
+            assert (out / f"round-{k}" / name / "lab.db").exists()
+        pooled = results["schemes"][name]
+        per_round = [r[name]["op_times_s"] for r in results["rounds"]]
+        assert pooled["op_times_s"] == per_round[0] + per_round[1]
+        assert pooled["correct"] and pooled["completed"] == 4
+        summary = results["repeat"][name]
+        assert summary["rounds"] == 2 and summary["correct"] == 2
+        assert summary["per_round"]["median_s"] == [r[name]["median_s"] for r in results["rounds"]]
+    # one scheme is the fastest in each round (both, on a tie)
+    assert sum(results["repeat"][s]["fastest"] for s in schemes) >= 2
