@@ -1144,7 +1144,7 @@ def build_figures(results: dict[str, Any]) -> dict[str, Any]:
     # MB per op on a log colour scale: Gloo moves tens of times more than a p-member group,
     # and a linear scale would flatten every other scheme. Links that moved under 1 kB per op
     # get the floor colour.
-    ops = max(1, int(results["ops"]))
+    ops = max(1, int(results["ops"]) * int(results.get("round_count") or 1))  # pooled rounds
     floor = -3.0
     ticks = list(range(-3, 4))
     for k, name in enumerate(names):

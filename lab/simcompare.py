@@ -153,6 +153,8 @@ def compare(
     if hop_queue_s is None:
         hop_queue_s = hop_queue_for(results)
     topo = sim_topology(load_topology(topology))
+    # With lab.bench --rounds, each scheme's ops are every round's, pooled in round order.
+    trace = list(results["trace"]) * int(results.get("round_count") or 1)
     out: dict[str, dict[str, float]] = {}
     for scheme, r in results["schemes"].items():
         if scheme not in GROUP_SCHEMES or not r.get("op_times_s"):
@@ -170,7 +172,7 @@ def compare(
                 executor,
                 plan_time,
             )
-            for members in results["trace"][: len(emulated)]
+            for members in trace[: len(emulated)]
         ]
         ratios = [s / e for s, e in zip(simulated, emulated, strict=True) if e > 0]
         out[scheme] = {

@@ -379,3 +379,15 @@ def test_planned_link_bytes_use_each_plans_wire_size() -> None:
     assert bench.planned_link_bytes([f32], 2) == {"0->1": 400}
     assert bench.planned_link_bytes([old], 2) == {"0->1": 400}
     assert bench.planned_link_bytes([int8, f32], 2) == {"0->1": 103 + 400}
+
+
+def test_link_figure_of_pooled_rounds_is_per_op(tmp_path: Path) -> None:
+    # Two rounds pooled (lab.benchrounds): bytes summed over 2 x 4 ops, so per op as one round.
+    one = _results(tmp_path)
+    pooled = dict(one, round_count=2)
+    r = dict(one["schemes"]["preduce"])
+    r["link_bytes"] = {k: 2 * b for k, b in r["link_bytes"].items()}
+    pooled["schemes"] = {"preduce": r}
+    (heat,) = bench.build_figures(pooled)["link-bytes"].data
+    per_op = np.array(heat.customdata, dtype=float)
+    assert per_op[0, 1] == 0.5 and per_op[1, 0] == 0.125

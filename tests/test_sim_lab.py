@@ -132,3 +132,17 @@ def test_train_compare_reads_the_step_time_from_worker_states(tmp_path: Path) ->
     facts = _run_facts(tmp_path)
     assert facts["compute_s"] == pytest.approx(0.4)  # median of 0.3 and 0.5
     assert facts["size_bytes"] == 40 and facts["seed"] == 3 and facts["rounds"] == [1, 1, 0]
+
+
+def test_compare_pairs_pooled_rounds_with_the_trace_of_each_round() -> None:
+    # lab.bench --rounds 2: the pooled ops are the trace's twice over, in round order.
+    from lab.simcompare import compare
+
+    topo = ROOT / "topologies" / "small.yaml"
+    trace = [[0, 1], [1, 2]]
+    one = {"trace": trace, "size_bytes": 400_000, "seed": 0, "pace": 0.95}
+    emulated = {"preduce": {"op_times_s": [0.5, 0.6], "cpu_s_per_gb": None}}
+    single = compare(one | {"schemes": emulated}, topo)["preduce"]
+    pooled_ops = {"preduce": {"op_times_s": [0.5, 0.6, 0.5, 0.6], "cpu_s_per_gb": None}}
+    pooled = compare(one | {"round_count": 2, "schemes": pooled_ops}, topo)["preduce"]
+    assert pooled == single  # the same ops, each simulated against its own group
