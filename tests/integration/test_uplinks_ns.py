@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.check import PAYLOAD_FRACTION, measure_batch, measure_sharing
+from lab.check import PAYLOAD_FRACTION, measure_batch, measure_sharing, remeasure, retried
 from lab.net.mesh import LabError, LabNetwork
 from lab.topology import Uplinks, load_topology
 
@@ -44,12 +44,21 @@ def test_clouds_4x2_workers_share_their_cloud_pair_uplink(tmp_path: Path) -> Non
         with pytest.raises(LabError, match="share an uplink"):
             net.set_link(0, 2, rate_mbit=5)
         # us-east -> eu-west is 80 Mbit/s: one flow alone gets it; two flows share it.
-        (alone,) = measure_batch(net, [topo.link(0, 2)], 1.5, 0.1)
+        # lab.check's policy: a LOW 1.5 s transfer is measured once more before it counts (a
+        # CI run lost a CPU slice and measured 64.9 of the 65.0 Mbit/s floor; see lab.check).
+        first = measure_batch(net, [topo.link(0, 2)], 1.5, 0.1)
+        (alone,) = remeasure(net, first, 1.5, 0.1, retries=1)
+        assert alone.attempts <= 2
         assert alone.measured_mbit > 0.85 * 80 * PAYLOAD_FRACTION
         assert alone.status == "ok", alone  # its per-pair counter carried the bytes
         assert (0, 2) in net.tx_bytes() and (0, 1) in net.tx_bytes()
-        rows = {(r.src_cloud, r.dst_cloud): r for r in measure_sharing(net, 1.5, 0.1, limit=2)}
-        row = rows[("us-east", "eu-west")]
+        # LOW (a lost CPU slice) is measured once more, like the single flow; NOT SHARED is not.
+        shared, _ = retried(
+            lambda: {(r.src_cloud, r.dst_cloud): r for r in measure_sharing(net, 1.5, 0.1, 2)},
+            lambda rows: any(r.status == "LOW" for r in rows.values()),
+            1,
+        )
+        row = shared[("us-east", "eu-west")]
         assert row.flows == 2 and row.status == "ok", row
         assert row.total_mbit < 1.1 * 80  # private links would give ~2 x 80
         # Intra-cloud stays fast (500 Mbit/s configured): well above any WAN rate.
