@@ -516,12 +516,12 @@ def test_each_route_is_cut_into_its_own_parts() -> None:
     # A small route of a multi-hop plan gets small parts (so its relays pipeline), a large one
     # is capped by the assignment's part size, and both ends agree from the assignment alone.
     big = Route(0, 1 << 20, 0, ((1, 0),), ((0, 1),))
-    small = Route(1 << 20, (1 << 20) + 400_000, 1, ((0, 1),), ((1, 0),))
-    tiny = Route((1 << 20) + 400_000, (1 << 20) + 400_100, 1, ((0, 1),), ((1, 0),))
+    small = Route(1 << 20, (1 << 20) + 200_000, 1, ((0, 1),), ((1, 0),))
+    tiny = Route((1 << 20) + 200_000, (1 << 20) + 200_100, 1, ((0, 1),), ((1, 0),))
     total = tiny.stop
     a = assign_routes([big, small, tiny], total, 5, [0, 1], [0.5, 0.5], part_elems=1 << 16)
     steps = route_part_sizes(a, [big, small, tiny])
-    assert steps == [1 << 16, 50_000, MIN_ROUTE_PART_ELEMS]
+    assert steps == [1 << 16, 25_000, MIN_ROUTE_PART_ELEMS]
     assert route_part_elems(small, 1 << 16, prescatter=True) == 1 << 16
     assert route_part_elems(big, 1 << 18) == MAX_ROUTE_PART_ELEMS  # never a 1 MB part per hop
     got: dict[int, list[Frame]] = {0: [], 1: []}
@@ -532,7 +532,7 @@ def test_each_route_is_cut_into_its_own_parts() -> None:
     for eng in engines:
         eng.assign(a, vec)
     sizes = sorted({(f.block, len(f.payload) // 4) for f in got[1] if f.kind is FrameKind.SCATTER})
-    assert sizes == [(1, 50_000), (2, 100)]  # 0's scatter to root 1: routes 1 and 2
+    assert sizes == [(1, 25_000), (2, 100)]  # 0's scatter to root 1: routes 1 and 2
     sizes = sorted({(f.block, len(f.payload) // 4) for f in got[0] if f.kind is FrameKind.SCATTER})
     assert sizes == [(0, 1 << 16)]  # 1's scatter to root 0: route 0, in 16 parts
     for _ in range(3):  # scatter, then results (bounded)

@@ -69,16 +69,9 @@ part's time at the hop's rate, and a route whose whole range is one or two parts
 forwarded. A route's parts scale with the route, not with the vector: with k parts, each extra
 hop costs about 1/k of the route's own transfer time."""
 
-MIN_ROUTE_PART_ELEMS = 32 << 10
-"""No route part below 128 KiB (unless the route is smaller): per-frame costs (framing, MAC, a
-Python call and a few thread hand-overs per hop) stay small against the bytes. The planner
-counts this size as each hop's part time (``GroupLifecycle``), so it prefers fewer hops.
-
-Measured on bench-hetero (p = 4 of 8, 8 MB, 8 workers on 2 cores, crew alone, 6 alternating
-pairs of ``lab.bench --ops 8 --warmup 1``): with 64 KiB the plans predict 0.400 s and ops take
-a median 0.524 s (0.472-0.564) at 8.4-10.5 worker CPU s/GB; with 128 KiB the plans predict
-0.469 s and ops take 0.502 s (0.489-0.546) at 5.8-8.2 CPU s/GB. The host's two cores, not the
-links, were the limit: 32 KiB parts plan faster still (0.364 s) and ran slower, at more CPU."""
+MIN_ROUTE_PART_ELEMS = 16 << 10
+"""No route part below 64 KiB (unless the route is smaller): per-frame costs (framing, MAC,
+a Python call per hop) stay small against the bytes."""
 
 MAX_ROUTE_PART_ELEMS = 64 << 10
 """No route part above 256 KiB: a part crosses each hop whole before the next hop starts it, so
