@@ -49,6 +49,7 @@ from rich.console import Console
 from rich.table import Table
 
 from crew.config import RunConfig, Scheme
+from crew.control.assignment import MIN_ROUTE_PART_ELEMS
 from crew.plan import routelp
 from crew.plan.planner import PlanError, lower_bound
 from crew.plan.schemes import GROUP_SCHEMES, plan_group
@@ -469,9 +470,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--part-bytes",
         type=int,
-        default=65536,
-        help="timing: per-hop part size the route LP counts (65536: what the coordinator passes"
-        " for 8 MB vectors, 4 x min(part elements, 16 Ki))",
+        default=4 * MIN_ROUTE_PART_ELEMS,
+        help=f"timing: per-hop part size the route LP counts ({4 * MIN_ROUTE_PART_ELEMS}: what"
+        " the coordinator passes for 8 MB vectors, 4 x min(part elements,"
+        f" {MIN_ROUTE_PART_ELEMS // 1024} Ki))",
     )
     ap.add_argument(
         "--group-s",
