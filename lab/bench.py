@@ -139,6 +139,7 @@ from lab.benchrounds import (
     op_stats,
     percentile,
     pool_results,
+    pooled_rounds,
     round_orders,
     round_summary,
     run_folder,
@@ -1144,7 +1145,7 @@ def build_figures(results: dict[str, Any]) -> dict[str, Any]:
     # MB per op on a log colour scale: Gloo moves tens of times more than a p-member group,
     # and a linear scale would flatten every other scheme. Links that moved under 1 kB per op
     # get the floor colour.
-    ops = max(1, int(results["ops"]) * int(results.get("round_count") or 1))  # pooled rounds
+    ops = max(1, int(results["ops"]) * pooled_rounds(results))
     floor = -3.0
     ticks = list(range(-3, 4))
     for k, name in enumerate(names):

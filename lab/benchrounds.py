@@ -84,6 +84,12 @@ def _sum_links(dicts: Sequence[Mapping[str, int]]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+def pooled_rounds(results: Mapping[str, Any]) -> int:
+    """How many rounds a ``results.json``'s pooled ``schemes`` hold, each of its ``trace``'s
+    ops in round order: ``round_count``, or 1 for a file written before ``--rounds``."""
+    return max(1, int(results.get("round_count") or 1))
+
+
 def pool_results(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One scheme's results of several rounds (``SchemeResult.to_dict()`` each) as one result
     over all their ops: op lists concatenated in round order, statistics over them, counts,

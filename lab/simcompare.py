@@ -55,6 +55,7 @@ from crew.plan.schemes import GROUP_SCHEMES, plan_group
 from crew.runtime.rundb import GroupStatus, WorkerState, connect
 from crew.sim.engine import PlanDelay, SimConfig, Simulation
 from crew.sim.network import ExecutorModel, LinkQueues, RouteTimer, part_bytes
+from lab.benchrounds import pooled_rounds
 from lab.net.shaping import QUEUE_EXTRA_S
 from lab.simrun import sim_topology
 from lab.topology import load_topology, parse_topology
@@ -154,7 +155,7 @@ def compare(
         hop_queue_s = hop_queue_for(results)
     topo = sim_topology(load_topology(topology))
     # With lab.bench --rounds, each scheme's ops are every round's, pooled in round order.
-    trace = list(results["trace"]) * int(results.get("round_count") or 1)
+    trace = list(results["trace"]) * pooled_rounds(results)
     out: dict[str, dict[str, float]] = {}
     for scheme, r in results["schemes"].items():
         if scheme not in GROUP_SCHEMES or not r.get("op_times_s"):

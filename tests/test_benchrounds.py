@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 
 from lab import bench
 from lab.bench import BenchError
-from lab.benchrounds import op_stats, pool_results, round_orders, round_summary, run_folder
+from lab.benchrounds import (
+    op_stats,
+    pool_results,
+    pooled_rounds,
+    round_orders,
+    round_summary,
+    run_folder,
+)
 
 
 def _result(times: list[float], **over: Any) -> dict[str, Any]:
@@ -137,3 +144,9 @@ def test_rounds_option_names_the_round_folders(tmp_path: Path) -> None:
         bench._prepare_out(spec, overwrite=False)
     bench._prepare_out(spec, overwrite=True)
     assert not (tmp_path / "round-2" / "ps").exists()
+
+
+def test_pooled_rounds_counts_rounds_and_reads_old_files_as_one() -> None:
+    assert pooled_rounds({"round_count": 3, "ops": 8}) == 3
+    assert pooled_rounds({"ops": 8}) == 1  # written before --rounds
+    assert pooled_rounds({"round_count": 0}) == 1
