@@ -1121,8 +1121,31 @@ def _max_flows(cap: np.ndarray, pairs: Sequence[tuple[int, int]]) -> list[float]
     if cap_sum <= 0:
         return [0.0] * len(pairs)
     scale = (_FLOW_UNITS - cap.size) / cap_sum
-    graph = csr_array(np.ceil(cap * scale).astype(np.int32))
+    units = np.ceil(cap * scale)
+    if cap.shape[0] <= CUT_ENUMERATION_MAX_NODES:
+        return [f / scale for f in _min_cuts(units, pairs)]
+    graph = csr_array(units.astype(np.int32))
     return [maximum_flow(graph, a, b).flow_value / scale for a, b in pairs]
+
+
+CUT_ENUMERATION_MAX_NODES = 10
+"""Up to this many nodes ``_max_flows`` takes the least cut over every node set instead of
+scipy's max-flow: the same integer (max-flow min-cut), and at n = 8 one small matrix product
+instead of 2(p - 1) calls of about 0.3 ms each (scipy's checks and conversions)."""
+
+
+def _min_cuts(units: np.ndarray, pairs: Sequence[tuple[int, int]]) -> list[int]:
+    """Per (s, t): the least capacity out of a node set holding s but not t, over all 2^k sets
+    (``units``: whole-number capacities, as ``_max_flows`` makes them). Every cut is below 2^31,
+    so float64 sums are exact."""
+    k = units.shape[0]
+    inside = ((np.arange(1 << k)[:, None] >> np.arange(k)) & 1).astype(float)
+    cut = ((inside @ units) * (1.0 - inside)).sum(axis=1)
+    out = []
+    for a, b in pairs:
+        ok = (inside[:, a] > 0) & (inside[:, b] == 0)
+        out.append(int(cut[ok].min()))
+    return out
 
 
 def _shared_graph(
