@@ -275,6 +275,12 @@ class _Master:
         self.col_vals: list[np.ndarray] = []
         self.tie: list[float] = []
         self.lat: list[float] = []
+        # add() runs for a few hundred columns per plan, in Python: plain lists index faster
+        # than numpy scalars, and the crossed pairs (``_crossed``) reuse the same trees, whose
+        # depths are kept per (direction, root, edges).
+        self.rates: list[list[float]] = w.tolist()
+        self.hops: list[list[float]] | None = None if hop is None else hop.tolist()
+        self.depths: dict[tuple[bool, int, tuple[Edge, ...]], float] = {}
         # Primal simplex: after columns are added the old basis stays primal feasible, so
         # primal re-solves from it (measured at n = 60: 1.5x faster than HiGHS's default dual).
         self.h = _new_lp(PRIMAL_SIMPLEX)
@@ -293,16 +299,18 @@ class _Master:
             return False
         coef: dict[int, float] = {0: 1.0}
         tie = 0.0
+        r_ref = self.r_ref
         for (a, b), uses in col.edge_uses().items():
-            rate = float(self.w[a, b])
+            rate = self.rates[a][b]
             if not rate > 0:
                 raise AssertionError(f"column {col.origin} uses dead link {a}->{b}")
             r = self._row(("link", a, b), rate)
-            coef[r] = coef.get(r, 0.0) + uses * self.r_ref / rate
-            tie += uses * self.r_ref / rate
+            load = uses * r_ref / rate
+            coef[r] = coef.get(r, 0.0) + load
+            tie += load
             for k in self.shared_of.get((a, b), ()):
                 r = self._row(("shared", k, 0), self.shared[k].mbit)
-                coef[r] = coef.get(r, 0.0) + uses * self.r_ref / self.shared[k].mbit
+                coef[r] = coef.get(r, 0.0) + uses * r_ref / self.shared[k].mbit
         rows = np.fromiter(coef.keys(), dtype=np.int32, count=len(coef))
         vals = np.fromiter(coef.values(), dtype=float, count=len(coef))
         self.h.addCol(0.0, 0.0, _INF, rows.size, rows, vals)
@@ -311,8 +319,22 @@ class _Master:
         self.col_rows.append(rows)
         self.col_vals.append(vals)
         self.tie.append(tie)
-        self.lat.append(0.0 if self.hop is None else column_latency(col, self.hop))
+        self.lat.append(0.0 if self.hops is None else self._latency(col, self.hops))
         return True
+
+    def _latency(self, col: Column, hops: list[list[float]]) -> float:
+        """``column_latency``, with each tree's depth computed once per master."""
+        worst = 0.0
+        depths = self.depths
+        for s in col.shapes:
+            up = depths.get((False, s.root, s.up))
+            if up is None:
+                up = depths[False, s.root, s.up] = _tree_depth(s.root, s.up, hops, False)
+            down = depths.get((True, s.root, s.down))
+            if down is None:
+                down = depths[True, s.root, s.down] = _tree_depth(s.root, s.down, hops, True)
+            worst = max(worst, up + down)
+        return worst
 
     def _run(self) -> None:
         self.h.run()
@@ -479,39 +501,32 @@ class _LevelLP:
 
 def column_latency(col: Column, hop: np.ndarray) -> float:
     """Longest reduce path + longest broadcast path of the slowest shape (seconds)."""
+    hops = hop.tolist()
     worst = 0.0
     for s in col.shapes:
-        parent = dict(s.up)
-        depth: dict[int, float] = {s.root: 0.0}
+        worst = max(
+            worst, _tree_depth(s.root, s.up, hops, False) + _tree_depth(s.root, s.down, hops, True)
+        )
+    return worst
 
-        def up_depth(x: int, parent: dict[int, int] = parent, depth: dict = depth) -> float:
-            chain = []
-            while x not in depth:  # bounded: a valid tree reaches the root
-                chain.append(x)
-                x = parent[x]
-            d = depth[x]
-            for y in reversed(chain):
-                d += float(hop[y, parent[y]])
-                depth[y] = d
-            return depth[chain[0]] if chain else d
 
-        up = max((up_depth(c) for c, _ in s.up), default=0.0)
-        dpar = {c: p for p, c in s.down}
-        ddepth: dict[int, float] = {s.root: 0.0}
-
-        def down_depth(x: int, dpar: dict[int, int] = dpar, ddepth: dict = ddepth) -> float:
-            chain = []
-            while x not in ddepth:
-                chain.append(x)
-                x = dpar[x]
-            d = ddepth[x]
-            for y in reversed(chain):
-                d += float(hop[dpar[y], y])
-                ddepth[y] = d
-            return ddepth[chain[0]] if chain else d
-
-        down = max((down_depth(c) for _, c in s.down), default=0.0)
-        worst = max(worst, up + down)
+def _tree_depth(root: int, edges: tuple[Edge, ...], hops: list[list[float]], down: bool) -> float:
+    """Longest path of a shape's in-tree (``edges`` as (child, parent), ``down`` False) into
+    ``root``, or of its out-tree ((parent, child), ``down`` True) from it, in seconds. Each
+    node's depth is its parent's plus its hop, summed from the root outwards."""
+    parent = {c: p for p, c in edges} if down else dict(edges)
+    depth: dict[int, float] = {root: 0.0}
+    worst = 0.0
+    for x in parent:
+        chain = []
+        while x not in depth:  # bounded: a valid tree reaches the root
+            chain.append(x)
+            x = parent[x]
+        d = depth[x]
+        for y in reversed(chain):
+            d += hops[parent[y]][y] if down else hops[y][parent[y]]
+            depth[y] = d
+        worst = max(worst, d)
     return worst
 
 
@@ -1390,7 +1405,14 @@ def route_latency(routes: Sequence[Route], hop: np.ndarray | None) -> float:
     """Latency term of routes: the slowest route's longest reduce + broadcast path."""
     if hop is None:
         return 0.0
-    return max((column_latency(Column((_route_shape(r),), ""), hop) for r in routes), default=0.0)
+    hops = hop.tolist()
+    return max(
+        (
+            _tree_depth(r.root, r.up, hops, False) + _tree_depth(r.root, r.down, hops, True)
+            for r in routes
+        ),
+        default=0.0,
+    )
 
 
 def route_time(
