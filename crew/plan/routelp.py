@@ -261,6 +261,7 @@ class _Master:
         self.shared = shared
         self.hop = hop
         self.row_of: dict[tuple[str, int, int], int] = {}
+        self.link_row: dict[Edge, int] = {}  # row_of's "link" rows by pair, for add()
         self.row_rate: list[float] = [0.0]  # row 0: convexity
         self.shared_of: dict[Edge, list[int]] = {}
         for k, s in enumerate(shared):
@@ -300,15 +301,19 @@ class _Master:
         coef: dict[int, float] = {0: 1.0}
         tie = 0.0
         r_ref = self.r_ref
-        for (a, b), uses in col.edge_uses().items():
+        link_row = self.link_row
+        for e, uses in col.edge_uses().items():
+            a, b = e
             rate = self.rates[a][b]
             if not rate > 0:
                 raise AssertionError(f"column {col.origin} uses dead link {a}->{b}")
-            r = self._row(("link", a, b), rate)
+            r = link_row.get(e)
+            if r is None:
+                r = link_row[e] = self._row(("link", a, b), rate)
             load = uses * r_ref / rate
             coef[r] = coef.get(r, 0.0) + load
             tie += load
-            for k in self.shared_of.get((a, b), ()):
+            for k in self.shared_of.get(e, ()):
                 r = self._row(("shared", k, 0), self.shared[k].mbit)
                 coef[r] = coef.get(r, 0.0) + uses * r_ref / self.shared[k].mbit
         rows = np.fromiter(coef.keys(), dtype=np.int32, count=len(coef))
@@ -769,8 +774,9 @@ def _price_spt(
 # --------------------------------------------------------------------------- seeds
 
 
-def _cost(s: Shape, wt: np.ndarray) -> float:
-    return float(sum(wt[a, b] for a, b in (*s.up, *s.down)))
+def _cost(s: Shape, wt: list[list[float]]) -> float:
+    """The shape's total link weight (``wt`` as nested lists: numpy scalars index slowly)."""
+    return float(sum(wt[a][b] for a, b in (*s.up, *s.down)))
 
 
 def _star(root: int, members: Sequence[int]) -> Shape:
@@ -1043,12 +1049,15 @@ def _plan(
         # first at a mix with the duals of the best bound so far; fall back to the plain duals
         # when that finds no improving column (a mis-price).
         new: list[Shape] = []
+        wt_rows: list[list[float]] | None = None
         smoothed = [] if center is None else [SMOOTHING * center + (1 - SMOOTHING) * wt]
         for weights in [*smoothed, wt]:
             best, found = price(weights + eps, usable, ms, roots, math.inf)
             if best > lower:  # any weights with sum(y) = 1 give t >= min column cost
                 lower, center = best, weights
-            new = [s for _, s in found if _cost(s, wt) < rc_cut]
+            if found and wt_rows is None:
+                wt_rows = wt.tolist()
+            new = [s for _, s in found if _cost(s, wt_rows) < rc_cut]
             if new:
                 break
         log.debug("route LP round %d: t=%.9g, bound %.9g", rounds, t, lower)
