@@ -262,6 +262,7 @@ class _Master:
         self.hop = hop
         self.row_of: dict[tuple[str, int, int], int] = {}
         self.link_row: dict[Edge, int] = {}  # row_of's "link" rows by pair, for add()
+        self.links: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # see _links()
         self.row_rate: list[float] = [0.0]  # row 0: convexity
         self.shared_of: dict[Edge, list[int]] = {}
         for k, s in enumerate(shared):
@@ -411,14 +412,22 @@ class _Master:
         out.eliminate_zeros()
         return out
 
+    def _links(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every link row's pair (a, b) and row r as arrays, remade only when rows came."""
+        k = len(self.link_row)
+        if self.links is None or self.links[2].size != k:
+            pairs = np.fromiter((x for e in self.link_row for x in e), dtype=np.int64, count=2 * k)
+            rows = np.fromiter(self.link_row.values(), dtype=np.int64, count=k)
+            self.links = (pairs[0::2], pairs[1::2], rows)
+        return self.links
+
     def link_weights(self, y: np.ndarray) -> np.ndarray:
         """Dual weight of every directed pair in LP units (0 where no resource is binding)."""
         n = self.w.shape[0]
         y = np.concatenate([y, np.zeros(len(self.row_rate) - y.size)])  # rows added since
         wt = np.zeros((n, n))
-        links = [(a, b, r) for (kind, a, b), r in self.row_of.items() if kind == "link"]
-        if links:
-            a, b, r = (np.fromiter(v, dtype=np.int64) for v in zip(*links, strict=True))
+        if self.link_row:
+            a, b, r = self._links()
             wt[a, b] = y[r] * self.r_ref / np.asarray(self.row_rate)[r]
         for k, s in enumerate(self.shared):
             row = self.row_of.get(("shared", k, 0))
@@ -576,23 +585,30 @@ def _dreyfus_wagner(
     roots at once, and the choices that rebuild the trees: via[S][x] is the node u where the
     two sub-trees of S join on the way to x (dp[S][x] = merge[S][u] + dist[u][x]), and
     half[S][u] the sub-set S1 of the cheapest split S = S1 + S2 joined at u. Both are first
-    minima (as numpy's argmin), so the trees are those an argmin search would rebuild."""
+    minima (as numpy's argmin), so the trees are those an argmin search would rebuild.
+
+    ``dist`` may be a stack of graphs (b x n x n; then every result gets the same leading
+    axis): pricing solves the graph and its reverse in one pass, half the numpy calls, each
+    element computed as alone."""
+    if dist.ndim == 2:
+        dp, via, half = _dreyfus_wagner(dist[None], terms)
+        return dp[0], via[0], half[0]
     q = len(terms)
-    n = dist.shape[0]
-    dp = np.full((1 << q, n), np.inf)
-    via = np.zeros((1 << q, n), dtype=np.int64)
-    half = np.zeros((1 << q, n), dtype=np.int64)
+    b, n = dist.shape[0], dist.shape[-1]
+    dp = np.full((b, 1 << q, n), np.inf)
+    via = np.zeros((b, 1 << q, n), dtype=np.int64)
+    half = np.zeros((b, 1 << q, n), dtype=np.int64)
     for i, t in enumerate(terms):
-        dp[1 << i] = dist[t]
+        dp[:, 1 << i] = dist[:, t]
     levels, _ = _splits(q)
     for subsets, starts, s1, s2, seg, idx in levels:
-        vals = dp[s1] + dp[s2]
-        m = np.minimum.reduceat(vals, starts, axis=0)
-        first = np.where(vals == m[seg], idx, len(s1))  # the first split reaching the minimum
-        half[subsets] = s1[np.minimum.reduceat(first, starts, axis=0)]
-        joined = m[:, :, None] + dist[None, :, :]
-        via[subsets] = joined.argmin(axis=1)
-        dp[subsets] = joined.min(axis=1)
+        vals = dp[:, s1] + dp[:, s2]
+        m = np.minimum.reduceat(vals, starts, axis=1)
+        first = np.where(vals == m[:, seg], idx, len(s1))  # the first split reaching the minimum
+        half[:, subsets] = s1[np.minimum.reduceat(first, starts, axis=1)]
+        joined = m[:, :, :, None] + dist[:, None, :, :]
+        via[:, subsets] = joined.argmin(axis=2)
+        dp[:, subsets] = joined.min(axis=2)
     return dp, via, half
 
 
@@ -661,20 +677,25 @@ def _as_in_tree(root: int, edges: set[Edge], members: Collection[int]) -> tuple[
 
 def _all_pairs(wt: np.ndarray, usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Shortest paths (dist[u][v] of u -> v) and predecessors (pred[u][x]: the node before x
-    on the path from u; -9999 for none), by Floyd-Warshall in numpy for small n."""
-    n = wt.shape[0]
+    on the path from u; -9999 for none), by Floyd-Warshall in numpy for small n. ``wt`` and
+    ``usable`` may be stacks of graphs (b x n x n), as in ``_dreyfus_wagner``."""
+    n = wt.shape[-1]
+    if wt.ndim == 3 and n > 48:
+        pairs = [_all_pairs(w, u) for w, u in zip(wt, usable, strict=True)]
+        return np.stack([d for d, _ in pairs]), np.stack([p for _, p in pairs])
     if n > 48:
         return shortest_path(
             _pricing_graph(wt, usable), method="D", directed=True, return_predecessors=True
         )
     dist = np.where(usable, wt, np.inf)
-    np.fill_diagonal(dist, 0.0)
+    diag = np.arange(n)
+    dist[..., diag, diag] = 0.0
     pred = np.where(usable, np.arange(n)[:, None], -9999)
     for k in range(n):
-        alt = dist[:, k, None] + dist[None, k, :]
+        alt = dist[..., :, k, None] + dist[..., None, k, :]
         better = alt < dist
         dist = np.where(better, alt, dist)
-        pred = np.where(better, pred[k][None, :], pred)
+        pred = np.where(better, pred[..., k, None, :], pred)
     return dist, pred
 
 
@@ -695,14 +716,13 @@ def _price_exact(
 ) -> tuple[float, list[tuple[float, Shape]]]:
     """Cheapest (in-tree + out-tree) over all roots, exactly (Dreyfus-Wagner), and the trees
     of the roots whose cost is below ``cut`` (at most COLUMNS_PER_ROUND, cheapest first)."""
-    dist_in, pred_in = _all_pairs(wt, usable)
-    dist_out, pred_out = _all_pairs(wt.T, usable.T)
-    dp_in, via_in, half_in = _dreyfus_wagner(dist_in, members)
-    dp_out, via_out, half_out = _dreyfus_wagner(dist_out, members)
-    tables_in = via_in.tolist(), half_in.tolist(), pred_in.tolist()
-    tables_out = via_out.tolist(), half_out.tolist(), pred_out.tolist()
+    # in-trees on the graph, out-trees as in-trees of the reversed graph: both in one pass
+    dist, pred = _all_pairs(np.stack([wt, wt.T]), np.stack([usable, usable.T]))
+    dp, via, half = _dreyfus_wagner(dist, members)
+    tables_in = via[0].tolist(), half[0].tolist(), pred[0].tolist()
+    tables_out = via[1].tolist(), half[1].tolist(), pred[1].tolist()
     full = (1 << len(members)) - 1
-    cost = dp_in[full] + dp_out[full]
+    cost = dp[0, full] + dp[1, full]
     out = []
     order = roots[np.argsort(cost[roots], kind="stable")]
     for v in order[: COLUMNS_PER_ROUND if limit is None else limit]:
