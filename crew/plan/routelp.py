@@ -1077,7 +1077,8 @@ def _plan(
                 lower, center = best, weights
             if found and wt_rows is None:
                 wt_rows = wt.tolist()
-            new = [s for _, s in found if _cost(s, wt_rows) < rc_cut]
+            rows = wt_rows or []  # set whenever found has a shape to cost
+            new = [s for _, s in found if _cost(s, rows) < rc_cut]
             if new:
                 break
         log.debug("route LP round %d: t=%.9g, bound %.9g", rounds, t, lower)
