@@ -301,20 +301,21 @@ class _Master:
             return False
         coef: dict[int, float] = {0: 1.0}
         tie = 0.0
-        r_ref = self.r_ref
-        link_row = self.link_row
+        r_ref, rates, link_row, shared_of = self.r_ref, self.rates, self.link_row, self.shared_of
         for e, uses in col.edge_uses().items():
             a, b = e
-            rate = self.rates[a][b]
+            rate = rates[a][b]
             if not rate > 0:
                 raise AssertionError(f"column {col.origin} uses dead link {a}->{b}")
             r = link_row.get(e)
             if r is None:
                 r = link_row[e] = self._row(("link", a, b), rate)
             load = uses * r_ref / rate
-            coef[r] = coef.get(r, 0.0) + load
+            coef[r] = load  # edge_uses has each pair once: its link row is set once
             tie += load
-            for k in self.shared_of.get(e, ()):
+            if not shared_of:
+                continue
+            for k in shared_of.get(e, ()):
                 r = self._row(("shared", k, 0), self.shared[k].mbit)
                 coef[r] = coef.get(r, 0.0) + uses * r_ref / self.shared[k].mbit
         rows = np.fromiter(coef.keys(), dtype=np.int32, count=len(coef))
