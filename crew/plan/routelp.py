@@ -613,19 +613,6 @@ def _dreyfus_wagner(
     return dp, via, half
 
 
-def _path(pred: list[list[int]], u: int, v: int, edges: set[Edge]) -> None:
-    x = v
-    for _ in range(len(pred)):
-        if x == u:
-            return
-        p = pred[u][x]
-        if p < 0:
-            raise AssertionError(f"no path {u}->{v} in the pricing graph")
-        edges.add((p, x))
-        x = p
-    raise AssertionError("shortest-path predecessors loop")
-
-
 def _dw_tree(
     v: int,
     via: list[list[int]],
@@ -634,8 +621,10 @@ def _dw_tree(
     terms: Sequence[int],
 ) -> set[Edge]:
     """Edges (towards v) of the Dreyfus-Wagner tree of all terminals rooted at v (``via`` and
-    ``half`` from ``_dreyfus_wagner``, as lists: plain indexing is what this loop does)."""
+    ``half`` from ``_dreyfus_wagner``, as lists: plain indexing is what this loop does; the
+    shortest paths are walked inline, a call per path cost more than the walk at n = 8)."""
     q = len(terms)
+    n = len(pred)
     edges: set[Edge] = set()
     stack = [((1 << q) - 1, v)]
     for _ in range(4 * (1 << q)):  # each entry splits a set: at most 2^(q+1) entries
@@ -643,13 +632,24 @@ def _dw_tree(
             break
         s, x = stack.pop()
         if s & (s - 1) == 0:
-            _path(pred, terms[s.bit_length() - 1], x, edges)
-            continue
-        u = via[s][x]
-        _path(pred, u, x, edges)
-        a = half[s][u]
-        stack.append((a, u))
-        stack.append((s ^ a, u))
+            u = terms[s.bit_length() - 1]
+        else:
+            u = via[s][x]
+            a = half[s][u]
+            stack.append((a, u))
+            stack.append((s ^ a, u))
+        row, y = pred[u], x  # the shortest path u -> x, backwards from x
+        for _ in range(n):
+            if y == u:
+                break
+            p = row[y]
+            if p < 0:
+                raise AssertionError(f"no path {u}->{x} in the pricing graph")
+            edges.add((p, y))
+            y = p
+        else:
+            if y != u:
+                raise AssertionError("shortest-path predecessors loop")
     return edges
 
 
