@@ -1057,8 +1057,9 @@ def _lower_bound(
     fast local network but a slow way out. Only 2(p - 1) flows are needed: fix a member g0; a cut
     separating two members either excludes g0 (and holds some t: maxflow(g0, t) bounds it) or
     includes g0 (and misses some s: maxflow(s, g0)). Capacities are rounded *up* to integers for
-    scipy's max-flow, which can only lower the bound, so it stays valid. Returns ``inf`` when
-    some member cannot reach another at all.
+    the max-flow (scipy's, or on up to ``CUT_ENUMERATION_MAX_NODES`` nodes the least cut over
+    every node set, the same integer), which can only lower the bound, so it stays valid.
+    Returns ``inf`` when some member cannot reach another at all.
 
     **Shared capacities** (``shared``, see :class:`SharedLink`): the max-flow runs on the graph
     where each shared link's pairs go through two extra nodes, u -> in (capacity: u's pairs in
