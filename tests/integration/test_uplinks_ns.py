@@ -44,11 +44,10 @@ def test_clouds_4x2_workers_share_their_cloud_pair_uplink(tmp_path: Path) -> Non
         with pytest.raises(LabError, match="share an uplink"):
             net.set_link(0, 2, rate_mbit=5)
         # us-east -> eu-west is 80 Mbit/s: one flow alone gets it; two flows share it.
-        # lab.check's policy: a LOW 1.5 s transfer is measured once more before it counts (a
-        # CI run lost a CPU slice and measured 64.9 of the 65.0 Mbit/s floor; see lab.check).
+        # lab.check's policy: a LOW 1.5 s transfer is measured once more before it counts (one
+        # CI run measured 64.9 against the 65.0 Mbit/s floor; lab.check's module doc says why).
         first = measure_batch(net, [topo.link(0, 2)], 1.5, 0.1)
         (alone,) = remeasure(net, first, 1.5, 0.1, retries=1)
-        assert alone.attempts <= 2
         assert alone.measured_mbit > 0.85 * 80 * PAYLOAD_FRACTION
         assert alone.status == "ok", alone  # its per-pair counter carried the bytes
         assert (0, 2) in net.tx_bytes() and (0, 1) in net.tx_bytes()
