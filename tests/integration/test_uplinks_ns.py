@@ -16,6 +16,7 @@ from lab.topology import Uplinks, load_topology
 REPO = Path(__file__).resolve().parents[2]
 CLOUDS_4X2 = REPO / "topologies" / "clouds-4x2.yaml"
 TEST_MGMT = "198.19.249.0/24"
+RETRIES = 2  # of a LOW measurement (see the test)
 
 
 @pytest.mark.root
@@ -44,10 +45,11 @@ def test_clouds_4x2_workers_share_their_cloud_pair_uplink(tmp_path: Path) -> Non
         with pytest.raises(LabError, match="share an uplink"):
             net.set_link(0, 2, rate_mbit=5)
         # us-east -> eu-west is 80 Mbit/s: one flow alone gets it; two flows share it.
-        # lab.check's policy: a LOW 1.5 s transfer is measured once more before it counts (one
-        # CI run measured 64.9 against the 65.0 Mbit/s floor; lab.check's module doc says why).
+        # lab.check's policy: a LOW 1.5 s transfer is measured again before it counts (one CI
+        # run measured 64.9 against the 65.0 Mbit/s floor; lab.check's module doc says why).
+        # Twice here: right after a benchmark, a slow phase of the host failed two in a row.
         first = measure_batch(net, [topo.link(0, 2)], 1.5, 0.1)
-        (alone,) = remeasure(net, first, 1.5, 0.1, retries=1)
+        (alone,) = remeasure(net, first, 1.5, 0.1, retries=RETRIES)
         assert alone.measured_mbit > 0.85 * 80 * PAYLOAD_FRACTION
         assert alone.status == "ok", alone  # its per-pair counter carried the bytes
         assert (0, 2) in net.tx_bytes() and (0, 1) in net.tx_bytes()
@@ -55,7 +57,7 @@ def test_clouds_4x2_workers_share_their_cloud_pair_uplink(tmp_path: Path) -> Non
         shared, _ = retried(
             lambda: {(r.src_cloud, r.dst_cloud): r for r in measure_sharing(net, 1.5, 0.1, 2)},
             lambda rows: any(r.status == "LOW" for r in rows.values()),
-            1,
+            RETRIES,
         )
         row = shared[("us-east", "eu-west")]
         assert row.flows == 2 and row.status == "ok", row
