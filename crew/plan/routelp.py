@@ -330,7 +330,8 @@ class _Master:
         return True
 
     def _latency(self, col: Column, hops: list[list[float]]) -> float:
-        """``column_latency``, with each tree's depth computed once per master."""
+        """A column's latency: the longest reduce path plus the longest broadcast path of its
+        slowest shape (seconds), each tree's depth computed once per master."""
         worst = 0.0
         depths = self.depths
         for s in col.shapes:
@@ -512,17 +513,6 @@ class _LevelLP:
         y = np.zeros(self.coef.shape[1])
         y[np.asarray(self.lp_rows[1:], dtype=np.int64)] = np.clip(-duals[1:], 0.0, None)
         return x, t, y, float(duals[0])
-
-
-def column_latency(col: Column, hop: np.ndarray) -> float:
-    """Longest reduce path + longest broadcast path of the slowest shape (seconds)."""
-    hops = hop.tolist()
-    worst = 0.0
-    for s in col.shapes:
-        worst = max(
-            worst, _tree_depth(s.root, s.up, hops, False) + _tree_depth(s.root, s.down, hops, True)
-        )
-    return worst
 
 
 def _tree_depth(root: int, edges: tuple[Edge, ...], hops: list[list[float]], down: bool) -> float:
