@@ -25,12 +25,13 @@ the first cloud to a distinct worker of the second runs at once (``measure_shari
 (all their bits over the longest window) they must get about the uplink's rate, not a multiple
 of it ("NOT SHARED" above (1 + tolerance) x rate, "LOW" below the ceiling minus tolerance).
 
-A link that comes out LOW or ERROR, or a pair with a figure out of bounds, is measured again,
-alone, up to ``--retries`` times (default 1) before it fails; the last measurement stands and
-the tables show how many attempts each took. Why: a short transfer or a ping train on a loaded
-host (or under QEMU's software emulation) can lose a few hundred milliseconds of CPU once, and
-one such slice fails a 1.5 s transfer that the link carries at its rate when measured again. A
-link that is really slow is slow every time. WRONG PATH is a routing fact and is not retried.
+A link or a shared uplink that comes out LOW or ERROR, or a pair with a figure out of bounds,
+is measured again, alone, up to ``--retries`` times (default 1) before it fails; the last
+measurement stands and the link and ping tables show how many attempts each took. Why: a short
+transfer or a ping train on a loaded host (or under QEMU's software emulation) can lose a few
+hundred milliseconds of CPU once, and one such slice fails a 1.5 s transfer that the link
+carries at its rate when measured again. A link that is really slow is slow every time. WRONG
+PATH and NOT SHARED are facts and are not retried.
 
 Exit status: 0 all links fine, 1 some link failed, 2 the lab could not be built.
 """
@@ -60,7 +61,14 @@ from lab.net.mesh import LabError, LabNetwork, LinkState
 from lab.net.preflight import ImpairmentMode, PreflightError
 from lab.net.probe import Row, loss_row, ping, rtt_rows
 from lab.net.shaping import ShapingError
-from lab.topology import Impairment, LinkSpec, TopologyError, TopologySpec, load_topology
+from lab.topology import (
+    Impairment,
+    LinkSpec,
+    SharedUplink,
+    TopologyError,
+    TopologySpec,
+    load_topology,
+)
 
 log = logging.getLogger(__name__)
 
@@ -327,32 +335,46 @@ def uplink_keys(topo: TopologySpec) -> dict[tuple[int, int], str]:
 
 
 def measure_sharing(
-    net: LabNetwork, seconds: float, tolerance: float, limit: int | None = None
+    net: LabNetwork,
+    seconds: float,
+    tolerance: float,
+    limit: int | None = None,
+    retries: int = 0,
 ) -> list[ShareResult]:
     """For every shared uplink A->B, run min(|A|, |B|) disjoint flows a_k -> b_k at once and
     compare their summed goodput with the uplink's rate: above (1 + tolerance) x rate means the
     workers are not sharing it, below (1 - tolerance) x the payload ceiling means it is lost.
-    ``limit`` measures only the first uplinks (tests)."""
-    out: list[ShareResult] = []
-    for up in net.topology.shared_uplinks()[:limit]:
-        src = sorted({a for a, _ in up.pairs})
-        dst = sorted({b for _, b in up.pairs})
-        flows = [net.topology.link(a, b) for a, b in zip(src, dst, strict=False)]
-        results = measure_batch(net, flows, seconds, tolerance)
-        total = shared_goodput(results)
-        impaired = any(_path_impaired(net, lk) for lk in flows)
-        if any(r.status == "ERROR" for r in results):
-            status = "ERROR"
-        elif total > (1 + tolerance) * up.rate_mbit:
-            status = "NOT SHARED"
-        elif impaired:
-            status = "not judged (impaired)"
-        elif total < (1 - tolerance) * up.rate_mbit * PAYLOAD_FRACTION:
-            status = "LOW"
-        else:
-            status = "ok"
-        out.append(ShareResult(up.src_cloud, up.dst_cloud, up.rate_mbit, len(flows), total, status))
-    return out
+    An uplink that comes out LOW or ERROR is measured again, up to ``retries`` times (the
+    module doc); NOT SHARED is a fact and stands. ``limit`` measures only the first uplinks
+    (tests)."""
+    return [
+        retried(partial(_share_row, net, up, seconds, tolerance), _share_retryable, retries)[0]
+        for up in net.topology.shared_uplinks()[:limit]
+    ]
+
+
+def _share_retryable(row: ShareResult) -> bool:
+    return row.status in ("LOW", "ERROR")
+
+
+def _share_row(net: LabNetwork, up: SharedUplink, seconds: float, tolerance: float) -> ShareResult:
+    src = sorted({a for a, _ in up.pairs})
+    dst = sorted({b for _, b in up.pairs})
+    flows = [net.topology.link(a, b) for a, b in zip(src, dst, strict=False)]
+    results = measure_batch(net, flows, seconds, tolerance)
+    total = shared_goodput(results)
+    impaired = any(_path_impaired(net, lk) for lk in flows)
+    if any(r.status == "ERROR" for r in results):
+        status = "ERROR"
+    elif total > (1 + tolerance) * up.rate_mbit:
+        status = "NOT SHARED"
+    elif impaired:
+        status = "not judged (impaired)"
+    elif total < (1 - tolerance) * up.rate_mbit * PAYLOAD_FRACTION:
+        status = "LOW"
+    else:
+        status = "ok"
+    return ShareResult(up.src_cloud, up.dst_cloud, up.rate_mbit, len(flows), total, status)
 
 
 def render_sharing(rows: list[ShareResult]) -> Table:
@@ -586,7 +608,9 @@ def main(argv: list[str] | None = None) -> int:
                     results = remeasure(net, results, args.seconds, args.tolerance, args.retries)
                 if topo.shared_uplinks():
                     progress.update(task, description="measuring shared uplinks")
-                    share_rows = measure_sharing(net, args.seconds, args.tolerance)
+                    share_rows = measure_sharing(
+                        net, args.seconds, args.tolerance, retries=args.retries
+                    )
                 pairs = impaired_pairs(net)
                 if pairs:
                     progress.update(task, description=f"pinging {len(pairs)} impaired pair(s)")
