@@ -1,13 +1,17 @@
-"""The start-up exchange's pure parts: the capacity matrix from the receivers' reports, and
-the shapes named in a refusal."""
+"""The start-up exchange: the capacity matrix from the receivers' reports, the shapes named in a
+refusal, and a refusal that reaches every rank even when the host is closed while sending it."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
 from crew.control.capacity import TCP_GOODPUT
-from crew.runtime.rendezvous import capacity_matrix, describe_shapes
+from crew.runtime.rendezvous import RendezvousHost, capacity_matrix, describe_shapes
 from crew.wire import protocol as proto
+from crew.wire.frames import FrameCodec, control_body, control_frame
+from crew.wire.transport import FrameStream
 
 
 def test_capacity_matrix_is_indexed_src_dst_and_scaled_like_the_estimator():
@@ -44,3 +48,40 @@ def test_describe_shapes_is_short_and_counts():
     text = describe_shapes([[64, 640], [640], [640, 10], [10], [3, 3]])
     assert text.startswith("[64x640, 640, 640x10, 10, ...]")
     assert "(5 tensors, 48,019 values)" in text
+
+
+def _joined_client(host: RendezvousHost, codec: FrameCodec, rank: int, world: int) -> FrameStream:
+    stream = FrameStream.connect(("127.0.0.1", host.port), codec, timeout=5.0)
+    join = proto.Join(rank, world, "127.0.0.1", 1, [[3]], 0)
+    stream.send(control_frame(rank, codec.run, join.to_dict()))
+    return stream
+
+
+def test_closing_the_host_on_the_first_refusal_still_refuses_every_rank(monkeypatch):
+    """Rank 0 hosts the rendezvous and closes it as soon as it reads its own refusal. The
+    other ranks must still get theirs: a bare close reads as another secret (CI saw that)."""
+    codec = FrameCodec(b"s" * 32, 7)
+    host = RendezvousHost(
+        codec, 3, ("127.0.0.1", 0), lambda *a: pytest.fail("no config"), join_timeout=1.0
+    )
+    sent = RendezvousHost._send
+
+    def slow_send(self, conn, msg):  # widen the window between one rank's copy and the next
+        sent(self, conn, msg)
+        time.sleep(0.3)
+
+    monkeypatch.setattr(RendezvousHost, "_send", slow_send)
+    host.start()
+    first, second = (_joined_client(host, codec, r, 3) for r in (0, 1))
+    try:
+        replies = []
+        for stream in (first, second):
+            replies.append(proto.decode(control_body(stream.recv(idle_timeout=10.0))))
+            if stream is first:
+                host.close()  # what the launcher does when rank 0 is refused
+        assert all(isinstance(m, proto.Refused) for m in replies), replies
+        assert all("ranks [2] did not join within 1 s" in m.reason for m in replies), replies
+    finally:
+        first.close()
+        second.close()
+        host.close()

@@ -61,6 +61,7 @@ log = logging.getLogger("crew.runtime.rendezvous")
 HOST_ID = 0xFFFF  # sender id of the host's frames (as crew.wire.frames.COORDINATOR)
 COLLECT_TIMEOUT_S = 10.0  # beyond a round's own bound, before the host gives up on a rank
 HOST_SLACK_S = 5.0  # a worker waits this much longer than the host's own timeouts
+REFUSAL_WAIT_S = 2.0  # close() waits at most this for the refusal to reach every rank
 FALLBACK_MBIT = 1000.0  # a world of one: no link to measure
 
 
@@ -115,6 +116,9 @@ class RendezvousHost:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        # Set before the refusal goes out: a rank that reads it may close this host (rank 0
+        # hosts it), and close() then waits for the other ranks' copies to be sent.
+        self._refusing = threading.Event()
 
     def start(self) -> None:
         threading.Thread(target=self._accept_loop, name="crew-rdzv-accept", daemon=True).start()
@@ -126,6 +130,17 @@ class RendezvousHost:
             self._thread.join(timeout)
 
     def close(self) -> None:
+        """Stop: the listener and every connection close. While the refusal is being sent to
+        every rank, wait for it (at most ``REFUSAL_WAIT_S``): rank 0 reads its copy first and
+        closes this host, and the other ranks must still get theirs, not a bare close that
+        they would have to read as another secret."""
+        thread = self._thread
+        if (
+            self._refusing.is_set()
+            and thread is not None
+            and thread is not threading.current_thread()
+        ):
+            thread.join(REFUSAL_WAIT_S)
         self._stop.set()
         try:
             self.listener.close()
@@ -188,7 +203,10 @@ class RendezvousHost:
         except JoinRefused as exc:
             self.failure = str(exc)
             log.error("rendezvous: %s", exc)
-            for conn in list(self.streams):
+            self._refusing.set()
+            with self._lock:
+                conns = list(self.streams)
+            for conn in conns:
                 self._send(conn, proto.Refused(str(exc)))
         finally:
             time.sleep(0.2)  # let the last replies leave before the sockets close
