@@ -116,9 +116,6 @@ class RendezvousHost:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        # Set before the refusal goes out: a rank that reads it may close this host (rank 0
-        # hosts it), and close() then waits for the other ranks' copies to be sent.
-        self._refusing = threading.Event()
 
     def start(self) -> None:
         threading.Thread(target=self._accept_loop, name="crew-rdzv-accept", daemon=True).start()
@@ -135,11 +132,9 @@ class RendezvousHost:
         closes this host, and the other ranks must still get theirs, not a bare close that
         they would have to read as another secret."""
         thread = self._thread
-        if (
-            self._refusing.is_set()
-            and thread is not None
-            and thread is not threading.current_thread()
-        ):
+        # failure is set before the refusal goes out (_run), so a rank that read its copy and
+        # closes this host finds it set
+        if self.failure is not None and thread not in (None, threading.current_thread()):
             thread.join(REFUSAL_WAIT_S)
         self._stop.set()
         try:
@@ -203,7 +198,6 @@ class RendezvousHost:
         except JoinRefused as exc:
             self.failure = str(exc)
             log.error("rendezvous: %s", exc)
-            self._refusing.set()
             with self._lock:
                 conns = list(self.streams)
             for conn in conns:
