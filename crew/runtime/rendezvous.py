@@ -283,9 +283,11 @@ class RendezvousHost:
                 continue
             problem = self._check_join(msg, joined)
             if problem is not None:
-                self._send(conn, proto.Refused(problem))
                 if problem.startswith("shape"):
+                    # the whole job is refused: _run's broadcast tells every connection,
+                    # this one too, and close() waits for it (a lone send first would not)
                     raise JoinRefused(problem)
+                self._send(conn, proto.Refused(problem))
                 continue
             joined[msg.worker] = (conn, msg)
             log.info("rendezvous: rank %d joined from %s:%d", msg.worker, msg.host, msg.port)
