@@ -100,6 +100,9 @@ class RunConfig:
     compress: str = "none"  # crew.train.compress.Codec of group payloads: none, fp16, int8
     nonblocking: bool = False
     committed_capacity: bool = True  # plan new groups on capacity left by groups in flight
+    # Plan a group known in advance (a lab.bench trace's next one) on a background thread
+    # while the current one runs (crew.runtime.planahead); the plan is the same either way.
+    plan_ahead: bool = True
     capacity: str = "configured"  # the planner's truth: "configured" rates or "measured" ones
     # One host runs every worker's data path (the lab): its CPU seconds per GB of link bytes
     # and its cores. > 0 gives crew's route LP one more resource, the host's CPU

@@ -33,6 +33,12 @@ Per scheme (``results.json`` → ``schemes.<name>``):
     end (``/proc/<pid>/stat``, sampled at the benchmark's 0.5 s poll), and that over the GB
     (10^9 bytes) the plans moved across links (``planned_link_bytes``): the data path's CPU
     cost, which bounds ops on fast links;
+``plan_ms``, ``plan_ms_median``, ``planned_ahead``
+    per op, the milliseconds the coordinator's event loop spent getting the op's plan before
+    its Assign (inside the op time: the op starts when the group forms), their median, and how
+    many ops had their plan made ahead, while the op before ran (``crew.runtime.planahead``;
+    ``--no-plan-ahead`` plans each op when it starts). From the coordinator's ``plan_costs``
+    meta row; None where it has none;
 ``correct``
     all K ops completed, none abandoned, and each result passed the coordinator's projection
     check (``verify_err`` < ``crew.control.verify.CHECK_TOLERANCE``, i.e. the members ended with the
@@ -134,6 +140,7 @@ from crew.control.verify import CHECK_TOLERANCE
 from crew.plan import planner
 from crew.plan.routes import Route, link_load
 from crew.plan.schemes import GROUP_SCHEMES
+from crew.runtime.planahead import PLAN_COSTS_META, PlanSource, read_costs
 from crew.runtime.rundb import GroupStatus, connect
 from lab.benchrounds import (
     op_stats,
@@ -258,6 +265,9 @@ class SchemeResult:
     wall_s: float | None = None  # lab entered -> lab left
     worker_cpu_s: float | None = None
     cpu_s_per_gb: float | None = None
+    plan_ms: tuple[float | None, ...] = ()  # per op: planning on its critical path (None: unknown)
+    plan_ms_median: float | None = None
+    planned_ahead: int = 0  # ops whose plan was made while the op before ran
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -361,6 +371,8 @@ def op_results(
         else:
             first, measured = None, {}
         plans = [r["plan"] for r in done if r["plan"]]
+        costs = _plan_costs(conn)
+        plan_ms = tuple(costs.get(int(r["id"]), (None, None))[1] for r in done)
         return SchemeResult(
             op_times_s=tuple(times),
             bound_s=tuple(bounds),
@@ -375,9 +387,22 @@ def op_results(
             planned_link_bytes=planned_link_bytes(plans, n),
             startup_s=(first - entered_at) if first is not None and entered_at else None,
             wall_s=(left_at - entered_at) if entered_at and left_at else None,
+            plan_ms=plan_ms,
+            plan_ms_median=percentile([m for m in plan_ms if m is not None], 50),
+            planned_ahead=sum(
+                1
+                for r in done
+                if costs.get(int(r["id"]), (PlanSource.INLINE, 0.0))[0] is not PlanSource.INLINE
+            ),
         )
     finally:
         conn.close()
+
+
+def _plan_costs(conn: Any) -> dict[int, tuple[PlanSource, float]]:
+    """The coordinator's ``plan_costs`` meta row (``crew.runtime.planahead.read_costs``)."""
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (PLAN_COSTS_META,)).fetchone()
+    return read_costs(None if row is None else row["value"])
 
 
 @dataclass(frozen=True)
@@ -578,6 +603,8 @@ class BenchSpec:
     pace: float = BENCH_PACE
     # the host's CPU s per GB of link bytes, a capacity in crew's route LP (0: none)
     host_cpu_s_per_gb: float = 0.0
+    # plan each trace group while the one before runs (crew.runtime.planahead)
+    plan_ahead: bool = True
     training: dict[str, Any] = field(default_factory=dict)  # RunOptions training fields
     target_loss: float = 2.0  # lm: held-out loss (nats per byte) whose reaching is timed
     # with --train: the runs, in order (one per scheme with ``training``, or --configs)
@@ -697,6 +724,7 @@ def run_ops(
         log_level="WARNING",
         part_bytes=spec.part_bytes,
         host_cpu_s_per_gb=spec.host_cpu_s_per_gb,
+        plan_ahead=spec.plan_ahead,
         extra={
             "bench": True,
             "size_elems": spec.size_elems,
@@ -884,7 +912,8 @@ def results_table(schemes: dict[str, dict[str, Any]], title: str, ops: int) -> T
         caption="planned: median of the plans' predicted op times; meas/plan: median over ops"
         " of measured/planned; /bound: median over ops of measured/fluid lower bound;"
         " /best: median over the fastest correct scheme's median; CPU: worker CPU s per GB"
-        " moved",
+        " moved; plan ms: median over ops of the planning the coordinator waited for before"
+        " the op's Assign (ahead: ops planned while the op before ran)",
     )
     cols = (
         "scheme",
@@ -895,6 +924,8 @@ def results_table(schemes: dict[str, dict[str, Any]], title: str, ops: int) -> T
         "/bound",
         "/best",
         "CPU s/GB",
+        "plan ms",
+        "ahead",
         "ops",
         "correct",
     )
@@ -912,6 +943,8 @@ def results_table(schemes: dict[str, dict[str, Any]], title: str, ops: int) -> T
             _fmt(r["median_over_bound"], ".2f"),
             _fmt(vs, ".2f"),
             _fmt(r.get("cpu_s_per_gb"), ".1f"),
+            _fmt(r.get("plan_ms_median"), ".1f"),
+            f"{r.get('planned_ahead', 0)}/{r['completed']}",
             f"{r['completed']}/{ops}",
             ok,
         )
@@ -1347,6 +1380,13 @@ def build_parser() -> argparse.ArgumentParser:
         " (default)",
     )
     p.add_argument(
+        "--no-plan-ahead",
+        action="store_true",
+        help="plan each trace group when it starts, on the coordinator's event loop, instead"
+        " of on a background thread while the group before it runs (crew.runtime.planahead;"
+        " the plans are the same, only the planning time moves onto the ops' critical path)",
+    )
+    p.add_argument(
         "--part-bytes",
         type=int,
         default=0,
@@ -1444,6 +1484,7 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         part_bytes=args.part_bytes,
         pace=pace,
         host_cpu_s_per_gb=args.host_cpu,
+        plan_ahead=not args.no_plan_ahead,
         training=training,
         target_loss=args.target_loss,
         train_runs=runs if args.train else (),

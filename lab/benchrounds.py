@@ -107,6 +107,7 @@ def pool_results(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     startups = [r["startup_s"] for r in results if r["startup_s"] is not None]
     walls = [r["wall_s"] for r in results if r["wall_s"] is not None]
     errors = [f"round {k}: {r['error']}" for k, r in enumerate(results, 1) if r["error"]]
+    plan_ms = [m for r in results for m in r.get("plan_ms", ())]
     return {
         "op_times_s": times,
         "bound_s": bounds,
@@ -123,6 +124,9 @@ def pool_results(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "wall_s": sum(walls) if walls else None,
         "worker_cpu_s": cpu_s,
         "cpu_s_per_gb": cpu_s / moved_gb if cpu_s is not None and moved_gb > 0 else None,
+        "plan_ms": plan_ms,
+        "plan_ms_median": percentile([m for m in plan_ms if m is not None], 50),
+        "planned_ahead": sum(r.get("planned_ahead", 0) for r in results),
         "error": "; ".join(errors) or None,
     }
 

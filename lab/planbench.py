@@ -53,6 +53,7 @@ from crew.control.assignment import MIN_ROUTE_PART_ELEMS
 from crew.plan import routelp
 from crew.plan.planner import PlanError, lower_bound
 from crew.plan.schemes import GROUP_SCHEMES, plan_group
+from crew.runtime.planahead import PLAN_COSTS_META, PlanSource, read_costs
 from crew.runtime.rundb import GroupStatus
 from crew.wire import protocol as proto
 
@@ -310,21 +311,32 @@ def timing(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def run_groups(db: Path) -> tuple[RunConfig, list[tuple[int, ...]], list[float]]:
-    """A run's config, its groups in order and their op times (completed groups only, without
-    a ``lab.bench`` run's untimed warm-up groups: ids 1 .. ``extra.warmup``)."""
+def run_groups(
+    db: Path,
+) -> tuple[RunConfig, list[tuple[int, ...]], list[float], list[tuple[PlanSource, float] | None]]:
+    """A run's config, its groups in order, their op times and what their plans cost the
+    coordinator's event loop as the run recorded it (``crew.runtime.planahead``; None where it
+    has no record). Completed groups only, without a ``lab.bench`` run's untimed warm-up
+    groups (ids 1 .. ``extra.warmup``)."""
     cfg = RunConfig.load(db.parent / "config.json")
     warmup = int(cfg.extra.get("warmup") or 0)
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         rows = conn.execute(
-            "SELECT members, ended_at - started_at FROM groups WHERE status = ? AND id > ?"
+            "SELECT id, members, ended_at - started_at FROM groups WHERE status = ? AND id > ?"
             " ORDER BY id",
             (GroupStatus.COMPLETED.value, warmup),
         ).fetchall()
+        meta = conn.execute("SELECT value FROM meta WHERE key = ?", (PLAN_COSTS_META,)).fetchone()
     finally:
         conn.close()
-    return cfg, [tuple(json.loads(m)) for m, _ in rows], [float(t) for _, t in rows]
+    costs = read_costs(None if meta is None else meta[0])
+    return (
+        cfg,
+        [tuple(json.loads(m)) for _, m, _ in rows],
+        [float(t) for _, _, t in rows],
+        [costs.get(int(gid)) for gid, _, _ in rows],
+    )
 
 
 REPLAY_PASSES = 5
@@ -342,7 +354,7 @@ def replay(db: Path, passes: int = REPLAY_PASSES) -> dict[str, Any]:
     (``groups.started_at`` is the time the group formed)."""
     from crew.control.lifecycle import GroupLifecycle
 
-    cfg, groups, op_s = run_groups(db)
+    cfg, groups, op_s, recorded = run_groups(db)
     if not groups:
         raise SystemExit(f"{db}: no completed groups")
     size_elems = int(cfg.extra.get("size_elems") or 0)
@@ -375,7 +387,19 @@ def replay(db: Path, passes: int = REPLAY_PASSES) -> dict[str, Any]:
         "group_median_s": statistics.median(op_s),
         "cold": _ms(out["cold"]),
         "as_run": _ms(out["as_run"]),
+        # what the run's coordinator itself waited for each group's plan (None: not recorded)
+        "recorded": _recorded(recorded),
     }
+
+
+def _recorded(costs: Sequence[tuple[PlanSource, float] | None]) -> dict[str, float] | None:
+    """Median and p90 of the recorded waits and how many plans were made ahead; None unless
+    every group has a record."""
+    known = [c for c in costs if c is not None]
+    if not known or len(known) < len(costs):
+        return None
+    ahead = sum(1 for source, _ in known if source is not PlanSource.INLINE)
+    return {**_ms([ms / 1e3 for _, ms in known]), "ahead": ahead}
 
 
 def timing_table(res: dict[str, Any]) -> Table:
@@ -419,6 +443,17 @@ def share_lines(
                 f" x {rep['passes']} passes, median op {g:.3f} s):"
                 f" {mode.replace('_', ' ')} planning median {ms:.1f} ms"
                 f" (p90 {rep[mode]['p90_ms']:.1f}) = {100 * ms / 1e3 / g:.1f}% of the median op"
+            )
+        rec = rep["recorded"]
+        if rec is None:
+            lines.append("the run recorded no planning costs (a run before planning ahead)")
+        else:
+            ms = rec["median_ms"]
+            lines.append(
+                f"recorded by the run's coordinator: the ops waited a median {ms:.1f} ms for"
+                f" their plans (p90 {rec['p90_ms']:.1f}) = {100 * ms / 1e3 / g:.1f}% of the"
+                f" median op; {rec['ahead']} of {rep['groups']} planned ahead"
+                " (crew.runtime.planahead)"
             )
         group_s = group_s or g
     if group_s and "8" in res:

@@ -18,6 +18,7 @@ from crew.control import lifecycle as lc
 from crew.control.grouping import GroupOutcome, WorkerState
 from crew.control.rejections import REJECT_EVENTS, REJECT_WINDOW_S
 from crew.plan import planner
+from crew.plan.plancall import PlanCall
 from crew.plan.schemes import plan_group
 from crew.wire import protocol as proto
 
@@ -444,6 +445,36 @@ def test_benchmark_trace_runs_groups_one_at_a_time() -> None:
     assert of(outs, lc.MetaRecord)[0].values == {"trace_started_all": "1"}
     life.handle(lc.WorkerDisconnected(3, "gone"), 2.5)  # trace groups shrink equally weighted
     assert life.open[2].members == (2, 1) and life.open[2].weights == (0.5, 0.5)
+
+
+def test_a_trace_announces_its_next_group_with_the_call_that_will_plan_it() -> None:
+    """PlanAhead carries exactly the call (same key) the next group is planned with when it
+    starts, though the current group was in flight (committed capacity) when it was made."""
+    made: list[PlanCall] = []
+
+    def recording(*args: Any, **kw: Any) -> Any:
+        made.append(PlanCall.of(*args, **kw))
+        return plan_group(*args, **kw)
+
+    bw = [[0.0, 20, 40, 60], [20, 0, 80, 100], [40, 80, 0, 30], [60, 100, 30, 0]]
+    cfg = make_cfg(bw=bw, extra={"trace": [[0, 1], [1, 2, 3], [0, 3]]})
+    life = started(cfg, plan=recording)
+    for w in range(4):
+        life.handle(proto.Ready(w, 0, float(w), -1), 1.0)
+    outs = life.tick(1.0)
+    (ahead,) = of(outs, lc.PlanAhead)
+    assert ahead.call.members == (1, 2, 3) and [c.members for c in made] == [(0, 1)]
+    # in flight, group 1 takes capacity: a plan made now would differ from the announced one
+    assert not np.array_equal(life._planning_bw(1.0), ahead.call.bw)
+    report_all(life, 1, 2.0)
+    outs = life.tick(2.0)
+    assert made[-1].members == (1, 2, 3) and made[-1].key() == ahead.call.key()
+    (nxt,) = of(outs, lc.PlanAhead)
+    assert nxt.call.members == (0, 3)
+    report_all(life, 2, 3.0)
+    outs = life.tick(3.0)
+    assert made[-1].key() == nxt.call.key()
+    assert not of(outs, lc.PlanAhead)  # the trace's last group: nothing after it
 
 
 def test_nonblocking_split_is_sent_and_used_by_new_groups() -> None:

@@ -10,6 +10,7 @@ import pytest
 from lifecycle_kit import make_cfg
 
 from crew.config import Scheme
+from crew.runtime.planahead import PLAN_COSTS_META, PlanCost, PlanSource, costs_json
 from crew.runtime.rundb import GroupStatus, RunDB
 from lab import planbench
 
@@ -24,8 +25,9 @@ GROUPS = [(0, 1, 2, 3), (1, 2, 3, 4), (0, 2, 3, 4)]
 OPS = [0.9, 0.8, 0.7]
 
 
-def bench_run(tmp_path: Path, warmup: int = 0) -> Path:
-    """A lab.bench run folder of GROUPS with OPS, after ``warmup`` untimed groups of all five."""
+def bench_run(tmp_path: Path, warmup: int = 0, costs: dict[int, PlanCost] | None = None) -> Path:
+    """A lab.bench run folder of GROUPS with OPS, after ``warmup`` untimed groups of all five;
+    ``costs``: the planning costs its coordinator recorded (none: a run from before them)."""
     run = tmp_path / "crew"
     run.mkdir()
     extra = {"bench": True, "size_elems": 500_000, "warmup": warmup}
@@ -45,6 +47,8 @@ def bench_run(tmp_path: Path, warmup: int = 0) -> Path:
             ended_at=10.0 * gid + op,
             status=GroupStatus.COMPLETED,
         )
+    if costs is not None:
+        db.set_meta({PLAN_COSTS_META: costs_json(costs)})
     db.close()
     return run / "lab.db"
 
@@ -83,6 +87,27 @@ def test_replay_leaves_out_the_warmup_groups(tmp_path: Path) -> None:
     rep = planbench.replay(bench_run(tmp_path, warmup=2), passes=2)
     assert rep["groups"] == 3 and rep["passes"] == 2
     assert rep["group_median_s"] == pytest.approx(0.8)
+
+
+def test_replay_reports_the_planning_waits_the_run_recorded(tmp_path: Path) -> None:
+    """The coordinator's own record (crew.runtime.planahead) of the timed groups (ids 3..5
+    after 2 warm-up groups) is summarised next to the replay; a run without one says so."""
+    costs = {
+        1: PlanCost((0, 1, 2, 3, 4), PlanSource.INLINE, 0.5),  # warm-up: left out
+        2: PlanCost((0, 1, 2, 3, 4), PlanSource.AHEAD, 0.4),
+        3: PlanCost(GROUPS[0], PlanSource.WAITED, 0.012),
+        4: PlanCost(GROUPS[1], PlanSource.AHEAD, 0.0001),
+        5: PlanCost(GROUPS[2], PlanSource.INLINE, 0.030),
+    }
+    rep = planbench.replay(bench_run(tmp_path, warmup=2, costs=costs), passes=1)
+    assert rep["recorded"]["median_ms"] == pytest.approx(12.0)
+    assert rep["recorded"]["ahead"] == 2
+    line = [s for s in planbench.share_lines({}, None, rep) if s.startswith("recorded")]
+    assert line and "median 12.0 ms" in line[0] and "2 of 3 planned ahead" in line[0]
+    (tmp_path / "old").mkdir()
+    old = planbench.replay(bench_run(tmp_path / "old"), passes=1)
+    assert old["recorded"] is None
+    assert any("recorded no planning costs" in s for s in planbench.share_lines({}, None, old))
 
 
 def test_replay_passes_must_be_positive(tmp_path: Path) -> None:

@@ -100,6 +100,7 @@ from crew.control.rejections import RejectionLimiter, SecurityNote
 from crew.control.verify import CHECK_TOLERANCE, relative_error
 from crew.plan import planner, wiresize
 from crew.plan.hostcpu import host_cpu_link
+from crew.plan.plancall import PlanCall
 from crew.plan.routes import link_load
 from crew.plan.schemes import GROUP_SCHEMES, GroupPlan, plan_group, plan_group_nonblocking
 from crew.wire import protocol as proto
@@ -238,6 +239,16 @@ class AllReduceRecord:
 
 
 @dataclass(frozen=True)
+class PlanAhead:
+    """A group that is about to form (a trace's next group) will be planned with ``call`` if
+    nothing changes first: the shell may make it now, off the critical path, and answer the
+    identical call from it when the group forms (``crew.runtime.planahead``). Ignoring it
+    changes nothing but when the plan is computed."""
+
+    call: PlanCall
+
+
+@dataclass(frozen=True)
 class StopRequested:
     """The lab asked the run to stop: the shell ends its loop and calls ``shutdown``."""
 
@@ -252,6 +263,7 @@ Output = (
     | MetaRecord
     | IterationRecord
     | AllReduceRecord
+    | PlanAhead
     | StopRequested
 )
 
@@ -650,11 +662,11 @@ class GroupLifecycle:
 
     # -- planning ----------------------------------------------------------------------------
 
-    def _planning_bw(self, now: float) -> np.ndarray:
+    def _planning_bw(self, now: float, *, in_flight: bool = True) -> np.ndarray:
         """The payload rates a new plan gets: ``RunConfig.goodput`` x the planning rates, less
-        what the groups in flight still send when ``committed_capacity``."""
+        what the groups in flight still send when ``committed_capacity`` (and ``in_flight``)."""
         share = self.cfg.goodput
-        if not self.cfg.committed_capacity or not self.open:
+        if not self.cfg.committed_capacity or not self.open or not in_flight:
             return self.capacity.planning * share
         return self.capacity.residual(
             (
@@ -675,7 +687,7 @@ class GroupLifecycle:
     ) -> tuple[GroupPlan, float]:
         assert self.size_elems is not None
         active = self._active_for(members, now)
-        plan = self._solve(scheme, members, self.size_elems, active, now)
+        plan = self._solve(self._plan_call(scheme, members, self.size_elems, active, now))
         extra = self._plan_extra(self._wire_scale())
         planning = self.capacity.planning * self._wire_scale()
         bound = self._lower_bound(planning, members, self.size_elems * 4, active=active, **extra)
@@ -712,20 +724,28 @@ class GroupLifecycle:
             extra["delay_s"] = self.capacity.delay_s
         return extra
 
-    def _solve(
+    def _solve(self, call: PlanCall) -> GroupPlan:
+        """Make a planner call of ``_plan_call``: its plan, in the wire format's bytes."""
+        plan = call.run(self._plan_fn)
+        wire = self._wire_bytes()
+        return replace(plan, elem_bytes=wire) if wire != 4.0 else plan
+
+    def _plan_call(
         self,
         scheme: Scheme,
         members: tuple[int, ...],
         elems: int,
         active: Sequence[int],
         now: float,
-    ) -> GroupPlan:
-        """One planner call for ``elems`` elements of the group on the residual capacity
-        (``_planning_bw``), scaled to the wire format; the whole vector or, for a revision that
-        keeps routes, only the lost ranges (``_plan_lost``)."""
+        *,
+        in_flight: bool = True,
+    ) -> PlanCall:
+        """The planner call for ``elems`` elements of the group on the residual capacity
+        (``_planning_bw``), scaled to the wire format: the whole vector or, for a revision that
+        keeps routes, only the lost ranges (``_plan_lost``). With ``in_flight=False``, as if no
+        group were open (the call of a group that forms once the open ones have ended)."""
+        scale = 4.0 / self._wire_bytes()
         assert self.size_elems is not None
-        wire = self._wire_bytes()
-        scale = 4.0 / wire
         # The route LP counts one part's serialisation per hop (pipeline fill); the parts a
         # multi-hop route gets are the smallest the engine cuts (crew.control.assignment).
         # In float32 bytes, like the scaled rates.
@@ -735,17 +755,16 @@ class GroupLifecycle:
             # CPU seconds per GB were measured per payload GB: no goodput
             cpu = replace(self._host_cpu, mbit=self._host_cpu.mbit * scale)
             extra["shared"] = (*extra.get("shared", ()), cpu)
-        plan = self._plan_fn(
+        return PlanCall.of(
             scheme,
-            self._planning_bw(now) * scale,
+            self._planning_bw(now, in_flight=in_flight) * scale,
             members,
             elems * 4,
-            active=active,
+            active=tuple(active),
             seed=self.cfg.seed,
             part_bytes=part_bytes,
             **extra,
         )
-        return replace(plan, elem_bytes=wire) if wire != 4.0 else plan
 
     def _plan_nonblocking(
         self, members: tuple[int, ...], now: float
@@ -979,7 +998,7 @@ class GroupLifecycle:
         lost = lost_ranges(old, kept, self.size_elems)
         lost_elems = sum(b - a for a, b in lost)
         try:
-            part = self._solve(og.scheme, og.members, lost_elems, active, now)
+            part = self._solve(self._plan_call(og.scheme, og.members, lost_elems, active, now))
         except planner.PlanError as exc:
             log.info("group %d: no plan for the lost part alone (%s)", og.group.id, exc)
             return None
@@ -1065,6 +1084,15 @@ class GroupLifecycle:
         self._start_group(group, now)
         if self.trace_next == len(self.trace):
             self._out.append(MetaRecord({"trace_started_all": "1"}))
+        elif self.open and not self.cfg.nonblocking:
+            # The next group starts when this one ends, so it will be planned on the capacity
+            # with no group in flight (a non-blocking plan depends on what was sent: not ahead).
+            assert self.size_elems is not None
+            after = self.trace[self.trace_next]
+            active = self._active_for(after, now)
+            elems = self.size_elems
+            call = self._plan_call(self.scheme, after, elems, active, now, in_flight=False)
+            self._out.append(PlanAhead(call))
 
     # -- links -------------------------------------------------------------------------------
 

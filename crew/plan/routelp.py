@@ -79,6 +79,7 @@ import functools
 import heapq
 import logging
 import math
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Collection, Iterator, Sequence
@@ -136,6 +137,9 @@ chosen latency level often skips the bandwidth optimum's columns, and re-plannin
 _RESULTS: OrderedDict[tuple, RoutePlanResult] = OrderedDict()
 _POOL: OrderedDict[tuple, list[Shape]] = OrderedDict()
 _LIMITS: dict[str, float] = {}  # set by limits()
+_CACHE_LOCK = threading.Lock()
+"""Guards ``_RESULTS`` and ``_POOL``: the coordinator may plan ahead on a second thread
+(``crew.runtime.planahead``); plans themselves share nothing else."""
 TREE_SEEDS = 16
 """Roots whose least-link-time trees seed the pool at most (the cheapest; at n = 60 seeding
 every root's trees cost more LP time than the rounds it saved)."""
@@ -980,17 +984,20 @@ def plan_routes(
         None if delays is None else delays.tobytes(), int(part_bytes), exact, max_rounds,
         level_tol,
     )  # fmt: skip
-    if warm and key in _RESULTS:
-        _RESULTS.move_to_end(key)
-        return _RESULTS[key]
+    if warm:
+        with _CACHE_LOCK:
+            if key in _RESULTS:
+                _RESULTS.move_to_end(key)
+                return _RESULTS[key]
     result = _plan(
         w, ms, act, total, sh, delays, int(part_bytes), time_budget_s, exact, warm, max_rounds,
         level_tol,
     )  # fmt: skip
     if warm:
-        _RESULTS[key] = result
-        while len(_RESULTS) > CACHE_RESULTS:
-            _RESULTS.popitem(last=False)
+        with _CACHE_LOCK:
+            _RESULTS[key] = result
+            while len(_RESULTS) > CACHE_RESULTS:
+                _RESULTS.popitem(last=False)
     return result
 
 
@@ -1027,7 +1034,9 @@ def _plan(
             master.add(col)
     pool_key = (n, ms, act.tobytes())
     if warm:
-        for shape in _POOL.get(pool_key, ()):
+        with _CACHE_LOCK:
+            warm_shapes = list(_POOL.get(pool_key, ()))
+        for shape in warm_shapes:
             if all(usable[e] for e in (*shape.up, *shape.down)):
                 master.add(Column((shape,), "warm"))
     roots = np.flatnonzero(act)
@@ -1183,11 +1192,12 @@ def _remember(key: tuple, master: _Master, *xs: np.ndarray) -> None:
             col = master.cols[c]
             if len(col.shapes) == 1:
                 used.setdefault(col.shapes[0])
-    for s in _POOL.pop(key, ()):
-        used.setdefault(s)
-    _POOL[key] = list(used)[:POOL_SHAPES]
-    while len(_POOL) > CACHE_GROUPS:
-        _POOL.popitem(last=False)
+    with _CACHE_LOCK:
+        for s in _POOL.pop(key, ()):
+            used.setdefault(s)
+        _POOL[key] = list(used)[:POOL_SHAPES]
+        while len(_POOL) > CACHE_GROUPS:
+            _POOL.popitem(last=False)
 
 
 def clear_caches() -> None:
@@ -1195,8 +1205,9 @@ def clear_caches() -> None:
     (benchmarks measure cold planning with it)."""
     from crew.plan import schemes
 
-    _RESULTS.clear()
-    _POOL.clear()
+    with _CACHE_LOCK:
+        _RESULTS.clear()
+        _POOL.clear()
     planner.BOUNDS.clear()
     schemes.STAR_TIES.clear()
     schemes.CREW_PLANS.clear()

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 from crew.config import RunConfig, Scheme
 from crew.control import lifecycle as lc
-from crew.plan.schemes import GROUP_SCHEMES
+from crew.plan.schemes import GROUP_SCHEMES, plan_group
+from crew.runtime.planahead import PLAN_COSTS_META, AheadPlanner, PlanCost, costs_json
 from crew.runtime.rundb import GroupMemberRow, GroupStatus, IterationRow, RunDB
 from crew.wire import protocol as proto
 from crew.wire.frames import COORDINATOR, FrameCodec, FrameError, control_body, control_frame
@@ -165,7 +166,12 @@ class Coordinator:
         self.db = db
         key = cfg.secret() if secret is None else secret
         self.codec = FrameCodec(key, cfg.run_num, max_payload=cfg.max_payload)
-        self.life = lc.GroupLifecycle(cfg)
+        # Plans the life cycle announces ahead (a bench trace's next group) are made on a
+        # background thread while the current group runs (crew.runtime.planahead), unless
+        # cfg.plan_ahead is off; either way it records what each plan cost the event loop.
+        self.ahead = AheadPlanner(plan_group)
+        self.life = lc.GroupLifecycle(cfg, plan=self.ahead)
+        self.plan_costs: dict[int, PlanCost] = {}  # group id -> its first plan's cost
         self.events: queue.Queue[_Event] = queue.Queue()
         self.streams: dict[int, FrameStream] = {}  # conn id -> stream
         self.worker_conn: dict[int, int] = {}  # worker -> conn id
@@ -232,10 +238,18 @@ class Coordinator:
         for out in outputs:
             if isinstance(out, lc.SendTo):
                 self._send(out.worker, out.msg)
+        costs = self.ahead.drain()
+        for out in outputs:
+            if isinstance(out, lc.GroupOpenedRecord):
+                cost = next((c for c in costs if c.members == out.group.members), None)
+                if cost is not None:
+                    self.plan_costs[out.group.id] = cost
+            elif isinstance(out, lc.PlanAhead) and self.cfg.plan_ahead:
+                self.ahead.submit(out.call)
         for out in outputs:
             if isinstance(out, lc.StopRequested):
                 self.stop_event.set()
-            elif not isinstance(out, lc.SendTo):
+            elif not isinstance(out, lc.SendTo | lc.PlanAhead):
                 write_record(self.db, out)
 
     # -- the event loop ----------------------------------------------------------------------
@@ -253,6 +267,8 @@ class Coordinator:
                 self._handle(ev, now)
             self._apply(self.life.tick(now))
         self._apply(self.life.shutdown(time.time(), "coordinator stopping"))
+        self.ahead.close()
+        self.db.set_meta({PLAN_COSTS_META: costs_json(self.plan_costs)})
         self.listener.close()
 
     def _handle(self, ev: _Event, now: float) -> None:

@@ -79,6 +79,7 @@ class RunOptions:
     flow_order: str = RunConfig.default("flow_order")
     nonblocking: bool = RunConfig.default("nonblocking")
     committed_capacity: bool = RunConfig.default("committed_capacity")
+    plan_ahead: bool = RunConfig.default("plan_ahead")
     capacity: str = RunConfig.default("capacity")
     # The host's CPU s per GB of link bytes as a planner capacity (crew.plan.hostcpu) on all
     # of this machine's cores; 0: none.
@@ -424,6 +425,7 @@ class LabRun:
             flow_order=o.flow_order,
             nonblocking=o.nonblocking,
             committed_capacity=o.committed_capacity,
+            plan_ahead=o.plan_ahead,
             capacity=o.capacity,
             host_cpu_s_per_gb=o.host_cpu_s_per_gb,
             host_cores=float(os.cpu_count() or 1) if o.host_cpu_s_per_gb > 0 else 0.0,

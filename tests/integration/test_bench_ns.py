@@ -71,6 +71,10 @@ def test_bench_small(tmp_path: Path) -> None:
         assert sum(r["link_bytes"].values()) >= OPS * results["size_bytes"], name
         if name != "gloo":
             assert all(e < 1e-3 for e in [r["max_verify_err"]]), name
+            # The coordinator recorded each op's planning wait; every op after the first was
+            # planned while the one before it ran (crew.runtime.planahead).
+            assert len(r["plan_ms"]) == OPS and all(m is not None for m in r["plan_ms"]), name
+            assert r["planned_ahead"] == OPS - 1, name
             # Measured bytes cover what the plans sent (headers only add).
             for link, planned in r["planned_link_bytes"].items():
                 assert r["link_bytes"][link] >= planned, (name, link)
