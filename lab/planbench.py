@@ -19,7 +19,9 @@
   ``--group-s S`` or ``--db OUT/crew/lab.db`` (a ``lab.bench`` run) it prints the planning
   share of the median group time at n = 8; ``--db`` also replays that run's groups through
   ``GroupLifecycle.plan_for`` (the run's rates, part size, codec) cold and in order with caches
-  as the coordinator had them (the run database records no planning times), ``--replay-passes``
+  as the coordinator had them, and prints what the run's coordinator itself recorded: how
+  long each op waited for its plan, and how many were planned ahead while the op before ran
+  (``crew.runtime.planahead``; runs from before it have no record), ``--replay-passes``
   times (a group's time: the median of its passes), without the run's warm-up groups. Run it
   under the CPU lock (``flock -x /tmp/crew-cpu.lock python -m lab.planbench timing``): figures
   from a busy machine are worthless.
@@ -350,8 +352,9 @@ def replay(db: Path, passes: int = REPLAY_PASSES) -> dict[str, Any]:
     the run's config: rates, delays, shared links, part size, codec) and time it: *cold*
     (caches cleared before each group) and *as run* (in order, caches kept, as the coordinator
     process had them), ``passes`` times each; a group's time is the median of its passes.
-    The run's database has no planning times: a group's op time starts before it is planned
-    (``groups.started_at`` is the time the group formed)."""
+    A group's op time starts before it is planned (``groups.started_at`` is the time the group
+    formed); ``recorded`` is what the run's coordinator waited for each plan (its
+    ``plan_costs`` meta row), None for a run without it."""
     from crew.control.lifecycle import GroupLifecycle
 
     cfg, groups, op_s, recorded = run_groups(db)
@@ -450,8 +453,8 @@ def share_lines(
         else:
             ms = rec["median_ms"]
             lines.append(
-                f"recorded by the run's coordinator: the ops waited a median {ms:.1f} ms for"
-                f" their plans (p90 {rec['p90_ms']:.1f}) = {100 * ms / 1e3 / g:.1f}% of the"
+                f"recorded by the run's coordinator: the ops waited a median {ms:.2f} ms for"
+                f" their plans (p90 {rec['p90_ms']:.2f}) = {100 * ms / 1e3 / g:.2f}% of the"
                 f" median op; {rec['ahead']} of {rep['groups']} planned ahead"
                 " (crew.runtime.planahead)"
             )

@@ -103,7 +103,7 @@ def test_replay_reports_the_planning_waits_the_run_recorded(tmp_path: Path) -> N
     assert rep["recorded"]["median_ms"] == pytest.approx(12.0)
     assert rep["recorded"]["ahead"] == 2
     line = [s for s in planbench.share_lines({}, None, rep) if s.startswith("recorded")]
-    assert line and "median 12.0 ms" in line[0] and "2 of 3 planned ahead" in line[0]
+    assert line and "median 12.00 ms" in line[0] and "2 of 3 planned ahead" in line[0]
     (tmp_path / "old").mkdir()
     old = planbench.replay(bench_run(tmp_path / "old"), passes=1)
     assert old["recorded"] is None
