@@ -140,7 +140,7 @@ from crew.control.verify import CHECK_TOLERANCE
 from crew.plan import planner
 from crew.plan.routes import Route, link_load
 from crew.plan.schemes import GROUP_SCHEMES
-from crew.runtime.planahead import PLAN_COSTS_META, PlanSource, read_costs
+from crew.runtime.planahead import PlanSource, read_costs
 from crew.runtime.rundb import GroupStatus, connect
 from lab.benchrounds import (
     op_stats,
@@ -371,7 +371,7 @@ def op_results(
         else:
             first, measured = None, {}
         plans = [r["plan"] for r in done if r["plan"]]
-        costs = _plan_costs(conn)
+        costs = read_costs(conn)
         plan_ms = tuple(costs.get(int(r["id"]), (None, None))[1] for r in done)
         return SchemeResult(
             op_times_s=tuple(times),
@@ -397,12 +397,6 @@ def op_results(
         )
     finally:
         conn.close()
-
-
-def _plan_costs(conn: Any) -> dict[int, tuple[PlanSource, float]]:
-    """The coordinator's ``plan_costs`` meta row (``crew.runtime.planahead.read_costs``)."""
-    row = conn.execute("SELECT value FROM meta WHERE key = ?", (PLAN_COSTS_META,)).fetchone()
-    return read_costs(None if row is None else row["value"])
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ from crew.control.assignment import MIN_ROUTE_PART_ELEMS
 from crew.plan import routelp
 from crew.plan.planner import PlanError, lower_bound
 from crew.plan.schemes import GROUP_SCHEMES, plan_group
-from crew.runtime.planahead import PLAN_COSTS_META, PlanSource, read_costs
+from crew.runtime.planahead import PlanSource, read_costs
 from crew.runtime.rundb import GroupStatus
 from crew.wire import protocol as proto
 
@@ -329,10 +329,9 @@ def run_groups(
             " ORDER BY id",
             (GroupStatus.COMPLETED.value, warmup),
         ).fetchall()
-        meta = conn.execute("SELECT value FROM meta WHERE key = ?", (PLAN_COSTS_META,)).fetchone()
+        costs = read_costs(conn)
     finally:
         conn.close()
-    costs = read_costs(None if meta is None else meta[0])
     return (
         cfg,
         [tuple(json.loads(m)) for _, m, _ in rows],

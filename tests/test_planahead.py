@@ -165,3 +165,37 @@ def test_plan_call_keys_are_exact() -> None:
     c = PlanCall.of(Scheme.CREW_STAR, BW, (0, 1, 2), SIZE, active=(0, 1, 2, 3), seed=0,
                     part_bytes=0)  # fmt: skip
     assert a.key() != c.key()
+
+
+def test_plans_made_on_two_threads_at_once_are_those_made_one_by_one() -> None:
+    """The planners' caches are shared by the event loop and the plan-ahead thread: planning
+    groups on two threads at once gives each group the plan it gets alone (no cache entry
+    of one group leaks into another's)."""
+    from crew.plan import routelp
+
+    rng = np.random.default_rng(7)
+    bw = rng.uniform(10, 100, size=(8, 8))
+    np.fill_diagonal(bw, 0)
+    groups = [(0, 1, 2, 3), (4, 5, 6, 7), (0, 2, 4, 6), (1, 3, 5, 7), (0, 1, 6, 7), (2, 3, 4, 5)]
+
+    def plan(g: tuple[int, ...]) -> GroupPlan:
+        return plan_group(Scheme.CREW, bw, g, SIZE, part_bytes=1 << 16)
+
+    routelp.clear_caches()
+    alone = {g: plan(g) for g in groups}
+    routelp.clear_caches()
+    together: dict[tuple[int, ...], GroupPlan] = {}
+    start = threading.Barrier(2)
+
+    def half(gs: list[tuple[int, ...]]) -> None:
+        start.wait(10.0)
+        for g in gs:
+            together[g] = plan(g)
+
+    threads = [threading.Thread(target=half, args=(groups[k::2],)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60.0)
+    routelp.clear_caches()
+    assert together == alone

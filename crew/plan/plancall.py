@@ -23,16 +23,17 @@ from crew.plan.memo import key_part
 from crew.plan.schemes import GroupPlan
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PlanCall:
     """``plan(scheme, bw, members, size, **keywords)``. Keywords absent from ``keywords`` are
-    not passed at all (planners and test doubles without them keep working)."""
+    not passed at all (planners and test doubles without them keep working). Compare calls by
+    :meth:`key` (arrays have no ``==`` that gives one answer)."""
 
     scheme: Scheme
-    bw: np.ndarray = field(compare=False)
+    bw: np.ndarray
     members: tuple[int, ...]
     size: int
-    keywords: Mapping[str, Any] = field(compare=False, default_factory=dict)
+    keywords: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(

@@ -29,6 +29,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import sqlite3
 import threading
 import time
 from collections import OrderedDict
@@ -140,11 +141,14 @@ def costs_json(costs: Mapping[int, PlanCost]) -> str:
     )
 
 
-def read_costs(text: str | None) -> dict[int, tuple[PlanSource, float]]:
-    """:func:`costs_json`'s text back: group id -> (where its plan came from, ms the event
-    loop waited for it); {} for none (a run whose coordinator did not stop cleanly)."""
-    if not text:
+def read_costs(conn: sqlite3.Connection) -> dict[int, tuple[PlanSource, float]]:
+    """:func:`costs_json`'s record in a run database: group id -> (where its plan came from,
+    ms the event loop waited for it); {} for none (a run from before planning ahead, or whose
+    coordinator did not stop cleanly)."""
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (PLAN_COSTS_META,)).fetchone()
+    if row is None or not row[0]:
         return {}
+    text = row[0]
     return {
         int(gid): (PlanSource(c["source"]), float(c["blocked_ms"]))
         for gid, c in json.loads(text).items()
