@@ -91,6 +91,7 @@ from scipy.sparse import csr_array
 from scipy.sparse.csgraph import shortest_path
 
 from crew.plan import planner
+from crew.plan.memo import Memo
 from crew.plan.planner import (
     BYTES_PER_S_PER_MBIT,
     PlanError,
@@ -134,12 +135,12 @@ POOL_SHAPES = 160
 pool. Keeping only the chosen plan's columns did not warm-start plans with a latency term: the
 chosen latency level often skips the bandwidth optimum's columns, and re-planning on bench-hetero
 (p = 4 of 8, 64 KiB parts, rates x 1.01) then took 5-26 rounds; with the whole pool, 1."""
-_RESULTS: OrderedDict[tuple, RoutePlanResult] = OrderedDict()
+_RESULTS = Memo(CACHE_RESULTS)
 _POOL: OrderedDict[tuple, list[Shape]] = OrderedDict()
 _LIMITS: dict[str, float] = {}  # set by limits()
-_CACHE_LOCK = threading.Lock()
-"""Guards ``_RESULTS`` and ``_POOL``: the coordinator may plan ahead on a second thread
-(``crew.runtime.planahead``); plans themselves share nothing else."""
+_POOL_LOCK = threading.Lock()
+"""Guards ``_POOL`` (``_RESULTS`` is a thread-safe ``Memo``): the coordinator may plan ahead on
+a second thread (``crew.runtime.planahead``); plans themselves share nothing else."""
 TREE_SEEDS = 16
 """Roots whose least-link-time trees seed the pool at most (the cheapest; at n = 60 seeding
 every root's trees cost more LP time than the rounds it saved)."""
@@ -984,21 +985,14 @@ def plan_routes(
         None if delays is None else delays.tobytes(), int(part_bytes), exact, max_rounds,
         level_tol,
     )  # fmt: skip
-    if warm:
-        with _CACHE_LOCK:
-            if key in _RESULTS:
-                _RESULTS.move_to_end(key)
-                return _RESULTS[key]
-    result = _plan(
-        w, ms, act, total, sh, delays, int(part_bytes), time_budget_s, exact, warm, max_rounds,
-        level_tol,
-    )  # fmt: skip
-    if warm:
-        with _CACHE_LOCK:
-            _RESULTS[key] = result
-            while len(_RESULTS) > CACHE_RESULTS:
-                _RESULTS.popitem(last=False)
-    return result
+
+    def plan() -> RoutePlanResult:
+        return _plan(
+            w, ms, act, total, sh, delays, int(part_bytes), time_budget_s, exact, warm,
+            max_rounds, level_tol,
+        )  # fmt: skip
+
+    return _RESULTS.get(key, plan) if warm else plan()
 
 
 def _plan(
@@ -1034,7 +1028,7 @@ def _plan(
             master.add(col)
     pool_key = (n, ms, act.tobytes())
     if warm:
-        with _CACHE_LOCK:
+        with _POOL_LOCK:
             warm_shapes = list(_POOL.get(pool_key, ()))
         for shape in warm_shapes:
             if all(usable[e] for e in (*shape.up, *shape.down)):
@@ -1192,7 +1186,7 @@ def _remember(key: tuple, master: _Master, *xs: np.ndarray) -> None:
             col = master.cols[c]
             if len(col.shapes) == 1:
                 used.setdefault(col.shapes[0])
-    with _CACHE_LOCK:
+    with _POOL_LOCK:
         for s in _POOL.pop(key, ()):
             used.setdefault(s)
         _POOL[key] = list(used)[:POOL_SHAPES]
@@ -1205,8 +1199,8 @@ def clear_caches() -> None:
     (benchmarks measure cold planning with it)."""
     from crew.plan import schemes
 
-    with _CACHE_LOCK:
-        _RESULTS.clear()
+    _RESULTS.clear()
+    with _POOL_LOCK:
         _POOL.clear()
     planner.BOUNDS.clear()
     schemes.STAR_TIES.clear()
