@@ -140,7 +140,7 @@ from crew.control.verify import CHECK_TOLERANCE
 from crew.plan import planner
 from crew.plan.routes import Route, link_load
 from crew.plan.schemes import GROUP_SCHEMES
-from crew.runtime.planahead import PlanSource, read_costs
+from crew.runtime.planahead import read_costs
 from crew.runtime.rundb import GroupStatus, connect
 from lab.benchrounds import (
     op_stats,
@@ -372,7 +372,8 @@ def op_results(
             first, measured = None, {}
         plans = [r["plan"] for r in done if r["plan"]]
         costs = read_costs(conn)
-        plan_ms = tuple(costs.get(int(r["id"]), (None, None))[1] for r in done)
+        op_costs = [costs.get(int(r["id"])) for r in done]
+        plan_ms = tuple(None if c is None else c[1] for c in op_costs)
         return SchemeResult(
             op_times_s=tuple(times),
             bound_s=tuple(bounds),
@@ -389,11 +390,7 @@ def op_results(
             wall_s=(left_at - entered_at) if entered_at and left_at else None,
             plan_ms=plan_ms,
             plan_ms_median=percentile([m for m in plan_ms if m is not None], 50),
-            planned_ahead=sum(
-                1
-                for r in done
-                if costs.get(int(r["id"]), (PlanSource.INLINE, 0.0))[0] is not PlanSource.INLINE
-            ),
+            planned_ahead=sum(1 for c in op_costs if c is not None and c[0].made_ahead),
         )
     finally:
         conn.close()

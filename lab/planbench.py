@@ -400,7 +400,7 @@ def _recorded(costs: Sequence[tuple[PlanSource, float] | None]) -> dict[str, flo
     known = [c for c in costs if c is not None]
     if not known or len(known) < len(costs):
         return None
-    ahead = sum(1 for source, _ in known if source is not PlanSource.INLINE)
+    ahead = sum(1 for source, _ in known if source.made_ahead)
     return {**_ms([ms / 1e3 for _, ms in known]), "ahead": ahead}
 
 

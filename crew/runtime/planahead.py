@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import enum
 import json
-import logging
 import sqlite3
 import threading
 import time
@@ -42,8 +41,6 @@ from crew.config import Scheme
 from crew.plan.plancall import PlanCall
 from crew.plan.schemes import GroupPlan
 
-log = logging.getLogger("crew.runtime.planahead")
-
 KEEP = 4
 """Calls made ahead and not asked for yet that are kept (the oldest are dropped)."""
 PLAN_COSTS_META = "plan_costs"
@@ -54,6 +51,10 @@ class PlanSource(enum.Enum):
     AHEAD = "ahead"  # made ahead and finished when asked for
     WAITED = "waited"  # made ahead, still running when asked for: the caller waited for it
     INLINE = "inline"  # not made ahead (or its inputs changed): planned on the caller's thread
+
+    @property
+    def made_ahead(self) -> bool:
+        return self is not PlanSource.INLINE
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ class AheadPlanner:
         t0 = time.perf_counter()
         with self._lock:
             fut = self._ahead.pop(key, None)
-        if fut is not None and not fut.cancelled():
+        if fut is not None:  # only popped futures are ever cancelled
             source = PlanSource.AHEAD if fut.done() else PlanSource.WAITED
             try:
                 return fut.result()
