@@ -18,39 +18,71 @@ import pytest
 
 from crew.plan import routelp
 from crew.plan.planner import SharedLink
+from crew.plan.routes import validate_routes
 
 FIXTURE = Path(__file__).parent / "data" / "routelp_plans.json"
 CASES = json.loads(FIXTURE.read_text())["cases"]
 
 
-def plan_case(case: dict[str, Any]) -> dict[str, Any]:
-    """The plan of one case's inputs, cold: its predicted time and routes, as the fixture keeps
-    them."""
+ALTERNATIVE_OPTIMUM_REL = 1e-6
+"""How far an equally good plan with other routes may be from the pinned time. HiGHS pivots
+differently on other CPUs (session 18's AMD EPYC, with AVX-512, planned case random13 with
+another 28 routes, 1.4e-7 slower): the LP stops within ``routelp.GAP`` (1e-7) of its optimum,
+so its ties and near-ties are not the same bit for bit everywhere."""
+
+
+def _inputs(case: dict[str, Any]) -> dict[str, Any]:
     shared = [SharedLink(tuple(map(tuple, pairs)), mbit, d) for mbit, pairs, d in case["shared"]]
     delay = case["delay_s"]
+    return {
+        "bw": np.array(case["bw"]),
+        "shared": shared or None,
+        "delay_s": None if delay is None else np.array(delay),
+        "part_bytes": case["part_bytes"],
+    }
+
+
+def _plan(case: dict[str, Any]) -> routelp.RoutePlanResult:
+    """The plan of one case's inputs, cold."""
     routelp.clear_caches()
     try:
-        got = routelp.plan_routes(
-            np.array(case["bw"]),
-            case["members"],
-            case["size"],
-            case["active"],
-            shared=shared or None,
-            delay_s=None if delay is None else np.array(delay),
-            part_bytes=case["part_bytes"],
+        kw = _inputs(case)
+        return routelp.plan_routes(
+            kw.pop("bw"), case["members"], case["size"], case["active"], **kw
         )
     finally:
         routelp.clear_caches()
+
+
+def _summary(got: routelp.RoutePlanResult) -> dict[str, Any]:
     routes = [[r.start, r.stop, r.root, [list(e) for e in r.up], [list(e) for e in r.down]]
               for r in got.routes]  # fmt: skip
     return {"predicted_s": got.predicted_s, "routes": routes}
 
 
+def plan_case(case: dict[str, Any]) -> dict[str, Any]:
+    """The plan of one case's inputs, cold: its predicted time and routes, as the fixture keeps
+    them."""
+    return _summary(_plan(case))
+
+
 @pytest.mark.parametrize("case", CASES, ids=[f"{c['kind']}{i}" for i, c in enumerate(CASES)])
 def test_plan_unchanged(case: dict) -> None:
-    got, want = plan_case(case), case["expect"]
-    assert got["predicted_s"] == pytest.approx(want["predicted_s"], rel=1e-9, abs=0)
-    assert got["routes"] == want["routes"]
+    plan = _plan(case)
+    got, want = _summary(plan), case["expect"]
+    if got["routes"] == want["routes"]:
+        assert got["predicted_s"] == pytest.approx(want["predicted_s"], rel=1e-9, abs=0)
+        return
+    # Other routes: only an equally good plan passes, one that is a real plan (every member gets
+    # every element's sum once) and whose own cost is the time it claims.
+    assert got["predicted_s"] == pytest.approx(
+        want["predicted_s"], rel=ALTERNATIVE_OPTIMUM_REL, abs=0
+    )
+    n, total = len(case["bw"]), case["size"] // routelp.ELEM_BYTES
+    validate_routes(plan.routes, case["members"], n, total)
+    assert routelp.route_time(plan.routes, **_inputs(case)) == pytest.approx(
+        plan.predicted_s, rel=1e-9
+    )
 
 
 if __name__ == "__main__":
