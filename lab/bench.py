@@ -135,7 +135,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from crew.config import ConfigError, Scheme
+from crew.config import ConfigError, RunConfig, Scheme
 from crew.control.verify import CHECK_TOLERANCE
 from crew.plan import planner
 from crew.plan.routes import Route, link_load
@@ -596,6 +596,8 @@ class BenchSpec:
     host_cpu_s_per_gb: float = 0.0
     # plan each trace group while the one before runs (crew.runtime.planahead)
     plan_ahead: bool = True
+    # bytes crew's route LP counts a part to wait behind at each hop (RunConfig)
+    hop_backlog_bytes: int = RunConfig.default("hop_backlog_bytes")
     training: dict[str, Any] = field(default_factory=dict)  # RunOptions training fields
     target_loss: float = 2.0  # lm: held-out loss (nats per byte) whose reaching is timed
     # with --train: the runs, in order (one per scheme with ``training``, or --configs)
@@ -716,6 +718,7 @@ def run_ops(
         part_bytes=spec.part_bytes,
         host_cpu_s_per_gb=spec.host_cpu_s_per_gb,
         plan_ahead=spec.plan_ahead,
+        hop_backlog_bytes=spec.hop_backlog_bytes,
         extra={
             "bench": True,
             "size_elems": spec.size_elems,
@@ -1378,6 +1381,15 @@ def build_parser() -> argparse.ArgumentParser:
         " the plans are the same, only the planning time moves onto the ops' critical path)",
     )
     p.add_argument(
+        "--hop-backlog-bytes",
+        type=int,
+        default=RunConfig.default("hop_backlog_bytes"),
+        metavar="B",
+        help="bytes crew's route LP counts a part to wait behind at each hop, beside its own:"
+        " the unsent bytes a busy connection holds (TCP_NOTSENT_LOWAT; default %(default)s)."
+        " 0 counts the part alone, the model before it (for A/B runs)",
+    )
+    p.add_argument(
         "--part-bytes",
         type=int,
         default=0,
@@ -1441,6 +1453,10 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         raise BenchError(
             "--part-bytes", f"must be 0 or a positive multiple of 4, got {args.part_bytes}"
         )
+    if args.hop_backlog_bytes < 0:
+        raise BenchError(
+            "--hop-backlog-bytes", f"must be an int >= 0, got {args.hop_backlog_bytes}"
+        )
     if not 0 < args.target_accuracy <= 1:
         raise BenchError("--target-accuracy", f"must be in (0, 1], got {args.target_accuracy}")
     training: dict[str, Any] = {}
@@ -1476,6 +1492,7 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         pace=pace,
         host_cpu_s_per_gb=args.host_cpu,
         plan_ahead=not args.no_plan_ahead,
+        hop_backlog_bytes=args.hop_backlog_bytes,
         training=training,
         target_loss=args.target_loss,
         train_runs=runs if args.train else (),
@@ -1580,6 +1597,7 @@ def run_benchmark(spec: BenchSpec) -> tuple[dict[str, Any], dict[str, Any] | Non
         "lab_tag": tag,
         "pace": spec.pace,
         "host_cpu_s_per_gb": spec.host_cpu_s_per_gb,
+        "hop_backlog_bytes": spec.hop_backlog_bytes,
         "other_labs_seen": sorted(seen),
         "schemes": {},
     }

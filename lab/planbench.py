@@ -12,9 +12,10 @@
   groups, median and max over them).
 * ``timing`` -- wall time of ``crew``'s planning per group as the coordinator does it
   (``plan_group``: the route LP ``crew.plan.routelp.plan_routes`` and the star tie check, plus
-  ``lower_bound``), with the per-hop part size the coordinator passes (``--part-bytes``), at
-  n = 8, 16, 32, 60: *cold* (caches cleared), *warm* (the same group re-planned on capacities
-  moved by up to 5%, as when groups in flight change the residual capacity) and *cached*
+  ``lower_bound``), with the bytes per hop the coordinator passes (``--part-bytes``: a part and
+  the socket backlog ahead of it), at n = 8, 16, 32, 60: *cold* (caches cleared), *warm* (the
+  same group re-planned on capacities moved by up to 5%, as when groups in flight change the
+  residual capacity) and *cached*
   (identical inputs again). Median and p90 per n; the route LP's own cold median beside. With
   ``--group-s S`` or ``--db OUT/crew/lab.db`` (a ``lab.bench`` run) it prints the planning
   share of the median group time at n = 8; ``--db`` also replays that run's groups through
@@ -51,7 +52,7 @@ from rich.console import Console
 from rich.table import Table
 
 from crew.config import RunConfig, Scheme
-from crew.control.assignment import MIN_ROUTE_PART_ELEMS
+from crew.control.assignment import MIN_ROUTE_PART_ELEMS, hop_bytes
 from crew.plan import routelp
 from crew.plan.planner import PlanError, lower_bound
 from crew.plan.schemes import GROUP_SCHEMES, plan_group
@@ -64,6 +65,9 @@ SAMPLES = REPO / "crew" / "data" / "inter-cloud-bandwidth-samples.json"
 MB16 = 16_777_216
 MB8 = 8 * 1024 * 1024
 SLOWER_TOLERANCE = 1e-6
+COORDINATOR_HOP_BYTES = hop_bytes(MIN_ROUTE_PART_ELEMS, RunConfig.default("hop_backlog_bytes"))
+"""``timing``'s default ``--part-bytes``: what the coordinator passes for a vector whose parts
+are at least ``MIN_ROUTE_PART_ELEMS`` (8 MB and up)."""
 """Relative margin for whole-element rounding when checking crew <= every baseline."""
 
 
@@ -507,10 +511,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--part-bytes",
         type=int,
-        default=4 * MIN_ROUTE_PART_ELEMS,
-        help=f"timing: per-hop part size the route LP counts ({4 * MIN_ROUTE_PART_ELEMS}: what"
-        " the coordinator passes for 8 MB vectors, 4 x min(part elements,"
-        f" {MIN_ROUTE_PART_ELEMS // 1024} Ki))",
+        default=COORDINATOR_HOP_BYTES,
+        help=f"timing: bytes per hop the route LP counts ({COORDINATOR_HOP_BYTES}: what the"
+        " coordinator passes for 8 MB vectors, 4 x min(part elements,"
+        f" {MIN_ROUTE_PART_ELEMS // 1024} Ki) plus the socket backlog a part waits behind,"
+        " RunConfig.hop_backlog_bytes)",
     )
     ap.add_argument(
         "--group-s",

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from crew.config import RunConfig, Scheme
-from crew.control.assignment import MIN_ROUTE_PART_ELEMS
+from crew.control.assignment import hop_bytes
 from crew.plan.schemes import GROUP_SCHEMES, plan_group
 from crew.runtime.rundb import GroupStatus, WorkerState, connect
 from crew.sim.engine import PlanDelay, SimConfig, Simulation
@@ -106,9 +106,11 @@ def simulate_op(
     seed: int,
     executor: ExecutorModel | None = None,
     plan_time: bool = False,
+    hop_backlog_bytes: int = RunConfig.default("hop_backlog_bytes"),
 ) -> float:
     """Seconds one group takes alone on the network, in the simulator's model: its transfer,
-    plus (``plan_time``) the real planner call's wall time, as the lab's op time includes it."""
+    plus (``plan_time``) the real planner call's wall time, as the lab's op time includes it.
+    ``hop_backlog_bytes``: the socket backlog per hop the run's coordinator planned with."""
     n = rate.shape[0]
     bw = rate.copy()
     np.fill_diagonal(bw, np.inf)
@@ -121,7 +123,7 @@ def simulate_op(
         size,
         active=list(range(n)),
         seed=seed,
-        part_bytes=4 * min(part // 4, MIN_ROUTE_PART_ELEMS),  # as the coordinator plans
+        part_bytes=hop_bytes(part // 4, hop_backlog_bytes),  # as the coordinator plans
         delay_s=delay_s if np.any(delay_s > 0) else None,
     )
     start = time.perf_counter() - t0 if plan_time else 0.0
@@ -172,6 +174,8 @@ def compare(
                 int(results.get("seed", 0)),
                 executor,
                 plan_time,
+                # results from before the backlog was planned have no key: they counted none
+                int(results.get("hop_backlog_bytes", 0)),
             )
             for members in trace[: len(emulated)]
         ]

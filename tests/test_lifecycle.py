@@ -347,6 +347,21 @@ def test_goodput_out_of_range_is_a_config_error(bad: object) -> None:
         make_cfg(goodput=bad)
 
 
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "65536"])
+def test_a_hop_backlog_that_is_not_a_byte_count_is_a_config_error(bad: object) -> None:
+    with pytest.raises(ConfigError, match="hop_backlog_bytes: must be an int >= 0"):
+        make_cfg(hop_backlog_bytes=bad)
+
+
+def test_the_planned_hop_backlog_is_what_the_transport_leaves_unsent() -> None:
+    """The route LP counts the bytes a part waits behind at each hop; by default that is the
+    transport's TCP_NOTSENT_LOWAT. Were one changed without the other, plans would price a hop
+    at a backlog the connections do not have."""
+    from crew.wire.transport import NOTSENT_LOWAT
+
+    assert RunConfig.default("hop_backlog_bytes") == NOTSENT_LOWAT > 0
+
+
 def test_measured_drift_replans_new_groups() -> None:
     life = started(make_cfg(capacity="measured"))
     slow = [[0.0, 10e6 * 0.95 / 8, 1.0]]  # 10 Mbit/s of payload from 0, seen by 1

@@ -38,7 +38,9 @@ def far_helper() -> list[list[float]]:
     return d
 
 
-def plan_of_first_group(cfg: RunConfig, *after: proto.Admin) -> tuple[GroupPlan, dict, float]:
+def plan_of_first_group(
+    cfg: RunConfig, *after: proto.Admin, size_elems: int = SIZE_ELEMS
+) -> tuple[GroupPlan, dict, float]:
     """Run the real life cycle until it plans the group (0, 1); what it planned, with which
     keywords, and the bound it recorded."""
     seen: list[tuple[GroupPlan, dict[str, Any]]] = []
@@ -58,7 +60,7 @@ def plan_of_first_group(cfg: RunConfig, *after: proto.Admin) -> tuple[GroupPlan,
     for msg in after:
         life.handle(msg, 0.0)
     for w in range(cfg.n):
-        life.handle(proto.Register(w, 100 + w, 0, SIZE_ELEMS), 0.0)
+        life.handle(proto.Register(w, 100 + w, 0, size_elems), 0.0)
     for m in (0, 1):
         life.handle(proto.Ready(m, 1, float(m + 1), -1), 1.0)
     assert len(seen) == 1 and len(bounds) == 1
@@ -80,11 +82,28 @@ def test_configured_delays_make_the_coordinator_drop_a_far_relay() -> None:
     )
     assert kw["delay_s"][0, 2] == pytest.approx(FAR_MS / 1000)
     assert not uses_relay(far)  # the relay's 1 s of latency costs more than it saves
-    # 0.32 s of direct transfer plus the near delay, plus one part's fill per hop (the route LP
-    # counts the engine's part size since plans pass part_bytes); far below the relay's 1 s.
-    assert 0.32 + NEAR_MS / 1000 < far.predicted_s < 0.32 + NEAR_MS / 1000 + 0.1
+    # 0.32 s of direct transfer plus the near delay, plus per hop one part's fill and the socket
+    # backlog ahead of it (the route LP counts both since plans pass part_bytes: 2 x 64 KiB at
+    # 9.5 Mbit/s, 0.11 s); far below the relay's 1 s.
+    assert 0.32 + NEAR_MS / 1000 < far.predicted_s < 0.32 + NEAR_MS / 1000 + 0.15
     # the bound counts the shortest delay path between the members too
     assert far_bound == pytest.approx(near_bound + NEAR_MS / 1000, rel=1e-6)
+
+
+def test_the_socket_backlog_at_each_hop_makes_a_marginal_relay_not_pay() -> None:
+    """A relay through helper 2 at 4 Mbit/s takes some of 1 MB off the members' 10 Mbit/s link.
+    Counting each hop's part alone, that pays; counting the 64 KiB of unsent bytes a part also
+    waits behind at each hop (RunConfig.hop_backlog_bytes), the relay's two extra hops cost
+    more than its bandwidth saves, and the coordinator plans the direct link alone."""
+    slow_relay = [[0.0, 10.0, 4.0], [10.0, 0.0, 4.0], [4.0, 4.0, 0.0]]
+    alone, kw_alone, _ = plan_of_first_group(
+        make_cfg(n=3, p=2, bw=slow_relay, hop_backlog_bytes=0), size_elems=250_000
+    )
+    counted, kw, _ = plan_of_first_group(make_cfg(n=3, p=2, bw=slow_relay), size_elems=250_000)
+    assert kw["part_bytes"] == kw_alone["part_bytes"] + RunConfig.default("hop_backlog_bytes")
+    assert uses_relay(alone) and not uses_relay(counted)
+    # the direct plan's time: 1 MB each way's bandwidth at 9.5 Mbit/s plus both hops' waits
+    assert counted.predicted_s > alone.predicted_s
 
 
 def test_a_delay_set_at_run_time_reaches_the_next_plan() -> None:

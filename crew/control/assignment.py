@@ -80,6 +80,17 @@ a 1 MB part costs 0.1-0.4 s per hop at 20-80 Mbit/s. Measured on the one-slow-pa
 broadcasts along 0 -> 3 -> 1 -> 2 in 1 MB parts, and its links ran at 60-65% of their rates."""
 
 
+def hop_bytes(part_elems: int, backlog_bytes: int, scale: float = 1.0) -> int:
+    """The bytes crew's route LP counts a part to wait for at each hop (its ``part_bytes``):
+    the part itself, at the smallest size the engine cuts a multi-hop route into
+    (``MIN_ROUTE_PART_ELEMS``, or ``part_elems`` if smaller), plus the unsent bytes queued
+    ahead of it in the connection (``backlog_bytes``, ``RunConfig.hop_backlog_bytes``).
+
+    Float32 bytes, as the planners count: ``scale`` (4 / wire bytes per element, 1.0 for an
+    uncompressed run) turns the backlog's wire bytes into them, like the planning rates."""
+    return 4 * min(part_elems, MIN_ROUTE_PART_ELEMS) + round(backlog_bytes * scale)
+
+
 def route_part_elems(route: Route, part_elems: int, prescatter: bool = False) -> int:
     """Elements per part of ``route``: ``part_elems`` and ``MAX_ROUTE_PART_ELEMS`` at most, the
     route cut into ``PARTS_PER_ROUTE`` parts where that stays above ``MIN_ROUTE_PART_ELEMS``.

@@ -82,7 +82,7 @@ import numpy as np
 
 from crew.config import RunConfig, Scheme
 from crew.control.assignment import (
-    MIN_ROUTE_PART_ELEMS,
+    hop_bytes,
     keepable_routes,
     lost_ranges,
     place_routes,
@@ -746,10 +746,9 @@ class GroupLifecycle:
         group were open (the call of a group that forms once the open ones have ended)."""
         scale = 4.0 / self._wire_bytes()
         assert self.size_elems is not None
-        # The route LP counts one part's serialisation per hop (pipeline fill); the parts a
-        # multi-hop route gets are the smallest the engine cuts (crew.control.assignment).
-        # In float32 bytes, like the scaled rates.
-        part_bytes = 4 * min(self.cfg.part_elems_for(self.size_elems), MIN_ROUTE_PART_ELEMS)
+        part_bytes = hop_bytes(
+            self.cfg.part_elems_for(self.size_elems), self.cfg.hop_backlog_bytes, scale
+        )
         extra = self._plan_extra(scale * self.cfg.goodput)  # shared links carry frames too
         if self._host_cpu is not None:  # only the planner gets it (see __init__)
             # CPU seconds per GB were measured per payload GB: no goodput

@@ -62,6 +62,11 @@ HEADER_SIZE = HEADER.size  # 40
 TAG_SIZE = 32  # BLAKE3's default output
 DEFAULT_MAX_PAYLOAD = 4 << 20
 MIN_SECRET_BYTES = 16
+SEND_BACKLOG_BYTES = 64 << 10
+"""Unsent bytes a data connection may hold in the kernel (``TCP_NOTSENT_LOWAT``, set by
+``crew.wire.transport``). A part written to a busy connection waits behind up to this many bytes
+before its own go out, so the route LP counts them at every hop (``RunConfig.hop_backlog_bytes``).
+"""
 
 _U16 = 0xFFFF
 _U32 = 0xFFFF_FFFF

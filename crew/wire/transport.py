@@ -45,7 +45,15 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from crew.wire.frames import Frame, FrameCodec, FrameError, FrameKind, Oversized, wire_size
+from crew.wire.frames import (
+    SEND_BACKLOG_BYTES,
+    Frame,
+    FrameCodec,
+    FrameError,
+    FrameKind,
+    Oversized,
+    wire_size,
+)
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +186,9 @@ _cc_warned = threading.Event()
 # sender's priorities (``Transport.send``) mean nothing: a relay's forwarded part waited there
 # behind everything its node had queued for that link. 64 KiB is ~26 ms at 20 Mbit/s and
 # 0.5 ms at 1 Gbit/s; bytes in flight (sent, not yet acknowledged) do not count, so the link
-# still runs full. ``CREW_NOTSENT_LOWAT`` overrides it (0: the system default).
-NOTSENT_LOWAT = 64 << 10
+# still runs full. ``CREW_NOTSENT_LOWAT`` overrides it (0: the system default); the planner
+# counts the default at every hop (``RunConfig.hop_backlog_bytes``), so set both.
+NOTSENT_LOWAT = SEND_BACKLOG_BYTES
 _TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)  # Linux's option number
 
 

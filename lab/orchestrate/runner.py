@@ -80,6 +80,8 @@ class RunOptions:
     nonblocking: bool = RunConfig.default("nonblocking")
     committed_capacity: bool = RunConfig.default("committed_capacity")
     plan_ahead: bool = RunConfig.default("plan_ahead")
+    # bytes crew's route LP counts a part to wait behind at each hop (RunConfig)
+    hop_backlog_bytes: int = RunConfig.default("hop_backlog_bytes")
     capacity: str = RunConfig.default("capacity")
     # The host's CPU s per GB of link bytes as a planner capacity (crew.plan.hostcpu) on all
     # of this machine's cores; 0: none.
@@ -426,6 +428,7 @@ class LabRun:
             nonblocking=o.nonblocking,
             committed_capacity=o.committed_capacity,
             plan_ahead=o.plan_ahead,
+            hop_backlog_bytes=o.hop_backlog_bytes,
             capacity=o.capacity,
             host_cpu_s_per_gb=o.host_cpu_s_per_gb,
             host_cores=float(os.cpu_count() or 1) if o.host_cpu_s_per_gb > 0 else 0.0,
