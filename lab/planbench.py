@@ -13,19 +13,18 @@
 * ``timing`` -- wall time of ``crew``'s planning per group as the coordinator does it
   (``plan_group``: the route LP ``crew.plan.routelp.plan_routes`` and the star tie check, plus
   ``lower_bound``), with the bytes per hop the coordinator passes (``--part-bytes``: a part and
-  the socket backlog ahead of it), at n = 8, 16, 32, 60: *cold* (caches cleared), *warm* (the
-  same group re-planned on capacities moved by up to 5%, as when groups in flight change the
-  residual capacity) and *cached*
-  (identical inputs again). Median and p90 per n; the route LP's own cold median beside. With
-  ``--group-s S`` or ``--db OUT/crew/lab.db`` (a ``lab.bench`` run) it prints the planning
-  share of the median group time at n = 8; ``--db`` also replays that run's groups through
-  ``GroupLifecycle.plan_for`` (the run's rates, part size, codec) cold and in order with caches
-  as the coordinator had them, and prints what the run's coordinator itself recorded: how
+  the socket backlog ahead of it), at n = 8, 16, 32, 60: *cold* (caches cleared), *warm* (the same
+  group re-planned on capacities moved by up to 5%, as when groups in flight change the residual
+  capacity) and *cached* (identical inputs again). Median and p90 per n; the route LP's own cold
+  median beside. With ``--group-s S`` or ``--db OUT/crew/lab.db`` (a ``lab.bench`` run) it prints
+  the planning share of the median group time at n = 8; ``--db`` also replays that run's groups
+  through ``GroupLifecycle.plan_for`` (the run's rates, part size, codec) cold and in order with
+  caches as the coordinator had them, and prints what the run's coordinator itself recorded: how
   long each op waited for its plan, and how many were planned ahead while the op before ran
-  (``crew.runtime.planahead``; runs from before it have no record), ``--replay-passes``
-  times (a group's time: the median of its passes), without the run's warm-up groups. Run it
-  under the CPU lock (``flock -x /tmp/crew-cpu.lock python -m lab.planbench timing``): figures
-  from a busy machine are worthless.
+  (``crew.runtime.planahead``; runs from before it have no record), ``--replay-passes`` times (a
+  group's time: the median of its passes), without the run's warm-up groups. Run it under the CPU
+  lock (``flock -x /tmp/crew-cpu.lock python -m lab.planbench timing``): figures from a busy
+  machine are worthless.
 
 A plan's time is its scheme's own cost model (``crew.plan.schemes.plan_group``): crew's is the route
 LP's (fluid, per-link and shared capacities), the baselines' are those of ``crew.plan.baselines``.
@@ -65,10 +64,10 @@ SAMPLES = REPO / "crew" / "data" / "inter-cloud-bandwidth-samples.json"
 MB16 = 16_777_216
 MB8 = 8 * 1024 * 1024
 SLOWER_TOLERANCE = 1e-6
+"""Relative margin for whole-element rounding when checking crew <= every baseline."""
 COORDINATOR_HOP_BYTES = hop_bytes(MIN_ROUTE_PART_ELEMS, RunConfig.default("hop_backlog_bytes"))
 """``timing``'s default ``--part-bytes``: what the coordinator passes for a vector whose parts
 are at least ``MIN_ROUTE_PART_ELEMS`` (8 MB and up)."""
-"""Relative margin for whole-element rounding when checking crew <= every baseline."""
 
 
 def samples() -> list[float]:
