@@ -32,6 +32,7 @@ so its ties and near-ties are not the same bit for bit everywhere."""
 
 
 def _inputs(case: dict[str, Any]) -> dict[str, Any]:
+    """The case's network, as keywords of both ``plan_routes`` and ``route_time``."""
     shared = [SharedLink(tuple(map(tuple, pairs)), mbit, d) for mbit, pairs, d in case["shared"]]
     delay = case["delay_s"]
     return {
@@ -46,9 +47,8 @@ def _plan(case: dict[str, Any]) -> routelp.RoutePlanResult:
     """The plan of one case's inputs, cold."""
     routelp.clear_caches()
     try:
-        kw = _inputs(case)
         return routelp.plan_routes(
-            kw.pop("bw"), case["members"], case["size"], case["active"], **kw
+            members=case["members"], size=case["size"], active=case["active"], **_inputs(case)
         )
     finally:
         routelp.clear_caches()
