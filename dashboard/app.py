@@ -44,8 +44,8 @@ if str(_ROOT) not in sys.path:
 from crew.runtime import rundb  # noqa: E402
 from dashboard import figures, queries  # noqa: E402
 from lab import export  # noqa: E402
-from lab import pace as lab_pace  # noqa: E402
 from lab.orchestrate import commands as lc  # noqa: E402
+from lab.report import pace as lab_pace  # noqa: E402
 
 log = logging.getLogger(__name__)
 

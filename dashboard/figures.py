@@ -719,7 +719,7 @@ def rounds_per_minute(
     return fig
 
 
-PACE_WINDOW_S = 10.0  # lab.pace.WINDOW_S: the issue's 10 s windows
+PACE_WINDOW_S = 10.0  # lab.report.pace.WINDOW_S: the issue's 10 s windows
 FAULT_COLOUR = "rgb(215,25,28)"
 REPAIR_COLOUR = "rgb(44,160,44)"
 
@@ -734,7 +734,7 @@ def pace_chart(
 ) -> go.Figure:
     """Completed groups per 10 s window over the run, with the applied faults (red, dashed)
     and repairs (green, dotted) marked where they happened, and the pre-fault rate with its
-    20% and 80% levels when there is one (``lab.pace``'s figures).
+    20% and 80% levels when there is one (``lab.report.pace``'s figures).
 
     Windows start at ``t0``; the window still running is left out."""
     if not len(ends):

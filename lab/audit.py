@@ -38,7 +38,7 @@ Checks (violations make ``ok`` false):
 
 Information only (never violations): ``groups`` (counts by status), ``rounds per worker``
 (completed groups each worker was a member of), ``lost to crash`` (per worker) and ``pace``
-(completed groups per 10 s against the rate before the first fault, ``lab.pace``).
+(completed groups per 10 s against the rate before the first fault, ``lab.report.pace``).
 
 Cost: one pass over each table and a sort per worker; each reported iteration bisects its
 worker's groups and scans forward to the first that averaged it (usually the next one).
@@ -66,7 +66,7 @@ import numpy as np
 
 from crew.runtime import rundb
 from crew.runtime.rundb import GroupStatus
-from lab.pace import Pace, read_pace
+from lab.report.pace import Pace, read_pace
 
 log = logging.getLogger(__name__)
 

@@ -64,7 +64,7 @@ partial-reduce schemes knowing that it averages n vectors, not p.
 Rounds (``--rounds R``)
 -----------------------
 The scheme list runs R times on the same network, round r rotated r - 1 places, so over as many
-rounds as schemes every scheme takes every position once (``lab.benchrounds``; this machine's
+rounds as schemes every scheme takes every position once (``lab.report.benchrounds``; this machine's
 speed drifts by up to 2x over minutes, and a scheme that always runs first or last would carry
 the drift). Each round's results are kept in ``rounds`` (a list of ``{scheme: ...}`` as above)
 and summarised per scheme in ``repeat``: the median, min and max over the rounds of the round's
@@ -142,15 +142,6 @@ from crew.plan.routes import Route, link_load
 from crew.plan.schemes import GROUP_SCHEMES
 from crew.runtime.planahead import read_costs
 from crew.runtime.rundb import GroupStatus, connect
-from lab.benchrounds import (
-    op_stats,
-    percentile,
-    pool_results,
-    pooled_rounds,
-    round_orders,
-    round_summary,
-    run_folder,
-)
 from lab.net.cleanup import ROOT_NAME_PREFIX, root_link_names
 from lab.net.mesh import LabNetwork
 from lab.net.preflight import (
@@ -168,7 +159,16 @@ from lab.orchestrate.runner import (
     free_mgmt_subnet,
     training_options,
 )
-from lab.topology import Impairment, TopologyError, TopologySpec, load_topology
+from lab.report.benchrounds import (
+    op_stats,
+    percentile,
+    pool_results,
+    pooled_rounds,
+    round_orders,
+    round_summary,
+    run_folder,
+)
+from lab.spec.topology import Impairment, TopologyError, TopologySpec, load_topology
 
 log = logging.getLogger(__name__)
 # Wide enough for the results table when stderr is a file or a pipe (rich assumes 80 then).
@@ -604,7 +604,7 @@ class BenchSpec:
     train_runs: tuple[TrainRun, ...] = ()
     # untimed groups of all n workers each scheme runs before the trace (see --warmup)
     warmup: int = 0
-    rounds: int = 1  # the scheme list runs this many times, rotated (lab.benchrounds)
+    rounds: int = 1  # the scheme list runs this many times, rotated (lab.report.benchrounds)
 
     @property
     def size_elems(self) -> int:
@@ -724,7 +724,8 @@ def run_ops(
             "size_elems": spec.size_elems,
             "trace": replay,
             "ops": k + warm,
-            "warmup": warm,  # groups 1..warm are untimed (lab.planbench's replay skips them)
+            # groups 1..warm are untimed (lab.studies.planbench's replay skips them)
+            "warmup": warm,
         },
     )
     startup = STARTUP_TORCH_S if gloo else STARTUP_NUMPY_S
@@ -952,7 +953,7 @@ def _fmt_spread(s: dict[str, float | None], spec: str = ".3f") -> str:
 
 
 def rounds_table(summary: dict[str, dict[str, Any]], topology: str, rounds: int) -> Table:
-    """Per scheme over the rounds (``lab.benchrounds.round_summary``): the median of the
+    """Per scheme over the rounds (``lab.report.benchrounds.round_summary``): the median of the
     rounds' medians, measured / planned and measured / bound, each with its range, the rounds
     it was the fastest correct scheme in, and the rounds it was correct in."""
     t = Table(
@@ -1549,7 +1550,7 @@ def _record_rounds(
 ) -> None:
     """Put the rounds run so far (of ``total``) into ``results``: a single round as ever
     (``schemes``); several: each round's results (``rounds``), their summary (``repeat``) and
-    ``schemes`` pooled over them (``lab.benchrounds``)."""
+    ``schemes`` pooled over them (``lab.report.benchrounds``)."""
     if total == 1:
         results["schemes"] = {s: rounds[0][s] for s in schemes if s in rounds[0]}
         return
@@ -1679,7 +1680,7 @@ def main(argv: list[str] | None = None) -> int:
             console.print(note)
         console.print(f"results: {spec.out / 'results.json'}")
         if args.sim:  # the same trace, sizes and topology in crew.sim's network model
-            from lab.simcompare import bench_report
+            from lab.report.simagree import bench_report
 
             console.print(bench_report(results, args.topology), highlight=False)
     if train is not None:

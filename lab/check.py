@@ -61,7 +61,7 @@ from lab.net.mesh import LabError, LabNetwork, LinkState
 from lab.net.preflight import ImpairmentMode, PreflightError
 from lab.net.probe import Row, loss_row, ping, rtt_rows
 from lab.net.shaping import ShapingError
-from lab.topology import (
+from lab.spec.topology import (
     Impairment,
     LinkSpec,
     SharedUplink,

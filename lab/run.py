@@ -37,8 +37,8 @@ from lab.orchestrate.runner import (
     summarize,
     training_options,
 )
-from lab.scenario import ScenarioError, load_scenario
-from lab.topology import Impairment, TopologyError, load_topology
+from lab.spec.scenario import ScenarioError, load_scenario
+from lab.spec.topology import Impairment, TopologyError, load_topology
 
 log = logging.getLogger("lab.run")
 console = Console(stderr=True)

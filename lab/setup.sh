@@ -30,7 +30,7 @@ fi
 DEB_PACKAGES=(
     mininet          # mnexec and the pure-Python mininet module
     iproute2         # ip, tc
-    iputils-ping     # RTT and loss probes (lab.impairments, lab.check)
+    iputils-ping     # RTT and loss probes (lab.studies.impairments, lab.check)
     iptables         # loss emulation without netem (statistic match)
     ethtool          # offload settings on the emulated links
     kmod             # modprobe, to load sch_htb / sch_netem where they are modules

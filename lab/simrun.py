@@ -2,9 +2,9 @@
 
 The glue between the lab's inputs and ``crew.sim`` (``crew`` never imports ``lab``):
 
-* the topology YAML is parsed by ``lab.topology.load_topology``: rates, one-way delays,
+* the topology YAML is parsed by ``lab.spec.topology.load_topology``: rates, one-way delays,
   clouds, per-worker straggler specs (jitter and loss are not simulated; a warning says so);
-* a scenario is expanded by ``lab.scenario.load_scenario`` (macros such as
+* a scenario is expanded by ``lab.spec.scenario.load_scenario`` (macros such as
   ``fail_random_links`` included, with the same seed, so the simulated failures are the
   ones the lab would inject). Time steps map to simulator faults: ``cut_link`` (``both``
   cuts the reverse too) and ``kill_worker``; other commands, and ``after_groups`` triggers,
@@ -24,58 +24,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
 from crew.sim.__main__ import add_run_options, config_from, faults_from, run, summary
-from crew.sim.engine import Fault, FaultKind
-from crew.sim.topogen import SimTopology
-from lab.orchestrate import commands as cmds
-from lab.scenario import Scenario, TriggerKind, load_scenario
-from lab.topology import TopologySpec, load_topology
+from lab.spec.scenario import load_scenario
+from lab.spec.simulated import scenario_faults, sim_topology
+from lab.spec.topology import load_topology
 
 log = logging.getLogger("lab.simrun")
-
-
-def sim_topology(spec: TopologySpec) -> SimTopology:
-    """The simulator's view of a lab topology."""
-    bw = spec.bw_matrix()
-    n = spec.n
-    delay = np.zeros((n, n))
-    for lk in spec.links:
-        delay[lk.src, lk.dst] = lk.delay_ms
-        if lk.jitter_ms or lk.loss_pct:
-            log.warning("link %d->%d: jitter and loss are not simulated", lk.src, lk.dst)
-    for i in range(n):
-        bw[i, i] = 0.0
-        delay[i, i] = 0.0
-    return SimTopology(
-        name=spec.name,
-        names=tuple(w.name for w in spec.workers),
-        clouds=tuple(w.cloud for w in spec.workers),
-        rate_mbit=bw,
-        delay_ms=delay,
-        stragglers=tuple(w.straggler for w in spec.workers),
-        description=spec.description,
-    )
-
-
-def scenario_faults(scenario: Scenario) -> tuple[list[Fault], list[str]]:
-    """Simulator faults for a scenario's timed link cuts and kills; the rest, described."""
-    faults: list[Fault] = []
-    skipped: list[str] = []
-    for step in scenario.steps:
-        c = step.command
-        if step.trigger.kind is not TriggerKind.AT:
-            skipped.append(f"{step.trigger.describe()}: {c}")
-        elif isinstance(c, cmds.CutLink):
-            faults.append(Fault(step.trigger.value, FaultKind.CUT_LINK, c.src, c.dst))
-            if c.both:
-                faults.append(Fault(step.trigger.value, FaultKind.CUT_LINK, c.dst, c.src))
-        elif isinstance(c, cmds.KillWorker):
-            faults.append(Fault(step.trigger.value, FaultKind.KILL_WORKER, c.worker))
-        else:
-            skipped.append(f"{step.trigger.describe()}: {c}")
-    return faults, skipped
 
 
 def main(argv: Sequence[str] | None = None) -> int:

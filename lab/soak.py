@@ -49,9 +49,9 @@ from lab.net import shaping
 from lab.net.cleanup import ProcRecord, StateError, is_same_process
 from lab.net.preflight import PreflightError, check
 from lab.orchestrate.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id, summarize
-from lab.pace import is_fault_start, read_pace
-from lab.scenario import Scenario, ScenarioError, parse_scenario
-from lab.topology import TopologyError, TopologySpec, load_topology
+from lab.report.pace import is_fault_start, read_pace
+from lab.spec.scenario import Scenario, ScenarioError, parse_scenario
+from lab.spec.topology import TopologyError, TopologySpec, load_topology
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class SoakReport:
     rss_mb: dict[str, dict[str, float]] = field(default_factory=dict)
     audit_ok: bool | None = None
     audit_violations: list[str] = field(default_factory=list)
-    pace: str = ""  # lab.pace: groups per 10 s against the pre-fault rate
+    pace: str = ""  # lab.report.pace: groups per 10 s against the pre-fault rate
     error: str | None = None
 
     @property

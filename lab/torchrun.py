@@ -29,7 +29,7 @@ from pathlib import Path
 from crew.runtime import rundb
 from crew.runtime.capacity_probe import DEFAULT_PROBE_SECONDS, plan_probe
 from lab.net.mesh import LabNetwork
-from lab.topology import TopologySpec, load_topology
+from lab.spec.topology import TopologySpec, load_topology
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")

@@ -382,7 +382,8 @@ def test_planned_link_bytes_use_each_plans_wire_size() -> None:
 
 
 def test_link_figure_of_pooled_rounds_is_per_op(tmp_path: Path) -> None:
-    # Two rounds pooled (lab.benchrounds): bytes summed over 2 x 4 ops, so per op as one round.
+    # Two rounds pooled (lab.report.benchrounds): bytes summed over 2 x 4 ops, so per op as one
+    # round.
     one = _results(tmp_path)
     pooled = dict(one, round_count=2)
     r = dict(one["schemes"]["preduce"])

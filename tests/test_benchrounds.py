@@ -1,4 +1,5 @@
-"""``lab.benchrounds`` (``lab.bench --rounds``): round orders, pooling and the summary. Pure."""
+"""``lab.report.benchrounds`` (``lab.bench --rounds``): round orders, pooling and the summary.
+Pure."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from lab import bench
 from lab.bench import BenchError
-from lab.benchrounds import (
+from lab.report.benchrounds import (
     op_stats,
     pool_results,
     pooled_rounds,

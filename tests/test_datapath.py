@@ -1,4 +1,5 @@
-"""lab.datapath: the data-path CPU benchmark runs the real engine and reports sane figures."""
+"""lab.studies.datapath: the data-path CPU benchmark runs the real engine and reports sane
+figures."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 
 import pytest
 
-from lab import datapath
+from lab.studies import datapath
 
 
 def test_end_to_end_moves_the_planned_bytes_and_counts_cpu() -> None:

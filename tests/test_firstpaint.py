@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from lab.firstpaint import DATA, PANELS, RunTimes, address_in, build_parser, main, median_or_none
-from lab.firstpaint import milestones as table_of
+from lab.studies.firstpaint import (
+    DATA,
+    PANELS,
+    RunTimes,
+    address_in,
+    build_parser,
+    main,
+    median_or_none,
+)
+from lab.studies.firstpaint import milestones as table_of
 
 
 def test_the_address_is_found_in_lab_runs_announcement() -> None:

@@ -1,4 +1,5 @@
-"""lab.frametrace on a hand-written trace: per-link bytes, timing and the starved-link ratio."""
+"""lab.studies.frametrace on a hand-written trace: per-link bytes, timing and the starved-link
+ratio."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import frametrace
+from lab.studies import frametrace
 
 MB = 1_000_000
 

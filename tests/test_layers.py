@@ -52,7 +52,7 @@ DASHBOARD_MAY_IMPORT = (
     "crew.runtime.rundb",
     "lab.orchestrate.commands",
     "lab.export",
-    "lab.pace",  # pure: a run database's groups and commands in, the pace figures out
+    "lab.report.pace",  # pure: a run database's groups and commands in, the pace figures out
 )
 DASHBOARD_MAY_NOT = ("subprocess", "socket")
 
@@ -178,13 +178,36 @@ def test_crew_sub_packages_depend_only_downwards(package: str) -> None:
 
 
 def _lab_commands() -> tuple[str, ...]:
-    """The modules at the top of lab/ are commands (python -m lab.<name>), except the two input
-    formats and their shared field reader, which the lab's internals parse."""
-    formats = {"topology", "scenario", "fields", "__init__"}
-    return tuple(f"lab.{p.stem}" for p in (REPO / "lab").glob("*.py") if p.stem not in formats)
+    """The modules at the top of lab/ are the user commands (python -m lab.<name>)."""
+    return tuple(f"lab.{p.stem}" for p in (REPO / "lab").glob("*.py") if p.stem != "__init__")
 
 
-@pytest.mark.parametrize("package", ["lab.net", "lab.orchestrate"])
+def test_every_module_at_the_top_of_lab_is_a_command() -> None:
+    """Libraries live in lab.net, lab.orchestrate, lab.spec and lab.report; studies in
+    lab.studies. A module at the top of lab/ is a command: it has a main() it runs as __main__."""
+    not_commands = [
+        name
+        for name in _lab_commands()
+        if "def main(" not in (text := (REPO / f"{name.replace('.', '/')}.py").read_text())
+        or 'if __name__ == "__main__":' not in text
+    ]
+    assert not not_commands, f"not runnable as python -m: {not_commands}"
+
+
+def test_only_studies_and_tests_import_the_studies() -> None:
+    """lab.studies holds one-off measurements; the product (crew, lab, dashboard) never depends
+    on them, so a study can be deleted without breaking a command."""
+    imports = [
+        i
+        for package in ("crew", "lab", "dashboard")
+        for i in _all_imports(package)
+        if not _under(i.module, "lab.studies")
+    ]
+    bad = _violations(imports, ("lab.studies",), "studies are imported by tests and studies only")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("package", ["lab.net", "lab.orchestrate", "lab.spec", "lab.report"])
 def test_lab_internals_never_import_a_command(package: str) -> None:
     imports = _all_imports(package.replace(".", "/"))
     banned = _lab_commands() + (("lab.orchestrate",) if package == "lab.net" else ())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab.pace import RECOVERED, WINDOW_S, is_fault_start, pace_of
+from lab.report.pace import RECOVERED, WINDOW_S, is_fault_start, pace_of
 
 
 def steady(a: float, b: float, per_s: float) -> list[float]:
@@ -47,7 +47,7 @@ def test_what_counts_as_a_fault() -> None:
 def test_describe_while_a_fault_is_still_in_force() -> None:
     """No repair yet and no full window yet: the dashboard shows this mid-cut (it raised
     TypeError formatting None)."""
-    from lab.pace import Pace
+    from lab.report.pace import Pace
 
     live = Pace(5.0, (), 30.0, None, None, None, None)
     text = live.describe()

@@ -20,7 +20,7 @@ from crew.plan.schemes import GroupPlan, plan_group
 from crew.wire import protocol as proto
 from lab.net.preflight import Capabilities
 from lab.orchestrate.runner import planned_delays
-from lab.topology import Impairment, parse_topology
+from lab.spec.topology import Impairment, parse_topology
 
 # Members 0 and 1 on a 10 Mbit/s link, helper 2 at 100 Mbit/s to both (0 used as the JSON
 # diagonal). 400 kB: 0.32 s direct, ~0.03 s through the relay.

@@ -1,4 +1,5 @@
-"""lab.planbench sweep: the seeded random-matrix sweep of the planners alone (issue 10: crew's
+"""lab.studies.planbench sweep: the seeded random-matrix sweep of the planners alone (issue 10:
+crew's
 plan is no worse than any baseline's on every matrix, and the table gives plan / bound). No root,
 the real planners."""
 
@@ -10,7 +11,7 @@ import math
 import pytest
 
 from crew.config import Scheme
-from lab import planbench
+from lab.studies import planbench
 
 SCHEMES = "crew,crew-star,crew-paper,preduce,blink-pipe,ring,ps"
 

@@ -1,4 +1,5 @@
-"""lab.planbench timing: the per-group planning figures and the replay of a bench run's groups
+"""lab.studies.planbench timing: the per-group planning figures and the replay of a bench run's
+groups
 through the coordinator's planning. No root: the run is a real RunDB with completed groups."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from lifecycle_kit import make_cfg
 from crew.config import Scheme
 from crew.runtime.planahead import PLAN_COSTS_META, PlanCost, PlanSource, costs_json
 from crew.runtime.rundb import GroupStatus, RunDB
-from lab import planbench
+from lab.studies import planbench
 
 HETERO = [
     [0.0, 19.8, 18.6, 38.4, 45.6],

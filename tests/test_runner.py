@@ -10,7 +10,7 @@ from crew.runtime.rundb import RunDB
 from lab.net.mesh import LabError
 from lab.net.preflight import Capabilities
 from lab.orchestrate.runner import REPO, LabRun, RunOptions
-from lab.topology import load_topology
+from lab.spec.topology import load_topology
 
 CAPS = Capabilities(root=True, tools={}, htb=True, netem=False, iptables_statistic=True)
 
@@ -46,7 +46,7 @@ def test_loss_is_offered_only_when_the_lab_will_apply_it() -> None:
     """The dashboard's controls come from lab_impairments; without netem, loss needs the
     iptables fallback to be accepted (--allow-missing loss), or set_link would refuse it."""
     from lab.orchestrate.runner import lab_impairments
-    from lab.topology import Impairment
+    from lab.spec.topology import Impairment
 
     assert lab_impairments(CAPS) == {"rate"}
     accepted = Capabilities(

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from crew.runtime import rundb
-from lab import scenario as sc
+from lab import scenario as scenario_cli
 from lab.orchestrate import commands as lc
 from lab.orchestrate.commands import LabLimits
-from lab.scenario import ScenarioError, ScenarioPlayer, TriggerKind, load_scenario
-from lab.topology import load_topology
+from lab.spec import scenario as sc
+from lab.spec.scenario import ScenarioError, ScenarioPlayer, TriggerKind, load_scenario
+from lab.spec.topology import load_topology
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = REPO / "scenarios"
@@ -396,14 +397,14 @@ def test_player_refuses_a_scenario_for_another_run(tmp_path: Path, run_db: Path)
 
 
 def test_cli_prints_timeline_and_fails_with_message(capsys: pytest.CaptureFixture[str]) -> None:
-    assert sc.main([str(SCENARIOS / "chaos.yaml"), "--n", "8"]) == 0
+    assert scenario_cli.main([str(SCENARIOS / "chaos.yaml"), "--n", "8"]) == 0
     out = capsys.readouterr().out
     assert "scenario 'chaos' for n=8" in out and "restart worker" in out
-    assert sc.main([str(BAD / "worker_out_of_range.yaml"), "--n", "8"]) == 2
+    assert scenario_cli.main([str(BAD / "worker_out_of_range.yaml"), "--n", "8"]) == 2
     err = capsys.readouterr().err
     assert "steps[0].args.worker: unknown worker 8" in err
-    assert sc.main([str(SCENARIOS / "worker-crash.yaml"), "--n", "3"]) == 0
-    assert sc.main([str(SCENARIOS / "bandwidth-drop.yaml"), "--n", "3"]) == 2
+    assert scenario_cli.main([str(SCENARIOS / "worker-crash.yaml"), "--n", "3"]) == 0
+    assert scenario_cli.main([str(SCENARIOS / "bandwidth-drop.yaml"), "--n", "3"]) == 2
     assert "needs the topology's link rates" in capsys.readouterr().err
     small = str(REPO / "topologies" / "small.yaml")
-    assert sc.main([str(SCENARIOS / "bandwidth-drop.yaml"), "--topology", small]) == 0
+    assert scenario_cli.main([str(SCENARIOS / "bandwidth-drop.yaml"), "--topology", small]) == 0

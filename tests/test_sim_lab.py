@@ -10,12 +10,12 @@ import pytest
 
 from crew.sim.engine import FaultKind
 from lab.net.shaping import QUEUE_EXTRA_S
-from lab.scenario import load_scenario
-from lab.simcompare import lab_executor, simulate_op
-from lab.simpaper import link_failures
+from lab.report.simagree import lab_executor, simulate_op
 from lab.simrun import main as simrun_main
-from lab.simrun import scenario_faults, sim_topology
-from lab.topology import load_topology
+from lab.spec.scenario import load_scenario
+from lab.spec.simulated import scenario_faults, sim_topology
+from lab.spec.topology import load_topology
+from lab.studies.simpaper import link_failures
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,14 +81,14 @@ def test_the_hop_queue_can_be_set_and_a_bad_one_is_refused(capsys) -> None:
     ex = lab_executor(12.0, hop_queue_s=0.0)
     t = simulate_op("preduce", rate, np.zeros((3, 3)), (0, 1, 2), 3_000_000, 0, ex)
     assert abs(t - 2 * (1_000_000 / (1e6 * 0.95))) < 1e-6
-    from lab.simcompare import PACED_HOP_QUEUE_S, hop_queue_for
-    from lab.simcompare import main as simcompare_main
+    from lab.report.simagree import PACED_HOP_QUEUE_S, hop_queue_for
+    from lab.studies.simcompare import main as simcompare_main
 
     assert hop_queue_for({"pace": 0.95}) == PACED_HOP_QUEUE_S < QUEUE_EXTRA_S
     assert hop_queue_for({"pace": 0}) == hop_queue_for({}) == QUEUE_EXTRA_S
     import inspect
 
-    from lab.simcompare import TRAIN_HOP_QUEUE_S, train_compare
+    from lab.studies.simcompare import TRAIN_HOP_QUEUE_S, train_compare
 
     default = inspect.signature(train_compare).parameters["hop_queue_s"].default
     assert default == TRAIN_HOP_QUEUE_S < QUEUE_EXTRA_S
@@ -104,7 +104,7 @@ def test_train_compare_reads_the_step_time_from_worker_states(tmp_path: Path) ->
     import yaml
 
     from crew.runtime.rundb import connect
-    from lab.simcompare import _run_facts
+    from lab.studies.simcompare import _run_facts
 
     topo = yaml.safe_load((ROOT / "topologies" / "small.yaml").read_text())
     conn = connect(tmp_path / "lab.db")
@@ -136,7 +136,7 @@ def test_train_compare_reads_the_step_time_from_worker_states(tmp_path: Path) ->
 
 def test_compare_pairs_pooled_rounds_with_the_trace_of_each_round() -> None:
     # lab.bench --rounds 2: the pooled ops are the trace's twice over, in round order.
-    from lab.simcompare import compare
+    from lab.report.simagree import compare
 
     topo = ROOT / "topologies" / "small.yaml"
     trace = [[0, 1], [1, 2]]

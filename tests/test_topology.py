@@ -13,7 +13,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lab.topology import (
+from lab.spec.topology import (
     Impairment,
     LinkSpec,
     TopologyError,

@@ -17,7 +17,7 @@ from crew.control import lifecycle as lc
 from crew.plan import planner
 from crew.plan.schemes import plan_group
 from crew.wire import protocol as proto
-from lab.topology import (
+from lab.spec.topology import (
     TopologyError,
     Uplinks,
     load_topology,

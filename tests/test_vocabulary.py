@@ -84,9 +84,15 @@ NOT_A_STATUS = {
     ("crew/wire/protocol.py", "ready"): "a wire message's type name",
     ("crew/wire/protocol.py", "rejected"): "a wire message's type name",
     ("lab/bench.py", "training"): "a progress label and a table title",
-    ("lab/benchrounds.py", "completed"): "a count of ops in results.json (SchemeResult field)",
-    ("lab/benchrounds.py", "abandoned"): "a count of ops in results.json (SchemeResult field)",
-    ("lab/firstpaint.py", "training"): "a dashboard section's name",
+    (
+        "lab/report/benchrounds.py",
+        "completed",
+    ): "a count of ops in results.json (SchemeResult field)",
+    (
+        "lab/report/benchrounds.py",
+        "abandoned",
+    ): "a count of ops in results.json (SchemeResult field)",
+    ("lab/studies/firstpaint.py", "training"): "a dashboard section's name",
 }
 
 

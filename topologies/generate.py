@@ -34,7 +34,7 @@ REPO = HERE.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from lab.topology import format_topology_yaml, parse_topology  # noqa: E402
+from lab.spec.topology import format_topology_yaml, parse_topology  # noqa: E402
 
 DEFAULT_DATA_DIR = REPO / "crew" / "data"
 SEED_DEFAULT = 2018

@@ -679,7 +679,7 @@ class GroupLifecycle:
 
     def plan_for(self, members: tuple[int, ...], now: float) -> tuple[GroupPlan, float]:
         """The plan and bound a group of ``members`` would get now, exactly as ``_plan`` makes
-        them (``lab.planbench timing --db`` replays a run's groups through it)."""
+        them (``lab.studies.planbench timing --db`` replays a run's groups through it)."""
         return self._plan(tuple(members), self.scheme, now)
 
     def _plan(

@@ -151,7 +151,7 @@ every root's trees cost more LP time than the rounds it saved)."""
 RELAY_SEEDS = True
 CROSS_PAIRS = True
 """Add crossed pairs of reduce and broadcast trees after each pricing (``_crossed``): measured
-with ``lab.planbench`` matrices (p = 4, 64 KiB parts) it halves the rounds (n = 8: 11 -> 7,
+with ``lab.studies.planbench`` matrices (p = 4, 64 KiB parts) it halves the rounds (n = 8: 11 -> 7,
 n = 16: 15.5 -> 8) at about the same time, and plans 3-4% faster under the latency model."""
 CROSS_LIMIT = 2
 """Used routes at the same root that each new shape is crossed with."""
@@ -245,7 +245,7 @@ def _new_lp(simplex_strategy: int) -> _Highs:
     """A HiGHS LP "minimise t" with the variable t (column 0) and the convexity row (row 0,
     sum of the route fractions = 1, no fractions yet): what the master and the level LPs start
     from. highspy.Highs (the public wrapper) prints a banner to fd 1 on first use, which would
-    corrupt `lab.planbench --json`; the core class is the same solver without it."""
+    corrupt `lab.studies.planbench --json`; the core class is the same solver without it."""
     h = _Highs()
     options = (("output_flag", False), ("threads", 1), ("presolve", "off"))
     for opt, val in (*options, ("simplex_strategy", simplex_strategy)):

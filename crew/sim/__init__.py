@@ -8,5 +8,5 @@ Modules: :mod:`~crew.sim.topogen` (generated and given topologies), :mod:`~crew.
 (the fluid link model), :mod:`~crew.sim.lifecycle` (the seam to the group life cycle),
 :mod:`~crew.sim.engine` (the event loop), :mod:`~crew.sim.record` (the run database).
 The lab-side entry points are ``python -m lab.simrun`` (a lab topology YAML and a scenario)
-and ``python -m lab.simpaper`` (the paper's table, failures and scale figures).
+and ``python -m lab.studies.simpaper`` (the paper's table, failures and scale figures).
 """

@@ -135,7 +135,7 @@ LARGE_PLAN_ROUNDS = 5
 group by default. At n = 60 an unbounded plan takes ~1 s (60 rounds, hundreds of columns: the
 optimum spreads a group over most of the network's links), and a run plans ~350 groups (12
 rounds: 0.24 s per plan, 99 s per run). A capped plan is within the gap that
-``lab.planbench timing --max-rounds 5`` reports (median, max) of the LP optimum."""
+``lab.studies.planbench timing --max-rounds 5`` reports (median, max) of the LP optimum."""
 
 
 def default_plan_rounds(n: int) -> int | None:

@@ -13,7 +13,8 @@ Formats (all little-endian; ``n`` elements; :func:`encoded_size` is exact):
   per element, ``q = rint((x - lo) / step)`` clipped to 0..255; decoded ``lo + q * step``.
   ``step = (max - min) / 255``. Size ``n + 8 ceil(n / 256)`` bytes, 0.2578x of float32.
 
-Why min/max per block of 256 (``python -m lab.codecstudy``, the default MLP on digits after 20
+Why min/max per block of 256 (``python -m lab.studies.codecstudy``, the default MLP on digits
+after 20
 iterations of 8 local steps; relative L2 error of one encode of the 8-step pseudo-gradient /
 of the model): min/max 256 7.2e-3 / 4.1e-3 at 1.031 bytes per element; min/max 64 5.5e-3 /
 3.8e-3 at 1.125; min/max 1024 9.6e-3 / 4.4e-3 at 1.008; absmax/127 with 256 8.0e-3 / 4.3e-3

@@ -47,7 +47,7 @@ step both count less; the weights sum to 1, so the result is a convex combinatio
 proposed models. LocalSGD is DiLoCo with ``lr_out = 1, mu = 0`` (then ``y = x``).
 
 Wire format and compression: ``y`` is a model, not a small delta, so an int8 encode adds about
-4e-3 relative error to it (``crew.train.compress``; ``lab.codecstudy`` measures it), and one
+4e-3 relative error to it (``crew.train.compress``; ``lab.studies.codecstudy`` measures it), and one
 local step moves most weights by less than half an int8 step; the engine's codec therefore keeps
 each node's rounding residual and sends it with the node's next encode (error feedback,
 ``crew.train.partcodec``).

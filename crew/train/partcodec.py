@@ -31,7 +31,7 @@ whose relative rounding stays below 1e-5) applies unchanged: the tolerance formu
 
 with no codec term. A lost or doubly counted part still shifts ``r . x`` by the projection of a
 whole part, and its (tiny) ``err`` cannot hide that. Without the accounting, an int8 encode of a
-model adds about 4e-3 relative error to the projection (``lab.codecstudy``), above 1e-3; the
+model adds about 4e-3 relative error to the projection (``lab.studies.codecstudy``), above 1e-3; the
 statistical bound :func:`crew.train.compress.reduce_tolerance` would have to be as wide as a
 lost part. A bad header (size, non-finite ``err`` or block header) raises
 :class:`~crew.train.compress.CompressError`; the engine drops the frame like any bad frame.

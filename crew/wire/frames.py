@@ -30,7 +30,7 @@ Design notes:
   ``socket.sendmsg``. The MAC costs one pass over the payload at each end. Keyed BLAKE3 (a PRF,
   made for this use) takes 0.14 CPU s per GB of 64 KiB parts on this host's AVX-512 core, where
   HMAC-SHA256 took 0.57 even with the SHA extensions: with both ends counted it was 1.2 of the
-  data path's 5.4 CPU s/GB on loopback (``python -m lab.datapath``), and the 1 Gbit/s
+  data path's 5.4 CPU s/GB on loopback (``python -m lab.studies.datapath``), and the 1 Gbit/s
   benchmarks are bound by that CPU. The payload goes first so that BLAKE3's 1 KiB chunks stay
   aligned with it (a 40-byte header first costs 0.26 s/GB); the fixed-size header last keeps
   the input unambiguous. Version 1 frames (HMAC-SHA256) are refused as ``BadVersion``.

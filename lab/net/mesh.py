@@ -62,7 +62,7 @@ from lab.net.cleanup import (
 )
 from lab.net.preflight import Capabilities, ImpairmentMode
 from lab.net.shaping import ShapingError
-from lab.topology import Impairment, TopologySpec, Uplinks
+from lab.spec.topology import Impairment, TopologySpec, Uplinks
 
 log = logging.getLogger(__name__)
 
@@ -752,7 +752,8 @@ def read_net_dev(pid: int) -> dict[str, tuple[int, int]]:
     """(rx_bytes, tx_bytes) per interface in the network namespace of ``pid``.
 
     Parsing this text is 30 times faster than a netlink link dump through pyroute2 (0.2 ms
-    against 6 ms for 3 hosts, ``python -m lab.netlinkbench``), so the 1 Hz monitor keeps it."""
+    against 6 ms for 3 hosts, ``python -m lab.studies.netlinkbench``), so the 1 Hz monitor keeps
+    it."""
     text = Path(f"/proc/{pid}/net/dev").read_text()
     out: dict[str, tuple[int, int]] = {}
     for line in text.splitlines()[2:]:

@@ -8,7 +8,8 @@ ran the lab's own teardown during a fault (``test_reliability`` chaos: the comma
 workers lost their coordinator, the hosts' namespaces were gone), and in the same run
 ``tests/integration/test_mesh.py`` found no interface through a freshly opened socket. Until sockets
 are opened without a fork (a thread that calls setns before creating the socket), this module is the
-measured alternative that ``python -m lab.netlinkbench`` times, from a process without the lab's
+measured alternative that ``python -m lab.studies.netlinkbench`` times, from a process without the
+lab's
 threads.
 
 A rate change by tc is two fork/execs of ``mnexec -a <pid> tc`` (the HTB class, then the leaf
@@ -16,7 +17,7 @@ queue sized for the new rate). Here each host's namespace gets one netlink socke
 first use through ``/proc/<pid>/ns/net`` (pyroute2 forks one short-lived helper to create the
 socket inside the namespace) and kept: every later change is a request on that socket from this
 process, with no fork, and a refusal is a :class:`NetlinkChangeError` carrying the kernel's
-errno. Measured on a 3-host lab (``python -m lab.netlinkbench``): a rate change takes 1.9 ms
+errno. Measured on a 3-host lab (``python -m lab.studies.netlinkbench``): a rate change takes 1.9 ms
 (median) instead of 6.3 ms, with 0 forks instead of 2.
 
 The requests carry what ``lab.net.shaping`` gives tc (the class's rate, ceil, burst, cburst and

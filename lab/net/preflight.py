@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab.topology import Impairment, TopologySpec, load_topology
+from lab.spec.topology import Impairment, TopologySpec, load_topology
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,7 @@
 """Ping probes on a running lab: RTT, its spread and loss, judged against the configuration.
 
-Used by ``lab.impairments`` (the in-VM impairment table) and ``lab.check`` (delay and loss of
+Used by ``lab.studies.impairments`` (the in-VM impairment table) and ``lab.check`` (delay and loss
+of
 every configured pair). ``ping`` (iputils) runs in host i against host j's identity over the
 direct link:
 

@@ -45,8 +45,8 @@ from lab.net.monitor import LinkMonitor
 from lab.net.preflight import Capabilities, ImpairmentMode, describe
 from lab.orchestrate import commands as cmds
 from lab.orchestrate.faults import FaultInjector
-from lab.scenario import Scenario, ScenarioPlayer
-from lab.topology import Impairment, TopologySpec, planner_shared_links
+from lab.spec.scenario import Scenario, ScenarioPlayer
+from lab.spec.topology import Impairment, TopologySpec, planner_shared_links
 
 log = logging.getLogger(__name__)
 

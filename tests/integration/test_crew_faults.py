@@ -18,7 +18,7 @@ from labkit import completed_groups, rows, small_opts, wait_until
 from lab.net.preflight import check
 from lab.orchestrate import commands as cmds
 from lab.orchestrate.runner import REPO, LabRun
-from lab.topology import load_topology
+from lab.spec.topology import load_topology
 
 pytestmark = pytest.mark.root
 

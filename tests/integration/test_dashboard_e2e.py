@@ -25,7 +25,7 @@ from lab.net.preflight import check
 from lab.orchestrate import browser
 from lab.orchestrate.browser import CHROMIUM, free_port, link_table, util_pct
 from lab.orchestrate.runner import REPO, LabRun, RunOptions
-from lab.topology import load_topology
+from lab.spec.topology import load_topology
 
 pytestmark = [
     pytest.mark.root,

@@ -1,6 +1,6 @@
 """The first-paint benchmark, once, on the small topology: every panel it looks for appears.
 
-Not a timing test: it checks that ``python -m lab.firstpaint`` starts ``lab.run`` as a user
+Not a timing test: it checks that ``python -m lab.studies.firstpaint`` starts ``lab.run`` as a user
 would, finds the address, recognises every panel and every data milestone on the real page
 (a selector that no longer matches would report "never" and fail here), and stops the lab
 cleanly. The figures themselves are the benchmark's to print.
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from lab.firstpaint import DATA, PANELS, main
 from lab.orchestrate.browser import CHROMIUM
 from lab.orchestrate.runner import REPO
+from lab.studies.firstpaint import DATA, PANELS, main
 
 pytestmark = [
     pytest.mark.root,

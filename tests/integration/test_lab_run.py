@@ -18,7 +18,7 @@ from lab.net.cleanup import ROOT_NAME_PREFIX, root_link_names
 from lab.net.preflight import check
 from lab.orchestrate import commands as cmds
 from lab.orchestrate.runner import REPO, LabRun, RunOptions, summarize
-from lab.topology import load_topology
+from lab.spec.topology import load_topology
 
 pytestmark = pytest.mark.root
 

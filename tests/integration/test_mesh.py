@@ -36,7 +36,7 @@ from lab.net.cleanup import (
 from lab.net.mesh import LabError, LabNetwork
 from lab.net.monitor import LinkMonitor
 from lab.net.preflight import Capabilities, ImpairmentMode, capabilities, describe
-from lab.topology import Impairment, LinkSpec, load_topology
+from lab.spec.topology import Impairment, LinkSpec, load_topology
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = REPO / "topologies" / "small.yaml"
@@ -355,7 +355,7 @@ def test_teardown_runs_on_exceptions(tmp_path: Path) -> None:
 CRASHING_LAB = textwrap.dedent("""
     import sys
     from lab.net.mesh import LabNetwork
-    from lab.topology import load_topology
+    from lab.spec.topology import load_topology
     net = LabNetwork(load_topology(sys.argv[1]), tag=sys.argv[2], state_dir=sys.argv[3],
                      mgmt_subnet=sys.argv[4])
     net.start()

@@ -24,7 +24,7 @@ from lab import audit as lab_audit
 from lab.net.preflight import check
 from lab.orchestrate import commands as cmds
 from lab.orchestrate.runner import REPO, LabRun
-from lab.topology import load_topology
+from lab.spec.topology import load_topology
 
 pytestmark = pytest.mark.root
 

@@ -51,9 +51,9 @@ from lab.net.cleanup import (
 )
 from lab.net.preflight import check
 from lab.orchestrate.runner import REPO, LabRun, lab_limits
-from lab.pace import WINDOW_S, Pace, read_pace
-from lab.scenario import Scenario, ScenarioPlayer, load_scenario
-from lab.topology import load_topology
+from lab.report.pace import WINDOW_S, Pace, read_pace
+from lab.spec.scenario import Scenario, ScenarioPlayer, load_scenario
+from lab.spec.topology import load_topology
 
 pytestmark = pytest.mark.root
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from labkit import rows
 
-from lab.topology import load_topology
+from lab.spec.topology import load_topology
 from lab.torchrun import probe_result, run_in_lab
 
 pytestmark = pytest.mark.root

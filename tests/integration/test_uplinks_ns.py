@@ -11,7 +11,7 @@ import pytest
 
 from lab.check import PAYLOAD_FRACTION, measure_batch, measure_sharing, remeasure
 from lab.net.mesh import LabError, LabNetwork
-from lab.topology import Uplinks, load_topology
+from lab.spec.topology import Uplinks, load_topology
 
 REPO = Path(__file__).resolve().parents[2]
 CLOUDS_4X2 = REPO / "topologies" / "clouds-4x2.yaml"

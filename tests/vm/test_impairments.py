@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab.impairments import Sizes, render, run_cases
+from lab.studies.impairments import Sizes, render, run_cases
 
 pytestmark = [pytest.mark.vm, pytest.mark.root]
 

@@ -1,4 +1,5 @@
-"""The CREW paper's studies, in simulation: ``python -m lab.simpaper {table,failures,scale}``.
+"""The CREW paper's studies, in simulation: ``python -m lab.studies.simpaper
+{table,failures,scale}``.
 
 * ``table``: rounds per worker in 50 simulated seconds, for n in {20, 60}, p in {5, 10} and
   bandwidth diversity bwd in {1, 2, 3} (``crew.sim.topogen``), for crew, crew-paper, preduce
@@ -42,8 +43,8 @@ from crew.sim.engine import (
 )
 from crew.sim.topogen import generate
 from lab.bench import write_figures
-from lab.scenario import parse_scenario
-from lab.simrun import scenario_faults
+from lab.spec.scenario import parse_scenario
+from lab.spec.simulated import scenario_faults
 
 PAPER_SCHEMES = (Scheme.CREW, Scheme.CREW_PAPER, Scheme.PREDUCE)
 FULL = "a2a (p=n)"
@@ -233,7 +234,7 @@ def figures(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab.simpaper", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m lab.studies.simpaper", description=__doc__)
     sub = parser.add_subparsers(dest="study", required=True)
     for name in ("table", "failures", "scale"):
         s = sub.add_parser(name)

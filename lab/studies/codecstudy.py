@@ -1,7 +1,8 @@
 """Error of int8 layouts on real model deltas: why ``crew.train.compress`` uses min/max blocks of
 256.
 
-``python -m lab.codecstudy [--steps 8]``: trains the default MLP on one digits shard for a few
+``python -m lab.studies.codecstudy [--steps 8]``: trains the default MLP on one digits shard for a
+few
 local steps (what a worker sends after H = 8 local steps), and prints for the pseudo-gradient
 (model - start) and for the model itself the relative L2 error ``||decode(encode(x)) - x|| /
 ||x||`` and the bytes per element of each candidate layout. The candidates other than the
@@ -69,7 +70,7 @@ def vectors(steps: int) -> dict[str, np.ndarray]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab.codecstudy", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m lab.studies.codecstudy", description=__doc__)
     parser.add_argument("--steps", type=int, default=8, help="local steps per update")
     args = parser.parse_args(argv)
     for name, x in vectors(args.steps).items():

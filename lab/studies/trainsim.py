@@ -1,6 +1,6 @@
 """One-process check of the training modes: n workers, partial-reduce-like groups, no network.
 
-``python -m lab.trainsim --mode diloco --local-steps 8 --outer-lr 0.7 --outer-momentum 0.9
+``python -m lab.studies.trainsim --mode diloco --local-steps 8 --outer-lr 0.7 --outer-momentum 0.9
 --compress int8``: n Trainers (the lab's MLP and shards, or the lm workload) in one process.
 Every round each worker runs H local steps; the workers are then dealt, in a seeded random
 order, into groups of p (as partial reduce groups the first p ready workers, and with equal
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> dict[str, float | int | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.trainsim", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m lab.studies.trainsim", description=__doc__)
     p.add_argument("--workload", choices=["mlp", "lm"], default="mlp")
     p.add_argument("--mode", choices=[m.value for m in SyncMode], default="every-step")
     p.add_argument("--local-steps", type=int, default=1)

@@ -1,4 +1,5 @@
-"""CPU cost of the data path, per GB moved: ``python -m lab.datapath [--workers 4] [--mb 16]``.
+"""CPU cost of the data path, per GB moved: ``python -m lab.studies.datapath [--workers 4] [--mb
+16]``.
 
 Runs the real thing in one process: ``--workers`` ReduceEngines, each with its own Transport
 (framed, MAC-authenticated TCP) on loopback, all members of one group planned as CREW's
@@ -260,13 +261,13 @@ def _lab_mtu_reexec(argv: Sequence[str]) -> int:
         "ethtool -K lo tso off gso off gro off >/dev/null 2>&1 || true; "
         'exec "$@"'
     )
-    cmd = ["unshare", "-n", "sh", "-c", script, "sh", sys.executable, "-m", "lab.datapath"]
+    cmd = ["unshare", "-n", "sh", "-c", script, "sh", sys.executable, "-m", "lab.studies.datapath"]
     return subprocess.call([*cmd, "--in-lab-mtu", *inner])
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m lab.datapath",
+        prog="python -m lab.studies.datapath",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     ap.add_argument("--workers", type=int, default=4, help="engines (all members), default 4")

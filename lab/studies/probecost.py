@@ -1,4 +1,5 @@
-"""What the link probes cost, on the link counters of an idle lab: ``python -m lab.probecost``.
+"""What the link probes cost, on the link counters of an idle lab: ``python -m
+lab.studies.probecost``.
 
 Builds a topology's network (``--topology``, default ``topologies/default.yaml``), starts one
 :class:`crew.wire.probes.Prober` per host inside its namespace and nothing else (no
@@ -38,7 +39,7 @@ from lab.net.cleanup import DEFAULT_STATE_DIR, cleanup_leftovers
 from lab.net.mesh import LabError, LabNetwork
 from lab.net.preflight import PreflightError
 from lab.orchestrate.runner import REPO
-from lab.topology import TopologyError, load_topology
+from lab.spec.topology import TopologyError, load_topology
 
 BUDGET = 0.005  # share of a link's configured rate the probes may take
 MIN_DELIVERED = 0.9  # share of the due probes each prober must have received
@@ -96,7 +97,7 @@ def measure(topology: Path, seconds: float, warmup: float, state_dir: Path) -> i
                         [
                             sys.executable,
                             "-m",
-                            "lab.probecost",
+                            "lab.studies.probecost",
                             "prober",
                             "--me",
                             str(i),
@@ -159,7 +160,9 @@ def measure(topology: Path, seconds: float, warmup: float, state_dir: Path) -> i
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.probecost", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m lab.studies.probecost", description=__doc__.split("\n")[0]
+    )
     sub = p.add_subparsers(dest="cmd")
     pr = sub.add_parser("prober", help="(internal) one host's prober")
     pr.add_argument("--me", type=int, required=True)

@@ -1,12 +1,12 @@
 """Delay, jitter, loss and rate-with-delay, measured on a running lab against what it was told.
 
-    python -m lab.vm -- python -m lab.impairments        # needs sch_netem: run it in lab.vm
+    python -m lab.vm -- python -m lab.studies.impairments        # needs sch_netem: run it in lab.vm
 
 RTT, jitter and loss by ping (bounds in lab.net.probe); rate with delay by one bulk TCP transfer
 (lab.check's meter), within 10% of HTB's payload ceiling. After the run-time change, w0->w1
 carries 100 ms of RTT, so its goodput row is the long-fat-link figure at the case's rate.
 
-``python -m lab.impairments`` builds a 3-host lab, measures every case first as built and
+``python -m lab.studies.impairments`` builds a 3-host lab, measures every case first as built and
 then after changing the links at run time (``LabNetwork.set_link``, the call the dashboard's
 and scenarios' commands end in), prints the table and exits 1 if any row is out of bounds.
 
@@ -32,7 +32,7 @@ from lab.check import PAYLOAD_FRACTION, any_out, measure_batch, retried
 from lab.net import preflight
 from lab.net.mesh import LabNetwork, LinkState
 from lab.net.probe import TOLERANCE, Row, loss_row, ping, rtt_rows
-from lab.topology import LinkSpec, TopologySpec, parse_topology
+from lab.spec.topology import LinkSpec, TopologySpec, parse_topology
 
 
 def rate_row(when: str, net: LabNetwork, i: int, j: int, seconds: float) -> Row:
@@ -224,7 +224,7 @@ def render_long_fat(rows: list[LongFatRow]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m lab.impairments",
+        prog="python -m lab.studies.impairments",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,5 +1,4 @@
-"""Simulated against emulated: per-op times (``python -m lab.simcompare RESULTS.json --topology
-Y``) and training runs (``python -m lab.simcompare --train RUN_DIR``).
+"""Simulated against emulated, per op: a ``lab.bench`` results file replayed in ``crew.sim``.
 
 ``lab.bench`` runs one seeded trace of groups, one group at a time, on the emulated network and
 writes ``results.json`` (per scheme: the op time of every group of the trace). This module
@@ -24,24 +23,12 @@ from the lab, none fitted to the op times:
   worker on it). ``--no-host`` leaves it out.
 
 ``lab.bench --sim`` calls :func:`bench_report` after the emulated runs.
-
-**Training runs** (``--train RUN_DIR``, a ``lab.run`` folder): the run's topology, scheme, p and
-seed (from its database), simulated for the run's training window (first iteration's start
-to the run's end) with the same executor model (its CPU per byte: ``--cpu-s-per-gb``, default
-the bench's crew figure on this lab). Two inputs come from the run, neither of them the rounds
-compared: the vector's size (its plans) and the real step time the straggler samples pad up to
-(``compute_s``: the median, over the workers without a straggler profile, of training ->
-ready in ``worker_states``; it holds torch's step and evaluation on the shared host). Prints
-rounds per worker, simulated / emulated.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,13 +39,11 @@ import numpy as np
 from crew.config import RunConfig, Scheme
 from crew.control.assignment import hop_bytes
 from crew.plan.schemes import GROUP_SCHEMES, plan_group
-from crew.runtime.rundb import GroupStatus, WorkerState, connect
-from crew.sim.engine import PlanDelay, SimConfig, Simulation
 from crew.sim.network import ExecutorModel, LinkQueues, RouteTimer, part_bytes
-from lab.benchrounds import pooled_rounds
 from lab.net.shaping import QUEUE_EXTRA_S
-from lab.simrun import sim_topology
-from lab.topology import load_topology, parse_topology
+from lab.report.benchrounds import pooled_rounds
+from lab.spec.simulated import sim_topology
+from lab.spec.topology import load_topology
 
 GOODPUT = RunConfig.default("goodput")  # the payload share the lab's plans count
 LAB_CPU_S_PER_GB = 12.2
@@ -223,137 +208,3 @@ def bench_report(
     ]
     lines += [f"{s:11s} not simulated (no per-group plan, or no op time)" for s in skipped]
     return "\n".join(lines)
-
-
-def _run_facts(run_dir: Path) -> dict[str, Any]:
-    """What a lab run's database says about its inputs and its rounds (read-only)."""
-    conn = connect(run_dir / "lab.db", readonly=True)
-    try:
-        meta = {r["key"]: r["value"] for r in conn.execute("SELECT key, value FROM meta")}
-        options = json.loads(meta.get("options", "{}"))
-        spec = parse_topology(json.loads(meta["topology"]))
-        plan = conn.execute("SELECT plan FROM groups WHERE plan IS NOT NULL LIMIT 1").fetchone()
-        if plan is None:
-            raise SystemExit(f"{run_dir}: no planned group, nothing to compare")
-        total = sum(json.loads(plan["plan"])["elems"])
-        steps: list[float] = []
-        plain = {w.index for w in spec.workers if not w.straggler}
-        last: dict[int, float] = {}
-        for r in conn.execute("SELECT t, worker, state FROM worker_states ORDER BY t"):
-            w = r["worker"]
-            if r["state"] == WorkerState.TRAINING.value:  # the database holds the value
-                last[w] = r["t"]
-            elif w in last and w in plain:
-                steps.append(r["t"] - last.pop(w))
-            else:
-                last.pop(w, None)
-        first = conn.execute("SELECT MIN(t) AS t FROM worker_states").fetchone()["t"]
-        rounds = [0] * spec.n
-        done = conn.execute(
-            "SELECT members FROM groups WHERE status = ?", (GroupStatus.COMPLETED.value,)
-        )
-        for g in done:
-            for m in json.loads(g["members"]):
-                rounds[m] += 1
-    finally:
-        conn.close()
-    return {
-        "spec": spec,
-        "scheme": meta["scheme"],
-        "p": int(meta["p"]),
-        "seed": int(options.get("seed", 0)),
-        "size_bytes": 4 * total,
-        "compute_s": statistics.median(steps) if steps else 0.0,
-        "window_s": float(meta["ended_at"]) - float(first),
-        "rounds": rounds,
-    }
-
-
-def train_compare(
-    run_dir: Path, cpu_s_per_gb: float = LAB_CPU_S_PER_GB, hop_queue_s: float = TRAIN_HOP_QUEUE_S
-) -> dict[str, Any]:
-    """Rounds per worker of a lab run and of its simulation (see the module docstring)."""
-    f = _run_facts(run_dir)
-    cfg = SimConfig(
-        scheme=Scheme(f["scheme"]),
-        p=f["p"],
-        duration_s=f["window_s"],
-        seed=f["seed"],
-        size_bytes=f["size_bytes"],
-        goodput=GOODPUT,
-        compute_s=f["compute_s"],
-        executor=lab_executor(cpu_s_per_gb, hop_queue_s=hop_queue_s),
-        plan_delay=PlanDelay.MEASURED,
-    )
-    res = Simulation(sim_topology(f["spec"]), cfg).run()
-    emu = statistics.mean(f["rounds"])
-    return {
-        "run": str(run_dir),
-        "scheme": f["scheme"],
-        "p": f["p"],
-        "seed": f["seed"],
-        "window_s": f["window_s"],
-        "size_bytes": f["size_bytes"],
-        "compute_s": f["compute_s"],
-        "emu_rounds": f["rounds"],
-        "sim_rounds": res.rounds,
-        "emu_mean": emu,
-        "sim_mean": res.rounds_per_worker,
-        "ratio": res.rounds_per_worker / emu if emu else float("nan"),
-    }
-
-
-def train_report(c: dict[str, Any]) -> str:
-    flag = "" if 0.85 <= c["ratio"] <= 1.15 else "   (outside 0.85-1.15)"
-    return (
-        f"{c['run']}: {c['scheme']} p={c['p']} seed {c['seed']}, {c['window_s']:.0f} s,"
-        f" {c['size_bytes'] / 1e6:.2f} MB, step {c['compute_s'] * 1e3:.0f} ms\n"
-        f"  rounds per worker: simulated {c['sim_mean']:.2f} {c['sim_rounds']},"
-        f" emulated {c['emu_mean']:.2f} {c['emu_rounds']}; sim/emu {c['ratio']:.2f}{flag}"
-    )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab.simcompare", description=__doc__)
-    parser.add_argument("results", type=Path, nargs="?", help="a lab.bench results.json")
-    parser.add_argument("--topology", type=Path, help="the topology the results ran on")
-    parser.add_argument("--no-host", action="store_true", help="no shared-host CPU model")
-    parser.add_argument("--no-plan-time", action="store_true", help="routes start at formation")
-    parser.add_argument(
-        "--train", type=Path, action="append", default=[], help="a lab.run folder to compare"
-    )
-    parser.add_argument("--cpu-s-per-gb", type=float, default=LAB_CPU_S_PER_GB)
-    parser.add_argument(
-        "--hop-queue-ms",
-        type=float,
-        default=None,
-        help="standing queue per hop in the executor model, ms (default: "
-        f"{PACED_HOP_QUEUE_S * 1e3:g} if the bench paced its connections, else HTB's "
-        f"{QUEUE_EXTRA_S * 1e3:g}; --train: {TRAIN_HOP_QUEUE_S * 1e3:g}, measured)",
-    )
-    args = parser.parse_args(argv)
-    if args.hop_queue_ms is not None and not args.hop_queue_ms >= 0:
-        parser.error(f"--hop-queue-ms must be >= 0, got {args.hop_queue_ms}")
-    if args.results is None and not args.train:
-        parser.error("give a results.json (with --topology) or --train RUN_DIR")
-    if args.results is not None:
-        if args.topology is None:
-            parser.error("--topology: the topology the results ran on")
-        results = json.loads(args.results.read_text())
-        print(
-            bench_report(
-                results,
-                args.topology,
-                not args.no_host,
-                not args.no_plan_time,
-                None if args.hop_queue_ms is None else args.hop_queue_ms / 1e3,
-            )
-        )
-    for run_dir in args.train:
-        queue = TRAIN_HOP_QUEUE_S if args.hop_queue_ms is None else args.hop_queue_ms / 1e3
-        print(train_report(train_compare(run_dir, args.cpu_s_per_gb, queue)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

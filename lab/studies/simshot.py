@@ -1,12 +1,13 @@
-"""A screenshot of a (simulated) run's dashboard replay: ``python -m lab.simshot RUN --out PNG``.
+"""A screenshot of a (simulated) run's dashboard replay: ``python -m lab.studies.simshot RUN --out
+PNG``.
 
 Serves ``python -m dashboard RUN`` on a free local port, opens it in Debian's Chromium through
-Playwright (``lab.orchestrate.browser``, as ``lab.firstpaint`` does), waits ``--settle``
+Playwright (``lab.orchestrate.browser``, as ``lab.studies.firstpaint`` does), waits ``--settle``
 seconds for every panel to draw, saves the whole page, and stops the dashboard it started.
 The README's 60-worker picture is made this way::
 
     python -m crew.sim --n 60 --p 5 --bwd 2 --duration 50 --scheme crew --seed 1 --run-dir R
-    python -m lab.simshot R --out docs/sim-dashboard-60.png
+    python -m lab.studies.simshot R --out docs/sim-dashboard-60.png
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def shoot(run: Path, out: Path, settle_s: float, wait_s: float = 60.0) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab.simshot", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m lab.studies.simshot", description=__doc__)
     parser.add_argument("run", type=Path, help="the run directory (with lab.db)")
     parser.add_argument("--out", type=Path, required=True, help="PNG to write")
     parser.add_argument("--settle", type=float, default=15.0, help="seconds to let panels draw")

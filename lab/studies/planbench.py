@@ -1,4 +1,4 @@
-"""The planner alone, no root, no network: ``python -m lab.planbench sweep|cases|timing``.
+"""The planner alone, no root, no network: ``python -m lab.studies.planbench sweep|cases|timing``.
 
 * ``sweep`` -- ``--matrices`` seeded random capacity matrices (per directed pair a HotCloud'18
   inter-cloud sample x ``--scale``, the data the shipped topologies use), a random group of
@@ -23,7 +23,7 @@
   long each op waited for its plan, and how many were planned ahead while the op before ran
   (``crew.runtime.planahead``; runs from before it have no record), ``--replay-passes`` times (a
   group's time: the median of its passes), without the run's warm-up groups. Run it under the CPU
-  lock (``flock -x /tmp/crew-cpu.lock python -m lab.planbench timing``): figures from a busy
+  lock (``flock -x /tmp/crew-cpu.lock python -m lab.studies.planbench timing``): figures from a busy
   machine are worthless.
 
 A plan's time is its scheme's own cost model (``crew.plan.schemes.plan_group``): crew's is the route
@@ -59,7 +59,7 @@ from crew.runtime.planahead import PlanSource, read_costs
 from crew.runtime.rundb import GroupStatus
 from crew.wire import protocol as proto
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "crew" / "data" / "inter-cloud-bandwidth-samples.json"
 MB16 = 16_777_216
 MB8 = 8 * 1024 * 1024
@@ -185,7 +185,7 @@ def sym4(rates: Sequence[float]) -> np.ndarray:
 
 
 def topology_matrix(name: str) -> np.ndarray:
-    from lab.topology import load_topology
+    from lab.spec.topology import load_topology
 
     return load_topology(REPO / "topologies" / f"{name}.yaml").bw_matrix()
 
@@ -476,7 +476,7 @@ def share_lines(
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m lab.planbench",
+        prog="python -m lab.studies.planbench",
         description="Benchmark the planners without root or network (see the module docstring).",
     )
     ap.add_argument("command", choices=("sweep", "cases", "timing"))

@@ -1,5 +1,5 @@
 """What netlink (pyroute2) costs or saves against tc and /proc, on a real mesh: ``sudo python -m
-lab.netlinkbench [--topology T] [--changes K] [--samples S] [--builds B]``.
+lab.studies.netlinkbench [--topology T] [--changes K] [--samples S] [--builds B]``.
 
 Builds one lab network (``lab.net.mesh``) and measures, on it, three things both ways:
 
@@ -37,7 +37,7 @@ from lab.net import shaping
 from lab.net.mesh import LabNetwork, read_net_dev
 from lab.net.netlink import HTB_CLASS, HTB_ROOT, LEAF, htb_class_params
 from lab.orchestrate.runner import REPO, free_mgmt_subnet
-from lab.topology import load_topology
+from lab.spec.topology import load_topology
 
 MAX_REPEATS = 1000
 
@@ -176,7 +176,7 @@ def run(topology: Path, changes: int, samples: int, builds: int) -> dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lab.netlinkbench", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m lab.studies.netlinkbench", description=__doc__)
     ap.add_argument("--topology", type=Path, default=REPO / "topologies" / "small.yaml")
     ap.add_argument("--changes", type=int, default=50, help="rate changes per path (50)")
     ap.add_argument("--samples", type=int, default=50, help="counter samples per path (50)")
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
-        print("lab.netlinkbench needs root (it builds a lab network)", file=sys.stderr)
+        print("lab.studies.netlinkbench needs root (it builds a lab network)", file=sys.stderr)
         return 2
     res = run(args.topology, args.changes, args.samples, args.builds)
     for name, r in res.items():

@@ -3,7 +3,7 @@
 Run a lab or a benchmark with ``CREW_FRAME_TRACE=DIR`` (``crew.wire.transport.FrameTrace``): every
 worker appends one line per frame event to ``DIR/frames-w<i>.tsv``. Then
 
-    python -m lab.frametrace DIR [--group G] [--window S]
+    python -m lab.studies.frametrace DIR [--group G] [--window S]
 
 prints, for each group, one row per directed link i->j: the payload bytes it carried, when its
 first frame was queued and sent, when its first and last frames arrived (seconds after the
@@ -123,7 +123,9 @@ def link_rows(events: Iterable[Event], group: int, window_s: float) -> tuple[flo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.frametrace", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m lab.studies.frametrace", description=__doc__.split("\n")[0]
+    )
     p.add_argument("directory", type=Path, help="the CREW_FRAME_TRACE directory")
     p.add_argument("--group", type=int, action="append", help="only this group (repeatable)")
     p.add_argument("--window", type=float, default=30.0, metavar="S", help="default 30")

@@ -1,6 +1,7 @@
 """First-paint benchmark: how long a new user waits for the dashboard after ``lab.run``.
 
-``sudo python -m lab.firstpaint [--runs 3] [--topology topologies/default.yaml]`` does what a
+``sudo python -m lab.studies.firstpaint [--runs 3] [--topology topologies/default.yaml]`` does
+what a
 new user does, ``--runs`` times: with a browser already open (Debian's Chromium, headless,
 through Playwright), it starts ``python -m lab.run`` with its defaults (plus a free dashboard
 port and a run directory), waits for the address the lab prints, opens it, and notes, every
@@ -256,7 +257,7 @@ def report(runs: Sequence[RunTimes], console: Console) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m lab.firstpaint",
+        prog="python -m lab.studies.firstpaint",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

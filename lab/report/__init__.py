@@ -1,0 +1,2 @@
+"""Reporting shared by the commands and the dashboard: pure figures from results and run
+databases."""

@@ -1,0 +1,1 @@
+"""The lab's input formats: topologies and fault scenarios, read strictly with named errors."""
