@@ -1,30 +1,9 @@
-"""Simulated against emulated: per-op times (``python -m lab.studies.simcompare RESULTS.json
---topology
-Y``) and training runs (``python -m lab.studies.simcompare --train RUN_DIR``).
+"""Simulated against emulated: per-op times and training runs.
 
-``lab.bench`` runs one seeded trace of groups, one group at a time, on the emulated network and
-writes ``results.json`` (per scheme: the op time of every group of the trace). This module
-replays the same trace, the same sizes and the same topology in ``crew.sim``'s network model:
-each op is planned by ``crew.plan.schemes.plan_group`` on the idle network (as the benchmark's
-coordinator does: one group at a time, all workers active) and timed on fresh FCFS link queues
-(``crew.sim.network``), and prints simulated / emulated per op (median and spread) for every
-scheme the results hold. Gloo is not planned per group and is skipped.
-
-The executor's costs beyond the links' rates (``crew.sim.network.ExecutorModel``), each taken
-from the lab, none fitted to the op times:
-
-* the planner's time: the lab's op time runs from the group's formation, before its plan, so
-  each simulated op starts its routes after the real planner call made here returns (its wall
-  time on this machine, with the coordinator's arguments: all workers active, the part size);
-* the per-hop standing queue: on paced runs (``lab.bench --pace``, on by default)
-  ``PACED_HOP_QUEUE_S``, measured from a frame trace; on unpaced ones
-  ``lab.net.shaping.QUEUE_EXTRA_S`` (50 ms), which CUBIC fills; for ``--train``
-  ``TRAIN_HOP_QUEUE_S``, measured from a lab.run's frame trace;
-* the shared host: the workers' CPU seconds per link byte that the same results measured for
-  the scheme (``cpu_s_per_gb``), on this host's cores (``os.cpu_count()``; the lab runs every
-  worker on it). ``--no-host`` leaves it out.
-
-The per-op model lives in ``lab.report.simagree``, which ``lab.bench --sim`` also calls.
+``python -m lab.studies.simcompare RESULTS.json --topology Y`` replays a ``lab.bench`` results
+file's trace in ``crew.sim``'s network model and prints simulated / emulated per op for every
+scheme; the model and its executor costs are described in ``lab.report.simagree``, which
+``lab.bench --sim`` also calls.
 
 **Training runs** (``--train RUN_DIR``, a ``lab.run`` folder): the run's topology, scheme, p and
 seed (from its database), simulated for the run's training window (first iteration's start
