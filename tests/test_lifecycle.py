@@ -480,7 +480,7 @@ def test_a_trace_announces_its_next_group_with_the_call_that_will_plan_it() -> N
     (ahead,) = of(outs, lc.PlanAhead)
     assert ahead.call.members == (1, 2, 3) and [c.members for c in made] == [(0, 1)]
     # in flight, group 1 takes capacity: a plan made now would differ from the announced one
-    assert not np.array_equal(life._planning_bw(1.0), ahead.call.bw)
+    assert not np.array_equal(life.planning.payload_bw(life.open.values(), 1.0), ahead.call.bw)
     report_all(life, 1, 2.0)
     outs = life.tick(2.0)
     assert made[-1].members == (1, 2, 3) and made[-1].key() == ahead.call.key()

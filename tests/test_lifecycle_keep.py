@@ -193,7 +193,7 @@ def test_the_links_of_a_lost_worker_make_no_one_suspect() -> None:
     life.handle(proto.LinkHealth(0, [6], []), 2.0)
     life.handle(proto.LinkHealth(1, [6], []), 2.0)
     life.handle(proto.LinkHealth(0, [6, 5], []), 2.5)
-    assert life._suspects(2.5) == set()
+    assert life.links.suspects(2.5) == set()
     assert life.former.deferred == frozenset()
 
 
