@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from crew.config import RunConfig, Scheme
 from crew.control import lifecycle as lc
+from crew.control.former import former_for
 from crew.plan.schemes import GROUP_SCHEMES, plan_group
 from crew.runtime.planahead import PLAN_COSTS_META, AheadPlanner, PlanCost, costs_json
 from crew.runtime.rundb import GroupMemberRow, GroupStatus, IterationRow, RunDB
@@ -170,7 +171,8 @@ class Coordinator:
         # background thread while the current group runs (crew.runtime.planahead), unless
         # cfg.plan_ahead is off; either way it records what each plan cost the event loop.
         self.ahead = AheadPlanner(plan_group)
-        self.life = lc.GroupLifecycle(cfg, plan=self.ahead)
+        # Groups from readiness, or a bench run's fixed trace (cfg.extra["trace"]).
+        self.life = lc.GroupLifecycle(cfg, former=former_for(cfg), plan=self.ahead)
         self.plan_costs: dict[int, PlanCost] = {}  # group id -> its first plan's cost
         self.events: queue.Queue[_Event] = queue.Queue()
         self.streams: dict[int, FrameStream] = {}  # conn id -> stream
