@@ -55,6 +55,8 @@ from typing import Any, NamedTuple
 from crew.config import Scheme
 from crew.control.grouping import GroupStatus as GroupStatus
 from crew.control.grouping import WorkerState as WorkerState
+from crew.runtime import retention
+from crew.runtime.retention import RetentionPolicy
 
 
 class CommandStatus(enum.StrEnum):
@@ -271,6 +273,12 @@ class RunDB:
     def query(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
             return self._conn.execute(sql, tuple(params)).fetchall()
+
+    def compact(self, policy: RetentionPolicy, now: float | None = None) -> dict[str, int]:
+        """Downsample the time series older than the policy's full-resolution window
+        (``crew.runtime.retention``); returns the rows removed per table."""
+        with self._lock:
+            return retention.compact(self._conn, policy, time.time() if now is None else now)
 
     # -- the writes every part of the lab shares -------------------------------------------
 

@@ -4,6 +4,10 @@ The counter is the sender interface's (``/proc/<host pid>/net/dev``), so it coun
 HTB let them out, headers included: expect goodput to be at most ~95.6% of ``mbit``.
 ``mbit`` is the rate over the interval since the previous sample, using the real elapsed time
 (the thread may wake late on a busy machine).
+
+Once a minute the monitor also applies the run's retention policy (``crew.runtime.retention``):
+samples older than an hour are folded into 10 s and, after a day, 1 min buckets, so a week-long
+run's database grows by a stated rate.
 """
 
 from __future__ import annotations
@@ -14,13 +18,15 @@ import threading
 import time
 from typing import Protocol
 
+from crew.runtime.retention import RetentionPolicy
 from crew.runtime.rundb import LinkSampleRow, RunDB
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 1.0
-# A monitor runs as long as the lab, but never unboundedly: one day of 1 Hz samples.
-MAX_SAMPLES = 86_400
+# A monitor runs as long as the lab, but never unboundedly: four weeks of 1 Hz samples.
+MAX_SAMPLES = 28 * 86_400
+COMPACT_EVERY_S = 60.0  # one minute's rows per retention pass
 
 
 class CounterSource(Protocol):
@@ -36,6 +42,8 @@ class LinkMonitor:
         db: RunDB,
         interval: float = DEFAULT_INTERVAL_S,
         max_samples: int = MAX_SAMPLES,
+        retention: RetentionPolicy | None = None,
+        compact_every_s: float = COMPACT_EVERY_S,
     ):
         if interval <= 0:
             raise ValueError(f"interval must be > 0, got {interval}")
@@ -43,7 +51,10 @@ class LinkMonitor:
         self.db = db
         self.interval = interval
         self.max_samples = max_samples
+        self.retention = RetentionPolicy() if retention is None else retention
+        self.compact_every_s = compact_every_s
         self.samples_taken = 0
+        self.rows_compacted = 0
         self.errors = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -90,9 +101,13 @@ class LinkMonitor:
         prev: dict[tuple[int, int], int] | None = None
         prev_t: float | None = None
         next_at = time.monotonic()
+        compact_at = next_at + self.compact_every_s
         while not self._stop.is_set() and self.samples_taken < self.max_samples:
             try:
                 prev, prev_t = self.sample_once(prev, prev_t)
+                if time.monotonic() >= compact_at:
+                    compact_at = time.monotonic() + self.compact_every_s
+                    self.rows_compacted += sum(self.db.compact(self.retention).values())
             except (OSError, ValueError, sqlite3.Error) as e:
                 # A host that just went away, or a locked DB: skip this sample, keep going.
                 self.errors += 1
