@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from crew.config import Scheme
 from crew.runtime import rundb
 from crew.runtime.retention import RetentionError, RetentionPolicy, compact
-from crew.runtime.rundb import IterationRow, LinkSampleRow, RunDB
+from crew.runtime.rundb import GroupMemberRow, IterationRow, LinkSampleRow, RunDB
 from lab.net.monitor import LinkMonitor
 
 T0 = 1_699_999_200.0  # a multiple of 60 s: a bucket boundary for every step used here
@@ -47,7 +48,7 @@ def test_recent_rows_stay_and_older_rows_fold_into_buckets(tmp_path: Path) -> No
     # [T0, T0+200) folds into 20 buckets of 10 s; [T0+200, T0+300) stays at 1 Hz.
     assert [t for t, _, _ in rows[:20]] == [T0 + 10 * k + 9 for k in range(20)]
     assert [t for t, _, _ in rows[20:]] == [T0 + s for s in range(200, 300)]
-    assert removed == {"link_samples": 2 * (200 - 20), "iterations": 0}
+    assert removed == {"link_samples": 2 * (200 - 20), "iterations": 0, "plans": 0}
 
 
 def test_folded_counters_keep_every_difference_and_the_mean_rate(tmp_path: Path) -> None:
@@ -70,7 +71,7 @@ def test_compaction_is_idempotent_and_incremental(tmp_path: Path) -> None:
     stepwise = _db(tmp_path / "step", 700)
     for now in range(150, 701, 50):
         stepwise.compact(SMALL, now=T0 + now)
-    assert stepwise.compact(SMALL, now=T0 + 700) == {"link_samples": 0, "iterations": 0}
+    assert stepwise.compact(SMALL, now=T0 + 700) == {"link_samples": 0, "iterations": 0, "plans": 0}
     assert _rows(stepwise) == _rows(once)
     assert _rows(stepwise, 1, 0) == _rows(once, 1, 0)
 
@@ -122,7 +123,7 @@ def test_a_policy_that_cannot_be_honoured_is_refused_by_name(kwargs: dict[str, f
 
 def test_an_empty_database_compacts_to_nothing(tmp_path: Path) -> None:
     conn = rundb.connect(tmp_path / "lab.db")
-    assert compact(conn, SMALL, now=T0) == {"link_samples": 0, "iterations": 0}
+    assert compact(conn, SMALL, now=T0) == {"link_samples": 0, "iterations": 0, "plans": 0}
 
 
 class _Counters:
@@ -147,3 +148,46 @@ def test_the_link_monitor_applies_the_policy_while_it_samples(tmp_path: Path) ->
     assert mon.rows_compacted >= 600 - 11  # ten minutes of 1 Hz rows fold into ~10 rows
     left = db.query("SELECT COUNT(*) FROM link_samples WHERE t < ?", (time.time() - 120,))
     assert left[0][0] <= 11
+
+
+def _group(db: RunDB, gid: int, formed_at: float, *, close: bool = True) -> None:
+    db.open_group(
+        gid,
+        scheme=Scheme.CREW,
+        members=[0, 1],
+        weights=[0.5, 0.5],
+        formed_at=formed_at,
+        started_at=formed_at,
+        predicted_s=0.1,
+        bound_s=0.1,
+        plan_json='{"routes": "' + "x" * 2000 + '"}',
+        member_rows=[GroupMemberRow(gid, w, gid, 1, 0.5) for w in (0, 1)],
+    )
+    if close:
+        db.execute("UPDATE groups SET status='completed', ended_at=? WHERE id=?", (formed_at, gid))
+
+
+def test_old_groups_keep_one_plan_a_bucket_and_every_row(tmp_path: Path) -> None:
+    db = RunDB(tmp_path / "lab.db")
+    for s in range(300):
+        _group(db, s + 1, T0 + s, close=s != 5)  # group 6 never closed: its plan stays
+    removed = db.compact(SMALL, now=T0 + 300)
+    rows = db.query("SELECT id, plan IS NOT NULL AS has, status FROM groups ORDER BY id")
+    assert [r["id"] for r in rows] == list(range(1, 301))  # no group lost
+    kept = [r["id"] for r in rows if r["has"]]
+    # Before T0 + 180: the first group of each minute, plus the open one; after: every plan.
+    assert kept == [1, 6, 61, 121] + list(range(181, 301))
+    assert removed["plans"] == 180 - 4
+    members = db.query("SELECT COUNT(*) FROM group_members")[0][0]
+    assert members == 600
+
+
+def test_dropped_plans_free_their_pages_for_later_rows(tmp_path: Path) -> None:
+    db = RunDB(tmp_path / "lab.db")
+    for s in range(600):
+        _group(db, s + 1, T0 + s)
+    db.compact(SMALL, now=T0 + 700)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    size = (tmp_path / "lab.db").stat().st_size
+    free = db.query("PRAGMA freelist_count")[0][0]
+    assert free * 4096 > size / 2  # most pages the plans filled are free for reuse

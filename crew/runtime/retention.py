@@ -15,15 +15,19 @@ What a folded row holds, so that every reader's arithmetic stays right:
 * ``iterations``: the bucket's last ``t`` and ``iteration``, and the mean ``loss`` and
   ``accuracy`` over the rows that have one (``accuracy`` stays NULL when none was evaluated).
 
-Groups, members, worker states, events and commands are never folded: the audit reads every
-group and every state change.
+Groups keep every row (the audit reads every group, its members and every state change), but
+a group's ``plan`` (a few KB of JSON, most of a long run's bytes) is kept past ``full_s`` only
+for the first group formed in each ``coarse_step_s``, so a replay still shows a recent plan at
+any moment. Worker states, events and commands are never touched.
 
 Cost model: a compaction pass reads and rewrites only the rows that crossed a tier boundary
 since the last pass (progress is kept in ``meta``), so calling it once a minute costs one
 minute's rows, not the run's.
 
 Disk per hour of a long run, for ``L`` links (``n (n - 1)``) and the defaults, after the first
-day: ``3600 / 60 * L`` link rows instead of ``3600 * L``.
+day: ``3600 / 60 * L`` link rows instead of ``3600 * L``, and 60 plans instead of one per group.
+Rows whose plan is dropped are deleted and written again, so the pages they filled are freed
+and reused instead of left holding a few bytes each.
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ _FOLDS = {
         "WHERE t >= ? AND t < ? GROUP BY worker, CAST(t / ? AS INTEGER)",
     ),
 }
-TABLES = tuple(_FOLDS)
+TABLES = (*_FOLDS, "plans")
 
 
 def _progress_key(table: str, step: float) -> str:
@@ -121,4 +125,36 @@ def compact(conn: sqlite3.Connection, policy: RetentionPolicy, now: float) -> di
                     "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, repr(end))
                 )
                 removed[table] += before - len(folded)
+        removed["plans"] = _thin_plans(conn, policy, now)
     return removed
+
+
+def _thin_plans(conn: sqlite3.Connection, policy: RetentionPolicy, now: float) -> int:
+    """Drop the plans of closed groups older than ``full_s``, but the first of each coarse
+    bucket; return how many were dropped."""
+    step, key = policy.coarse_step_s, _progress_key("plans", policy.coarse_step_s)
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    end = math.floor((now - policy.full_s) / step) * step
+    if row is not None:
+        done = float(row[0])
+    else:
+        first = conn.execute("SELECT MIN(formed_at) FROM groups").fetchone()[0]
+        if first is None:
+            return 0
+        done = math.floor(first / step) * step
+    if end <= done:
+        return 0
+    cur = conn.execute(
+        "SELECT * FROM groups WHERE formed_at >= ? AND formed_at < ? AND plan IS NOT NULL"
+        " AND status != ? AND id NOT IN (SELECT MIN(id) FROM groups WHERE formed_at >= ?"
+        " AND formed_at < ? AND plan IS NOT NULL GROUP BY CAST(formed_at / ? AS INTEGER))",
+        (done, end, "open", done, end, step),
+    )
+    cols = [d[0] for d in cur.description]
+    at = cols.index("plan")
+    rows = [tuple(None if i == at else v for i, v in enumerate(r)) for r in cur.fetchall()]
+    conn.executemany("DELETE FROM groups WHERE id = ?", [(r[0],) for r in rows])
+    marks = ", ".join("?" * len(cols))
+    conn.executemany(f"INSERT INTO groups ({', '.join(cols)}) VALUES ({marks})", rows)
+    conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, repr(end)))
+    return len(rows)
