@@ -711,3 +711,57 @@ def test_deferral_leaves_fifo_alone_when_enough_others_are_ready_and_validates()
         g.set_deferred([6])
     with pytest.raises(GroupingError, match="defer_max_wait"):
         GroupFormer(3, 2, defer_max_wait=-1.0)
+
+
+# ---- bounded memory ---------------------------------------------------------------------
+
+
+def _churn(g: GroupFormer, groups: int, t0: float = 0.0) -> float:
+    """Form and complete ``groups`` groups of two among four workers; returns the clock."""
+    t = t0
+    for _ in range(groups // 2):
+        t += 1.0
+        formed = [grp for w in range(4) for grp in g.ready(w, 0, t)]
+        for grp in formed:
+            g.complete(grp.id, t)
+    return t
+
+
+def test_history_keeps_the_newest_closed_groups_only():
+    g = make(4, 2, history_limit=5, heartbeat_timeout=1e9)
+    _churn(g, 40)
+    assert [r.group.id for r in g.history] == [36, 37, 38, 39, 40]
+    assert g.rounds(0) == 20  # counters still count every group
+    with pytest.raises(GroupingError, match="forgotten"):
+        g.group(1)
+    with pytest.raises(GroupingError, match="unknown"):
+        g.group(41)
+    assert g.group(40).id == 40  # within the guard's window: still readable
+
+
+def test_memory_stops_growing_with_the_number_of_groups():
+    import tracemalloc
+
+    tracemalloc.start()  # before the history fills, so what it holds is traced from the start
+    g = make(4, 2, heartbeat_timeout=1e9)
+    t = _churn(g, 6000)
+    early = tracemalloc.get_traced_memory()[0]
+    _churn(g, 20000, t)
+    late = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    assert late - early < 20_000, f"the former grew by {late - early} bytes over 20,000 groups"
+
+
+def test_an_open_group_older_than_the_window_stays_until_it_closes():
+    g = make(4, 2, isolation_window=0, heartbeat_timeout=1e9)  # keeps 2 n = 8 formed
+    g.ready(0, 0, 1.0)
+    (old,) = g.ready(1, 0, 1.0)
+    for k in range(2, 12):  # ten more groups among workers 2 and 3
+        g.ready(2, 0, float(k))
+        (grp,) = g.ready(3, 0, float(k))
+        g.complete(grp.id, float(k))
+    assert g.group(old.id).members == (0, 1)
+    g.abandon(old.id, 20.0)
+    with pytest.raises(GroupingError, match="forgotten"):
+        g.group(old.id)
+    assert g.history[-1].group.id == old.id

@@ -64,14 +64,21 @@ the others are not made to wait on it meanwhile. The isolation guard then acts o
 candidate.
 
 Cost: each formation attempt with the guard active is ``O(W * p + n)`` (a fresh union-find over
-the window), fine for n in the hundreds. Closed groups are kept for :attr:`GroupFormer.history`.
+the window), fine for n in the hundreds.
+
+Memory is bounded, whatever the run's length: the former keeps the open groups, the groups of
+the largest isolation window it may need (``2 n``, or an explicit ``isolation_window``), and the
+newest ``history_limit`` closed groups in :attr:`GroupFormer.history`. Older groups are
+forgotten; the run database is their record.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -82,6 +89,9 @@ log = logging.getLogger(__name__)
 DEFAULT_DECAY = 0.9
 _WEIGHT_SUM_TOL = 1e-9
 DEFER_MAX_WAIT_S = 10.0  # a deferred ready worker is grouped FIFO again after this long
+# Closed groups kept for GroupFormer.history: readers look at the last few, and a week-long run
+# forms millions.
+HISTORY_LIMIT = 1024
 
 
 class GroupingError(ValueError):
@@ -252,7 +262,10 @@ class GroupFormer:
         isolation_window: int | None = None,
         isolation_max_wait: float = 10.0,
         defer_max_wait: float = DEFER_MAX_WAIT_S,
+        history_limit: int = HISTORY_LIMIT,
     ) -> None:
+        if not _is_int(history_limit) or history_limit < 1:
+            raise GroupingError("history_limit", f"must be an int >= 1, got {history_limit!r}")
         if not _is_int(n) or n < 1:
             raise GroupingError("n", f"must be an int >= 1, got {n!r}")
         self._n = int(n)
@@ -287,10 +300,13 @@ class GroupFormer:
         self._queue: list[int] = []  # FIFO of READY workers
         self._open: dict[int, Group] = {}
         self._member_of: dict[int, int] = {}  # worker -> open group id (dead members included)
-        self._groups: dict[int, Group] = {}  # every group ever formed, as it stands now
-        self._formed: list[int] = []  # group ids in formation order
-        self._abandoned: set[int] = set()
-        self._history: list[GroupRecord] = []
+        # The groups the isolation guard may read (the newest ``_keep_formed`` formed, in
+        # formation order) and the open ones, each as it stands now.
+        self._keep_formed = max(2 * self._n, self._isolation_window or 0)
+        self._groups: dict[int, Group] = {}
+        self._formed: deque[int] = deque()
+        self._abandoned: set[int] = set()  # among _formed
+        self._history: deque[GroupRecord] = deque(maxlen=int(history_limit))
         self._rounds = [0] * self._n
         self._next_id = 1  # 1-based: the run DB's INTEGER PRIMARY KEY
         self._now = -math.inf
@@ -506,11 +522,13 @@ class GroupFormer:
         return None if gid is None else self._open[gid]
 
     def group(self, group_id: int) -> Group:
-        """Any group ever formed, as it stands now (open or closed)."""
+        """An open group, or one of the recently formed, as it stands now."""
         try:
             return self._groups[group_id]
         except KeyError:
-            raise GroupingError("group_id", f"unknown group {group_id!r}") from None
+            known = _is_int(group_id) and 1 <= group_id < self._next_id
+            what = "forgotten (older than the former keeps)" if known else "unknown"
+            raise GroupingError("group_id", f"{what} group {group_id!r}") from None
 
     def ready_queue(self) -> list[int]:
         return list(self._queue)
@@ -527,7 +545,7 @@ class GroupFormer:
 
     @property
     def history(self) -> tuple[GroupRecord, ...]:
-        """Closed groups in closing order."""
+        """The newest ``history_limit`` closed groups, in closing order."""
         return tuple(self._history)
 
     def rounds(self, worker: int) -> int:
@@ -599,7 +617,7 @@ class GroupFormer:
     def _window_components(self, window: int) -> tuple[_UnionFind, set[int]]:
         uf = _UnionFind(self._n)
         seen: set[int] = set()
-        for gid in self._formed[-window:]:
+        for gid in itertools.islice(self._formed, max(0, len(self._formed) - window), None):
             if gid in self._abandoned:
                 continue
             members = self._groups[gid].members
@@ -627,6 +645,11 @@ class GroupFormer:
             self._member_of[w] = gid
         self._open[gid] = self._groups[gid] = g
         self._formed.append(gid)
+        while len(self._formed) > self._keep_formed:
+            old = self._formed.popleft()
+            self._abandoned.discard(old)
+            if old not in self._open:
+                del self._groups[old]
         self._hold_since = None
         log.debug("group %d formed: %s (reduced=%s)", gid, g.members, g.reduced)
         return g
@@ -639,6 +662,10 @@ class GroupFormer:
             if self._state[w] is WorkerState.GROUPED:
                 self._state[w] = WorkerState.TRAINING
         self._history.append(GroupRecord(g, outcome, now))
+        if not self._formed or gid < self._formed[0]:
+            # Older than the guard's window: it stayed only while open.
+            del self._groups[gid]
+            self._abandoned.discard(gid)
         log.debug("group %d %s", gid, outcome.value)
         return g
 
@@ -676,7 +703,8 @@ class GroupFormer:
 
     def _check_open(self, group_id: int) -> int:
         if group_id not in self._open:
-            state = "closed" if group_id in self._groups else "unknown"
+            known = _is_int(group_id) and 1 <= group_id < self._next_id
+            state = "closed" if known else "unknown"
             raise GroupingError("group_id", f"{group_id!r} is not open ({state})")
         return group_id
 
