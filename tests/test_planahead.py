@@ -3,6 +3,7 @@ or error, and the caller's waiting is recorded. Real planners (crew's route LP),
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
@@ -199,3 +200,15 @@ def test_plans_made_on_two_threads_at_once_are_those_made_one_by_one() -> None:
         t.join(60.0)
     routelp.clear_caches()
     assert together == alone
+
+
+def test_the_cost_record_keeps_the_newest_groups_only() -> None:
+    from crew.runtime.planahead import CostRecord, PlanCost, PlanSource, costs_json
+
+    record = CostRecord(keep=3)
+    for gid in range(1, 8):
+        record.add(gid, PlanCost((0, 1), PlanSource.AHEAD, gid / 1e3))
+    assert list(record.costs) == [5, 6, 7]
+    assert set(json.loads(costs_json(record.costs))) == {"5", "6", "7"}
+    with pytest.raises(ValueError, match="keep"):
+        CostRecord(keep=0)

@@ -25,7 +25,7 @@ from crew.config import RunConfig, Scheme
 from crew.control import lifecycle as lc
 from crew.control.former import former_for
 from crew.plan.schemes import GROUP_SCHEMES, plan_group
-from crew.runtime.planahead import PLAN_COSTS_META, AheadPlanner, PlanCost, costs_json
+from crew.runtime.planahead import PLAN_COSTS_META, AheadPlanner, CostRecord, costs_json
 from crew.runtime.rundb import GroupMemberRow, GroupStatus, IterationRow, RunDB
 from crew.wire import protocol as proto
 from crew.wire.frames import COORDINATOR, FrameCodec, FrameError, control_body, control_frame
@@ -173,7 +173,7 @@ class Coordinator:
         self.ahead = AheadPlanner(plan_group)
         # Groups from readiness, or a bench run's fixed trace (cfg.extra["trace"]).
         self.life = lc.GroupLifecycle(cfg, former=former_for(cfg), plan=self.ahead)
-        self.plan_costs: dict[int, PlanCost] = {}  # group id -> its first plan's cost
+        self.plan_costs = CostRecord()  # group id -> its first plan's cost, newest groups
         self.events: queue.Queue[_Event] = queue.Queue()
         self.streams: dict[int, FrameStream] = {}  # conn id -> stream
         self.worker_conn: dict[int, int] = {}  # worker -> conn id
@@ -245,7 +245,7 @@ class Coordinator:
             if isinstance(out, lc.GroupOpenedRecord):
                 cost = next((c for c in costs if c.members == out.group.members), None)
                 if cost is not None:
-                    self.plan_costs[out.group.id] = cost
+                    self.plan_costs.add(out.group.id, cost)
             elif isinstance(out, lc.PlanAhead) and self.cfg.plan_ahead:
                 self.ahead.submit(out.call)
         for out in outputs:
@@ -270,7 +270,7 @@ class Coordinator:
             self._apply(self.life.tick(now))
         self._apply(self.life.shutdown(time.time(), "coordinator stopping"))
         self.ahead.close()
-        self.db.set_meta({PLAN_COSTS_META: costs_json(self.plan_costs)})
+        self.db.set_meta({PLAN_COSTS_META: costs_json(self.plan_costs.costs)})
         self.listener.close()
 
     def _handle(self, ev: _Event, now: float) -> None:

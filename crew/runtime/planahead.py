@@ -45,6 +45,8 @@ KEEP = 4
 """Calls made ahead and not asked for yet that are kept (the oldest are dropped)."""
 PLAN_COSTS_META = "plan_costs"
 """The run database's meta key for each group's planning cost (:func:`costs_json`)."""
+PLAN_COSTS_KEEP = 10_000
+"""Groups a :class:`CostRecord` keeps."""
 
 
 class PlanSource(enum.Enum):
@@ -129,6 +131,22 @@ class AheadPlanner:
         for fut in pending:
             fut.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class CostRecord:
+    """Each group's first plan cost, for the newest ``keep`` groups (oldest dropped first): a
+    benchmark's trace has tens of groups, and a week-long run must not hold millions."""
+
+    def __init__(self, keep: int = PLAN_COSTS_KEEP) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.keep = keep
+        self.costs: OrderedDict[int, PlanCost] = OrderedDict()
+
+    def add(self, group_id: int, cost: PlanCost) -> None:
+        self.costs[group_id] = cost
+        while len(self.costs) > self.keep:
+            self.costs.popitem(last=False)
 
 
 def costs_json(costs: Mapping[int, PlanCost]) -> str:
