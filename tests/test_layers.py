@@ -19,6 +19,13 @@ REPO = Path(__file__).resolve().parents[1]
 PURE = frozenset(
     {
         "crew.plan.planner",
+        "crew.plan.inputs",
+        "crew.plan.plantypes",
+        "crew.plan.stars",
+        "crew.plan.starcost",
+        "crew.plan.rounding",
+        "crew.plan.bound",
+        "crew.plan.highs",
         "crew.plan.routes",
         "crew.plan.baselines",
         "crew.plan.schemes",

@@ -2,9 +2,9 @@
 
 Every scheme is priced and executed in the route vocabulary of :mod:`crew.plan.routes`, so all of
 them run on the same transport and the same emulated links. Conventions are those of
-:mod:`crew.plan.planner`: ``bw`` is n x n Mbit/s (``bw[i][j]`` the rate of i -> j, 0 = dead link,
+:mod:`crew.plan.inputs`: ``bw`` is n x n Mbit/s (``bw[i][j]`` the rate of i -> j, 0 = dead link,
 diagonal ignored), ``group`` the member indices, ``size`` the bytes of the vector (elements of
-:data:`ELEM_BYTES` bytes), times in seconds.
+:data:`~crew.plan.inputs.ELEM_BYTES` bytes), times in seconds.
 
 The schemes, and how they relate to what the CREW paper compares against:
 
@@ -31,7 +31,7 @@ directed link as an independent pipe of rate ``bw[i][j]``: no shared NIC):
 * :func:`cost_store_and_forward` -- whole ranges hop by hop, links serve first-ready-first.
 
 Both are achievable by some execution of the routes, so neither can beat
-:func:`crew.plan.planner.lower_bound`, and store-and-forward is never below pipelined.
+:func:`crew.plan.bound.lower_bound`, and store-and-forward is never below pipelined.
 """
 
 from __future__ import annotations
@@ -48,23 +48,21 @@ from typing import Any
 import numpy as np
 
 from crew.config import Scheme
-from crew.plan.planner import (
+from crew.plan.inputs import (
     BYTES_PER_S_PER_MBIT,
+    ELEM_BYTES,
     PlanError,
-    _check_active,
-    _check_bw,
-    _check_group,
-    _check_size,
-    _is_int,
-    largest_remainder,
+    check_active,
+    check_bw,
+    check_group,
+    check_size,
+    is_int,
     plan_json_object,
 )
+from crew.plan.rounding import largest_remainder
 from crew.plan.routes import Route, RouteError, link_load, validate_routes
 
 log = logging.getLogger(__name__)
-
-ELEM_BYTES = 4
-"""Bytes per vector element (float32), as everywhere in the lab."""
 
 RING_EXACT_MAX = 8
 """Largest group whose ring order is found by brute force ((p - 1)! orders)."""
@@ -108,11 +106,11 @@ class RoutePlan:
         if self.scheme not in BASELINE_SCHEMES:
             raise PlanError("scheme", f"unknown scheme {self.scheme!r}")
         object.__setattr__(self, "scheme", Scheme(self.scheme))
-        if not _is_int(self.n) or self.n < 1:
+        if not is_int(self.n) or self.n < 1:
             raise PlanError("n", f"must be a positive int, got {self.n!r}")
         object.__setattr__(self, "n", int(self.n))
-        object.__setattr__(self, "group", _check_group(self.group, self.n))
-        if not _is_int(self.total) or self.total < 1:
+        object.__setattr__(self, "group", check_group(self.group, self.n))
+        if not is_int(self.total) or self.total < 1:
             raise PlanError("total", f"must be a positive int, got {self.total!r}")
         object.__setattr__(self, "total", int(self.total))
         if not isinstance(self.pipelined, bool):
@@ -181,8 +179,8 @@ class PackedTree:
 
 
 def _priced_bw(bw: np.ndarray, n: int) -> np.ndarray:
-    w = _check_bw(bw)
-    if not _is_int(n) or w.shape[0] != n:
+    w = check_bw(bw)
+    if not is_int(n) or w.shape[0] != n:
         raise PlanError("n", f"bw is {w.shape[0]} x {w.shape[0]} but n = {n!r}")
     return w
 
@@ -392,11 +390,11 @@ def plan_ps(
     layer, as in real PS systems, is not modelled; CREW's p2a plan is the load-balanced form.)
     Raises PlanError when no active worker qualifies.
     """
-    w = _check_bw(bw)
+    w = check_bw(bw)
     n = w.shape[0]
-    members = _check_group(group, n)
-    act = _check_active(active, n, members)
-    total = _check_size(size, ELEM_BYTES)
+    members = check_group(group, n)
+    act = check_active(active, n, members)
+    total = check_size(size, ELEM_BYTES)
     if len(members) == 1:
         return _trivial(Scheme.PS, members, n, total)
     best: tuple[float, int] | None = None
@@ -445,10 +443,10 @@ def plan_ring(bw: np.ndarray, group: Sequence[int], size: int) -> RoutePlan:
     the largest chunk, so ``T = 2(p - 1) * max_chunk / bottleneck``. Raises PlanError when the
     members' live links hold no Hamiltonian cycle.
     """
-    w = _check_bw(bw)
+    w = check_bw(bw)
     n = w.shape[0]
-    members = _check_group(group, n)
-    total = _check_size(size, ELEM_BYTES)
+    members = check_group(group, n)
+    total = check_size(size, ELEM_BYTES)
     p = len(members)
     if p == 1:
         return _trivial(Scheme.RING, members, n, total)
@@ -557,10 +555,10 @@ def plan_a2a(group: Sequence[int], size: int, n: int, bw: np.ndarray | None = No
     plan is not priced (``predicted_s`` is nan) and dead links cannot be checked; with it, a
     dead link between members raises PlanError.
     """
-    if not _is_int(n) or n < 1:
+    if not is_int(n) or n < 1:
         raise PlanError("n", f"must be a positive int, got {n!r}")
-    members = _check_group(group, n)
-    total = _check_size(size, ELEM_BYTES)
+    members = check_group(group, n)
+    total = check_size(size, ELEM_BYTES)
     if len(members) == 1:
         return _trivial(Scheme.A2A, members, n, total)
     routes = [Route(0, total, m, tuple((g, m) for g in members if g != m), ()) for m in members]
@@ -591,9 +589,9 @@ def pack_trees(bw: np.ndarray, group: Sequence[int], max_trees: int = 4) -> tupl
     arborescences near-optimally; this greedy packing is simpler and may pack less rate.
     Returns () when the members are not connected by links live in both directions (or p = 1).
     """
-    w = _check_bw(bw)
-    members = _check_group(group, w.shape[0])
-    if not _is_int(max_trees) or max_trees < 1:
+    w = check_bw(bw)
+    members = check_group(group, w.shape[0])
+    if not is_int(max_trees) or max_trees < 1:
         raise PlanError("max_trees", f"must be a positive int, got {max_trees!r}")
     ms = sorted(members)
     if len(ms) == 1:
@@ -662,10 +660,10 @@ def plan_blink(
     streamed time is at most M / sum r, as in BLINK's analysis. Raises PlanError when the
     members are not connected by links live in both directions.
     """
-    w = _check_bw(bw)
+    w = check_bw(bw)
     n = w.shape[0]
-    members = _check_group(group, n)
-    total = _check_size(size, ELEM_BYTES)
+    members = check_group(group, n)
+    total = check_size(size, ELEM_BYTES)
     if not isinstance(pipelined, bool):
         raise PlanError("pipelined", f"must be a bool, got {pipelined!r}")
     scheme = Scheme.BLINK_PIPE if pipelined else Scheme.BLINK
@@ -707,12 +705,12 @@ def plan_topoadopt(
     Deterministic for a given ``seed`` (numpy's default generator). Simplified relative to the
     system the paper compares against: no topology probing, trees over members only.
     """
-    w = _check_bw(bw)
+    w = check_bw(bw)
     n = w.shape[0]
-    members = _check_group(group, n)
-    total = _check_size(size, ELEM_BYTES)
+    members = check_group(group, n)
+    total = check_size(size, ELEM_BYTES)
     for name, value, low in (("seed", seed, 0), ("trees", trees, 1), ("iterations", iterations, 0)):
-        if not _is_int(value) or value < low:
+        if not is_int(value) or value < low:
             raise PlanError(name, f"must be an int >= {low}, got {value!r}")
     if len(members) == 1:
         return _trivial(Scheme.TOPOADOPT, members, n, total)
@@ -809,9 +807,9 @@ def plan_for(
             "scheme", f"unknown baseline {scheme!r}; known: {', '.join(BASELINE_SCHEMES)}"
         )
     which = Scheme(scheme)
-    w = _check_bw(bw)
-    members = _check_group(group, w.shape[0])
-    _check_active(active, w.shape[0], members)
+    w = check_bw(bw)
+    members = check_group(group, w.shape[0])
+    check_active(active, w.shape[0], members)
     if which is Scheme.PS:
         return plan_ps(w, members, size, active)
     if which is Scheme.RING:

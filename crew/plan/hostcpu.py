@@ -7,7 +7,7 @@ between. ``lab.bench`` measures it per scheme as ``cpu_s_per_gb``: the workers' 
 (from ``/proc``) per GB of link bytes, 12.2 for crew on bench-hetero with 8 workers on 2 cores.
 With ``cores`` cores the host moves at most ``cores / cpu_s_per_gb`` GB of link bytes per
 second, whatever the links could carry; so the sum over every directed pair of its bytes
-drains at that rate, which is exactly a :class:`~crew.plan.planner.SharedLink` over all pairs.
+drains at that rate, which is exactly a :class:`~crew.plan.inputs.SharedLink` over all pairs.
 The LP then stops spreading a group over more relays than the host can feed: on bench-hetero
 (56 links, 10-120 Mbit/s, about 2.5 Gbit/s in all) the links can take more than the host's
 2 / 12.2 GB/s (1.3 Gbit/s) can send.
@@ -18,7 +18,7 @@ apply; ``RunConfig.host_cpu_s_per_gb = 0`` leaves it out.
 
 from __future__ import annotations
 
-from crew.plan.planner import PlanError, SharedLink
+from crew.plan.inputs import PlanError, SharedLink
 
 MBIT_PER_GB = 8000.0
 

@@ -1,6 +1,6 @@
 """CREW's route planner: one LP over every route a group's vector can take. Pure, no I/O.
 
-Conventions are :mod:`crew.plan.planner`'s: ``bw`` is n x n Mbit/s (``bw[i][j]`` the rate of i -> j,
+Conventions are :mod:`crew.plan.inputs`': ``bw`` is n x n Mbit/s (``bw[i][j]`` the rate of i -> j,
 0 = dead link, diagonal ignored), ``members`` the group, ``active`` who may relay or aggregate,
 ``size`` the bytes of the vector (4-byte elements), times in seconds.
 
@@ -90,32 +90,33 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from highspy._core import HighsModelStatus, _Highs, kHighsInf
 from scipy.sparse import csr_array
 from scipy.sparse.csgraph import shortest_path
 
-from crew.plan import planner
-from crew.plan.memo import Memo
-from crew.plan.planner import (
+from crew.plan import bound
+from crew.plan.bound import lower_bound
+from crew.plan.highs import INF, OPTIMAL, Solver, new_solver
+from crew.plan.inputs import (
     BYTES_PER_S_PER_MBIT,
+    ELEM_BYTES,
     PlanError,
     SharedLink,
-    _check_active,
-    _check_bw,
-    _check_delays,
-    _check_group,
-    _check_size,
-    _is_int,
-    largest_remainder,
-    lower_bound,
+    check_active,
+    check_bw,
+    check_delays,
+    check_group,
+    check_shared,
+    check_size,
+    is_int,
 )
+from crew.plan.memo import Memo
+from crew.plan.rounding import largest_remainder
 from crew.plan.routes import Route
 
 log = logging.getLogger(__name__)
 
 Edge = tuple[int, int]
 
-ELEM_BYTES = 4
 MAX_ROUNDS = 60
 """Column-generation rounds at most (each: one LP, one pricing)."""
 DEFAULT_TIME_BUDGET_S = 2.0
@@ -177,11 +178,11 @@ LEVEL_ROWS_SLACK = 1e-9
 """Relative excess of an omitted row's load over t at which ``_LevelLP`` adds the row (the
 solver's own feasibility tolerance is 1e-7 in LP units of about 1)."""
 CUT_CHECK_MIN_N = 12
-"""From this many workers on, the max-flow cut bound (``planner.lower_bound``, a few ms) is
+"""From this many workers on, the max-flow cut bound (``bound.lower_bound``, a few ms) is
 computed first and column generation stops once the LP reaches it: the plan is then proved
 optimal over every scheme, not only over routes. Below, the few rounds left do not pay for it."""
-_INF = kHighsInf
-_OPTIMAL = HighsModelStatus.kOptimal
+_INF = INF
+_OPTIMAL = OPTIMAL
 _TIE = 1e-9  # relative weight of link time in pricing: ties go to routes over fewer/faster links
 
 
@@ -228,28 +229,14 @@ class RoutePlanResult:
     cut bound. 0 when optimal; ``inf`` when no bound was found (heuristic pricing, early stop)."""
 
 
-def _check_shared(shared: Sequence[SharedLink] | None, n: int) -> tuple[SharedLink, ...]:
-    out = tuple(shared or ())
-    for s in out:
-        if not isinstance(s, SharedLink):
-            raise PlanError("shared", f"must be SharedLink, got {s!r}")
-        if any(not (0 <= a < n and 0 <= b < n) for a, b in s.pairs):
-            raise PlanError("shared", f"a pair is outside 0..{n - 1}: {s.pairs}")
-    return out
-
-
 # --------------------------------------------------------------------------- the master LP
 
 
-def _new_lp(simplex_strategy: int) -> _Highs:
+def _new_lp(simplex_strategy: int) -> Solver:
     """A HiGHS LP "minimise t" with the variable t (column 0) and the convexity row (row 0,
     sum of the route fractions = 1, no fractions yet): what the master and the level LPs start
-    from. highspy.Highs (the public wrapper) prints a banner to fd 1 on first use, which would
-    corrupt `lab.studies.planbench --json`; the core class is the same solver without it."""
-    h = _Highs()
-    options = (("output_flag", False), ("threads", 1), ("presolve", "off"))
-    for opt, val in (*options, ("simplex_strategy", simplex_strategy)):
-        h.setOptionValue(opt, val)
+    from. No presolve: the models are re-solved from their last basis."""
+    h = new_solver(presolve="off", simplex_strategy=simplex_strategy)
     h.addVar(0.0, _INF)
     h.changeColCost(0, 1.0)
     h.addRow(1.0, 1.0, 0, np.zeros(0, dtype=np.int32), np.zeros(0))
@@ -840,7 +827,7 @@ def _seed_columns(
 
 def _relay_star_columns(w: np.ndarray, members: tuple[int, ...], act: np.ndarray) -> list[Column]:
     """Per root, the star whose every leg takes the widest of the direct link and the two-hop
-    paths through one active non-member (as ``planner.two_hop``, but only for the legs of
+    paths through one active non-member (as ``starcost.two_hop``, but only for the legs of
     members, O(p n^2)): the first step from a star towards the relayed trees that large
     groups of workers need."""
     live = np.where(act[:, None] & act[None, :], w, 0.0)
@@ -923,7 +910,7 @@ def hop_latency(
     bw: np.ndarray, delay_s: np.ndarray | None, part_bytes: int = 0
 ) -> np.ndarray | None:
     """Seconds one part needs per hop: one-way delay + its serialisation at the link's rate."""
-    w = _check_bw(bw)
+    w = check_bw(bw)
     if delay_s is None and part_bytes == 0:
         return None
     n = w.shape[0]
@@ -971,17 +958,17 @@ def plan_routes(
         time_budget_s = _LIMITS.get("time_budget_s", DEFAULT_TIME_BUDGET_S)
     if max_rounds is None:
         max_rounds = _LIMITS.get("max_rounds", MAX_ROUNDS)
-    if not _is_int(max_rounds) or max_rounds < 1:
+    if not is_int(max_rounds) or max_rounds < 1:
         raise PlanError("max_rounds", f"must be an int >= 1, got {max_rounds!r}")
-    w = _check_bw(bw)
+    w = check_bw(bw)
     n = w.shape[0]
-    ms = _check_group(members, n)
-    act = _check_active(active, n, ms)
-    total = _check_size(size, ELEM_BYTES)
-    sh = _check_shared(shared, n)
-    if not _is_int(part_bytes) or part_bytes < 0:
+    ms = check_group(members, n)
+    act = check_active(active, n, ms)
+    total = check_size(size, ELEM_BYTES)
+    sh = check_shared(shared, n)
+    if not is_int(part_bytes) or part_bytes < 0:
         raise PlanError("part_bytes", f"must be an int >= 0, got {part_bytes!r}")
-    delays = _check_delays(delay_s, n, sh)
+    delays = check_delays(delay_s, n, sh)
     if not isinstance(time_budget_s, int | float) or not time_budget_s > 0:
         raise PlanError("time_budget_s", f"must be a positive number, got {time_budget_s!r}")
     level_tol = float(_LIMITS.get("level_tolerance", 0.0))
@@ -1141,7 +1128,7 @@ def _cut_units(
     sh: tuple[SharedLink, ...],
     seconds_per_unit: float,
 ) -> float:
-    """The max-flow cut bound (``planner.lower_bound``, bandwidth only) in LP units."""
+    """The max-flow cut bound (``bound.lower_bound``, bandwidth only) in LP units."""
     bound = lower_bound(w, ms, size, np.flatnonzero(act).tolist(), shared=sh or None)
     return bound / seconds_per_unit if math.isfinite(bound) else 0.0
 
@@ -1207,7 +1194,7 @@ def clear_caches() -> None:
     _RESULTS.clear()
     with _POOL_LOCK:
         _POOL.clear()
-    planner.BOUNDS.clear()
+    bound.BOUNDS.clear()
     schemes.STAR_TIES.clear()
     schemes.CREW_PLANS.clear()
 
@@ -1413,7 +1400,7 @@ def bandwidth_time(
     routes: Sequence[Route], bw: np.ndarray, shared: Sequence[SharedLink] = ()
 ) -> float:
     """T_bw of routes: max over pairs and shared links of bytes / rate (seconds)."""
-    w = _check_bw(bw)
+    w = check_bw(bw)
     n = w.shape[0]
     load = np.zeros((n, n))
     for r in routes:
@@ -1454,7 +1441,7 @@ def route_time(
     part_bytes: int = 0,
 ) -> float:
     """Any routes' time under this module's model: T_bw + the slowest route's latency."""
-    w = _check_bw(bw)
-    sh = _check_shared(shared, w.shape[0])
-    hop = hop_latency(w, _check_delays(delay_s, w.shape[0], sh), part_bytes)
+    w = check_bw(bw)
+    sh = check_shared(shared, w.shape[0])
+    hop = hop_latency(w, check_delays(delay_s, w.shape[0], sh), part_bytes)
     return bandwidth_time(routes, w, sh) + route_latency(routes, hop)

@@ -173,7 +173,7 @@ def relayed_star_routes(
     segments: Iterable[tuple[int, int, int]], members: Sequence[int], relay: np.ndarray
 ) -> list[Route]:
     """Stars as ``star_routes``, except that a member whose link to (from) the aggregator is
-    slower than a one-relay path (``relay[a][b] >= 0``, from ``planner.two_hop``) goes through
+    slower than a one-relay path (``relay[a][b] >= 0``, from ``starcost.two_hop``) goes through
     that relay. One hop only: a member serves as a relay only if it reaches the aggregator
     directly itself, and a non-member relay hangs directly under the aggregator."""
     out = []

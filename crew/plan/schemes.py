@@ -35,9 +35,18 @@ import numpy as np
 from crew.config import Scheme
 from crew.plan import planner, routelp, symmetry
 from crew.plan.baselines import BASELINE_SCHEMES
+from crew.plan.inputs import (
+    BYTES_PER_S_PER_MBIT,
+    ELEM_BYTES,
+    SharedLink,
+    check_active,
+    check_bw,
+    check_delays,
+    check_shared,
+)
 from crew.plan.memo import Memo, key_part
-from crew.plan.planner import SharedLink
 from crew.plan.routes import Route, link_load, relayed_star_routes, star_routes
+from crew.plan.starcost import group_rates
 
 STAR_SCHEMES = (Scheme.CREW, Scheme.CREW_PAPER, Scheme.PREDUCE, Scheme.CREW_RELAY, Scheme.CREW_STAR)
 ROUTE_SCHEMES = BASELINE_SCHEMES
@@ -169,21 +178,21 @@ def star_bound(
     latency term is the slowest used star's, at least the least of the usable stars'. Costs
     two (n x p) minima, against the star split's LP it lets ``_star_on_tie`` skip. The small
     margin keeps float error on the bound's side."""
-    w = planner._check_bw(bw)
+    w = check_bw(bw)
     n = w.shape[0]
     ms = list(members)
     if len(ms) < 2:
         return 0.0
-    act = planner._check_active(active, n, tuple(ms))
-    into, out_of = planner._group_rates(w, ms)  # inf where v is the only member (diagonal)
+    act = check_active(active, n, tuple(ms))
+    into, out_of = group_rates(w, ms)  # inf where v is the only member (diagonal)
     usable = act & (into > 0) & (out_of > 0)
     if not usable.any():
         return math.inf  # no star reaches every member
     rate = np.minimum(into, out_of)[usable]
-    moved = (size // routelp.ELEM_BYTES) * routelp.ELEM_BYTES
-    t_bw = moved / (float(rate.sum()) * planner.BYTES_PER_S_PER_MBIT)
-    sh = routelp._check_shared(shared, n)
-    hop = routelp.hop_latency(w, planner._check_delays(delay_s, n, sh), part_bytes)
+    moved = (size // ELEM_BYTES) * ELEM_BYTES
+    t_bw = moved / (float(rate.sum()) * BYTES_PER_S_PER_MBIT)
+    sh = check_shared(shared, n)
+    hop = routelp.hop_latency(w, check_delays(delay_s, n, sh), part_bytes)
     lat = 0.0
     if hop is not None:
         mask = np.zeros(n, dtype=bool)

@@ -25,7 +25,7 @@ from collections.abc import Collection, Hashable, Sequence
 
 import numpy as np
 
-from crew.plan.planner import SharedLink
+from crew.plan.inputs import SharedLink
 from crew.plan.routes import Route
 
 
