@@ -13,11 +13,9 @@ import pytest
 from crew.config import Scheme
 from crew.plan.baselines import (
     BASELINE_SCHEMES,
-    ELEM_BYTES,
     RoutePlan,
     cost_pipelined,
     cost_store_and_forward,
-    pack_trees,
     plan_a2a,
     plan_blink,
     plan_for,
@@ -25,8 +23,10 @@ from crew.plan.baselines import (
     plan_ring,
     plan_topoadopt,
 )
-from crew.plan.planner import BYTES_PER_S_PER_MBIT, PlanError, lower_bound
+from crew.plan.bound import lower_bound
+from crew.plan.inputs import BYTES_PER_S_PER_MBIT, ELEM_BYTES, PlanError
 from crew.plan.routes import Route, RouteError, validate_routes
+from crew.plan.trees import pack_trees
 
 M = 400_000  # bytes: 1e5 float32 elements
 REL = 1e-9

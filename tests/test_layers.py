@@ -26,6 +26,8 @@ PURE = frozenset(
         "crew.plan.rounding",
         "crew.plan.bound",
         "crew.plan.highs",
+        "crew.plan.trees",
+        "crew.plan.ringorder",
         "crew.plan.routes",
         "crew.plan.baselines",
         "crew.plan.schemes",

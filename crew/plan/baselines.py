@@ -17,7 +17,7 @@ The schemes, and how they relate to what the CREW paper compares against:
   a share of the vector proportional to its rate, reduce up and broadcast down the same tree.
   The original (Wang et al., MLSys 2020) packs directed spanning arborescences with a
   multiplicative-weights approximation and streams chunks through them; we pack undirected
-  maximum spanning trees greedily (see :func:`pack_trees`) and offer both a streamed
+  maximum spanning trees greedily (see :func:`crew.plan.trees.pack_trees`) and offer both a streamed
   (``blink-pipe``) and a store-and-forward (``blink``) execution.
 * **TopoAdopt** (:func:`plan_topoadopt`): simulated annealing over a few spanning trees of the
   members, their roots and data fractions, minimising the store-and-forward time. The published
@@ -59,18 +59,12 @@ from crew.plan.inputs import (
     is_int,
     plan_json_object,
 )
+from crew.plan.ringorder import ring_order
 from crew.plan.rounding import largest_remainder
 from crew.plan.routes import Route, RouteError, link_load, validate_routes
+from crew.plan.trees import eccentric_root, pack_trees, tree_routes
 
 log = logging.getLogger(__name__)
-
-RING_EXACT_MAX = 8
-"""Largest group whose ring order is found by brute force ((p - 1)! orders)."""
-
-RING_SEARCH_BUDGET = 20_000
-"""Depth-first expansions per bottleneck threshold in the ring heuristic (p > RING_EXACT_MAX)."""
-
-_EPS = 1e-9  # relative: residual capacity below this fraction of the largest rate counts as 0
 
 
 BASELINE_SCHEMES = (
@@ -165,14 +159,6 @@ class RoutePlan:
     @classmethod
     def from_json(cls, text: str) -> RoutePlan:
         return cls.from_dict(plan_json_object(text))
-
-
-@dataclass(frozen=True)
-class PackedTree:
-    """A spanning tree over the members (undirected edges ``(i, j)``, i < j) and its rate."""
-
-    rate: float
-    edges: tuple[tuple[int, int], ...]
 
 
 # --------------------------------------------------------------------------- cost models
@@ -303,59 +289,6 @@ def _trivial(scheme: Scheme, members: tuple[int, ...], n: int, total: int) -> Ro
     return RoutePlan(scheme, members, n, total, (route,), False, 0.0)
 
 
-def _member_rates(w: np.ndarray, members: Sequence[int]) -> list[list[float]]:
-    return [[float(w[a, b]) for b in members] for a in members]
-
-
-def _tree_routes(
-    trees: Sequence[tuple[tuple[int, int], ...]],
-    roots: Sequence[int],
-    elems: Sequence[int],
-) -> list[Route]:
-    """Ranges laid out in tree order; reduce towards the root, broadcast back down."""
-    out = []
-    pos = 0
-    for edges, root, e in zip(trees, roots, elems, strict=True):
-        if e == 0:
-            continue
-        adj: dict[int, list[int]] = {}
-        for a, b in edges:
-            adj.setdefault(a, []).append(b)
-            adj.setdefault(b, []).append(a)
-        parent = {root: root}
-        order = [root]
-        for x in order:  # BFS: grows by at most one entry per node
-            for y in sorted(adj.get(x, ())):
-                if y not in parent:
-                    parent[y] = x
-                    order.append(y)
-        up = tuple((x, parent[x]) for x in reversed(order[1:]))
-        down = tuple((parent[x], x) for x in order[1:])
-        out.append(Route(pos, pos + int(e), root, up, down))
-        pos += int(e)
-    return out
-
-
-def _eccentric_root(edges: Sequence[tuple[int, int]], members: Sequence[int]) -> int:
-    """The member whose farthest member is fewest hops away (ties: lowest index)."""
-    adj: dict[int, list[int]] = {m: [] for m in members}
-    for a, b in edges:
-        adj[a].append(b)
-        adj[b].append(a)
-
-    def ecc(s: int) -> int:
-        dist = {s: 0}
-        frontier = [s]
-        for x in frontier:
-            for y in adj[x]:
-                if y not in dist:
-                    dist[y] = dist[x] + 1
-                    frontier.append(y)
-        return max(dist.values())
-
-    return min(sorted(members), key=ecc)
-
-
 def _finish(
     scheme: Scheme,
     members: tuple[int, ...],
@@ -428,11 +361,9 @@ def plan_ring(bw: np.ndarray, group: Sequence[int], size: int) -> RoutePlan:
 
     Order: the directed cycle o_0 -> o_1 -> ... -> o_0 maximising the slowest of its p links
     (ties: the larger second-slowest link, and so on; then the lexicographically first order
-    with the lowest-index member first). Exact by brute force over (p - 1)! orders for
-    p <= RING_EXACT_MAX; above, a heuristic: binary search on the bottleneck threshold, each
-    threshold tried with a depth-first search for a Hamiltonian cycle of links at least that
-    fast (fewest-options-first, RING_SEARCH_BUDGET expansions). The heuristic may miss the
-    optimum, and may raise PlanError for a graph whose only live cycles it did not find.
+    with the lowest-index member first), found by :func:`crew.plan.ringorder.ring_order`: exact
+    up to ``RING_EXACT_MAX`` members, above by a heuristic that may miss the optimum, and may
+    raise PlanError for a graph whose only live cycles it did not find.
 
     Chunks: p near-equal chunks (largest remainder), chunk k owned by o_k. Its reduce path
     starts at o_{k+1} and runs around the ring to o_k (the root); its broadcast path runs from
@@ -450,7 +381,7 @@ def plan_ring(bw: np.ndarray, group: Sequence[int], size: int) -> RoutePlan:
     p = len(members)
     if p == 1:
         return _trivial(Scheme.RING, members, n, total)
-    order, bottleneck = _ring_order(w, members)
+    order, bottleneck = ring_order(w, members)
     chunks = largest_remainder(np.ones(p), total)
     routes = []
     pos = 0
@@ -466,80 +397,6 @@ def plan_ring(bw: np.ndarray, group: Sequence[int], size: int) -> RoutePlan:
     chunk_bytes = int(chunks.max()) * ELEM_BYTES
     predicted = 2 * (p - 1) * chunk_bytes / (bottleneck * BYTES_PER_S_PER_MBIT)
     return _finish(Scheme.RING, members, w, total, routes, False, predicted)
-
-
-def _ring_order(w: np.ndarray, members: tuple[int, ...]) -> tuple[tuple[int, ...], float]:
-    ms = sorted(members)
-    p = len(ms)
-    rate = _member_rates(w, ms)
-    if p <= RING_EXACT_MAX:
-        best_key: list[float] | None = None
-        best: tuple[int, ...] = ()
-        for perm in itertools.permutations(range(1, p)):  # member ms[0] fixed first
-            cyc = (0, *perm)
-            rates = [rate[cyc[k]][cyc[(k + 1) % p]] for k in range(p)]
-            if min(rates) <= 0:
-                continue
-            key = sorted(rates)
-            if best_key is None or key > best_key:
-                best_key, best = key, cyc
-        if best_key is None:
-            raise PlanError("bw", f"ring: no cycle of live links through all of {members}")
-        return tuple(ms[k] for k in best), best_key[0]
-    return _ring_heuristic(rate, ms)
-
-
-def _ring_heuristic(rate: list[list[float]], ms: list[int]) -> tuple[tuple[int, ...], float]:
-    p = len(ms)
-    levels = sorted({rate[a][b] for a in range(p) for b in range(p) if a != b and rate[a][b] > 0})
-    lo, hi = 0, len(levels) - 1
-    found: tuple[tuple[int, ...], float] | None = None
-    while lo <= hi:  # binary search: a cycle found at a threshold works for all lower ones
-        mid = (lo + hi) // 2
-        cyc = _hamiltonian_cycle(rate, levels[mid])
-        if cyc is None:
-            hi = mid - 1
-        else:
-            neck = min(rate[cyc[k]][cyc[(k + 1) % p]] for k in range(p))
-            found = (tuple(ms[k] for k in cyc), neck)
-            lo = max(mid, levels.index(neck)) + 1
-    if found is None:
-        raise PlanError(
-            "bw",
-            f"ring: no cycle of live links through all of {tuple(ms)} found"
-            f" within {RING_SEARCH_BUDGET} search steps per threshold",
-        )
-    return found
-
-
-def _hamiltonian_cycle(rate: list[list[float]], floor: float) -> tuple[int, ...] | None:
-    """A cycle through all nodes on links of rate >= floor, from node 0; None if not found."""
-    p = len(rate)
-    out = [[b for b in range(p) if b != a and rate[a][b] >= floor] for a in range(p)]
-    if any(not o for o in out) or any(not any(b in out[a] for a in range(p)) for b in range(p)):
-        return None
-    budget = [RING_SEARCH_BUDGET]
-
-    def dfs(path: list[int], seen: set[int]) -> bool:
-        if len(path) == p:
-            return 0 in out[path[-1]]
-        if budget[0] <= 0:
-            return False
-        budget[0] -= 1
-        nxt = [b for b in out[path[-1]] if b not in seen]
-        # fewest onward options first (Warnsdorff), then the faster link
-        nxt.sort(key=lambda b: (sum(c not in seen for c in out[b]), -rate[path[-1]][b], b))
-        for b in nxt:
-            path.append(b)
-            seen.add(b)
-            if dfs(path, seen):
-                return True
-            path.pop()
-            seen.discard(b)
-        return False
-
-    path = [0]
-    return tuple(path) if dfs(path, {0}) else None
 
 
 # --------------------------------------------------------------------------- all-to-all
@@ -575,77 +432,6 @@ def plan_a2a(group: Sequence[int], size: int, n: int, bw: np.ndarray | None = No
 # --------------------------------------------------------------------------- BLINK
 
 
-def pack_trees(bw: np.ndarray, group: Sequence[int], max_trees: int = 4) -> tuple[PackedTree, ...]:
-    """Greedy packing of spanning trees over the members' links (BLINK-style).
-
-    A tree carries its range up (child -> parent) and back down (parent -> child), so an edge
-    {i, j} is worth c_ij = min(bw[i][j], bw[j][i]). Repeatedly: take a maximum spanning tree of
-    the residual c (Kruskal, equal edges by lowest degree then index; it is also a
-    maximum-bottleneck spanning tree), give
-    it the rate of its slowest edge, subtract that rate from its edges. Stop after ``max_trees``
-    trees or when the residual links no longer connect the members (residual below 1e-9 of the
-    fastest link counts as none). Rates therefore never oversubscribe a link in either
-    direction. Only member-member links are used (no relays). BLINK proper packs directed
-    arborescences near-optimally; this greedy packing is simpler and may pack less rate.
-    Returns () when the members are not connected by links live in both directions (or p = 1).
-    """
-    w = check_bw(bw)
-    members = check_group(group, w.shape[0])
-    if not is_int(max_trees) or max_trees < 1:
-        raise PlanError("max_trees", f"must be a positive int, got {max_trees!r}")
-    ms = sorted(members)
-    if len(ms) == 1:
-        return ()
-    cap = {(a, b): float(min(w[a, b], w[b, a])) for a, b in itertools.combinations(ms, 2)}
-    eps = _EPS * max(cap.values())
-    out: list[PackedTree] = []
-    for _ in range(max_trees):
-        tree = _max_spanning_tree(ms, {e: c for e, c in cap.items() if c > eps})
-        if tree is None:
-            break
-        rate = min(cap[e] for e in tree)
-        for e in tree:
-            cap[e] -= rate
-        out.append(PackedTree(rate, tree))
-    return tuple(out)
-
-
-def _max_spanning_tree(
-    nodes: Sequence[int], cap: dict[tuple[int, int], float]
-) -> tuple[tuple[int, int], ...] | None:
-    """Kruskal, fastest edges first. Among equally fast edges (uniform topologies) the one
-    joining the lowest-degree nodes goes first, so that the first tree is path-like rather than
-    a star and leaves a spanning tree behind (on uniform K4 a star would leave a triangle)."""
-    root = {x: x for x in nodes}
-    deg = dict.fromkeys(nodes, 0)
-
-    def find(x: int) -> int:
-        while root[x] != x:
-            root[x] = root[root[x]]
-            x = root[x]
-        return x
-
-    ranked = sorted(cap.items(), key=lambda kv: (-kv[1], kv[0]))
-    edges: list[tuple[int, int]] = []
-    i = 0
-    while i < len(ranked):
-        j = i
-        while j < len(ranked) and ranked[j][1] >= ranked[i][1] * (1 - 1e-12):
-            j += 1
-        batch = [e for e, _ in ranked[i:j]]
-        for _ in batch:  # each round adds one edge or stops
-            joinable = [e for e in batch if find(e[0]) != find(e[1])]
-            if not joinable:
-                break
-            a, b = min(joinable, key=lambda e: (deg[e[0]] + deg[e[1]], e))
-            root[find(a)] = find(b)
-            deg[a] += 1
-            deg[b] += 1
-            edges.append((a, b))
-        i = j
-    return tuple(sorted(edges)) if len(edges) == len(nodes) - 1 else None
-
-
 def plan_blink(
     bw: np.ndarray, group: Sequence[int], size: int, pipelined: bool, max_trees: int = 4
 ) -> RoutePlan:
@@ -673,8 +459,8 @@ def plan_blink(
     if not trees:
         raise PlanError("bw", f"blink: links live both ways do not connect {members}")
     elems = largest_remainder(np.array([t.rate for t in trees]), total)
-    roots = [_eccentric_root(t.edges, members) for t in trees]
-    routes = _tree_routes([t.edges for t in trees], roots, elems.tolist())
+    roots = [eccentric_root(t.edges, members) for t in trees]
+    routes = tree_routes([t.edges for t in trees], roots, elems.tolist())
     cost = cost_pipelined if pipelined else cost_store_and_forward
     return _finish(scheme, members, w, total, routes, pipelined, cost(routes, w, n))
 
@@ -721,12 +507,12 @@ def plan_topoadopt(
     allowed = sorted(e for e in itertools.combinations(ms, 2) if w[e] > 0 and w[e[::-1]] > 0)
     state_trees = [t.edges for t in packed] + [packed[0].edges] * (trees - len(packed))
     weights = np.array([t.rate for t in packed] + [0.0] * (trees - len(packed)))
-    roots = [_eccentric_root(t, members) for t in state_trees]
+    roots = [eccentric_root(t, members) for t in state_trees]
     rates = w.tolist()
 
     def energy(ts: list[tuple[tuple[int, int], ...]], rs: list[int], ws: np.ndarray) -> float:
         elems = largest_remainder(ws, total).tolist()
-        return _fifo_time(_tree_routes(ts, rs, elems), rates, ELEM_BYTES)
+        return _fifo_time(tree_routes(ts, rs, elems), rates, ELEM_BYTES)
 
     rng = np.random.default_rng(seed)
     cur = energy(state_trees, roots, weights)
@@ -758,7 +544,7 @@ def plan_topoadopt(
             if e < best[0]:
                 best = (e, list(ts), list(rs), ws.copy())
     cost, ts, rs, ws = best
-    routes = _tree_routes(ts, rs, largest_remainder(ws, total).tolist())
+    routes = tree_routes(ts, rs, largest_remainder(ws, total).tolist())
     log.debug("topoadopt for %s: %.4g s -> %.4g s", members, start, cost)
     return _finish(
         Scheme.TOPOADOPT, members, w, total, routes, False, cost_store_and_forward(routes, w, n)

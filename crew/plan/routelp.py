@@ -110,8 +110,10 @@ from crew.plan.inputs import (
     is_int,
 )
 from crew.plan.memo import Memo
+from crew.plan.ringorder import ring_order
 from crew.plan.rounding import largest_remainder
 from crew.plan.routes import Route
+from crew.plan.trees import eccentric_root, pack_trees, tree_routes
 
 log = logging.getLogger(__name__)
 
@@ -798,18 +800,16 @@ def _route_shape(r: Route) -> Shape:
 def _seed_columns(
     w: np.ndarray, members: tuple[int, ...], act: np.ndarray, with_ring: bool
 ) -> list[Column]:
-    from crew.plan import baselines
-
     out: list[Column] = []
     rows = w[list(members), :]
     cols = w[:, list(members)]
     usable = act & (rows.min(axis=0) > 0) & (cols.min(axis=1) > 0)
     for v in np.flatnonzero(usable):  # today's CREW stars, and every PS server
         out.append(Column((_star(int(v), members),), "star"))
-    trees = baselines.pack_trees(w, members, 4)
+    trees = pack_trees(w, members, 4)
     if trees:
-        roots = [baselines._eccentric_root(t.edges, members) for t in trees]
-        routes = baselines._tree_routes([t.edges for t in trees], roots, [1] * len(trees))
+        roots = [eccentric_root(t.edges, members) for t in trees]
+        routes = tree_routes([t.edges for t in trees], roots, [1] * len(trees))
         out.extend(Column((_route_shape(r),), "blink") for r in routes)
     ms = list(members)
     sub = w[np.ix_(ms, ms)]
@@ -886,10 +886,8 @@ def _one_parent(s: Shape) -> bool:
 
 
 def _ring_columns(w: np.ndarray, members: tuple[int, ...]) -> list[Column]:
-    from crew.plan import baselines
-
     try:
-        order, _ = baselines._ring_order(w, members)
+        order, _ = ring_order(w, members)
     except PlanError:
         return []
     p = len(order)
