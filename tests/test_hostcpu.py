@@ -31,9 +31,9 @@ def test_a_cpu_bound_plan_moves_fewer_bytes_and_predicts_the_cpu_time() -> None:
     n, size = 4, 8 << 20
     bw = np.full((n, n), 100.0)
     np.fill_diagonal(bw, np.inf)
-    free = routelp.plan_routes(bw, (0, 1), size, warm=False)
+    free = routelp.plan_routes(bw, (0, 1), size)
     cpu = host_cpu_link(n, 2.0 / 20 * 8000, 2.0)  # 20 Mbit/s of link bytes
-    bound = routelp.plan_routes(bw, (0, 1), size, shared=(cpu,), warm=False)
+    bound = routelp.plan_routes(bw, (0, 1), size, shared=(cpu,))
 
     def link_bytes(rp: routelp.RoutePlanResult) -> int:
         return sum(r.elems * 4 * (len(r.up) + len(r.down)) for r in rp.routes)

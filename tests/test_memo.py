@@ -6,8 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crew.plan import planner, routelp, schemes
+from crew.plan import planner
+from crew.plan.bound import BOUNDS
 from crew.plan.memo import Memo, key_part
+from crew.plan.schemes import GroupPlanner
 
 
 def test_keys_are_exact() -> None:
@@ -38,16 +40,22 @@ def test_memo_is_bounded_and_forgets_errors() -> None:
 
 
 def test_bound_and_star_tie_are_memoised() -> None:
-    routelp.clear_caches()
+    BOUNDS.clear()
     rng = np.random.default_rng(2)
     bw = np.round(rng.uniform(10, 100, (6, 6)), 1)
     np.fill_diagonal(bw, np.inf)
     first = planner.lower_bound(bw, (0, 2, 4), 1 << 20)
     assert planner.lower_bound(bw.copy(), [0, 2, 4], 1 << 20) == first
     assert planner.lower_bound(bw, (0, 2, 4), 1 << 21) == pytest.approx(2 * first)
-    plan = schemes.plan_group("crew", bw, (0, 2, 4), 1 << 20, part_bytes=65536)
-    again = schemes.plan_group("crew", bw, (0, 2, 4), 1 << 20, part_bytes=65536)
+    assert len(BOUNDS) == 2
+    group_planner = GroupPlanner()
+    plan = group_planner("crew", bw, (0, 2, 4), 1 << 20, part_bytes=65536)
+    again = group_planner("crew", bw, (0, 2, 4), 1 << 20, part_bytes=65536)
     assert again == plan
-    assert len(schemes.STAR_TIES._items) == 1 and len(planner.BOUNDS._items) == 2
-    routelp.clear_caches()
-    assert not schemes.STAR_TIES._items and not planner.BOUNDS._items
+    assert len(group_planner.star_ties) == 1 and len(group_planner.route_cache) == 1
+    assert len(group_planner.crew_plans) == 1
+    group_planner.clear()
+    assert not group_planner.star_ties and not group_planner.route_cache
+    assert not group_planner.crew_plans
+    BOUNDS.clear()
+    assert not BOUNDS

@@ -14,7 +14,7 @@ import pytest
 from crew.config import Scheme
 from crew.plan.plancall import PlanCall
 from crew.plan.planner import PlanError
-from crew.plan.schemes import GroupPlan, plan_group
+from crew.plan.schemes import GroupPlan, GroupPlanner, plan_group
 from crew.runtime.planahead import KEEP, AheadPlanner, PlanSource
 
 BW = np.array([[0, 20, 40, 60], [20, 0, 80, 100], [40, 80, 0, 30], [60, 100, 30, 0]], dtype=float)
@@ -172,34 +172,32 @@ def test_plans_made_on_two_threads_at_once_are_those_made_one_by_one() -> None:
     """The planners' caches are shared by the event loop and the plan-ahead thread: planning
     groups on two threads at once gives each group the plan it gets alone (no cache entry
     of one group leaks into another's)."""
-    from crew.plan import routelp
-
     rng = np.random.default_rng(7)
     bw = rng.uniform(10, 100, size=(8, 8))
     np.fill_diagonal(bw, 0)
     groups = [(0, 1, 2, 3), (4, 5, 6, 7), (0, 2, 4, 6), (1, 3, 5, 7), (0, 1, 6, 7), (2, 3, 4, 5)]
 
-    def plan(g: tuple[int, ...]) -> GroupPlan:
-        return plan_group(Scheme.CREW, bw, g, SIZE, part_bytes=1 << 16)
+    def plan(planner: GroupPlanner, g: tuple[int, ...]) -> GroupPlan:
+        return planner(Scheme.CREW, bw, g, SIZE, part_bytes=1 << 16)
 
-    routelp.clear_caches()
-    alone = {g: plan(g) for g in groups}
-    routelp.clear_caches()
+    one_by_one = GroupPlanner()
+    alone = {g: plan(one_by_one, g) for g in groups}
+    shared = GroupPlanner()
     together: dict[tuple[int, ...], GroupPlan] = {}
     start = threading.Barrier(2)
 
     def half(gs: list[tuple[int, ...]]) -> None:
         start.wait(10.0)
         for g in gs:
-            together[g] = plan(g)
+            together[g] = plan(shared, g)
 
     threads = [threading.Thread(target=half, args=(groups[k::2],)) for k in (0, 1)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60.0)
-    routelp.clear_caches()
     assert together == alone
+    assert len(shared.route_cache) == len(groups)  # both threads filled one planner's cache
 
 
 def test_the_cost_record_keeps_the_newest_groups_only() -> None:

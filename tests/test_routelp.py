@@ -3,6 +3,7 @@ latency and shared capacities change the plan the way the cost model says."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -12,6 +13,11 @@ from hypothesis import strategies as st
 
 from crew.plan import baselines, planner, routelp
 from crew.plan.planner import PlanError, SharedLink, lower_bound
+from crew.plan.routelp import DEFAULT_SETTINGS, RouteLPCache, RouteLPSettings, levels
+from crew.plan.routelp.levels import LevelLP, choose_level
+from crew.plan.routelp.master import MasterLP
+from crew.plan.routelp.pricing import price_exact
+from crew.plan.routelp.seeds import relay_star_columns, seed_columns
 from crew.plan.routes import validate_routes
 from crew.plan.schemes import plan_group
 
@@ -68,7 +74,7 @@ def test_one_slow_pair_beats_blink_and_nears_the_bound() -> None:
     # the star LP planned 2.68 s, blink-pipe 1.34 s, the bound is 1.12 s.
     bw = sym(4, [20, 40, 60, 80, 100, 30])
     members = (0, 1, 2, 3)
-    rp = routelp.plan_routes(bw, members, MB16, warm=False)
+    rp = routelp.plan_routes(bw, members, MB16)
     check_routes(rp, bw, members, MB16)
     bound = lower_bound(bw, members, MB16)
     blink = baselines.plan_for("blink-pipe", bw, members, MB16).predicted_s
@@ -83,7 +89,7 @@ def test_uniform_clouds_reach_the_ring_limit() -> None:
     # p = n = 4 at 50 Mbit/s: every route crosses >= 6 of the 12 links, so M/2 per link is
     # the best any route mix can do: 1.342 s, the ring's limit.
     bw = sym(4, [50.0] * 6)
-    rp = routelp.plan_routes(bw, (0, 1, 2, 3), MB16, warm=False)
+    rp = routelp.plan_routes(bw, (0, 1, 2, 3), MB16)
     assert rp.predicted_s == pytest.approx(MB16 / 2 / (50e6 / 8), rel=REL)
 
 
@@ -151,11 +157,18 @@ def test_warm_start_changes_nothing_but_time() -> None:
     rng = np.random.default_rng(7)
     bw = rng.uniform(10, 100, (8, 8))
     np.fill_diagonal(bw, np.inf)
-    cold = routelp.plan_routes(bw, (0, 3, 5, 6), MB16, warm=False)
-    routelp.plan_routes(bw * 1.1, (0, 3, 5, 6), MB16)  # fills the warm pool
-    warm = routelp.plan_routes(bw, (0, 3, 5, 6), MB16)
+    group = (8, (0, 3, 5, 6), np.ones(8, dtype=bool).tobytes())  # the warm pool's key
+    cache = RouteLPCache()
+    cold = routelp.plan_routes(bw, (0, 3, 5, 6), MB16)
+    routelp.plan_routes(bw * 1.1, (0, 3, 5, 6), MB16, cache=cache)  # fills the warm pool
+    assert cache.warm_shapes(group)
+    warm = routelp.plan_routes(bw, (0, 3, 5, 6), MB16, cache=cache)
     assert warm.predicted_s == pytest.approx(cold.predicted_s, rel=1e-5)
-    assert routelp.plan_routes(bw, (0, 3, 5, 6), MB16) is warm  # identical inputs: cached
+    assert warm.rounds < cold.rounds  # the warm columns started the pool near the optimum
+    assert routelp.plan_routes(bw, (0, 3, 5, 6), MB16, cache=cache) is warm  # identical: cached
+    assert routelp.plan_routes(bw, (0, 3, 5, 6), MB16) is not warm  # no cache: planned anew
+    cache.clear()
+    assert len(cache) == 0 and not cache.warm_shapes(group)
 
 
 def test_offsets_exact_for_a_large_group_and_vector() -> None:
@@ -165,7 +178,7 @@ def test_offsets_exact_for_a_large_group_and_vector() -> None:
     np.fill_diagonal(bw, np.inf)
     members = tuple(range(0, n, 3))
     size = 4 * (2**29 + 12345)
-    rp = routelp.plan_routes(bw, members, size, warm=False)
+    rp = routelp.plan_routes(bw, members, size)
     check_routes(rp, bw, members, size)
     assert not rp.optimal or rp.columns > 0
     star = planner.solve_pipelined(bw, members, size).predicted_s
@@ -184,13 +197,13 @@ def relay_triangle() -> np.ndarray:
 def test_relay_wins_without_latency_and_loses_with_it() -> None:
     bw = relay_triangle()
     size = 400_000  # 3.2 Mbit: 0.32 s over the direct link, 0.032 s through the relay
-    fast = routelp.plan_routes(bw, (0, 1), size, warm=False)
+    fast = routelp.plan_routes(bw, (0, 1), size)
     assert any(2 in r.nodes() for r in fast.routes)  # the relay pays
     delay = np.zeros((3, 3))
     delay[0, 2] = delay[2, 0] = delay[1, 2] = delay[2, 1] = 0.5  # far away
-    slow = routelp.plan_routes(bw, (0, 1), size, delay_s=delay, warm=False)
+    slow = routelp.plan_routes(bw, (0, 1), size, delay_s=delay)
     assert all(2 not in r.nodes() for r in slow.routes)  # direct only
-    direct_only = routelp.plan_routes(bw, (0, 1), size, active=(0, 1), warm=False)
+    direct_only = routelp.plan_routes(bw, (0, 1), size, active=(0, 1))
     assert slow.predicted_s == pytest.approx(direct_only.predicted_s, rel=REL)
     assert slow.latency_s == 0.0
     assert slow.predicted_s == pytest.approx(0.32, rel=REL)
@@ -199,7 +212,7 @@ def test_relay_wins_without_latency_and_loses_with_it() -> None:
     assert relayed >= fast.predicted_s + 1.0 - 1e-9
     assert slow.predicted_s < relayed
     # and a small delay keeps the relay, paying its latency
-    near = routelp.plan_routes(bw, (0, 1), size, delay_s=delay / 1000, warm=False)
+    near = routelp.plan_routes(bw, (0, 1), size, delay_s=delay / 1000)
     assert any(2 in r.nodes() for r in near.routes)
     assert near.latency_s >= 0.001
     assert near.predicted_s == pytest.approx(near.bandwidth_s + near.latency_s, rel=1e-12)
@@ -214,7 +227,7 @@ def test_latency_bound_counts_the_shortest_delay_path() -> None:
     plain = lower_bound(bw, (0, 1), size)
     with_delay = lower_bound(bw, (0, 1), size, delay_s=delay)
     assert with_delay == pytest.approx(plain + 0.4)  # 0 -> 2 -> 1 is 0.4 s
-    rp = routelp.plan_routes(bw, (0, 1), size, delay_s=delay, warm=False)
+    rp = routelp.plan_routes(bw, (0, 1), size, delay_s=delay)
     assert rp.predicted_s >= with_delay
 
 
@@ -243,8 +256,8 @@ def test_shared_uplink_caps_the_plan_and_the_bound() -> None:
     bw, shared = two_clouds()
     size = 8_000_000
     members = (0, 2)
-    free = routelp.plan_routes(bw, members, size, warm=False)
-    capped = routelp.plan_routes(bw, members, size, shared=shared, warm=False)
+    free = routelp.plan_routes(bw, members, size)
+    capped = routelp.plan_routes(bw, members, size, shared=shared)
     check_routes(capped, bw, members, size)
     # Without sharing, helpers 1 and 3 open three more WAN pairs; with it, M must cross the
     # one 100 Mbit/s uplink each way: 0.64 s, and the bound knows it.
@@ -274,8 +287,8 @@ def test_shared_links_are_checked() -> None:
 def test_unreachable_members_are_refused() -> None:
     bw = np.array([[np.inf, 0, 10], [0, np.inf, 10], [10, 10, np.inf]])
     with pytest.raises(PlanError):
-        routelp.plan_routes(bw, (0, 1), 400, active=(0, 1), warm=False)
-    rp = routelp.plan_routes(bw, (0, 1), 400, warm=False)  # through helper 2
+        routelp.plan_routes(bw, (0, 1), 400, active=(0, 1))
+    rp = routelp.plan_routes(bw, (0, 1), 400)  # through helper 2
     assert all(2 in r.nodes() for r in rp.routes)
     assert math.isfinite(rp.predicted_s)
 
@@ -292,8 +305,9 @@ def test_gap_bounds_a_capped_plan(seed) -> None:
     bw = rng.choice([5.0, 10.0, 20.0, 50.0, 100.0], size=(n, n)) * rng.uniform(0.5, 1.5, (n, n))
     np.fill_diagonal(bw, np.inf)
     members = tuple(sorted(rng.choice(n, 4, replace=False).tolist()))
-    full = routelp.plan_routes(bw, members, MB16, warm=False, time_budget_s=60, max_rounds=400)
-    capped = routelp.plan_routes(bw, members, MB16, warm=False, max_rounds=1)
+    unbounded = RouteLPSettings(time_budget_s=60, max_rounds=400)
+    full = routelp.plan_routes(bw, members, MB16, settings=unbounded)
+    capped = routelp.plan_routes(bw, members, MB16, settings=RouteLPSettings(max_rounds=1))
     check_routes(capped, bw, members, MB16)
     assert full.optimal and full.gap == 0.0
     assert capped.lp_s >= full.lp_s * (1 - REL)  # fewer columns never beat the optimum
@@ -303,23 +317,24 @@ def test_gap_bounds_a_capped_plan(seed) -> None:
     assert capped.gap >= capped.lp_s / full.lp_s - 1 - REL
 
 
-def test_limits_apply_only_inside_the_block() -> None:
+def test_settings_apply_only_to_the_call_they_are_passed_to() -> None:
     rng = np.random.default_rng(11)
     bw = rng.uniform(10, 100, (10, 10))
     np.fill_diagonal(bw, np.inf)
-    with routelp.limits(max_rounds=1):
-        inside = routelp.plan_routes(bw, (0, 2, 5, 7), MB16, warm=False)
-    outside = routelp.plan_routes(bw, (0, 2, 5, 7), MB16, warm=False)
-    assert inside.rounds == 1
-    assert outside.rounds > 1 and outside.optimal
+    capped = routelp.plan_routes(bw, (0, 2, 5, 7), MB16, settings=RouteLPSettings(max_rounds=1))
+    default = routelp.plan_routes(bw, (0, 2, 5, 7), MB16)
+    assert capped.rounds == 1
+    assert default.rounds > 1 and default.optimal
     with pytest.raises(PlanError, match="max_rounds"):
-        routelp.plan_routes(bw, (0, 2), MB16, max_rounds=0)
+        RouteLPSettings(max_rounds=0)
+    with pytest.raises(PlanError, match="settings"):
+        routelp.plan_routes(bw, (0, 2), MB16, settings={"max_rounds": 1})  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- latency levels
 
 
-def brute_force_choose(master: routelp._Master, seconds_per_unit: float) -> float:
+def brute_force_choose(master: MasterLP, seconds_per_unit: float) -> float:
     """min over every latency level l of T_bw(l) + the worst used latency: every level solved."""
     lat = np.asarray(master.lat)
     best = math.inf
@@ -331,7 +346,7 @@ def brute_force_choose(master: routelp._Master, seconds_per_unit: float) -> floa
     return best
 
 
-def _many_levels(seed: int) -> tuple[routelp._Master, float]:
+def _many_levels(seed: int) -> tuple[MasterLP, float]:
     """A master LP with many latency levels (random rates and delays, 64 KiB parts)."""
     rng = np.random.default_rng(seed)
     n, members, size = 8, (0, 2, 5, 7), 8 << 20
@@ -339,30 +354,31 @@ def _many_levels(seed: int) -> tuple[routelp._Master, float]:
     np.fill_diagonal(bw, np.inf)
     delays = rng.uniform(0.0, 0.03, (n, n))
     hop = routelp.hop_latency(bw, delays, part_bytes=65536)
-    master = routelp._Master(bw, (), hop)
+    master = MasterLP(bw, (), hop)
     act = np.ones(n, dtype=bool)
-    for col in routelp._seed_columns(bw, members, act, with_ring=True):
+    for col in seed_columns(bw, members, act, with_ring=True):
         master.add(col)
-    for col in routelp._relay_star_columns(bw, members, act):
+    for col in relay_star_columns(bw, members, act):
         master.add(col)
     usable = np.isfinite(bw) & (bw > 0)
     for k in range(6):  # trees of least dual-weighted cost on random weights: many levels
         wts = rng.uniform(0.1, 1.0, (n, n))
-        for _, shape in routelp._price_exact(wts, usable, members, np.arange(n), math.inf, 8)[1]:
+        for _, shape in price_exact(wts, usable, members, np.arange(n), math.inf, 8)[1]:
             master.add(routelp.Column((shape,), f"tree{k}"))
     assert len(np.unique(master.lat)) > 20
     return master, size / (master.r_ref * planner.BYTES_PER_S_PER_MBIT)
 
 
 def _counted_choose(
-    master: routelp._Master, spu: float, tolerance: float = 0.0
+    master: MasterLP, spu: float, tolerance: float = 0.0
 ) -> tuple[float, float, int]:
-    """(modelled time T_bw + latency of _choose's plan, that latency, LP solves)."""
+    """(modelled time T_bw + latency of choose_level's plan, that latency, LP solves)."""
     solves = []
     real_solve = master.solve
     master.solve = lambda *a, **kw: solves.append(1) or real_solve(*a, **kw)  # type: ignore[method-assign]
     try:
-        x, t_bw, lat = routelp._choose(master, spu, tolerance)
+        settings = RouteLPSettings(level_tolerance=tolerance)
+        x, t_bw, lat = choose_level(master, spu, settings)
     finally:
         master.solve = real_solve  # type: ignore[method-assign]
     assert lat == pytest.approx(float(np.asarray(master.lat)[x > 1e-9].max()))
@@ -371,7 +387,7 @@ def _counted_choose(
 
 @pytest.mark.parametrize("seed", range(10))
 def test_latency_levels_branch_and_bound_matches_every_level(seed) -> None:
-    """``_choose`` solves a few levels, yet finds the optimum of solving all of them."""
+    """``choose_level`` solves a few levels, yet finds the optimum of solving all of them."""
     master, spu = _many_levels(seed)
     t, _, chosen = _counted_choose(master, spu)
     assert t == pytest.approx(brute_force_choose(master, spu), rel=1e-7)
@@ -392,24 +408,34 @@ def test_level_tolerance_stays_within_its_factor(seed) -> None:
     assert solves < exact_solves  # 20% skips levels on every seed here (3-4 solves, not 8-12)
 
 
-def test_level_tolerance_is_checked_and_scoped() -> None:
+def test_settings_are_checked_and_each_says_why() -> None:
     with pytest.raises(PlanError, match="level_tolerance"):
-        with routelp.limits(level_tolerance=1.0):
-            pass
-    with routelp.limits(level_tolerance=0.05):
-        assert routelp._LIMITS["level_tolerance"] == 0.05
-    assert "level_tolerance" not in routelp._LIMITS
+        RouteLPSettings(level_tolerance=1.0)
+    with pytest.raises(PlanError, match="time_budget_s"):
+        RouteLPSettings(time_budget_s=0.0)
+    with pytest.raises(PlanError, match="exact"):
+        RouteLPSettings(exact=1)  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match="cross_pairs"):
+        RouteLPSettings(cross_pairs=1)  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match="gap"):
+        RouteLPSettings(gap=math.nan)
+    assert RouteLPSettings(level_rows_min_n=0).level_rows_min_n == 0  # 0: always
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        DEFAULT_SETTINGS.max_rounds = 1  # type: ignore[misc]
+    for f in dataclasses.fields(RouteLPSettings):
+        why = f.metadata.get("why", "")
+        assert why and "\n" not in why and len(why) <= 90, f.name
 
 
 # --------------------------------------------------------------------------- row-generated levels
 
 
-def _binding_rows(master: routelp._Master, coef) -> np.ndarray:  # noqa: ANN001
-    """The rows that bind in the master's (all columns) optimum, as _choose starts from."""
+def _binding_rows(master: MasterLP, coef) -> np.ndarray:  # noqa: ANN001
+    """The rows that bind in the master's (all columns) optimum, as choose_level starts from."""
     sol = master.solve()
     assert sol is not None
     load = sol[0] @ coef
-    binding = (sol[2] > 0) | (load >= sol[1] * (1 - routelp.LEVEL_ROWS_SLACK))
+    binding = (sol[2] > 0) | (load >= sol[1] * (1 - DEFAULT_SETTINGS.level_rows_slack))
     binding[0] = False
     return np.flatnonzero(binding)
 
@@ -422,7 +448,7 @@ def test_level_lp_with_generated_rows_is_the_full_lp(seed, start) -> None:  # no
     master, _ = _many_levels(seed)
     coef = master.coef_sparse()
     rows = _binding_rows(master, coef) if start == "binding" else np.zeros(0, dtype=np.int64)
-    level_lp = routelp._LevelLP(coef, rows)
+    level_lp = LevelLP(coef, rows)
     lat = np.asarray(master.lat)
     levels = np.unique(lat)
     rng = np.random.default_rng(seed)
@@ -446,17 +472,18 @@ def test_choose_on_generated_rows_matches_every_level(seed) -> None:  # noqa: AN
     over every level, as the full-row search does, with no more level solves."""
     master, spu = _many_levels(seed)
     best = brute_force_choose(master, spu)
-    x_full, t_full, lat_full = routelp._choose(master, spu, level_rows_min_n=10**9)
+    full_rows = RouteLPSettings(level_rows_min_n=10**9)
+    x_full, t_full, lat_full = choose_level(master, spu, full_rows)
     solves: list[int] = []
-    real = routelp._LevelLP.solve
+    real = LevelLP.solve
 
     def counted(self, allowed):  # noqa: ANN001, ANN202
         solves.append(1)
         return real(self, allowed)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(routelp._LevelLP, "solve", counted)
-        x, t_bw, lat = routelp._choose(master, spu, level_rows_min_n=0)
+        mp.setattr(LevelLP, "solve", counted)
+        x, t_bw, lat = choose_level(master, spu, RouteLPSettings(level_rows_min_n=0))
     assert solves, "the level solves did not use the row-generated LP"
     assert t_bw + lat == pytest.approx(best, rel=1e-7)
     assert t_bw + lat == pytest.approx(t_full + lat_full, rel=1e-7)
@@ -481,7 +508,7 @@ def test_latency_levels_are_searched_best_first(seed, monkeypatch) -> None:  # n
             popped.append(item[0])
             return item
 
-    monkeypatch.setattr(routelp, "heapq", Recording)
+    monkeypatch.setattr(levels, "heapq", Recording)
     master, spu = _many_levels(seed)
     t, _, solves = _counted_choose(master, spu)
     assert t == pytest.approx(brute_force_choose(master, spu), rel=1e-7)
@@ -490,9 +517,9 @@ def test_latency_levels_are_searched_best_first(seed, monkeypatch) -> None:  # n
 
 
 def test_plans_above_the_row_threshold_match_full_row_plans(monkeypatch) -> None:  # noqa: ANN001
-    """At n = 36 (>= LEVEL_ROWS_MIN_N) with delays and parts, the plan's LP time is the one
+    """At n = 36 (>= level_rows_min_n) with delays and parts, the plan's LP time is the one
     the full-row level solves give."""
-    assert routelp.LEVEL_ROWS_MIN_N <= 36
+    assert DEFAULT_SETTINGS.level_rows_min_n <= 36
     rng = np.random.default_rng(5)
     n = 36
     bw = np.round(rng.uniform(10, 200, (n, n)), 1)
@@ -500,30 +527,29 @@ def test_plans_above_the_row_threshold_match_full_row_plans(monkeypatch) -> None
     delays = rng.uniform(0.0, 0.04, (n, n))
     members = (1, 7, 20, 33)
 
-    def plan() -> routelp.RoutePlanResult:
+    def plan(settings: RouteLPSettings) -> routelp.RoutePlanResult:
         return routelp.plan_routes(
-            bw, members, MB16, delay_s=delays, part_bytes=65536, warm=False, max_rounds=5
+            bw, members, MB16, delay_s=delays, part_bytes=65536, settings=settings
         )
 
     built: list[int] = []
-    real_init = routelp._LevelLP.__init__
+    real_init = LevelLP.__init__
 
-    def spy(self, coef, rows):  # noqa: ANN001, ANN202
+    def spy(self, coef, rows, slack):  # noqa: ANN001, ANN202
         built.append(1)
-        real_init(self, coef, rows)
+        real_init(self, coef, rows, slack)
 
-    monkeypatch.setattr(routelp._LevelLP, "__init__", spy)
-    rows = plan()
+    monkeypatch.setattr(LevelLP, "__init__", spy)
+    rows = plan(RouteLPSettings(max_rounds=5))
     assert built
-    monkeypatch.setattr(routelp, "LEVEL_ROWS_MIN_N", 10**9)
-    full = plan()
+    full = plan(RouteLPSettings(max_rounds=5, level_rows_min_n=10**9))
     assert len(built) == 1
     assert rows.lp_s == pytest.approx(full.lp_s, rel=1e-7)
     assert rows.predicted_s == pytest.approx(full.predicted_s, rel=1e-6)
 
 
 def test_master_keeps_each_columns_coefficients() -> None:
-    """_Master.add stores each column's sparse row entries once; coef_matrix is built from
+    """MasterLP.add stores each column's sparse row entries once; coef_matrix is built from
     them and matches the column's edges."""
     master, _ = _many_levels(0)
     dense = master.coef_matrix()

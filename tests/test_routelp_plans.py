@@ -1,10 +1,9 @@
 """The route LP's plans stay what they were: speed work on crew.plan.routelp must not change a
 plan. tests/data/routelp_plans.json holds plan_routes inputs (a bench-hetero replay's groups and
 seeded random matrices with delays, active sets and shared links) and the routes and predicted
-times the planner made for them cold before the session-15 speed work (commit 0a9fb08). A change
-that moves them changes plans: it must be deliberate, and the fixture's plans regenerated with
-it from its own inputs: ``python tests/test_routelp_plans.py --write`` (then say why in the
-commit)."""
+times the planner made for them cold at commit 0a9fb08. A change that moves them changes
+plans: it must be deliberate, and the fixture's plans regenerated with it from its own inputs:
+``python tests/test_routelp_plans.py --write`` (then say why in the commit)."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 
 from crew.plan import routelp
-from crew.plan.planner import SharedLink
+from crew.plan.inputs import ELEM_BYTES, SharedLink
 from crew.plan.routes import validate_routes
 
 FIXTURE = Path(__file__).parent / "data" / "routelp_plans.json"
@@ -26,9 +25,9 @@ CASES = json.loads(FIXTURE.read_text())["cases"]
 
 ALTERNATIVE_OPTIMUM_REL = 1e-6
 """How far an equally good plan with other routes may be from the pinned time. HiGHS pivots
-differently on other CPUs (session 18's AMD EPYC, with AVX-512, planned case random13 with
-another 28 routes, 1.4e-7 slower): the LP stops within ``routelp.GAP`` (1e-7) of its optimum,
-so its ties and near-ties are not the same bit for bit everywhere."""
+differently on other CPUs (an AMD EPYC with AVX-512 planned case random13 with another 28
+routes, 1.4e-7 slower): the LP stops within its settings' ``gap`` (1e-7) of its optimum, so its
+ties and near-ties are not the same bit for bit everywhere."""
 
 
 def _inputs(case: dict[str, Any]) -> dict[str, Any]:
@@ -44,14 +43,10 @@ def _inputs(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def _plan(case: dict[str, Any]) -> routelp.RoutePlanResult:
-    """The plan of one case's inputs, cold."""
-    routelp.clear_caches()
-    try:
-        return routelp.plan_routes(
-            members=case["members"], size=case["size"], active=case["active"], **_inputs(case)
-        )
-    finally:
-        routelp.clear_caches()
+    """The plan of one case's inputs, cold (no cache: nothing kept from other plans)."""
+    return routelp.plan_routes(
+        members=case["members"], size=case["size"], active=case["active"], **_inputs(case)
+    )
 
 
 def _summary(got: routelp.RoutePlanResult) -> dict[str, Any]:
@@ -78,7 +73,7 @@ def test_plan_unchanged(case: dict) -> None:
     assert got["predicted_s"] == pytest.approx(
         want["predicted_s"], rel=ALTERNATIVE_OPTIMUM_REL, abs=0
     )
-    n, total = len(case["bw"]), case["size"] // routelp.ELEM_BYTES
+    n, total = len(case["bw"]), case["size"] // ELEM_BYTES
     validate_routes(plan.routes, case["members"], n, total)
     assert routelp.route_time(plan.routes, **_inputs(case)) == pytest.approx(
         plan.predicted_s, rel=1e-9

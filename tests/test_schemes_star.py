@@ -8,8 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crew.plan import planner, routelp, schemes
-from crew.plan.planner import PlanError, SharedLink
+from crew.plan import schemes
+from crew.plan.inputs import PlanError, SharedLink
+from crew.plan.routelp import plan_routes, route_time
 from crew.plan.routes import star_routes
 
 
@@ -36,10 +37,11 @@ def cases(draw):  # noqa: ANN001, ANN201
 
 
 def star_time(bw, members, size, active, shared, delay, part_bytes) -> float:  # noqa: ANN001
-    """crew-star's split as routes, timed by the route LP's model (as _star_on_tie does)."""
-    plan = planner.solve_pipelined(bw, members, size, active=active)
+    """crew-star's split as routes, timed by the route LP's model (as star_on_tie does, with the
+    same solver)."""
+    plan = schemes.solve_pipelined(bw, members, size, active=active)
     routes = star_routes([(g.worker, g.start, g.stop) for g in plan.segments], members)
-    return routelp.route_time(routes, bw, shared, delay, part_bytes)
+    return route_time(routes, bw, shared, delay, part_bytes)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -68,20 +70,20 @@ def test_star_bound_is_tight_when_only_non_members_aggregate() -> None:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_skipping_the_star_split_never_changes_the_choice(case) -> None:  # noqa: ANN001
-    """_star_on_tie answers the same with the bound as when it always computes the split."""
+    """star_on_tie answers the same with the bound as when it always computes the split."""
     bw, members, size, active, shared, delay, part_bytes = case
     try:
-        rp = routelp.plan_routes(
+        rp = plan_routes(
             bw, members, size, active, shared=shared, delay_s=delay, part_bytes=part_bytes
         )
     except PlanError:
         return
     for route_s in (rp.predicted_s, rp.predicted_s * 0.5, rp.predicted_s * 2.0):
         args = (bw, members, size, active, shared, delay, part_bytes, route_s)
-        skipping = schemes._star_on_tie(*args)
+        skipping = schemes.star_on_tie(*args)
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(schemes, "star_bound", lambda *a, **kw: 0.0)  # never skip
-            computing = schemes._star_on_tie(*args)
+            computing = schemes.star_on_tie(*args)
         assert skipping == computing
 
 
@@ -96,16 +98,16 @@ def test_a_clearly_better_route_plan_skips_the_star_split(monkeypatch) -> None: 
     np.fill_diagonal(bw, np.inf)
     members = (0, 1, 2, 3)
     calls: list[int] = []
-    real = planner.solve_pipelined
+    real = schemes.solve_pipelined
 
     def spy(*a, **kw):  # noqa: ANN002, ANN003, ANN202
         calls.append(1)
         return real(*a, **kw)
 
-    monkeypatch.setattr(planner, "solve_pipelined", spy)
-    rp = routelp.plan_routes(bw, members, 16 << 20, warm=False)
+    monkeypatch.setattr(schemes, "solve_pipelined", spy)
+    rp = plan_routes(bw, members, 16 << 20)
     assert rp.predicted_s * (1 + schemes.STAR_TIE) < schemes.star_bound(bw, members, 16 << 20)
-    assert schemes._star_on_tie(bw, members, 16 << 20, None, None, None, 0, rp.predicted_s) is None
+    assert schemes.star_on_tie(bw, members, 16 << 20, None, None, None, 0, rp.predicted_s) is None
     assert not calls  # the bound alone settled it
     # and the bound is honest: the star split it skipped is slower still
     assert star_time(bw, members, 16 << 20, None, None, None, 0) >= schemes.star_bound(

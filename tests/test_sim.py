@@ -272,19 +272,19 @@ def test_a_member_dropped_as_suspect_trains_on(tmp_path) -> None:  # noqa: ANN00
 
 
 def test_plan_level_tol_reaches_the_planner_and_is_stated(monkeypatch) -> None:  # noqa: ANN001
-    from crew.plan import routelp
+    from crew.plan.routelp import colgen
     from crew.sim.__main__ import model_line
 
     with pytest.raises(ValueError, match="plan_level_tol"):
         SimConfig(plan_level_tol=1.0)
     seen: list[float] = []
-    real = routelp._choose
+    real = colgen.choose_level
 
-    def spy(master, spu, tolerance=0.0):  # noqa: ANN001, ANN202
-        seen.append(tolerance)
-        return real(master, spu, tolerance)
+    def spy(master, spu, settings):  # noqa: ANN001, ANN202
+        seen.append(settings.level_tolerance)
+        return real(master, spu, settings)
 
-    monkeypatch.setattr(routelp, "_choose", spy)
+    monkeypatch.setattr(colgen, "choose_level", spy)
     res = _run(generate(8, 2, 5), scheme="crew", p=3, duration_s=10.0, plan_level_tol=0.02)
     assert res.completed > 0
     assert seen and set(seen) == {0.02}  # every crew plan of the run searched with it

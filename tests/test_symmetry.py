@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crew.config import Scheme
-from crew.plan import routelp, schemes, symmetry
-from crew.plan.planner import SharedLink
+from crew.plan import symmetry
+from crew.plan.inputs import SharedLink
 from crew.plan.routes import link_load, validate_routes
-from crew.plan.schemes import plan_group
+from crew.plan.schemes import GroupPlanner, plan_group
 
 SIZE = 1 << 20
 
@@ -27,11 +27,6 @@ def uneven(n: int, seed: int) -> np.ndarray:
     bw = rng.uniform(5.0, 100.0, (n, n)).round(1)
     np.fill_diagonal(bw, np.inf)
     return bw
-
-
-@pytest.fixture(autouse=True)
-def _cold() -> None:
-    routelp.clear_caches()
 
 
 def test_isomorphic_groups_share_one_key_and_different_ones_do_not() -> None:
@@ -66,16 +61,17 @@ def test_the_key_covers_active_set_shared_links_delays_and_size() -> None:
 
 def test_a_cached_plan_is_renamed_onto_the_new_group() -> None:
     bw = uniform(8)
-    first = plan_group(Scheme.CREW, bw, (0, 1, 2, 3), SIZE, part_bytes=65536)
-    second = plan_group(Scheme.CREW, bw, (2, 4, 5, 7), SIZE, part_bytes=65536)
-    assert len(schemes.CREW_PLANS) == 1  # one plan served both groups
+    planner = GroupPlanner()
+    first = planner(Scheme.CREW, bw, (0, 1, 2, 3), SIZE, part_bytes=65536)
+    second = planner(Scheme.CREW, bw, (2, 4, 5, 7), SIZE, part_bytes=65536)
+    assert len(planner.crew_plans) == 1  # one plan served both groups
+    assert len(planner.route_cache) == 1  # and one route LP made it
     validate_routes(second.routes, (2, 4, 5, 7), 8, SIZE // 4)
     assert second.members == (2, 4, 5, 7)
     assert second.predicted_s == first.predicted_s
     # the same load, moved by the renaming: sorted per-link loads agree
     a, b = link_load(first.routes, 8), link_load(second.routes, 8)
     assert sorted(a.ravel()) == sorted(b.ravel())
-    routelp.clear_caches()
     cold = plan_group(Scheme.CREW, bw, (2, 4, 5, 7), SIZE, part_bytes=65536)
     assert cold.predicted_s == pytest.approx(second.predicted_s, rel=1e-9)
 
@@ -85,22 +81,21 @@ def test_a_cached_plan_is_renamed_onto_the_new_group() -> None:
 def test_a_renamed_network_gets_the_renamed_plan(seed: int, perm_seed: int) -> None:
     """Renaming the workers of an uneven network: the plan is served from the cache, valid for
     the renamed group, and as fast as planning that group from scratch."""
-    routelp.clear_caches()
+    planner = GroupPlanner()
     n = 6
     bw = uneven(n, seed)
     members = (0, 2, 3)
-    plan = plan_group(Scheme.CREW, bw, members, SIZE)
+    plan = planner(Scheme.CREW, bw, members, SIZE)
     perm = np.random.default_rng(perm_seed).permutation(n)  # worker i becomes perm[i]
     bw2 = np.empty_like(bw)
     bw2[np.ix_(perm, perm)] = bw
     members2 = tuple(sorted(int(perm[m]) for m in members))
-    renamed = plan_group(Scheme.CREW, bw2, members2, SIZE)
-    assert len(schemes.CREW_PLANS) == 1  # served from the cache
+    renamed = planner(Scheme.CREW, bw2, members2, SIZE)
+    assert len(planner.crew_plans) == 1  # served from the cache
     validate_routes(renamed.routes, members2, n, SIZE // 4)
     assert renamed.predicted_s == plan.predicted_s
     loads = link_load(renamed.routes, n)
     assert np.allclose(loads[np.ix_(perm, perm)], link_load(plan.routes, n))
-    routelp.clear_caches()
     cold = plan_group(Scheme.CREW, bw2, members2, SIZE)
     # equally fast LP optima may round to whole elements differently (a few elements of 262,144)
     assert cold.predicted_s == pytest.approx(renamed.predicted_s, rel=1e-4)

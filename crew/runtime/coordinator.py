@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from crew.config import RunConfig, Scheme
 from crew.control import lifecycle as lc
 from crew.control.former import former_for
-from crew.plan.schemes import GROUP_SCHEMES, plan_group
+from crew.plan.schemes import GROUP_SCHEMES, GroupPlanner
 from crew.runtime.planahead import PLAN_COSTS_META, AheadPlanner, CostRecord, costs_json
 from crew.runtime.rundb import GroupMemberRow, GroupStatus, IterationRow, RunDB
 from crew.wire import protocol as proto
@@ -169,8 +169,9 @@ class Coordinator:
         self.codec = FrameCodec(key, cfg.run_num, max_payload=cfg.max_payload)
         # Plans the life cycle announces ahead (a bench trace's next group) are made on a
         # background thread while the current group runs (crew.runtime.planahead), unless
-        # cfg.plan_ahead is off; either way it records what each plan cost the event loop.
-        self.ahead = AheadPlanner(plan_group)
+        # cfg.plan_ahead is off; either way it records what each plan cost the event loop. One
+        # GroupPlanner for the run: a group planned again, or on moved rates, reuses its work.
+        self.ahead = AheadPlanner(GroupPlanner())
         # Groups from readiness, or a bench run's fixed trace (cfg.extra["trace"]).
         self.life = lc.GroupLifecycle(cfg, former=former_for(cfg), plan=self.ahead)
         self.plan_costs = CostRecord()  # group id -> its first plan's cost, newest groups

@@ -38,7 +38,6 @@ from typing import cast
 import numpy as np
 
 from crew.config import RunConfig, Scheme
-from crew.plan import routelp
 from crew.sim.lifecycle import Abandon, Assign, Commit, Decision, SimLifecycle
 from crew.sim.network import ExecutorModel, LinkQueues, RouteTimer, part_bytes
 from crew.sim.record import Recorder
@@ -102,10 +101,10 @@ class SimConfig:
     sample_s: float = 1.0  # link sample interval (the lab's monitor: 1 Hz)
     epoch: float | None = None  # Unix time of simulated t=0 in the run DB (default: now)
     plan_rounds: int | None = None
-    """Column-generation rounds per crew plan at most (``crew.plan.routelp.limits``; None: the
+    """Column-generation rounds per crew plan at most (``RouteLPSettings.max_rounds``; None: the
     planner's own bound). Rounds, not seconds, so that a run does not depend on the machine."""
     plan_level_tol: float = 0.0
-    """Relative tolerance of crew's latency-level search (``crew.plan.routelp.limits``; 0:
+    """Relative tolerance of crew's latency-level search (``RouteLPSettings.level_tolerance``; 0:
     exact). Like ``plan_rounds``, a bound on work that does not depend on the machine."""
     executor: ExecutorModel = field(default_factory=ExecutorModel)
     plan_delay: PlanDelay = PlanDelay.NONE
@@ -246,7 +245,7 @@ class Simulation:
         wall0 = time.perf_counter()
         # The route LP reuses earlier plans' columns (warm starts): a capped plan depends on
         # them, so every run starts from empty caches and replays the same in any process.
-        routelp.clear_caches()
+        self.life.planner.clear()
         for w in range(self.n):
             self._apply(self.life.join(w, 0.0))
             self._compute(w)

@@ -35,8 +35,8 @@ import numpy as np
 from crew.config import RunConfig, Scheme
 from crew.control import lifecycle as lc
 from crew.control.grouping import Group, GroupFormer
-from crew.plan import routelp
-from crew.plan.schemes import GroupPlan, plan_group
+from crew.plan.routelp import DEFAULT_SETTINGS, RouteLPSettings
+from crew.plan.schemes import GroupPlan, GroupPlanner
 from crew.sim.candidates import plan_on_candidates
 from crew.wire import protocol as proto
 
@@ -127,6 +127,14 @@ class SimLifecycle:
     ) -> None:
         self.plan_rounds = plan_rounds
         self.plan_level_tol = plan_level_tol
+        # One planner per simulated run: its caches (warm columns) shape capped plans, so a run
+        # starts from empty ones and replays the same in any process.
+        self.planner = GroupPlanner(
+            RouteLPSettings(
+                max_rounds=DEFAULT_SETTINGS.max_rounds if plan_rounds is None else plan_rounds,
+                level_tolerance=plan_level_tol,
+            )
+        )
         self.helpers = helpers  # None: plan over every worker; k: crew.sim.candidates
         bw = np.array(bw_mbit, dtype=float)
         np.fill_diagonal(bw, 0.0)
@@ -169,11 +177,10 @@ class SimLifecycle:
         t0 = self.clock()
         plan: GroupPlan | None = None
         try:
-            with routelp.limits(max_rounds=self.plan_rounds, level_tolerance=self.plan_level_tol):
-                if self.helpers is None:
-                    plan = plan_group(*args, **kw)
-                else:
-                    plan = plan_on_candidates(plan_group, self.helpers, *args, **kw)
+            if self.helpers is None:
+                plan = self.planner(*args, **kw)
+            else:
+                plan = plan_on_candidates(self.planner, self.helpers, *args, **kw)
             return plan
         finally:
             took = self.clock() - t0

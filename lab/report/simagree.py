@@ -3,7 +3,7 @@
 ``lab.bench`` runs one seeded trace of groups, one group at a time, on the emulated network and
 writes ``results.json`` (per scheme: the op time of every group of the trace). This module
 replays the same trace, the same sizes and the same topology in ``crew.sim``'s network model:
-each op is planned by ``crew.plan.schemes.plan_group`` on the idle network (as the benchmark's
+each op is planned by ``crew.plan.schemes.GroupPlanner`` on the idle network (as the benchmark's
 coordinator does: one group at a time, all workers active) and timed on fresh FCFS link queues
 (``crew.sim.network``), and prints simulated / emulated per op (median and spread) for every
 scheme the results hold. Gloo is not planned per group and is skipped.
@@ -38,7 +38,7 @@ import numpy as np
 
 from crew.config import RunConfig, Scheme
 from crew.control.assignment import hop_bytes
-from crew.plan.schemes import GROUP_SCHEMES, plan_group
+from crew.plan.schemes import GROUP_SCHEMES, GroupPlanner
 from crew.sim.network import ExecutorModel, LinkQueues, RouteTimer, part_bytes
 from lab.net.shaping import QUEUE_EXTRA_S
 from lab.report.benchrounds import pooled_rounds
@@ -92,16 +92,19 @@ def simulate_op(
     executor: ExecutorModel | None = None,
     plan_time: bool = False,
     hop_backlog_bytes: int = RunConfig.default("hop_backlog_bytes"),
+    planner: GroupPlanner | None = None,
 ) -> float:
     """Seconds one group takes alone on the network, in the simulator's model: its transfer,
     plus (``plan_time``) the real planner call's wall time, as the lab's op time includes it.
-    ``hop_backlog_bytes``: the socket backlog per hop the run's coordinator planned with."""
+    ``hop_backlog_bytes``: the socket backlog per hop the run's coordinator planned with.
+    ``planner``: the run's planner, whose caches the earlier ops filled, as the coordinator's
+    were (None: a fresh one, a cold plan)."""
     n = rate.shape[0]
     bw = rate.copy()
     np.fill_diagonal(bw, np.inf)
     part = part_bytes(size, n)
     t0 = time.perf_counter()
-    plan = plan_group(
+    plan = (planner or GroupPlanner())(
         Scheme(scheme),
         bw,
         members,
@@ -149,6 +152,7 @@ def compare(
             continue
         emulated = r["op_times_s"]
         executor = lab_executor(r.get("cpu_s_per_gb"), host, hop_queue_s)
+        planner = GroupPlanner()  # one per run, as the run's coordinator had
         simulated = [
             simulate_op(
                 scheme,
@@ -161,6 +165,7 @@ def compare(
                 plan_time,
                 # results from before the backlog was planned have no key: they counted none
                 int(results.get("hop_backlog_bytes", 0)),
+                planner,
             )
             for members in trace[: len(emulated)]
         ]

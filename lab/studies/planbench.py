@@ -3,7 +3,7 @@
 * ``sweep`` -- ``--matrices`` seeded random capacity matrices (per directed pair a HotCloud'18
   inter-cloud sample x ``--scale``, the data the shipped topologies use), a random group of
   ``--p`` of ``--n`` workers each. Every scheme plans the group; the table gives plan / bound
-  (``crew.plan.planner.lower_bound``) per scheme: median, p90, max, and on how many matrices the
+  (``crew.plan.bound.lower_bound``) per scheme: median, p90, max, and on how many matrices the
   scheme's plan was below crew's (it must be 0: crew's route LP contains every baseline's
   routes or proves that none beats it). Exit status 1 if any baseline beat crew.
 * ``cases`` -- the named cases of issue 10: 4 clouds with one slow pair (20, 40, 60, 80, 100,
@@ -11,7 +11,7 @@
   ``bench-hetero`` and ``bench-uniform`` topologies (p = 4 of 8, 8 MB; every one of the 70
   groups, median and max over them).
 * ``timing`` -- wall time of ``crew``'s planning per group as the coordinator does it
-  (``plan_group``: the route LP ``crew.plan.routelp.plan_routes`` and the star tie check, plus
+  (``GroupPlanner``: the route LP ``crew.plan.routelp.plan_routes`` and the star tie check, plus
   ``lower_bound``), with the bytes per hop the coordinator passes (``--part-bytes``: a part and
   the socket backlog ahead of it), at n = 8, 16, 32, 60: *cold* (caches cleared), *warm* (the same
   group re-planned on capacities moved by up to 5%, as when groups in flight change the residual
@@ -52,9 +52,10 @@ from rich.table import Table
 
 from crew.config import RunConfig, Scheme
 from crew.control.assignment import MIN_ROUTE_PART_ELEMS, hop_bytes
-from crew.plan import routelp
-from crew.plan.planner import PlanError, lower_bound
-from crew.plan.schemes import GROUP_SCHEMES, plan_group
+from crew.plan.bound import BOUNDS, lower_bound
+from crew.plan.inputs import PlanError
+from crew.plan.routelp import DEFAULT_SETTINGS, RouteLPSettings, plan_routes
+from crew.plan.schemes import GROUP_SCHEMES, GroupPlanner
 from crew.runtime.planahead import PlanSource, read_costs
 from crew.runtime.rundb import GroupStatus
 from crew.wire import protocol as proto
@@ -92,13 +93,20 @@ def pctl(values: Sequence[float], q: float) -> float:
 
 
 def plan_all(
-    bw: np.ndarray, members: Sequence[int], size: int, schemes: Sequence[str], seed: int
+    bw: np.ndarray,
+    members: Sequence[int],
+    size: int,
+    schemes: Sequence[str],
+    seed: int,
+    planner: GroupPlanner | None = None,
 ) -> dict[str, float]:
-    """Predicted seconds per scheme (nan where the scheme has no plan on these inputs)."""
+    """Predicted seconds per scheme (nan where the scheme has no plan on these inputs), by
+    ``planner`` (None: a fresh one)."""
+    planner = planner or GroupPlanner()
     out = {}
     for scheme in schemes:
         try:
-            out[scheme] = plan_group(scheme, bw, members, size, seed=seed).predicted_s
+            out[scheme] = planner(scheme, bw, members, size, seed=seed).predicted_s
         except PlanError:
             out[scheme] = math.nan
     return out
@@ -121,11 +129,12 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
     values = samples()
     ratios: dict[str, list[float]] = {s: [] for s in args.schemes}
     beaten: dict[str, int] = dict.fromkeys(args.schemes, 0)
+    planner = GroupPlanner()  # one for the sweep, as a coordinator keeps one
     for k in range(args.matrices):
         bw = random_matrix(rng, args.n, args.scale, values)
         members = sorted(rng.sample(range(args.n), args.p))
         bound = lower_bound(bw, members, args.size)
-        times = plan_all(bw, members, args.size, args.schemes, seed=k)
+        times = plan_all(bw, members, args.size, args.schemes, seed=k, planner=planner)
         for s, t in times.items():
             ratios[s].append(t / bound)
         for s in crew_beaten(times):
@@ -200,6 +209,7 @@ def cases(args: argparse.Namespace) -> dict[str, Any]:
         bw = topology_matrix(topo)
         groups = list(itertools.combinations(range(bw.shape[0]), 4))
         named.append((f"{topo} (p=4 of 8, 8 MB, all {len(groups)} groups)", bw, groups, MB8))
+    planner = GroupPlanner()  # one for every case, as a coordinator keeps one
     for label, bw, groups, size in named:
         per: dict[str, list[float]] = {s: [] for s in args.schemes}
         secs: dict[str, list[float]] = {s: [] for s in args.schemes}
@@ -208,7 +218,7 @@ def cases(args: argparse.Namespace) -> dict[str, Any]:
         for k, g in enumerate(groups):
             bound = lower_bound(bw, g, size)
             bounds.append(bound)
-            times = plan_all(bw, g, size, args.schemes, seed=k)
+            times = plan_all(bw, g, size, args.schemes, seed=k, planner=planner)
             beaten += bool(crew_beaten(times))
             for s, t in times.items():
                 per[s].append(t / bound)
@@ -257,13 +267,19 @@ def _ms(values: Sequence[float]) -> dict[str, float]:
     return {"median_ms": 1e3 * statistics.median(values), "p90_ms": 1e3 * pctl(values, 90)}
 
 
+def _cold(planner: GroupPlanner) -> None:
+    """Forget everything ``planner`` and the lower bound's memo hold."""
+    planner.clear()
+    BOUNDS.clear()
+
+
 def _time_group(
-    bw: np.ndarray, members: Sequence[int], size: int, part_bytes: int
+    planner: GroupPlanner, bw: np.ndarray, members: Sequence[int], size: int, part_bytes: int
 ) -> tuple[float, float]:
-    """(seconds of crew's whole per-group planning as the coordinator does it: plan_group and
-    the lower bound, seconds of plan_group alone)."""
+    """(seconds of crew's whole per-group planning as the coordinator does it: its planner
+    and the lower bound, seconds of the planner alone)."""
     t0 = time.perf_counter()
-    plan_group(Scheme.CREW, bw, members, size, part_bytes=part_bytes)
+    planner(Scheme.CREW, bw, members, size, part_bytes=part_bytes)
     t1 = time.perf_counter()
     lower_bound(bw, members, size)
     return time.perf_counter() - t0, t1 - t0
@@ -275,6 +291,10 @@ def timing(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     values = samples()
     out: dict[str, Any] = {}
+    settings = DEFAULT_SETTINGS
+    if args.max_rounds is not None:
+        settings = RouteLPSettings(max_rounds=args.max_rounds)
+    planner = GroupPlanner(settings)
     for n in args.sizes:
         p = n if args.p_timing == "n" else min(int(args.p_timing), n)
         reps = max(3, args.reps if n <= 32 else args.reps // (4 if n <= 60 else 10))
@@ -285,21 +305,22 @@ def timing(args: argparse.Namespace) -> dict[str, Any]:
                 break
             bw = random_matrix(rng, n, args.scale, values)
             members = sorted(rng.sample(range(n), p))
-            routelp.clear_caches()
+            _cold(planner)
             t0 = time.perf_counter()
-            rp = routelp.plan_routes(
-                bw, members, args.size, max_rounds=args.max_rounds, part_bytes=args.part_bytes
-            )
+            rp = plan_routes(
+                bw, members, args.size, part_bytes=args.part_bytes,
+                settings=settings, cache=planner.route_cache,
+            )  # fmt: skip
             lp.append(time.perf_counter() - t0)
             rounds.append(rp.rounds)
             optimal += rp.optimal
             gaps.append(rp.gap)
-            # the route LP's result is cached now: what the rest of plan_group and the bound add
-            rest, _ = _time_group(bw, members, args.size, args.part_bytes)
+            # the route LP's result is cached now: what the rest of the planner and the bound add
+            rest, _ = _time_group(planner, bw, members, args.size, args.part_bytes)
             cold.append(lp[-1] + rest)
-            cached.append(_time_group(bw, members, args.size, args.part_bytes)[0])
+            cached.append(_time_group(planner, bw, members, args.size, args.part_bytes)[0])
             jitter = np.array([[1 + 0.05 * (rng.random() - 0.5) * 2 for _ in range(n)]] * n)
-            warm.append(_time_group(bw * jitter, members, args.size, args.part_bytes)[0])
+            warm.append(_time_group(planner, bw * jitter, members, args.size, args.part_bytes)[0])
         out[str(n)] = {
             "p": p,
             "plans": len(cold),
@@ -312,7 +333,7 @@ def timing(args: argparse.Namespace) -> dict[str, Any]:
             "gap_median": statistics.median(gaps),
             "gap_max": max(gaps),
         }
-    routelp.clear_caches()
+    _cold(planner)
     return out
 
 
@@ -365,7 +386,8 @@ def replay(db: Path, passes: int = REPLAY_PASSES) -> dict[str, Any]:
     size_elems = int(cfg.extra.get("size_elems") or 0)
     if size_elems <= 0:
         raise SystemExit(f"{db}: config.json has no extra.size_elems (not a lab.bench run)")
-    life = GroupLifecycle(cfg)
+    planner = GroupPlanner()  # the coordinator's: caches kept across its groups
+    life = GroupLifecycle(cfg, plan=planner)
     for w in range(cfg.n):
         life.handle(proto.Register(w, 0, 0, size_elems), 0.0)
     if passes < 1:
@@ -374,15 +396,15 @@ def replay(db: Path, passes: int = REPLAY_PASSES) -> dict[str, Any]:
     for mode in ("cold", "as_run"):
         seen: list[list[float]] = [[] for _ in groups]
         for _ in range(passes):
-            routelp.clear_caches()
+            _cold(planner)
             for k, g in enumerate(groups):
                 if mode == "cold":
-                    routelp.clear_caches()
+                    _cold(planner)
                 t0 = time.perf_counter()
                 life.plan_for(g, 0.0)
                 seen[k].append(time.perf_counter() - t0)
         out[mode] = [statistics.median(v) for v in seen]
-    routelp.clear_caches()
+    _cold(planner)
     return {
         "db": str(db),
         "scheme": str(cfg.scheme),
