@@ -165,6 +165,70 @@ def test_pure_modules_do_no_io_and_read_no_clock() -> None:
     assert not bad, "\n".join(bad)
 
 
+def _module_file(dotted: str) -> Path | None:
+    """The file of a project module (a package's __init__), or None if ``dotted`` is none."""
+    base = REPO.joinpath(*dotted.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def private_uses_in(source: str, path: Path) -> list[str]:
+    """Where ``source`` takes another module's underscore name: ``from m import _x``, or
+    ``m._x`` with ``m`` bound to a project module (dunders are public)."""
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__")
+
+    tree = ast.parse(source, filename=str(path))
+    modules: dict[str, str] = {}  # local name -> project module it is bound to
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                if _module_file(node.module) and private(a.name):
+                    out.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.module}.{a.name}")
+                if _module_file(f"{node.module}.{a.name}"):
+                    modules[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname and _module_file(a.name):
+                    modules[a.asname] = a.name
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+            and private(node.attr)
+        ):
+            where = f"{path.relative_to(REPO)}:{node.lineno}"
+            out.append(f"{where}: {modules[node.value.id]}.{node.attr}")
+    return out
+
+
+def test_crew_modules_use_only_each_others_public_names() -> None:
+    bad = [u for p in sorted((REPO / "crew").rglob("*.py")) for u in private_uses_in(
+        p.read_text(encoding="utf-8"), p)]  # fmt: skip
+    assert not bad, "\n".join(bad)
+
+
+def test_the_private_name_reader_sees_both_forms() -> None:
+    path = REPO / "crew" / "probe.py"
+    source = (
+        "from crew.plan.planner import _hidden, lower_bound\n"
+        "from crew.plan import routelp\n"
+        "import crew.plan.bound as bound\n"
+        "routelp._secret\nbound._memo\nroutelp.__name__\nlower_bound._x\n"
+    )
+    found = private_uses_in(source, path)
+    assert [f.split(": ")[1] for f in found] == [
+        "crew.plan.planner._hidden",
+        "crew.plan.routelp._secret",
+        "crew.plan.bound._memo",
+    ]
+
+
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
