@@ -36,6 +36,8 @@ import math
 import sqlite3
 from dataclasses import dataclass
 
+from crew.control.grouping import GroupStatus
+
 
 class RetentionError(ValueError):
     """A retention setting that cannot be honoured."""
@@ -148,7 +150,7 @@ def _thin_plans(conn: sqlite3.Connection, policy: RetentionPolicy, now: float) -
         "SELECT * FROM groups WHERE formed_at >= ? AND formed_at < ? AND plan IS NOT NULL"
         " AND status != ? AND id NOT IN (SELECT MIN(id) FROM groups WHERE formed_at >= ?"
         " AND formed_at < ? AND plan IS NOT NULL GROUP BY CAST(formed_at / ? AS INTEGER))",
-        (done, end, "open", done, end, step),
+        (done, end, GroupStatus.OPEN.value, done, end, step),
     )
     cols = [d[0] for d in cur.description]
     at = cols.index("plan")

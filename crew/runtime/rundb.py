@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -120,6 +121,7 @@ CREATE TABLE IF NOT EXISTS commands (
 CREATE INDEX IF NOT EXISTS commands_status ON commands (status, id);
 """
 
+TABLES = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", SCHEMA))
 BUSY_TIMEOUT_S = 10.0
 
 
@@ -227,6 +229,16 @@ def _json_lists(members: Sequence[int], weights: Sequence[float]) -> tuple[str, 
 
 def _json(value: Any) -> str | None:
     return None if value is None else json.dumps(value)
+
+
+def insert_rows(
+    conn: sqlite3.Connection, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]
+) -> None:
+    """Insert raw rows of ``columns`` into ``table`` (a replay of another run's rows)."""
+    if table not in TABLES or not all(c.isidentifier() for c in columns):
+        raise ValueError(f"not a run database table and columns: {table} {list(columns)}")
+    marks = ", ".join("?" * len(columns))
+    conn.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
 
 
 def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:

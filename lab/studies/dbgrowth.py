@@ -65,7 +65,7 @@ def read_source(path: Path) -> Source:
     return Source(float(t0), float(t1 - t0) + 1.0, int(max_group), rows)
 
 
-def _shifted(src: Source, table: str, cycle: int) -> tuple[str, list[tuple[object, ...]]]:
+def _shifted(src: Source, table: str, cycle: int) -> tuple[list[str], list[tuple[object, ...]]]:
     cols, rows = src.rows[table]
     dt = cycle * src.period
     dg = cycle * src.max_group
@@ -83,9 +83,7 @@ def _shifted(src: Source, table: str, cycle: int) -> tuple[str, list[tuple[objec
         if skip_id >= 0:
             v.pop(skip_id)
         out.append(tuple(v))
-    names = [c for c in cols if not (table == "events" and c == "id")]
-    sql = f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
-    return sql, out
+    return [c for c in cols if not (table == "events" and c == "id")], out
 
 
 def _size_mb(path: Path, conn: sqlite3.Connection) -> float:
@@ -104,8 +102,8 @@ def grow(src: Source, out: Path, hours: float, policy: RetentionPolicy | None) -
     for cycle in range(cycles):
         with conn:
             for table in _TIMES:
-                sql, rows = _shifted(src, table, cycle)
-                conn.executemany(sql, rows)
+                columns, rows = _shifted(src, table, cycle)
+                rundb.insert_rows(conn, table, columns, rows)
         now = src.start + (cycle + 1) * src.period
         if policy is not None:
             compact(conn, policy, now)
