@@ -7,7 +7,48 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from lab.spec.topology import TopologyError, load_topology, summarize
+import numpy as np
+
+from lab.spec.topology import TopologyError, TopologySpec, Uplinks, load_topology
+
+
+def summarize(spec: TopologySpec) -> str:
+    """A few lines for humans: size, clouds, inter-cloud rate spread, impairments, stragglers."""
+    inter = np.array(
+        [
+            lk.rate_mbit
+            for lk in spec.links
+            if spec.workers[lk.src].cloud != spec.workers[lk.dst].cloud
+        ]
+    )
+    n_intra = len(spec.links) - len(inter)
+    bw = spec.bw_matrix()
+    shape = "symmetric" if np.array_equal(bw, bw.T) else "asymmetric"
+    spread = (
+        f"min {inter.min():g} / median {np.median(inter):g} / max {inter.max():g}"
+        if len(inter)
+        else "none (a single cloud)"
+    )
+    wanted = sorted(i.value for i in spec.impairments_requested())
+    stragglers = [f"{w.name} ({w.cloud}) {w.straggler}" for w in spec.workers if w.straggler]
+    where = str(spec.source) if spec.source is not None else "<data>"
+    out = [
+        f"{where}: {spec.name}: n = {spec.n} workers in {len(spec.clouds)} clouds "
+        f"({', '.join(c.name for c in spec.clouds)})",
+        f"  inter-cloud rates (Mbit/s, {len(inter)} directed links, {shape}): {spread}",
+    ]
+    if n_intra:
+        out.append(f"  intra-cloud: {n_intra} directed links at {spec.intra_cloud_mbit:g} Mbit/s")
+    if spec.uplinks is Uplinks.SHARED:
+        out.append(
+            f"  uplinks: shared, {len(spec.shared_uplinks())} directed cloud-pair WAN links "
+            "(each shared by all worker pairs crossing it)"
+        )
+    out += [
+        f"  impairments requested: {', '.join(wanted) if wanted else 'none'}",
+        f"  stragglers: {'; '.join(stragglers) if stragglers else 'none'}",
+    ]
+    return "\n".join(out)
 
 
 def _build_parser() -> argparse.ArgumentParser:
