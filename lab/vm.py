@@ -153,14 +153,21 @@ def _cpio_entry(name: str, mode: int, data: bytes = b"", ino: int = 0) -> bytes:
     return out
 
 
-def build_initramfs(kernel: GuestKernel, init_script: str, busybox: Path) -> bytes:
+def build_initramfs(
+    kernel: GuestKernel,
+    init_script: str,
+    busybox: Path,
+    modules: Sequence[str] = INITRD_MODULES,
+) -> bytes:
+    """The initramfs: busybox, ``init_script`` as /init, and ``modules`` (paths under the
+    kernel's ``kernel/`` folder, without ``.ko``, in load order) under /modules."""
     entries: list[tuple[str, int, bytes]] = [
         ("bin", stat.S_IFDIR | 0o755, b""),
         ("modules", stat.S_IFDIR | 0o755, b""),
         ("bin/busybox", stat.S_IFREG | 0o755, busybox.read_bytes()),
         ("init", stat.S_IFREG | 0o755, init_script.encode()),
     ]
-    for mod in INITRD_MODULES:
+    for mod in modules:
         path = kernel.modules / "kernel" / f"{mod}.ko"
         if not path.is_file():
             raise VmError(f"guest module {path} missing (kernel package {kernel.version})")
