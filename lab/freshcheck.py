@@ -31,7 +31,9 @@ Steps (``--stop-after`` ends after any of them):
 The guest reaches Debian's archive directly (apt); Python packages come from the wheelhouse.
 Everything runs in a new work folder under --cache-dir/runs; the disk image and root are
 removed at the end unless --keep, the logs are kept. Only processes this command started are
-ended. Takes about an hour under TCG (software emulation), mostly provisioning and the tests.
+ended. Under TCG (software emulation) on two cores the steps up to the lab run take about
+15 minutes, most of it the provisioning; the tests take what they take, several times their
+time on the host.
 """
 
 from __future__ import annotations
