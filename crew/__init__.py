@@ -5,7 +5,8 @@ The public API (docs/api.md)::
     crew.Averager      average a model's parameters with the other ranks, p at a time
     crew.Round         what one Averager.step did
     crew.CrewError     base of the errors below
-    crew.LaunchError   the job could not start: SecretError, CoordinatorUnreachable, JoinRefused
+    crew.LaunchError   the job could not start: SecretError, CoordinatorUnreachable, JoinRefused,
+                       PortError
 
 ``crew.Averager`` imports torch; it is loaded on first use, so the coordinator and the lab's
 tools import ``crew`` without it.
@@ -15,7 +16,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from crew.errors import CoordinatorUnreachable, CrewError, JoinRefused, LaunchError, SecretError
+from crew.errors import (
+    CoordinatorUnreachable,
+    CrewError,
+    JoinRefused,
+    LaunchError,
+    PortError,
+    SecretError,
+)
 
 __all__ = [
     "Averager",
@@ -23,6 +31,7 @@ __all__ = [
     "CrewError",
     "JoinRefused",
     "LaunchError",
+    "PortError",
     "Round",
     "SecretError",
 ]

@@ -29,9 +29,10 @@ dtypes (or on another device) are converted for the wire and written back in the
 and device.
 
 Launch: :class:`Averager` reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` and
-``CREW_SECRET`` / ``CREW_SECRET_FILE`` (see :mod:`crew.runtime.launch`); rank 0 hosts the
-coordinator. At start-up the ranks measure their links with a short probe
-(:mod:`crew.runtime.rendezvous`) unless ``capacities`` are given.
+``CREW_SECRET`` / ``CREW_SECRET_FILE``, and optionally ``CREW_DATA_PORT`` and
+``CREW_CONTROL_PORT`` (see :mod:`crew.runtime.launch`); rank 0 hosts the coordinator. At
+start-up the ranks measure their links with a short probe (:mod:`crew.runtime.rendezvous`)
+unless ``capacities`` are given.
 """
 
 from __future__ import annotations
@@ -49,10 +50,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from crew.config import RunConfig
+from crew.config import COMPRESS, RunConfig
 from crew.control.worker_control import Settlement
+from crew.errors import PortError
 from crew.runtime.capacity_probe import DEFAULT_PROBE_BYTES, DEFAULT_PROBE_SECONDS, ProbeReceiver
-from crew.runtime.launch import JobHost, LaunchEnv, read_secret, run_number
+from crew.runtime.launch import (
+    JobHost,
+    LaunchEnv,
+    control_port,
+    data_port_range,
+    read_secret,
+    run_number,
+)
 from crew.runtime.node import Node
 from crew.runtime.rendezvous import join_job
 from crew.train.outer import OuterLoop
@@ -142,7 +151,13 @@ class Averager:
     ``probe_seconds`` (the start-up probe's burst per link and its time budget, see
     :mod:`crew.runtime.capacity_probe`; default 2 MiB and 30 s, or ``CREW_PROBE_BYTES`` /
     ``CREW_PROBE_SECONDS``), ``run_dir``
-    (where the coordinator keeps its run database; ``CREW_RUN_DIR`` or a temporary dir).
+    (where the coordinator keeps its run database; ``CREW_RUN_DIR`` or a temporary dir),
+    ``compress`` (the codec of group payloads on the wire, :mod:`crew.train.compress`:
+    ``"none"`` float32, ``"fp16"`` or ``"int8"``).
+
+    ``data_port`` (any rank): where this rank's data plane listens, a port or a range
+    ``"A-B"`` of which it takes the first free one (several ranks on one host); default
+    ``CREW_DATA_PORT``, else any free port. Bad values raise :class:`crew.PortError`.
 
     ``outer`` (any rank): a :class:`crew.train.outer.OuterLoop` for LocalSGD or DiLoCo. Then
     :meth:`step` offers ``outer.before_reduce(parameters)`` (DiLoCo: the member's outer
@@ -167,27 +182,38 @@ class Averager:
         run_dir: str | os.PathLike[str] | None = None,
         env: dict[str, str] | None = None,
         outer: OuterLoop | None = None,
+        compress: str = "none",
+        data_port: int | str | None = None,
     ) -> None:
         self._tensors = _tensors_of(params)
         self._outer = outer
+        if compress not in COMPRESS:
+            raise ValueError(f"compress: one of {', '.join(COMPRESS)}, got {compress!r}")
         environ = dict(os.environ) if env is None else env
         launch = LaunchEnv.from_environ(environ)
         secret = read_secret(environ)
         run_num = run_number(secret, launch.run_id)
+        ports = data_port_range(data_port, environ)
         self.rank = launch.rank
         self.world_size = launch.world
         self.host: JobHost | None = None
         codec = FrameCodec(secret, run_num)
         deferred = _Deferred()
-        transport = Transport(
-            launch.rank,
-            ("0.0.0.0", 0),
-            {},
-            codec,
-            on_frame=deferred.on_frame,
-            on_send_error=deferred.on_send_error,
-            on_reject=deferred.on_reject,
-        )
+        try:
+            transport = Transport(
+                launch.rank,
+                ("0.0.0.0", 0),
+                {},
+                codec,
+                on_frame=deferred.on_frame,
+                on_send_error=deferred.on_send_error,
+                on_reject=deferred.on_reject,
+                listen_ports=ports.ports,
+            )
+        except OSError as exc:
+            raise PortError(
+                f"rank {launch.rank}: the data plane cannot listen on {ports.source}={ports}: {exc}"
+            ) from exc
         try:
             if launch.host_coordinator and launch.rank == 0:
                 p = group_size if group_size is not None else max(1, launch.world // 2)
@@ -205,6 +231,8 @@ class Averager:
                     or int(environ.get("CREW_PROBE_BYTES", DEFAULT_PROBE_BYTES)),
                     probe_seconds=probe_seconds
                     or float(environ.get("CREW_PROBE_SECONDS", DEFAULT_PROBE_SECONDS)),
+                    control_port=control_port(environ),
+                    compress=compress,
                 )
                 self.host.start()
             transport.start()

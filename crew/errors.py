@@ -22,3 +22,8 @@ class CoordinatorUnreachable(LaunchError, ConnectionError):
 class JoinRefused(LaunchError):
     """The coordinator refused the job or this rank: a different model shape, a missing or
     duplicate rank, a rank that left during start-up."""
+
+
+class PortError(LaunchError, ValueError):
+    """A port setting (``data_port=``, ``CREW_DATA_PORT``, ``CREW_CONTROL_PORT``) is malformed
+    or out of range, or no port it allows could be listened on; the message names the setting."""

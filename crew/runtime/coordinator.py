@@ -322,7 +322,7 @@ class Coordinator:
 def _serve_launched_job(args: argparse.Namespace) -> int:
     """A coordinator for a job started by torchrun (CREW_COORDINATOR=host:port on its ranks)."""
     from crew.errors import LaunchError
-    from crew.runtime.launch import JobHost, read_secret, run_number
+    from crew.runtime.launch import JobHost, control_port, read_secret, run_number
 
     try:
         secret = read_secret()
@@ -335,6 +335,7 @@ def _serve_launched_job(args: argparse.Namespace) -> int:
             group_size=args.group_size or max(1, args.world // 2),
             run_dir=args.run_dir,
             join_timeout=args.join_timeout,
+            control_port=control_port(),
         )
     except (LaunchError, OSError) as exc:
         log.error("%s", exc)

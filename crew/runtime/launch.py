@@ -11,6 +11,11 @@ Read from the environment (:meth:`LaunchEnv.from_environ`):
   rank. There is no default: frames are authenticated with it;
 * ``CREW_DATA_HOST`` (optional): the address peers reach this worker's data plane at; by
   default the local address of its connection to the coordinator;
+* ``CREW_DATA_PORT`` (optional): the port this worker's data plane listens on, ``P`` or a range
+  ``A-B`` (several ranks on one host: each takes the first free port of the range); by default
+  any free port. ``Averager(data_port=...)`` overrides it (:func:`data_port_range`);
+* ``CREW_CONTROL_PORT`` (optional, host only): the port the coordinator listens on for the
+  workers' control connections once the job has started; by default any free port;
 * ``CREW_RUN_DIR`` (optional, host only): where the coordinator keeps its run database
   (``run.db``); a fresh temporary directory by default;
 * ``TORCHELASTIC_RUN_ID`` (set by ``torchrun``): makes frames of another job's run refused.
@@ -25,6 +30,7 @@ import hashlib
 import hmac
 import logging
 import os
+import socket
 import tempfile
 import threading
 import time
@@ -33,7 +39,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from crew.config import ConfigError, RunConfig, Scheme
-from crew.errors import JoinRefused, LaunchError, SecretError
+from crew.errors import JoinRefused, LaunchError, PortError, SecretError
 from crew.runtime.rendezvous import (
     DEFAULT_PROBE_BYTES,
     DEFAULT_PROBE_SECONDS,
@@ -47,6 +53,9 @@ log = logging.getLogger("crew.runtime.launch")
 
 MIN_SECRET_BYTES = 16
 CLOSE_WAIT_S = 120.0  # the host's close() waits at most this long for the other workers
+MAX_PORT = 65535
+DATA_PORT_ENV = "CREW_DATA_PORT"
+CONTROL_PORT_ENV = "CREW_CONTROL_PORT"
 
 
 @dataclass(frozen=True)
@@ -101,6 +110,81 @@ class LaunchEnv:
         )
 
 
+@dataclass(frozen=True)
+class PortRange:
+    """The ports a listener may take, ``first`` to ``last`` inclusive; ``PortRange(0, 0)`` is
+    any free port (the kernel's choice). ``source`` names the setting, for error messages."""
+
+    first: int
+    last: int
+    source: str = "data_port"
+
+    def __post_init__(self) -> None:
+        if self.first == 0 and self.last == 0:
+            return
+        if not 1 <= self.first <= self.last <= MAX_PORT:
+            raise PortError(
+                f"{self.source}: ports must satisfy 1 <= first <= last <= {MAX_PORT}"
+                f" (or be 0 for any free port), got {self.first}-{self.last}"
+            )
+
+    @property
+    def ports(self) -> range:
+        """The ports to try, in order (a range of one 0 for any free port)."""
+        return range(self.first, self.last + 1)
+
+    def __str__(self) -> str:
+        if self.first == self.last:
+            return "any free port" if self.first == 0 else str(self.first)
+        return f"{self.first}-{self.last}"
+
+
+def parse_port_range(value: int | str, source: str) -> PortRange:
+    """``29600``, ``"29600"`` or ``"29600-29607"`` (0: any free port) as a :class:`PortRange`;
+    :class:`PortError` naming ``source`` if it is anything else."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise PortError(
+            f"{source}: a port or a range 'A-B' (int or str), got {type(value).__name__}"
+        )
+    if isinstance(value, int):
+        if not 0 <= value <= MAX_PORT:
+            raise PortError(f"{source}: a port in 1..{MAX_PORT} (0: any free), got {value}")
+        return PortRange(value, value, source)
+    text = value.strip()
+    first, sep, last = text.partition("-")
+    if not first.strip().isdigit() or (sep and not last.strip().isdigit()):
+        raise PortError(f"{source}: a port or a range 'A-B' of ports, got {value!r}")
+    lo = int(first)
+    hi = int(last) if sep else lo
+    if sep and lo == 0:
+        raise PortError(f"{source}: a range starts at port 1 or above, got {value!r}")
+    if not 0 <= lo <= MAX_PORT or not 0 <= hi <= MAX_PORT:
+        raise PortError(f"{source}: ports are in 1..{MAX_PORT} (0: any free), got {value!r}")
+    return PortRange(lo, hi, source)
+
+
+def data_port_range(data_port: int | str | None, env: Mapping[str, str]) -> PortRange:
+    """Where this rank's data plane listens: ``data_port`` if given, else ``CREW_DATA_PORT``,
+    else any free port."""
+    if data_port is not None:
+        return parse_port_range(data_port, "data_port")
+    raw = env.get(DATA_PORT_ENV, "").strip()
+    return parse_port_range(raw, DATA_PORT_ENV) if raw else PortRange(0, 0, DATA_PORT_ENV)
+
+
+def control_port(env: Mapping[str, str] | None = None) -> int:
+    """The coordinator's control port from ``CREW_CONTROL_PORT`` (one port; 0 or unset: any
+    free port)."""
+    env = os.environ if env is None else env
+    raw = env.get(CONTROL_PORT_ENV, "").strip()
+    if not raw:
+        return 0
+    ports = parse_port_range(raw, CONTROL_PORT_ENV)
+    if ports.first != ports.last:
+        raise PortError(f"{CONTROL_PORT_ENV}: one port (the coordinator has one), got {raw!r}")
+    return ports.first
+
+
 def read_secret(env: Mapping[str, str] | None = None) -> bytes:
     """The run's secret from ``CREW_SECRET_FILE`` (its bytes, a trailing newline dropped) or
     ``CREW_SECRET``; :class:`SecretError` if neither is set or it is shorter than 16 bytes."""
@@ -142,6 +226,7 @@ def job_config(
     coordinator: Address,
     scheme: str = "crew",
     measured: bool = True,
+    compress: str = "none",
 ) -> RunConfig:
     """The RunConfig of a launched job (one data-plane port per worker)."""
     n = len(addresses)
@@ -161,6 +246,7 @@ def job_config(
             data_ports=tuple(p for _, p in addresses),
             bw_mbit=tuple(tuple(float(x) for x in row) for row in bw_mbit),
             capacity="measured" if measured else "configured",
+            compress=compress,
         )
     except ConfigError as exc:
         raise JoinRefused(f"the job's configuration is invalid: {exc}") from exc
@@ -169,7 +255,10 @@ def job_config(
 class JobHost:
     """The host of a launched job: rendezvous, then the coordinator on a thread.
 
-    ``capacities`` (Mbit/s, ``[src][dst]``) replaces the start-up probe when given."""
+    ``capacities`` (Mbit/s, ``[src][dst]``) replaces the start-up probe when given.
+    ``control_port``: where the coordinator listens for the workers once the job has started
+    (0: any free port); checked free here, so a taken port fails before the rendezvous.
+    ``compress``: the codec of group payloads (``crew.train.compress``), the same for all."""
 
     def __init__(
         self,
@@ -186,11 +275,17 @@ class JobHost:
         join_timeout: float = 60.0,
         probe_bytes: int = DEFAULT_PROBE_BYTES,
         probe_seconds: float = DEFAULT_PROBE_SECONDS,
+        control_port: int = 0,
+        compress: str = "none",
     ) -> None:
         if capacities is not None and (
             len(capacities) != world or any(len(row) != world for row in capacities)
         ):
             raise LaunchError(f"capacities: must be {world}x{world} (Mbit/s, [src][dst])")
+        if control_port:
+            _check_free(bind[0], control_port, CONTROL_PORT_ENV)
+        self.control_port = control_port
+        self.compress = compress
         self.secret = secret
         self.world = world
         self.bind = bind
@@ -237,9 +332,15 @@ class JobHost:
             coordinator=(self.advertised_host, 0),
             scheme=self.scheme,
             measured=measured,
+            compress=self.compress,
         )
         self._db = RunDB(self.run_dir / "run.db")
-        coord = Coordinator(cfg, self._db, self.bind[0], 0, secret=self.secret)
+        try:
+            coord = Coordinator(cfg, self._db, self.bind[0], self.control_port, secret=self.secret)
+        except OSError as exc:  # refused to every rank, naming the setting
+            raise JoinRefused(
+                f"the coordinator cannot listen on {CONTROL_PORT_ENV}={self.control_port}: {exc}"
+            ) from exc
         cfg = replace(cfg, coordinator_port=coord.port)
         coord.cfg = cfg  # the life cycle only reads n, p and capacities, the same in both
         self._db.event(
@@ -292,3 +393,12 @@ class JobHost:
         if self._db is not None:
             self._db.close()
             self._db = None
+
+
+def _check_free(host: str, port: int, source: str) -> None:
+    """:class:`PortError` naming ``source`` if ``port`` cannot be listened on at ``host`` now."""
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        raise PortError(f"{source}={port}: cannot listen on it at {host or '*'}: {exc}") from exc

@@ -42,7 +42,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from crew.wire.frames import (
@@ -565,6 +565,30 @@ class ArrivalRate:
         return out
 
 
+def listen_on(host: str, ports: Iterable[int]) -> socket.socket:
+    """A TCP socket listening at ``host`` on the first of ``ports`` not in use (0: any free
+    port). Several processes on one host may race for the same ports: the kernel gives each
+    port to one of them and the others move on. ``OSError`` (``EADDRINUSE`` when every port was
+    taken) if none could be listened on."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    tried: list[int] = []
+    for port in ports:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(128)
+        except OSError as exc:
+            sock.close()
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            tried.append(port)
+            continue
+        return sock
+    span = f"{tried[0]}-{tried[-1]}" if len(tried) > 1 else "".join(map(str, tried))
+    raise OSError(errno.EADDRINUSE, f"every port in {span or 'an empty list'} is in use at {host}")
+
+
 class Transport:
     """Peer-to-peer frame transport of one worker. See the module docstring for the model."""
 
@@ -581,9 +605,11 @@ class Transport:
         connect_timeout: float = 5.0,
         stall_timeout: float = 30.0,
         pacing: Mapping[int, float] | None = None,
+        listen_ports: Iterable[int] | None = None,
     ) -> None:
         """``pacing``: per destination, the rate (bytes/s) its connection is paced at
-        (``set_pacing``); destinations not in it are not paced."""
+        (``set_pacing``); destinations not in it are not paced. ``listen_ports``: listen on the
+        first of these that is free at ``listen``'s host, instead of ``listen``'s port."""
         if connect_timeout <= 0:
             raise ValueError(f"connect_timeout={connect_timeout} must be > 0")
         if stall_timeout <= 0:
@@ -616,16 +642,8 @@ class Transport:
         self._trace = FrameTrace.from_env(me)
 
         host, port = listen
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._listener = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._listener.bind((host, port))
-            self._listener.listen(128)
-            self._listener.settimeout(_ACCEPT_POLL_S)
-        except OSError:
-            self._listener.close()
-            raise
+        self._listener = listen_on(host, (port,) if listen_ports is None else listen_ports)
+        self._listener.settimeout(_ACCEPT_POLL_S)
         self.address: Address = self._listener.getsockname()[:2]
         self.port: int = self.address[1]
 
