@@ -1,7 +1,12 @@
-"""``python -m dashboard runs/<id> [--port N] [--host H]``: serve the dashboard for one run.
+"""``python -m dashboard RUN [--port N] [--host H]``: serve the dashboard for one run.
 
-Replaces this process with ``streamlit run dashboard/app.py -- --run <run>`` so that signals
-(Ctrl-C, the lab's shutdown) reach Streamlit directly.
+``RUN`` is a run database or the directory that holds it: a lab run's ``runs/<id>`` (its
+``lab.db``), or a ``crew.Averager`` job's ``CREW_RUN_DIR`` (rank 0's ``run.db``). Both are the
+same SQLite schema (``crew.runtime.rundb``); a job's has no emulated links, so its network
+panels stay empty while groups, plans and training fill in.
+
+Replaces this process with ``streamlit run dashboard/app.py -- --run <database>`` so that
+signals (Ctrl-C, the lab's shutdown) reach Streamlit directly.
 """
 
 from __future__ import annotations
@@ -14,6 +19,16 @@ from pathlib import Path
 APP = Path(__file__).resolve().with_name("app.py")
 DEFAULT_PORT = 8501
 DEFAULT_HOST = "127.0.0.1"  # loopback: whoever reaches the page can cut links and kill workers
+# What a run directory holds: a lab run's database, or a launched job's (crew.runtime.launch).
+DB_NAMES = ("lab.db", "run.db")
+
+
+def find_db(run: Path) -> Path | None:
+    """The run database ``run`` names: the file itself, or the first of ``DB_NAMES`` in the
+    directory; None if there is none."""
+    if run.is_dir():
+        return next((run / name for name in DB_NAMES if (run / name).is_file()), None)
+    return run if run.is_file() else None
 
 
 def streamlit_argv(run: Path, port: int, host: str) -> list[str]:
@@ -45,16 +60,22 @@ def streamlit_argv(run: Path, port: int, host: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m dashboard", description=__doc__)
-    parser.add_argument("run", type=Path, help="the run directory (runs/<id>) or its lab.db")
+    parser.add_argument(
+        "run",
+        type=Path,
+        help="a run database, or its directory: a lab run's runs/<id> (lab.db) or a"
+        " crew.Averager job's CREW_RUN_DIR (run.db)",
+    )
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--host", default=DEFAULT_HOST)
     args = parser.parse_args(argv)
-    db = args.run / "lab.db" if args.run.is_dir() else args.run
-    if not db.is_file():
-        parser.error(f"no run database at {db}")
+    db = find_db(args.run)
+    if db is None:
+        looked = " or ".join(str(args.run / n) for n in DB_NAMES) if args.run.is_dir() else args.run
+        parser.error(f"no run database at {looked}")
     if not 0 < args.port < 65536:
         parser.error(f"--port must be in 1..65535, got {args.port}")
-    cmd = streamlit_argv(args.run.resolve(), args.port, args.host)
+    cmd = streamlit_argv(db.resolve(), args.port, args.host)
     os.execv(cmd[0], cmd)
 
 

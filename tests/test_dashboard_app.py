@@ -267,7 +267,7 @@ def test_module_entry_builds_streamlit_argv(tmp_path, monkeypatch):
     assert argv[1:5] == ["-m", "streamlit", "run", APP]
     assert argv[argv.index("--server.port") + 1] == "8611"
     assert argv[argv.index("--server.address") + 1] == "127.0.0.1"
-    assert argv[-3:] == ["--", "--run", str(tmp_path.resolve())]
+    assert argv[-3:] == ["--", "--run", str((tmp_path / "lab.db").resolve())]
     with pytest.raises(SystemExit):
         entry.main([str(tmp_path / "missing")])
     assert len(seen) == 1

@@ -343,6 +343,7 @@ class JobHost:
             ) from exc
         cfg = replace(cfg, coordinator_port=coord.port)
         coord.cfg = cfg  # the life cycle only reads n, p and capacities, the same in both
+        self._record_job(cfg, addresses, started_at=time.time() - figures.seconds)
         self._db.event(
             "probe",
             f"start-up probe: {figures.seconds:.2f} s, {figures.rounds} rounds,"
@@ -362,6 +363,37 @@ class JobHost:
         self._thread.start()
         log.info("coordinator for %d workers on port %d", self.world, coord.port)
         return cfg
+
+    def _record_job(
+        self, cfg: RunConfig, addresses: Sequence[Address], *, started_at: float
+    ) -> None:
+        """The facts a lab run also records, so ``python -m dashboard`` reads a job's run.db
+        as it reads a lab's: the run (id, scheme, p, when the start-up probe began), one worker
+        per rank (its machine as its cloud) and the directed links at the rates the job
+        started with."""
+        from crew.runtime.rundb import LinkRow, WorkerRow
+
+        assert self._db is not None
+        self._db.set_meta(
+            {
+                "run_id": cfg.run_id,
+                "started_at": str(started_at),
+                "scheme": Scheme(cfg.scheme).value,
+                "p": str(cfg.p),
+                "n": str(cfg.n),
+                "topology_name": "launched job",
+            }
+        )
+        self._db.add_workers(
+            WorkerRow(rank, f"rank {rank}", host, f"{host}:{port}")
+            for rank, (host, port) in enumerate(addresses)
+        )
+        self._db.add_links(
+            LinkRow(src, dst, float(cfg.bw_mbit[src][dst]))
+            for src in range(cfg.n)
+            for dst in range(cfg.n)
+            if src != dst
+        )
 
     def start(self) -> None:
         self.rendezvous.start()
@@ -391,6 +423,8 @@ class JobHost:
             if self._thread is not None:
                 self._thread.join(timeout=5.0)
         if self._db is not None:
+            if coord is not None:  # the job ran: a finished run, which the dashboard replays
+                self._db.set_meta({"ended_at": str(time.time())})
             self._db.close()
             self._db = None
 
