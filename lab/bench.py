@@ -168,6 +168,7 @@ from lab.report.benchrounds import (
     round_summary,
     run_folder,
 )
+from lab.spec.shipped import topology_arg
 from lab.spec.topology import Impairment, TopologyError, TopologySpec, load_topology
 
 log = logging.getLogger(__name__)
@@ -1259,7 +1260,12 @@ def build_parser() -> argparse.ArgumentParser:
         "run folder per scheme (DIR/<scheme>/lab.db and logs), and with --train "
         "DIR/train.json and DIR/train/<scheme>/. Details: the docstring of lab/bench.py.",
     )
-    p.add_argument("--topology", type=Path, required=True, help="topology YAML to emulate")
+    p.add_argument(
+        "--topology",
+        type=topology_arg,
+        required=True,
+        help="topology YAML to emulate, or a shipped topology's name",
+    )
     p.add_argument(
         "--schemes",
         default="all",

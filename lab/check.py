@@ -61,6 +61,7 @@ from lab.net.mesh import LabError, LabNetwork, LinkState
 from lab.net.preflight import ImpairmentMode, PreflightError
 from lab.net.probe import Row, loss_row, ping, rtt_rows
 from lab.net.shaping import ShapingError
+from lab.spec.shipped import default_topology, topology_arg
 from lab.spec.topology import (
     Impairment,
     LinkSpec,
@@ -498,9 +499,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--topology",
-        type=Path,
-        default=Path("topologies/default.yaml"),
-        help="topology YAML to emulate and check (default: %(default)s)",
+        type=topology_arg,
+        default=default_topology(),
+        help="topology YAML to emulate and check, or a shipped topology's name (default: default)",
     )
     p.add_argument(
         "--seconds",

@@ -38,6 +38,7 @@ from lab.orchestrate.runner import (
     training_options,
 )
 from lab.spec.scenario import ScenarioError, load_scenario
+from lab.spec.shipped import default_topology, topology_arg
 from lab.spec.topology import Impairment, TopologyError, load_topology
 
 log = logging.getLogger("lab.run")
@@ -59,9 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--topology",
-        type=Path,
-        default=REPO / "topologies" / "default.yaml",
-        help="topology YAML (default: topologies/default.yaml)",
+        type=topology_arg,
+        default=default_topology(),
+        help="topology YAML, or a shipped topology's name (default: default)",
     )
     p.add_argument(
         "--p",

@@ -11,9 +11,10 @@ from pathlib import Path
 from lab.orchestrate import commands as cmds
 from lab.orchestrate.commands import LabLimits
 from lab.spec.scenario import ScenarioError, load_scenario
+from lab.spec.shipped import default_topology, topology_arg
 from lab.spec.topology import TopologyError, load_topology
 
-DEFAULT_TOPOLOGY = Path(__file__).resolve().parents[1] / "topologies" / "default.yaml"
+DEFAULT_TOPOLOGY = default_topology()
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -29,7 +30,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--topology",
-        type=Path,
+        type=topology_arg,
         default=None,
         help="topology whose link rates scale_link and chaos 'rate' faults scale (default: "
         "topologies/default.yaml when --n is omitted or matches its worker count)",

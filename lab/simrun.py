@@ -26,6 +26,7 @@ from pathlib import Path
 
 from crew.sim.__main__ import add_run_options, config_from, faults_from, run, summary
 from lab.spec.scenario import load_scenario
+from lab.spec.shipped import topology_arg
 from lab.spec.simulated import scenario_faults, sim_topology
 from lab.spec.topology import load_topology
 
@@ -37,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m lab.simrun",
         description="Simulate a run (crew.sim) on a lab topology YAML and scenario.",
     )
-    parser.add_argument("--topology", type=Path, required=True)
+    parser.add_argument("--topology", type=topology_arg, required=True)
     parser.add_argument("--scenario", type=Path)
     add_run_options(parser)
     args = parser.parse_args(argv)

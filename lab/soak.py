@@ -51,6 +51,7 @@ from lab.net.preflight import PreflightError, check
 from lab.orchestrate.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id, summarize
 from lab.report.pace import is_fault_start, read_pace
 from lab.spec.scenario import Scenario, ScenarioError, parse_scenario
+from lab.spec.shipped import default_topology, topology_arg
 from lab.spec.topology import TopologyError, TopologySpec, load_topology
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ LAB_RULE_COMMENTS = ("crew-cut", "crew-loss")
 @dataclass(frozen=True)
 class SoakOptions:
     minutes: float = 10.0
-    topology: Path = REPO / "topologies" / "default.yaml"
+    topology: Path = field(default_factory=default_topology)
     seed: int = 0
     every_s: float = 15.0  # one fault starts this often during the chaos window
     warmup_s: float = 60.0  # no faults while the workers start and the first groups form
@@ -566,7 +567,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=float, default=10.0, help="run length (default 10)")
     p.add_argument(
         "--topology",
-        default="default",
+        type=topology_arg,
+        default=default_topology(),
         help="a topology name under topologies/ or a YAML path (default: default)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the fault timeline and the run")
@@ -586,13 +588,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _topology_path(name: str) -> Path:
-    path = Path(name)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        return path
-    return REPO / "topologies" / f"{name}.yaml"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -601,7 +596,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         opts = SoakOptions(
             minutes=args.minutes,
-            topology=_topology_path(args.topology),
+            topology=args.topology,
             seed=args.seed,
             every_s=args.every,
             warmup_s=args.warmup,

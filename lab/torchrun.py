@@ -29,6 +29,7 @@ from pathlib import Path
 from crew.runtime import rundb
 from crew.runtime.capacity_probe import DEFAULT_PROBE_SECONDS, plan_probe
 from lab.net.mesh import LabNetwork
+from lab.spec.shipped import default_topology, topology_arg
 from lab.spec.topology import TopologySpec, load_topology
 
 REPO = Path(__file__).resolve().parents[1]
@@ -169,7 +170,7 @@ def probe_report(res: ProbeResult, topo: TopologySpec, probe_bytes: int, seconds
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lab.torchrun", description=__doc__)
-    parser.add_argument("--topology", default="topologies/default.yaml")
+    parser.add_argument("--topology", type=topology_arg, default=default_topology())
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--probe-bytes", type=int, default=4 << 20, help="burst per link")
     parser.add_argument(

@@ -20,8 +20,8 @@ import subprocess
 import sys
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from lab.spec.shipped import default_topology, topology_arg
 from lab.spec.topology import Impairment, TopologySpec, load_topology
 
 log = logging.getLogger(__name__)
@@ -245,9 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--topology",
-        type=Path,
-        default=Path("topologies/default.yaml"),
-        help="topology YAML to check (default: %(default)s)",
+        type=topology_arg,
+        default=default_topology(),
+        help="topology YAML to check, or a shipped topology's name (default: default)",
     )
     add_allow_missing(parser)
     args = parser.parse_args(argv)

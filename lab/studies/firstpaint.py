@@ -47,6 +47,7 @@ from rich.table import Table
 
 from lab.orchestrate import browser
 from lab.orchestrate.runner import REPO, new_run_id
+from lab.spec.shipped import default_topology, topology_arg
 
 PANELS = (
     "header",
@@ -264,8 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=int, default=3, help="how many labs to start (default 3)")
     p.add_argument(
         "--topology",
-        type=Path,
-        default=REPO / "topologies" / "default.yaml",
+        type=topology_arg,
+        default=default_topology(),
         help="topology file (default topologies/default.yaml, lab.run's own default)",
     )
     p.add_argument("--timeout", type=float, default=60.0, help="give up on a run after this (60 s)")

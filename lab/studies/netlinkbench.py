@@ -36,7 +36,8 @@ from pyroute2 import IPRoute
 from lab.net import shaping
 from lab.net.mesh import LabNetwork, read_net_dev
 from lab.net.netlink import HTB_CLASS, HTB_ROOT, LEAF, htb_class_params
-from lab.orchestrate.runner import REPO, free_mgmt_subnet
+from lab.orchestrate.runner import free_mgmt_subnet
+from lab.spec.shipped import Shipped, shipped_file, topology_arg
 from lab.spec.topology import load_topology
 
 MAX_REPEATS = 1000
@@ -177,7 +178,9 @@ def run(topology: Path, changes: int, samples: int, builds: int) -> dict[str, An
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lab.studies.netlinkbench", description=__doc__)
-    ap.add_argument("--topology", type=Path, default=REPO / "topologies" / "small.yaml")
+    ap.add_argument(
+        "--topology", type=topology_arg, default=shipped_file(Shipped.TOPOLOGIES, "small")
+    )
     ap.add_argument("--changes", type=int, default=50, help="rate changes per path (50)")
     ap.add_argument("--samples", type=int, default=50, help="counter samples per path (50)")
     ap.add_argument("--builds", type=int, default=10, help="mesh shapings per path (10)")

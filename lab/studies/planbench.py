@@ -194,9 +194,10 @@ def sym4(rates: Sequence[float]) -> np.ndarray:
 
 
 def topology_matrix(name: str) -> np.ndarray:
+    from lab.spec.shipped import Shipped, shipped_file
     from lab.spec.topology import load_topology
 
-    return load_topology(REPO / "topologies" / f"{name}.yaml").bw_matrix()
+    return load_topology(shipped_file(Shipped.TOPOLOGIES, name)).bw_matrix()
 
 
 def cases(args: argparse.Namespace) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from lab.net.cleanup import DEFAULT_STATE_DIR, cleanup_leftovers
 from lab.net.mesh import LabError, LabNetwork
 from lab.net.preflight import PreflightError
 from lab.orchestrate.runner import REPO
+from lab.spec.shipped import default_topology, topology_arg
 from lab.spec.topology import TopologyError, load_topology
 
 BUDGET = 0.005  # share of a link's configured rate the probes may take
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--port", type=int, required=True)
     pr.add_argument("--secret", required=True)
     pr.add_argument("--seconds", type=float, required=True)
-    p.add_argument("--topology", type=Path, default=REPO / "topologies" / "default.yaml")
+    p.add_argument("--topology", type=topology_arg, default=default_topology())
     p.add_argument("--seconds", type=float, default=30.0, help="measured span (30)")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds before counting (3)")
     p.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
