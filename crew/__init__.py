@@ -7,6 +7,7 @@ The public API (docs/api.md)::
     crew.CrewError     base of the errors below
     crew.LaunchError   the job could not start: SecretError, CoordinatorUnreachable, JoinRefused,
                        PortError
+    crew.__version__   this release's version (the one the package metadata carries)
 
 ``crew.Averager`` imports torch; it is loaded on first use, so the coordinator and the lab's
 tools import ``crew`` without it.
@@ -25,6 +26,10 @@ from crew.errors import (
     SecretError,
 )
 
+# The one place the version is written: pyproject.toml reads it from here (setuptools' dynamic
+# version, parsed without importing crew), so the wheel's metadata and this string agree.
+__version__ = "0.1.0"
+
 __all__ = [
     "Averager",
     "CoordinatorUnreachable",
@@ -34,6 +39,7 @@ __all__ = [
     "PortError",
     "Round",
     "SecretError",
+    "__version__",
 ]
 
 

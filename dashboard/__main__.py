@@ -12,6 +12,7 @@ signals (Ctrl-C, the lab's shutdown) reach Streamlit directly.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -75,6 +76,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"no run database at {looked}")
     if not 0 < args.port < 65536:
         parser.error(f"--port must be in 1..65535, got {args.port}")
+    if importlib.util.find_spec("streamlit") is None:  # say so here, not in Streamlit's stead
+        parser.error("streamlit is not installed: pip install 'crew-lab[dashboard]'")
     cmd = streamlit_argv(db.resolve(), args.port, args.host)
     os.execv(cmd[0], cmd)
 

@@ -260,7 +260,7 @@ else
         --extra-index-url "${LAB_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" "torch==2.13.0+cpu"
 fi
 log "installing the project and its test extras into $VENV"
-"$VENV/bin/python" -m pip install -q "${torch_args[@]}" -e "$REPO[test]"
+"$VENV/bin/python" -m pip install -q "${torch_args[@]}" -e "$REPO[lab,dashboard,test]"
 
 # Expose the distribution's mininet package alone, not the rest of dist-packages.
 SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
