@@ -5,11 +5,6 @@ it over netlink, and reads it back with tc."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import time
-from collections.abc import Iterator
-
 import pytest
 from pyroute2.netlink.exceptions import NetlinkError
 
@@ -30,21 +25,13 @@ def test_a_refusal_is_a_shaping_error_with_the_kernels_errno() -> None:
 
 
 @pytest.fixture
-def veth_ns() -> Iterator[int]:
-    """A namespace (held by a sleeping process) with a veth pair w0-w1/w1-w0 shaped by tc."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    holder = subprocess.Popen(["unshare", "-n", "sleep", "60"])
-    try:
-        time.sleep(0.2)
-        pid = holder.pid
-        shaping.run(pid, ["ip", "link", "add", "w0-w1", "type", "veth", "peer", "name", "w1-w0"])
-        shaping.run(pid, ["ip", "link", "set", "w0-w1", "up"])
-        shaping.apply(pid, "w0-w1", shaping.Shape(100.0), netem=False)
-        yield pid
-    finally:
-        holder.kill()
-        holder.wait(5)
+def veth_ns(fresh_netns: int) -> int:
+    """A fresh namespace with a veth pair w0-w1/w1-w0 shaped by tc; the pid that holds it."""
+    pid = fresh_netns
+    shaping.run(pid, ["ip", "link", "add", "w0-w1", "type", "veth", "peer", "name", "w1-w0"])
+    shaping.run(pid, ["ip", "link", "set", "w0-w1", "up"])
+    shaping.apply(pid, "w0-w1", shaping.Shape(100.0), netem=False)
+    return pid
 
 
 @pytest.mark.root
