@@ -1,4 +1,5 @@
-"""lab.net.shaping's command batches (read-only `ip` commands in this process's own namespace)."""
+"""lab.net.shaping's command batches: read-only `ip` commands in this process's own namespace,
+and (root) a batch that changes a throwaway one."""
 
 from __future__ import annotations
 
@@ -20,9 +21,30 @@ def test_a_failing_batch_names_the_command_that_failed() -> None:
     assert "crwnosuchdev0" in str(exc.value)
 
 
-def test_a_good_batch_runs_and_an_empty_one_is_nothing() -> None:
-    shaping.run_batch(None, "ip", [["ip", "link", "show", "lo"]] * 3)
-    shaping.run_batch(None, "tc", [])
+@pytest.mark.root
+def test_a_good_batch_runs_every_line_in_order(fresh_netns: int) -> None:
+    pid = fresh_netns  # a throwaway namespace: the batch changes it
+    shaping.run_batch(
+        pid,
+        "ip",
+        [
+            ["ip", "link", "add", "crwd0", "type", "veth", "peer", "name", "crwd1"],
+            ["ip", "addr", "add", "10.77.0.1/32", "dev", "crwd0"],  # needs the line before
+            ["ip", "link", "set", "crwd0", "up"],
+        ],
+    )
+    shown = shaping.run(pid, ["ip", "-o", "addr", "show", "dev", "crwd0"])
+    assert "10.77.0.1/32" in shown
+    assert "UP" in shaping.run(pid, ["ip", "-o", "link", "show", "crwd0"])
+
+
+def test_an_empty_batch_starts_no_process() -> None:
+    # No process can have this pid: running anything "in its namespace" would fail (mnexec).
+    with open("/proc/sys/kernel/pid_max") as f:
+        no_such_pid = int(f.read()) + 1
+    with pytest.raises(shaping.ShapingError):
+        shaping.run(no_such_pid, ["ip", "link", "show", "lo"])
+    shaping.run_batch(no_such_pid, "tc", [])
 
 
 @pytest.mark.parametrize(
