@@ -268,8 +268,9 @@ def test_module_entry_builds_streamlit_argv(tmp_path, monkeypatch):
     assert argv[argv.index("--server.port") + 1] == "8611"
     assert argv[argv.index("--server.address") + 1] == "127.0.0.1"
     assert argv[-3:] == ["--", "--run", str((tmp_path / "lab.db").resolve())]
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as refused:
         entry.main([str(tmp_path / "missing")])
+    assert refused.value.code == 2  # argparse's usage error, not a clean exit
     assert len(seen) == 1
 
 

@@ -237,8 +237,10 @@ def test_cli_writes_a_run_the_dashboard_reads(tmp_path, capsys) -> None:  # noqa
     info = queries.run_info(conn)
     assert (info.n, info.p, info.scheme) == (8, 3, "crew")
     assert queries.meta(conn)["simulated"] == "1"
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as refused:
         sim_main(["--n", "8", "--run-dir", str(run)])  # refuses to overwrite a run
+    # A message as the exit code: Python prints it and exits with status 1.
+    assert refused.value.code == f"--run-dir: {run} already holds a run"
 
 
 def test_plan_rounds_caps_crew_planning_and_stays_deterministic() -> None:

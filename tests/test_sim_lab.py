@@ -93,8 +93,9 @@ def test_the_hop_queue_can_be_set_and_a_bad_one_is_refused(capsys) -> None:
     default = inspect.signature(train_compare).parameters["hop_queue_s"].default
     assert default == TRAIN_HOP_QUEUE_S < QUEUE_EXTRA_S
 
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as refused:
         simcompare_main(["x.json", "--topology", "t.yaml", "--hop-queue-ms", "-5"])
+    assert refused.value.code == 2
     assert "--hop-queue-ms must be >= 0, got -5" in capsys.readouterr().err
 
 
