@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -58,6 +59,20 @@ def test_replayed_reflected_and_foreign_probes_are_refused() -> None:
     assert w.down() == [0, 2]
 
 
+WAIT_S = 5.0  # for a prober thread on loopback: milliseconds, unless the machine is busy
+
+
+def _until(predicate: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    for _ in range(int(WAIT_S / 0.01) + 1):
+        if predicate():
+            return
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.01)
+    pytest.fail(f"timed out after {WAIT_S:.0f} s waiting for {what}")
+
+
 def test_udp_probes_on_loopback_find_a_stopped_peer_and_survive_garbage() -> None:
     codec = FrameCodec(SECRET, RUN)
     changes: list[LinkStateChange] = []
@@ -75,13 +90,15 @@ def test_udp_probes_on_loopback_find_a_stopped_peer_and_survive_garbage() -> Non
     a.start()
     b.start()
     try:
-        time.sleep(0.3)
+        _until(lambda: a.received > 0, "a's first probe from b")
         # Garbage and a forged probe are dropped, and do not stop the prober.
         bad = FrameCodec(b"x" * 32, RUN).encode_bytes(probe_frame(1, 0, RUN, time.time() + 1))
         for junk in (b"hello", bad):
             b.sock.sendto(junk, a.address)
-        time.sleep(0.2)
-        assert a.down() == [] and a.received > 0 and a.refused >= 2
+        _until(lambda: a.refused >= 2, "a to refuse both bad datagrams")
+        received = a.received
+        _until(lambda: a.received > received, "a probe from b after the bad datagrams")
+        assert a.down() == []
         b.close()  # its probes stop: a declares 1 -> 0 dead within dead_after (+ a poll)
         assert got.wait(2.0)
         assert changes == [LinkStateChange(1, 0, False, pytest.approx(0.45, abs=0.15))]

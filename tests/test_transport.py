@@ -470,6 +470,16 @@ def test_data_connections_use_the_transports_congestion_control(codec: FrameCode
             inbound.close()
 
 
+TCP_ESTABLISHED = "01"  # the state column of /proc/net/tcp
+
+
+def _established_to(port: int) -> bool:
+    """Whether a loopback TCP connection to ``port`` is still established (/proc/net/tcp)."""
+    with open("/proc/net/tcp") as f:
+        rows = [line.split() for line in f.readlines()[1:]]
+    return any(r[2] == f"0100007F:{port:04X}" and r[3] == TCP_ESTABLISHED for r in rows)
+
+
 def test_a_restarted_peer_gets_every_frame_sent_after_its_restart(make, codec) -> None:
     """The peer process exits (its kernel closes the connection) and a new one listens on the
     same port: frames sent afterwards must reach the new one, not vanish into the old
@@ -485,7 +495,13 @@ def test_a_restarted_peer_gets_every_frame_sent_after_its_restart(make, codec) -
     assert inbox.wait_for(1)
     port = b.port
     b.close()
-    time.sleep(0.2)  # the old connection is half-closed now (the peer's FIN arrived)
+    # Until the old connection is half-closed (the peer's FIN arrived at a's end).
+    deadline = time.monotonic() + WAIT
+    for _ in range(int(WAIT / 0.01) + 1):
+        if not _established_to(port):
+            break
+        assert time.monotonic() < deadline, f"a's connection to port {port} never saw a FIN"
+        time.sleep(0.01)
     again = Inbox()
     b2 = Transport(2, (LOOPBACK, port), {1: (LOOPBACK, a.port)}, codec, again)
     try:
