@@ -42,21 +42,32 @@ REPO = Path(__file__).resolve().parents[2]
 SMALL = REPO / "topologies" / "small.yaml"
 # Not the default 198.19.255.0/24, so a lab someone is running on this machine is not in the way.
 TEST_MGMT = "198.19.250.0/24"
+SAMPLE_WAIT_S = 10.0  # for the link monitor (0.2 s period) to sample a finished transfer
 
-# Runs inside a lab host: UDP receiver counting datagrams for a while. argv: addr port seconds
+# Runs inside a lab host: a UDP receiver that counts datagrams. argv: addr port expected limit_s
+# It ends as soon as ``expected`` have arrived; otherwise once told (a line on stdin) that the
+# sender has finished and then QUIET_S passes without a datagram, or after limit_s in all.
+# Datagrams of a finished sender are delivered or dropped within milliseconds on these links.
 UDP_RECV = textwrap.dedent("""
-    import socket, sys, time
+    import select, socket, sys, time
+    QUIET_S = 0.3
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.bind((sys.argv[1], int(sys.argv[2])))
-    s.settimeout(0.1)
+    expected, limit = int(sys.argv[3]), float(sys.argv[4])
     print("ready", flush=True)
-    n, end = 0, time.monotonic() + float(sys.argv[3])
-    while time.monotonic() < end:
-        try:
+    n, sender_done, last = 0, False, time.monotonic()
+    end = last + limit
+    for _ in range(expected + int(limit / 0.05) + 1):
+        now = time.monotonic()
+        if n >= expected or now >= end or (sender_done and now - last >= QUIET_S):
+            break
+        ready, _, _ = select.select([s, sys.stdin], [], [], 0.05)
+        if s in ready:
             s.recv(2048)
-            n += 1
-        except TimeoutError:
-            pass
+            n, last = n + 1, time.monotonic()
+        if sys.stdin in ready and not sender_done:
+            sys.stdin.readline()
+            sender_done, last = True, max(last, time.monotonic())
     print(n, flush=True)
 """)
 # UDP sender: argv: addr port count
@@ -130,11 +141,19 @@ def transfer(net, i: int, j: int, seconds: float = 0.3, port: int = 17000) -> di
     return json.loads(out.strip().splitlines()[-1])
 
 
+UDP_LIMIT_S = 30.0  # the receiver's bound in all; a sender on a busy host takes about a second
+
+
 def udp_count(net, i: int, j: int, port: int, count: int = 20) -> int:
-    """Datagrams j receives of ``count`` sent by i to j's identity address."""
+    """Datagrams j receives of ``count`` sent by i to j's identity address.
+
+    The receiver counts until all ``count`` arrived, or until the sender has exited and no
+    datagram followed for a moment: a slow start of the sender cannot shorten its window."""
     recv = net.popen(
         j,
-        [sys.executable, "-c", UDP_RECV, net.identity_address(j), str(port), "1.0"],
+        [sys.executable, "-c", UDP_RECV, net.identity_address(j), str(port), str(count)]
+        + [str(UDP_LIMIT_S)],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -143,9 +162,9 @@ def udp_count(net, i: int, j: int, port: int, count: int = 20) -> int:
         send = net.popen(
             i, [sys.executable, "-c", UDP_SEND, net.identity_address(j), str(port), str(count)]
         )
-        assert send.wait(timeout=10) == 0
+        assert send.wait(timeout=UDP_LIMIT_S) == 0
         net.stop_process(send)
-        out, _ = recv.communicate(timeout=10)
+        out, _ = recv.communicate("sent\n", timeout=UDP_LIMIT_S)
     finally:
         net.stop_process(recv)
     return int(out.strip())
@@ -309,7 +328,14 @@ def test_tx_bytes_rise_on_the_link_that_carried_a_transfer(net, tmp_path: Path) 
         assert set(before) == {(i, j) for i in range(3) for j in range(3) if i != j}
         with LinkMonitor(net, db, interval=0.2):
             r = transfer(net, 2, 0, seconds=0.6)
-            time.sleep(0.3)
+            # Until the monitor has sampled the transfer's last bytes on 2->0.
+            deadline = time.monotonic() + SAMPLE_WAIT_S
+            for _ in range(int(SAMPLE_WAIT_S / 0.05) + 1):
+                got = db.query("SELECT MAX(tx_bytes) AS b FROM link_samples WHERE src=2 AND dst=0")
+                if got[0]["b"] is not None and got[0]["b"] - before[(2, 0)] >= r["bytes"]:
+                    break
+                assert time.monotonic() < deadline, "the monitor never sampled the transfer"
+                time.sleep(0.05)
         after = net.tx_bytes()
         assert after[(2, 0)] - before[(2, 0)] >= r["bytes"] > 100_000
         rows = db.query("SELECT src, dst, tx_bytes, mbit FROM link_samples ORDER BY t")
