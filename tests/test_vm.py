@@ -38,6 +38,7 @@ def _require_guest_kernel() -> None:
 
 
 @pytest.mark.root
+@pytest.mark.slow
 @pytest.mark.skipif(bool(os.environ.get(VM_ENV_FLAG)), reason="already inside the VM")
 def test_vm_marked_tests_pass_inside_the_vm() -> None:
     _require_guest_kernel()
@@ -54,6 +55,7 @@ def test_vm_marked_tests_pass_inside_the_vm() -> None:
 
 
 @pytest.mark.root
+@pytest.mark.slow
 @pytest.mark.skipif(bool(os.environ.get(VM_ENV_FLAG)), reason="already inside the VM")
 def test_vm_returns_status_and_output_writes_back_and_leaves_nothing(tmp_path) -> None:
     _require_guest_kernel()

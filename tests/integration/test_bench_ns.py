@@ -15,7 +15,7 @@ from lab import bench
 from lab.net.cleanup import ROOT_NAME_PREFIX, root_link_names
 from lab.orchestrate.runner import REPO
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 SMALL = REPO / "topologies" / "small.yaml"
 OPS = 3

@@ -19,7 +19,7 @@ from lab.net.preflight import check
 from lab.orchestrate.runner import REPO, LabRun
 from lab.spec.topology import load_topology
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 FOUR = REPO / "tests" / "data" / "topologies" / "four.yaml"
 FIRST_GROUPS = 3

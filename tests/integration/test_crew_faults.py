@@ -20,7 +20,7 @@ from lab.orchestrate import commands as cmds
 from lab.orchestrate.runner import REPO, LabRun
 from lab.spec.topology import load_topology
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 FOUR = REPO / "tests" / "data" / "topologies" / "four.yaml"
 SMALL = REPO / "topologies" / "small.yaml"

@@ -29,6 +29,7 @@ from lab.spec.topology import load_topology
 
 pytestmark = [
     pytest.mark.root,
+    pytest.mark.slow,
     pytest.mark.browser,
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin"),
 ]

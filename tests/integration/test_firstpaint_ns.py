@@ -20,6 +20,7 @@ from lab.studies.firstpaint import DATA, PANELS, main
 
 pytestmark = [
     pytest.mark.root,
+    pytest.mark.slow,
     pytest.mark.browser,
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin"),
 ]

@@ -27,7 +27,7 @@ import pytest
 
 from crew.runtime.gloo import demo_vector
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 WORLD = 3

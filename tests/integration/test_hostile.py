@@ -26,7 +26,7 @@ from lab.net.preflight import check
 from lab.orchestrate.runner import REPO, LabRun
 from lab.spec.topology import load_topology
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 SMALL = REPO / "topologies" / "small.yaml"
 START_WAIT_S = 120.0

@@ -190,6 +190,7 @@ def test_every_group_scheme_trains_in_one_lab(tmp_path: Path) -> None:
     assert [r["status"] for r in applied] == ["applied"] * len(ROUTE_SCHEMES)
 
 
+@pytest.mark.slow
 def test_gloo_trains_with_synchronous_all_reduce(tmp_path: Path) -> None:
     """Gloo: every iteration, all n workers all-reduce (no partial groups)."""
     topo = load_topology(SMALL)

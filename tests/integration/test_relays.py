@@ -26,7 +26,7 @@ from lab.orchestrate import commands as cmds
 from lab.orchestrate.runner import REPO, LabRun
 from lab.spec.topology import load_topology
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 RELAY4 = REPO / "tests" / "data" / "topologies" / "relay4.yaml"
 OPS = 40  # trace length: more than the test waits for

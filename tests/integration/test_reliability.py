@@ -55,7 +55,7 @@ from lab.report.pace import WINDOW_S, Pace, read_pace
 from lab.spec.scenario import Scenario, ScenarioPlayer, load_scenario
 from lab.spec.topology import load_topology
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 FOUR = REPO / "tests" / "data" / "topologies" / "four.yaml"
 SMALL = REPO / "topologies" / "small.yaml"

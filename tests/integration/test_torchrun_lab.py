@@ -18,7 +18,7 @@ from labkit import rows
 from lab.spec.topology import load_topology
 from lab.torchrun import probe_result, run_in_lab
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = REPO / "topologies" / "small.yaml"
