@@ -11,6 +11,7 @@ connection, so a test reads what the lab and its coordinator have committed and 
 from __future__ import annotations
 
 import math
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from crew.runtime import rundb
+from lab.net.cleanup import ROOT_NAME_PREFIX, root_link_names
 from lab.orchestrate.runner import LabRun, RunOptions
 
 POLL_S = 0.5  # between two polls of a lab; a group takes seconds, so finer polling buys nothing
@@ -86,3 +88,26 @@ def completed_groups(db: Path, since: float = 0.0) -> list[sqlite3.Row]:
         "SELECT * FROM groups WHERE status='completed' AND formed_at >= ? ORDER BY formed_at",
         (since,),
     )
+
+
+def lab_pids(lab: LabRun) -> list[int]:
+    """The pids of the lab's workers and coordinator."""
+    procs = [*lab.workers.values(), lab.coordinator]
+    return [p.pid for p in procs if p is not None]
+
+
+def assert_nothing_left(tag: str, pids: Sequence[int], state_dir: Path) -> None:
+    """Nothing of the stopped lab ``tag`` is left: no interface, no process, no state file.
+
+    Only this lab's own names: another lab may run on the machine at the same time."""
+    assert not [n for n in root_link_names() if n.startswith(ROOT_NAME_PREFIX + tag)]
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid), f"pid {pid} still runs"
+    assert not list(state_dir.glob("*.json")), "the lab's state file was not removed"
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

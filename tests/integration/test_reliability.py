@@ -5,7 +5,9 @@ Each shipped scenario (``scenarios/*.yaml``) is played on a small lab, as ``lab.
 ``commands`` table and the lab's fault injector. Only the clock differs. The shipped
 timelines assume a lab that needs 20-30 s to come up and run for minutes; here the player's
 clock starts once the lab has completed its first groups, and every ``at`` is multiplied by
-``Case.scale`` (``Scenario.scaled``). Order, targets and ties are those of the file.
+``Case.scale`` (``Scenario.scaled``). Where the file's gaps only give the lab time to react
+(``Case.hurry``), each step comes as soon as the lab has answered the ones before it, at the
+latest when that clock says. Order, targets and ties are those of the file.
 
 For every scenario, whatever it injected:
 
@@ -14,6 +16,7 @@ For every scenario, whatever it injected:
 * every completed group averaged exactly (``verify_err`` < 1e-3, see ``crew.control.verify``);
 * no group is left open once the lab has stopped, and ``lab.audit`` passes on the finished
   run (no lost update, no overlapping or hung group, consistent records);
+* nothing of the lab (interface, process, state file) is left on the machine;
 
 plus a check that the scenario hit what it aims at (a failover for a cut, the rejoin of a
 restarted worker, ...). Observed recovery times are printed (run with ``-s`` to see them);
@@ -36,7 +39,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from labkit import POLL_S, completed_groups, rows, small_opts, wait_until
+from labkit import (
+    POLL_S,
+    assert_nothing_left,
+    completed_groups,
+    lab_pids,
+    rows,
+    small_opts,
+    wait_until,
+)
 
 from lab import audit as lab_audit
 from lab.net.cleanup import (
@@ -50,6 +61,7 @@ from lab.net.cleanup import (
     root_link_names,
 )
 from lab.net.preflight import check
+from lab.orchestrate import commands as cmds
 from lab.orchestrate.runner import REPO, LabRun, lab_limits
 from lab.report.pace import WINDOW_S, Pace, read_pace
 from lab.spec.scenario import Scenario, ScenarioPlayer, load_scenario
@@ -77,6 +89,11 @@ PACE_MIN_SHARE = 0.1
 PACE_BACK_S = 15.0  # ... and back to 80% within 15 s of the last repair
 PACED = ("overlapping-faults", "rolling-faults")  # scenarios whose pace is asserted
 COORDINATOR_BACK_S = 5.0  # a killed coordinator: groups complete again within this
+# A hurried scenario's next step waits for this many completed groups formed after each step
+# before it (CUT_ANSWER_GROUPS after a cut, all planned around the dead link) ...
+ANSWER_GROUPS = 3
+CUT_ANSWER_GROUPS = 4
+KILL_NOTICE_S = 1.0  # ... counted after a kill from this long after it (the check's window)
 STOP_WAIT_S = 60.0
 
 
@@ -109,28 +126,35 @@ def _tag_links(tag: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Case:
-    """A shipped scenario, the lab it runs on here, and how much its clock is compressed."""
+    """A shipped scenario, the lab it runs on here, and how much its clock is compressed.
+
+    ``hurry``: the file's gaps only give the lab time to react to each step, so each next step
+    is played as soon as the lab has answered the ones before (``_answered``), at the latest
+    when the compressed clock says. Scenarios whose faults are meant to overlap keep their
+    clock."""
 
     file: str
     topology: Path
     scale: float
     p: int = 2
+    hurry: bool = False
 
 
 CASES = [
-    Case("worker-crash", FOUR, 0.25),
-    Case("worker-crash-and-rejoin", FOUR, 0.25),
-    Case("link-cut-during-scatter", SMALL, 0.25),
-    Case("link-cut-during-broadcast", SMALL, 0.25),
-    Case("bandwidth-drop", SMALL, 0.25),
-    Case("contention", SMALL, 0.25),
+    # p = 3: the group the kill cuts keeps two survivors to average.
+    Case("worker-crash", FOUR, 0.25, p=3, hurry=True),
+    Case("worker-crash-and-rejoin", FOUR, 0.25, hurry=True),
+    Case("link-cut-during-scatter", SMALL, 0.25, hurry=True),
+    Case("link-cut-during-broadcast", SMALL, 0.25, hurry=True),
+    Case("bandwidth-drop", SMALL, 0.25, hurry=True),
+    Case("contention", SMALL, 0.25, hurry=True),
     Case("random-link-failures", DEFAULT, 0.25, p=3),  # needs n >= 7
     Case("chaos", SMALL, 0.25),
     Case("overlapping-faults", DEFAULT, 0.25, p=3),  # needs n >= 8
     # Its first fault is at 30 s: x0.25 left less than one 10 s window before it for the
     # pre-fault pace (measured: no baseline); x0.4 leaves 12 s.
     Case("rolling-faults", DEFAULT, 0.4, p=3),  # needs n >= 8
-    Case("coordinator-crash", SMALL, 0.25),
+    Case("coordinator-crash", SMALL, 0.25, hurry=True),
 ]
 
 
@@ -146,6 +170,77 @@ def _unanswered(db: Path) -> list[sqlite3.Row]:
     """Applied commands with no completed group formed after them yet."""
     newest = rows(db, "SELECT MAX(formed_at) AS t FROM groups WHERE status='completed'")[0]["t"]
     return [c for c in _applied(db) if newest is None or newest < c["applied_at"]]
+
+
+def _failovers(db: Path, s: int, d: int, since: float = 0.0) -> list[sqlite3.Row]:
+    """The coordinator's failovers of a group over the link s->d (a one-way cut may be reported
+    by either direction: TCP's ACKs), oldest first; ``data`` names the group."""
+    return rows(
+        db,
+        "SELECT t, data FROM events WHERE kind='recovery' AND t >= ?"
+        " AND (message LIKE ? OR message LIKE ?) ORDER BY id",
+        (since, f"%link {s}->{d} failed during%", f"%link {d}->{s} failed during%"),
+    )
+
+
+def _answered(db: Path, n: int) -> bool:
+    """Whether the lab has answered every step played so far, so the next may come now.
+
+    Every worker has taken part in a completed group (so each is registered, and one killed
+    had committed a model); nothing is pending; at least ANSWER_GROUPS groups formed after each
+    applied command completed (after a kill, from KILL_NOTICE_S on, by when the coordinator
+    knows); a killed worker is recorded dead (until it is restarted); and a cut link has
+    failed a group over, which then ended, with CUT_ANSWER_GROUPS groups after the cut."""
+    done = completed_groups(db)
+    if len({w for g in done for w in _members(g)}) < n:
+        return False
+    if rows(db, "SELECT id FROM commands WHERE status='pending'"):
+        return False
+    applied = _applied(db)
+    for k, c in enumerate(applied):
+        args = json.loads(c["args"])
+        since = c["applied_at"] + (KILL_NOTICE_S if c["kind"] == "kill_worker" else 0.0)
+        want = CUT_ANSWER_GROUPS if c["kind"] == "cut_link" else ANSWER_GROUPS
+        if sum(g["formed_at"] >= since for g in done) < want:
+            return False
+        restarted = any(
+            r["kind"] == "restart_worker" and json.loads(r["args"]) == args for r in applied[k:]
+        )
+        if c["kind"] == "kill_worker" and not restarted:
+            state = rows(db, "SELECT state FROM worker_status WHERE worker=?", (args["worker"],))
+            if not state or state[0]["state"] != "dead":
+                return False
+        if c["kind"] == "cut_link":
+            moved = _failovers(db, args["src"], args["dst"], c["applied_at"])
+            if not moved:
+                return False
+            group = json.loads(moved[0]["data"])["group"]
+            if rows(db, "SELECT status FROM groups WHERE id=?", (group,))[0]["status"] == "open":
+                return False
+    return True
+
+
+def _hurry(lab: LabRun, sc: Scenario, mid_reduce: dict[int, int]) -> None:
+    """Play the next step now, once the lab has answered every step before it
+    (``Case.hurry``); a worker is killed only while it is a member of an open group (noted in
+    ``mid_reduce``: worker -> that group)."""
+    player = lab.player
+    assert player is not None
+    if player.done or not _answered(lab.db_path, lab.topo.n):
+        return
+    step = sc.steps[len(player.submitted)]  # steps fire in order
+    if isinstance(step.command, cmds.KillWorker):
+        w = step.command.worker
+        mid = [
+            g["id"]
+            for g in rows(lab.db_path, "SELECT id, members FROM groups WHERE status='open'")
+            if w in _members(g)
+        ]
+        if not mid:
+            return
+        mid_reduce[w] = mid[-1]
+    player.start_time = min(player.start_time, time.time() - step.trigger.value)
+    lab.poll()  # submits the step and applies it at once: the group is still open
 
 
 def _fault_target(kind: str, args: dict) -> tuple[str, object] | None:
@@ -224,26 +319,28 @@ def _scenario_specific(case: Case, lab: LabRun, sc: Scenario) -> Callable[[], bo
         cut = next(s.command for s in sc.steps if s.command.KIND.value == "cut_link")
 
         def failed_over() -> bool:
-            return bool(
-                rows(
-                    db,
-                    "SELECT id FROM events WHERE kind='recovery' AND"
-                    " (message LIKE ? OR message LIKE ?)",
-                    (
-                        f"%link {cut.src}->{cut.dst} failed during%",
-                        f"%link {cut.dst}->{cut.src} failed during%",
-                    ),
-                )
-            )
+            # ... and the group failed over ended: it is followed to its end, since its
+            # revision can take longer than several later groups.
+            moved = _failovers(db, cut.src, cut.dst)
+            if not moved:
+                return False
+            group = json.loads(moved[0]["data"])["group"]
+            return rows(db, "SELECT status FROM groups WHERE id=?", (group,))[0]["status"] != "open"
 
         return failed_over
     if case.file in PACED:
-        # Run on past the last repair long enough to see the pace come back (one 10 s window
-        # within PACE_BACK_S of it).
+        # Run on past the last repair until the pace is back (a 10 s window from within
+        # PACE_BACK_S of it reaches RECOVERED of the baseline), or long enough to see it is not.
+        started = float(rows(db, "SELECT value FROM meta WHERE key='started_at'")[0]["value"])
+
         def paced() -> bool:
-            last = max((c["applied_at"] for c in _applied(db)), default=None)
-            steps_done = len(_applied(db)) == len(sc.steps)
-            return steps_done and time.time() >= last + PACE_BACK_S + WINDOW_S
+            if len(_applied(db)) < len(sc.steps):
+                return False
+            last = max(c["applied_at"] for c in _applied(db))
+            now = time.time()
+            if now >= last + PACE_BACK_S + WINDOW_S:
+                return True
+            return _pace(db, started, now).recovered_after_s is not None
 
         return paced
     if case.file == "random-link-failures":
@@ -253,6 +350,14 @@ def _scenario_specific(case: Case, lab: LabRun, sc: Scenario) -> Callable[[], bo
             )
         )
     return lambda: True
+
+
+def _pace(db: Path, start: float, end: float) -> Pace:
+    conn = sqlite3.connect(db)
+    try:
+        return read_pace(conn, start, end)
+    finally:
+        conn.close()
 
 
 def _timeline(db: Path, start: float, pace: Pace) -> list[str]:
@@ -274,11 +379,26 @@ def _timeline(db: Path, start: float, pace: Pace) -> list[str]:
 def _check_scenario_after(case: Case, db: Path, sc: Scenario, extra: dict) -> None:
     applied = _applied(db)
     if case.file == "worker-crash":
+        # Killed while a member of an open group (Case.hurry): that group ended, re-planned
+        # without it or abandoned; the survivors' groups go on without it; it is recorded dead.
         kill = applied[0]
         assert kill["kind"] == "kill_worker"
+        (g,) = rows(db, "SELECT * FROM groups WHERE id=?", (extra["mid_reduce"][1],))
+        assert g["status"] in ("completed", "abandoned")
+        if g["status"] == "completed" and g["revisions"] > 0:
+            assert 1 not in _members(g), "the survivors' average kept the dead worker"
         later = completed_groups(db, kill["applied_at"])
         assert later and all(1 not in _members(g) for g in later), "a dead worker was averaged"
-        assert rows(db, "SELECT state FROM worker_status WHERE worker=1")[0]["state"] == "dead"
+        dead = rows(db, "SELECT state FROM worker_status WHERE worker=1")
+        history = [
+            (r["t"] - kill["applied_at"], r["state"])
+            for r in rows(db, "SELECT t, state FROM worker_states WHERE worker=1 ORDER BY t")
+        ]
+        said = [r["message"] for r in rows(db, "SELECT message FROM events WHERE worker=1")]
+        assert dead and dead[0]["state"] == "dead", (
+            f"worker 1 is {[r['state'] for r in dead]}; its states since the kill (s, state):"
+            f" {history}; its events: {said}"
+        )
         assert extra["exit_codes"].get(1) == -signal.SIGKILL
     elif case.file == "worker-crash-and-rejoin":
         kill, restart = applied[0], applied[1]
@@ -310,22 +430,31 @@ def _check_scenario_after(case: Case, db: Path, sc: Scenario, extra: dict) -> No
             f"worker 1 restarted at iteration {first}, not after a committed group {committed}"
         )
     elif case.file.startswith("link-cut"):
-        # Once the coordinator has declared the cut link dead, no group is planned over it until
-        # the link is restored (or the coordinator's retry timer puts it back in plans).
+        # The group cut in flight was re-planned and completed; no group formed after the cut
+        # is planned over the dead link until it is restored (or the coordinator's retry timer
+        # puts it back in plans); every result was exact (checked for all groups).
         cut = next(c for c in applied if c["kind"] == "cut_link")
         restore = next(c for c in applied if c["kind"] == "restore_link")
         a = json.loads(cut["args"])
         s, d = a["src"], a["dst"]
-        failed = rows(
-            db,
-            "SELECT t FROM events WHERE kind='fault' AND message LIKE ? AND t >= ? ORDER BY t",
-            (f"link {s}->{d} failed%", cut["applied_at"]),
+        group = json.loads(_failovers(db, s, d, cut["applied_at"])[0]["data"])["group"]
+        (g,) = rows(db, "SELECT * FROM groups WHERE id=?", (group,))
+        history = [
+            e["message"]
+            for e in rows(
+                db,
+                "SELECT message FROM events WHERE kind IN ('recovery', 'group') AND t >= ?",
+                (cut["applied_at"],),
+            )
+        ]
+        assert g["status"] == "completed" and g["revisions"] > 0, (
+            f"group {group}, cut in flight, ended {g['status']} after {g['revisions']}"
+            f" revision(s): {g['reason']}; events since the cut: {history}"
         )
-        if failed:
-            t0 = failed[0]["t"]
-            t1 = min(restore["applied_at"], t0 + RETRY_LINK_S)
-            during = [g for g in completed_groups(db, t0) if g["formed_at"] < t1]
-            assert all((s, d) not in _edges(g) for g in during), "a plan used a dead link"
+        t1 = min(restore["applied_at"], cut["applied_at"] + RETRY_LINK_S)
+        during = [g for g in completed_groups(db, cut["applied_at"]) if g["formed_at"] < t1]
+        assert len(during) >= CUT_ANSWER_GROUPS, "too few groups between the cut and its repair"
+        assert all((s, d) not in _edges(g) for g in during), "a plan used a dead link"
     elif case.file == "bandwidth-drop":
         rates = [
             r["rate_mbit"]
@@ -339,12 +468,8 @@ def _check_scenario_after(case: Case, db: Path, sc: Scenario, extra: dict) -> No
     elif case.file in PACED:
         # The timeline is compressed x4, so the faults overlap even more than in the file;
         # the pace is still asserted on 10 s windows, as for the full-length run.
-        conn = sqlite3.connect(db)
-        try:
-            start = rows(db, "SELECT value FROM meta WHERE key='started_at'")[0]["value"]
-            pace = read_pace(conn, float(start), time.time())
-        finally:
-            conn.close()
+        start = rows(db, "SELECT value FROM meta WHERE key='started_at'")[0]["value"]
+        pace = _pace(db, float(start), extra["settled_at"])  # not the lab's teardown after it
         print(f"pace: {pace.describe()}")
         # Only the killed worker may be lost; one lost to silence while it trained is the
         # coordinator's misjudgement (a CI run lost all eight after a stall, and p fell to 1).
@@ -384,8 +509,9 @@ def test_shipped_scenario(tmp_path: Path, case: Case) -> None:
         time_scale=case.scale,
     )
     run_dir = tmp_path / "run"
-    extra: dict = {"flows": []}
-    with LabRun(topo, caps, small_opts(p=case.p), run_dir, state_dir=tmp_path / "state") as lab:
+    extra: dict = {"flows": [], "mid_reduce": {}}
+    state_dir = tmp_path / "state"
+    with LabRun(topo, caps, small_opts(p=case.p), run_dir, state_dir=state_dir) as lab:
         db = lab.db_path
         wait_until(
             lab, lambda: len(completed_groups(db)) >= WARM_GROUPS, WARM_WAIT_S, "the first groups"
@@ -400,10 +526,13 @@ def test_shipped_scenario(tmp_path: Path, case: Case) -> None:
             if lab.faults is not None:  # remember contention flows to check they stop
                 for procs in lab.faults.flows.values():
                     extra["flows"] += [p for p in procs if p not in extra["flows"]]
+            if case.hurry:
+                _hurry(lab, sc, extra["mid_reduce"])
             return (
                 player.done
                 and not rows(db, "SELECT id FROM commands WHERE status='pending'")
                 and not _unanswered(db)
+                and (not case.hurry or _answered(db, topo.n))  # the last step too
                 and hit()
             )
 
@@ -413,8 +542,11 @@ def test_shipped_scenario(tmp_path: Path, case: Case) -> None:
             last + SETTLE_WAIT_S,
             f"every step of {case.file} applied and followed by a completed group",
         )
+        extra["settled_at"] = time.time()
         extra["exit_codes"] = dict(lab.exit_codes)
+        pids, tag = lab_pids(lab), lab.tag
     print("\n" + "\n".join(_recovery_report(db, case.file)))
+    assert_nothing_left(tag, pids, state_dir)
 
     commands = rows(db, "SELECT kind, status, reason FROM commands ORDER BY id")
     assert len(commands) == len(sc.steps)
