@@ -12,11 +12,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from crew.control.verify import CHECK_TOLERANCE
 from crew.plan import planner
 from crew.plan.schemes import GROUP_SCHEMES
 from crew.runtime.rundb import connect
-from lab import bench
-from lab.bench import BenchError
+from lab.bench import cli as bench_cli
+from lab.bench import ops as bench_ops
+from lab.bench import procs as bench_procs
+from lab.bench import report as bench_report
+from lab.bench import spec as bench_spec
+from lab.bench import train as bench_train
+from lab.bench.spec import BenchError
+from lab.orchestrate.runner import REPO
+from lab.report.benchrounds import percentile
 
 N = 3
 BW = np.array([[np.inf, 60.0, 20.0], [40.0, np.inf, 50.0], [30.0, 25.0, np.inf]])
@@ -89,9 +97,9 @@ def _good_groups() -> list[dict]:
 
 
 def test_trace_is_deterministic_and_valid() -> None:
-    a = bench.make_trace(8, 4, 50, seed=7)
-    assert a == bench.make_trace(8, 4, 50, seed=7)
-    assert a != bench.make_trace(8, 4, 50, seed=8)
+    a = bench_ops.make_trace(8, 4, 50, seed=7)
+    assert a == bench_ops.make_trace(8, 4, 50, seed=7)
+    assert a != bench_ops.make_trace(8, 4, 50, seed=8)
     assert len(a) == 50
     for g in a:
         assert len(g) == 4 and len(set(g)) == 4
@@ -103,25 +111,25 @@ def test_trace_is_deterministic_and_valid() -> None:
 @pytest.mark.parametrize("p", [1, 9])
 def test_trace_rejects_bad_group_size(p: int) -> None:
     with pytest.raises(BenchError) as info:
-        bench.make_trace(8, p, 5, seed=0)
+        bench_ops.make_trace(8, p, 5, seed=0)
     assert info.value.field == "--p"
 
 
 def test_parse_schemes() -> None:
-    every = bench.parse_schemes("all")
+    every = bench_spec.parse_schemes("all")
     assert set(every) == set(GROUP_SCHEMES) | {"gloo"}
-    assert bench.parse_schemes(" ps, crew ,gloo") == ("ps", "crew", "gloo")
+    assert bench_spec.parse_schemes(" ps, crew ,gloo") == ("ps", "crew", "gloo")
     for bad in ("crew,nope", "", "crew,crew"):
         with pytest.raises(BenchError) as info:
-            bench.parse_schemes(bad)
+            bench_spec.parse_schemes(bad)
         assert info.value.field == "--schemes"
 
 
 def test_options_are_validated() -> None:
-    small = str(Path(bench.__file__).resolve().parent.parent / "topologies" / "small.yaml")
-    parser = bench.build_parser()
+    small = str(REPO / "topologies" / "small.yaml")
+    parser = bench_cli.build_parser()
     base = ["--topology", small, "--out", "/nonexistent/x"]
-    spec = bench.spec_from_args(parser.parse_args([*base, "--size-mb", "0.25", "--p", "2"]))
+    spec = bench_cli.spec_from_args(parser.parse_args([*base, "--size-mb", "0.25", "--p", "2"]))
     assert spec.size_bytes == 250_000 and spec.size_elems == 62_500 and spec.p == 2
     for extra, field in [
         (["--p", "4"], "--p"),
@@ -135,32 +143,34 @@ def test_options_are_validated() -> None:
         (["--rounds", "0"], "--rounds"),
     ]:
         with pytest.raises(BenchError) as info:
-            bench.spec_from_args(parser.parse_args([*base, "--p", "2", *extra]))
+            bench_cli.spec_from_args(parser.parse_args([*base, "--p", "2", *extra]))
         assert info.value.field == field
     # --ops 0 is fine with --train: training only.
     assert (
-        bench.spec_from_args(parser.parse_args([*base, "--p", "2", "--ops", "0", "--train"])).ops
+        bench_cli.spec_from_args(
+            parser.parse_args([*base, "--p", "2", "--ops", "0", "--train"])
+        ).ops
         == 0
     )
 
 
 def test_pace_option(monkeypatch: pytest.MonkeyPatch) -> None:
-    small = str(Path(bench.__file__).resolve().parent.parent / "topologies" / "small.yaml")
-    parser = bench.build_parser()
+    small = str(REPO / "topologies" / "small.yaml")
+    parser = bench_cli.build_parser()
     base = ["--topology", small, "--out", "/nonexistent/x", "--p", "2"]
     monkeypatch.delenv("CREW_PACE", raising=False)
-    assert bench.spec_from_args(parser.parse_args(base)).pace == bench.BENCH_PACE
-    assert bench.spec_from_args(parser.parse_args([*base, "--pace", "0"])).pace == 0.0
+    assert bench_cli.spec_from_args(parser.parse_args(base)).pace == bench_spec.BENCH_PACE
+    assert bench_cli.spec_from_args(parser.parse_args([*base, "--pace", "0"])).pace == 0.0
     # The workers' own variable, when set, is the default; the flag still wins.
     monkeypatch.setenv("CREW_PACE", "0.9")
-    assert bench.spec_from_args(parser.parse_args(base)).pace == 0.9
-    assert bench.spec_from_args(parser.parse_args([*base, "--pace", "0.8"])).pace == 0.8
+    assert bench_cli.spec_from_args(parser.parse_args(base)).pace == 0.9
+    assert bench_cli.spec_from_args(parser.parse_args([*base, "--pace", "0.8"])).pace == 0.8
 
 
 def test_percentile() -> None:
-    assert bench.percentile([], 50) is None
-    assert bench.percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
-    assert bench.percentile([float(x) for x in range(11)], 90) == pytest.approx(9.0)
+    assert percentile([], 50) is None
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
+    assert percentile([float(x) for x in range(11)], 90) == pytest.approx(9.0)
 
 
 # -- results from a run database --------------------------------------------------------------
@@ -168,7 +178,7 @@ def test_percentile() -> None:
 
 def test_op_results_of_a_correct_scheme(tmp_path: Path) -> None:
     db = _db(tmp_path, _good_groups())
-    r = bench.op_results(db, ops=4, gloo=False, bw=BW, size_bytes=SIZE)
+    r = bench_ops.op_results(db, ops=4, gloo=False, bw=BW, size_bytes=SIZE)
     assert r.op_times_s == (1.0, 2.0, 3.0, 4.0)
     assert r.bound_s == (0.5, 0.5, 1.0, 1.0)
     assert r.predicted_s == (0.9, 1.9, 2.9, 3.9)
@@ -191,16 +201,16 @@ def test_op_results_leave_out_the_warmup_groups(tmp_path: Path) -> None:
     # --warmup W: the coordinator's first W groups (ids 1..W, all n workers) are not ops.
     warm = dict(start=5.0, end=9.0, bound=0.5, predicted=0.9, err=1e-7, members=[0, 1])
     db = _db(tmp_path, [warm, *_good_groups()])
-    r = bench.op_results(db, ops=4, gloo=False, bw=BW, size_bytes=SIZE, warmup=1)
+    r = bench_ops.op_results(db, ops=4, gloo=False, bw=BW, size_bytes=SIZE, warmup=1)
     assert r.op_times_s == (1.0, 2.0, 3.0, 4.0) and r.correct
-    assert not bench.op_results(db, ops=4, gloo=False, bw=BW, size_bytes=SIZE).correct  # 5 ops
-    parser = bench.build_parser()
-    small = str(Path(bench.__file__).resolve().parent.parent / "topologies" / "small.yaml")
+    assert not bench_ops.op_results(db, ops=4, gloo=False, bw=BW, size_bytes=SIZE).correct  # 5 ops
+    parser = bench_cli.build_parser()
+    small = str(REPO / "topologies" / "small.yaml")
     base = ["--topology", small, "--out", "/nonexistent/x", "--p", "2"]
-    assert bench.spec_from_args(parser.parse_args(base)).warmup == 0
-    assert bench.spec_from_args(parser.parse_args([*base, "--warmup", "1"])).warmup == 1
-    with pytest.raises(bench.BenchError, match="--warmup"):
-        bench.spec_from_args(parser.parse_args([*base, "--warmup", "-1"]))
+    assert bench_cli.spec_from_args(parser.parse_args(base)).warmup == 0
+    assert bench_cli.spec_from_args(parser.parse_args([*base, "--warmup", "1"])).warmup == 1
+    with pytest.raises(bench_spec.BenchError, match="--warmup"):
+        bench_cli.spec_from_args(parser.parse_args([*base, "--warmup", "-1"]))
 
 
 @pytest.mark.parametrize(
@@ -209,21 +219,21 @@ def test_op_results_leave_out_the_warmup_groups(tmp_path: Path) -> None:
         ({"err": 0.5}, "a wrong average"),
         ({"err": None}, "no check made"),
         ({"err": float("nan")}, "a NaN check"),
-        ({"err": bench.CHECK_TOLERANCE}, "an error at the tolerance"),
+        ({"err": CHECK_TOLERANCE}, "an error at the tolerance"),
         ({"status": "abandoned", "err": None}, "an abandoned op"),
     ],
 )
 def test_op_results_detects_a_bad_op(tmp_path: Path, change: dict, why: str) -> None:
     groups = _good_groups()
     groups[2].update(change)
-    r = bench.op_results(_db(tmp_path, groups), ops=4, gloo=False, bw=BW, size_bytes=SIZE)
+    r = bench_ops.op_results(_db(tmp_path, groups), ops=4, gloo=False, bw=BW, size_bytes=SIZE)
     assert not r.correct, why
     if change.get("status") == "abandoned":
         assert r.abandoned == 1 and r.completed == 3 and len(r.op_times_s) == 3
 
 
 def test_op_results_missing_ops_are_not_correct(tmp_path: Path) -> None:
-    r = bench.op_results(
+    r = bench_ops.op_results(
         _db(tmp_path, _good_groups()[:3]), ops=4, gloo=False, bw=BW, size_bytes=SIZE
     )
     assert not r.correct and r.completed == 3
@@ -233,13 +243,15 @@ def test_gloo_uses_the_all_worker_bound_and_needs_no_check(tmp_path: Path) -> No
     groups = [
         dict(scheme="gloo", members=[0, 1, 2], start=10.0 + k, end=10.5 + k) for k in range(3)
     ]
-    r = bench.op_results(_db(tmp_path, groups), ops=3, gloo=True, bw=BW, size_bytes=SIZE)
+    r = bench_ops.op_results(_db(tmp_path, groups), ops=3, gloo=True, bw=BW, size_bytes=SIZE)
     bound = planner.lower_bound(BW, [0, 1, 2], SIZE)
     assert r.correct
     assert r.bound_s == (bound,) * 3
     assert r.median_over_bound == pytest.approx(0.5 / bound)
     assert r.planned_link_bytes == {}
-    r = bench.op_results(_db(tmp_path / "b", groups[:2]), ops=3, gloo=True, bw=BW, size_bytes=SIZE)
+    r = bench_ops.op_results(
+        _db(tmp_path / "b", groups[:2]), ops=3, gloo=True, bw=BW, size_bytes=SIZE
+    )
     assert not r.correct
 
 
@@ -256,13 +268,13 @@ def test_link_bytes_bracket_the_ops(tmp_path: Path) -> None:
         (18.0, 2, 0, 70),
     ]
     db = _db(tmp_path, _good_groups(), samples=samples)
-    r = bench.op_results(db, ops=4, gloo=False, bw=BW, size_bytes=SIZE)
+    r = bench_ops.op_results(db, ops=4, gloo=False, bw=BW, size_bytes=SIZE)
     assert r.link_bytes == {"0->1": 1000 - 150, "2->0": 70 - 10}
 
 
 def test_timing_of_the_lab(tmp_path: Path) -> None:
     db = _db(tmp_path, _good_groups())
-    r = bench.op_results(
+    r = bench_ops.op_results(
         db, ops=4, gloo=False, bw=BW, size_bytes=SIZE, entered_at=4.0, left_at=25.0
     )
     assert r.startup_s == 6.0 and r.wall_s == 21.0
@@ -284,20 +296,22 @@ def test_train_results(tmp_path: Path) -> None:
         dict(members=[0, 2], start=129.0, end=131.0),  # ended after the run's end: not counted
     ]
     db = _db(tmp_path, groups, iterations=iterations, meta={"ended_at": "130.0"})
-    r = bench.train_results(db, n=3, target=0.85)
+    r = bench_train.train_results(db, n=3, target=0.85)
     assert r.time_to_target_s == 4.0
     assert r.training_s == 30.0
     assert r.rounds_per_worker == {"0": 1, "1": 2, "2": 1}
     assert r.rounds_per_worker_per_min == pytest.approx((4 / 3) / 0.5)
     assert r.final_accuracy == pytest.approx((0.9 + 0.8 + 0.5) / 3)
     assert (r.groups_completed, r.groups_abandoned) == (2, 1)
-    assert bench.train_results(db, n=3, target=0.95).time_to_target_s is None
-    assert bench.train_results(db, n=3, target=0.85, ended_at=160.0).training_s == 60.0
-    assert bench.train_results(db, n=3, target=0.85, ended_at=160.0).rounds_per_worker["0"] == 2
+    assert bench_train.train_results(db, n=3, target=0.95).time_to_target_s is None
+    assert bench_train.train_results(db, n=3, target=0.85, ended_at=160.0).training_s == 60.0
+    assert (
+        bench_train.train_results(db, n=3, target=0.85, ended_at=160.0).rounds_per_worker["0"] == 2
+    )
 
 
 def test_train_results_without_iterations(tmp_path: Path) -> None:
-    r = bench.train_results(_db(tmp_path, []), n=3, target=0.85)
+    r = bench_train.train_results(_db(tmp_path, []), n=3, target=0.85)
     assert r.error and r.rounds_per_worker_per_min is None
 
 
@@ -306,10 +320,10 @@ def test_train_results_without_iterations(tmp_path: Path) -> None:
 
 def _results(tmp_path: Path) -> dict:
     samples = [(9.0, 0, 1, 0), (21.0, 0, 1, 2_000_000), (9.0, 1, 0, 0), (21.0, 1, 0, 500_000)]
-    ok = bench.op_results(
+    ok = bench_ops.op_results(
         _db(tmp_path, _good_groups(), samples=samples), ops=4, gloo=False, bw=BW, size_bytes=SIZE
     )
-    failed = bench.SchemeResult(error="worker 1 exited with code 1: boom")
+    failed = bench_ops.SchemeResult(error="worker 1 exited with code 1: boom")
     return {
         "topology": "small",
         "n": N,
@@ -321,7 +335,7 @@ def _results(tmp_path: Path) -> dict:
 
 
 def test_figures(tmp_path: Path) -> None:
-    figs = bench.build_figures(_results(tmp_path))
+    figs = bench_report.build_figures(_results(tmp_path))
     times, links = figs["op-times"], figs["link-bytes"]
     boxes = [t for t in times.data if t.type == "box"]
     assert [b.name for b in boxes] == ["preduce"]  # a scheme without ops has no box
@@ -338,11 +352,11 @@ def test_table_and_errors(tmp_path: Path) -> None:
 
     schemes = _results(tmp_path)["schemes"]
     console = Console(width=200, record=True)
-    console.print(bench.results_table(schemes, "t", 4))
+    console.print(bench_report.results_table(schemes, "t", 4))
     text = console.export_text()
     assert "preduce" in text and "2.500" in text and "3.50" in text and "4/4" in text
     assert "meas/plan" in text and "2.400" in text and "1.04" in text
-    assert bench.error_lines(schemes) == ["ps: worker 1 exited with code 1: boom"]
+    assert bench_report.error_lines(schemes) == ["ps: worker 1 exited with code 1: boom"]
 
 
 def test_html_is_written_when_png_export_fails(tmp_path: Path, monkeypatch) -> None:
@@ -352,7 +366,7 @@ def test_html_is_written_when_png_export_fails(tmp_path: Path, monkeypatch) -> N
         raise RuntimeError("no browser here")
 
     monkeypatch.setattr(plotly.basedatatypes.BaseFigure, "write_image", no_browser)
-    notes = bench.write_figures(bench.build_figures(_results(tmp_path)), tmp_path)
+    notes = bench_report.write_figures(bench_report.build_figures(_results(tmp_path)), tmp_path)
     html = (tmp_path / "plots.html").read_text()
     assert html.count("<div") >= 2 and "plotly" in html.lower()
     assert not list(tmp_path.glob("*.png"))
@@ -360,13 +374,13 @@ def test_html_is_written_when_png_export_fails(tmp_path: Path, monkeypatch) -> N
 
 
 def test_process_cpu_s_counts_this_process_and_not_a_missing_one() -> None:
-    before = bench.process_cpu_s(os.getpid())
+    before = bench_procs.process_cpu_s(os.getpid())
     end = time.process_time() + 0.05
     while time.process_time() < end:
         pass
-    after = bench.process_cpu_s(os.getpid())
+    after = bench_procs.process_cpu_s(os.getpid())
     assert before is not None and after is not None and after > before
-    assert bench.process_cpu_s(2**22 + 12345) is None  # above pid_max's default: no such pid
+    assert bench_procs.process_cpu_s(2**22 + 12345) is None  # above pid_max's default: no such pid
 
 
 def test_planned_link_bytes_use_each_plans_wire_size() -> None:
@@ -376,9 +390,9 @@ def test_planned_link_bytes_use_each_plans_wire_size() -> None:
     f32 = json.dumps({"routes": [route], "elem_bytes": 4.0})
     int8 = json.dumps({"routes": [route], "elem_bytes": 1.03125})
     old = json.dumps({"routes": [route]})
-    assert bench.planned_link_bytes([f32], 2) == {"0->1": 400}
-    assert bench.planned_link_bytes([old], 2) == {"0->1": 400}
-    assert bench.planned_link_bytes([int8, f32], 2) == {"0->1": 103 + 400}
+    assert bench_ops.planned_link_bytes([f32], 2) == {"0->1": 400}
+    assert bench_ops.planned_link_bytes([old], 2) == {"0->1": 400}
+    assert bench_ops.planned_link_bytes([int8, f32], 2) == {"0->1": 103 + 400}
 
 
 def test_link_figure_of_pooled_rounds_is_per_op(tmp_path: Path) -> None:
@@ -389,6 +403,6 @@ def test_link_figure_of_pooled_rounds_is_per_op(tmp_path: Path) -> None:
     r = dict(one["schemes"]["preduce"])
     r["link_bytes"] = {k: 2 * b for k, b in r["link_bytes"].items()}
     pooled["schemes"] = {"preduce": r}
-    (heat,) = bench.build_figures(pooled)["link-bytes"].data
+    (heat,) = bench_report.build_figures(pooled)["link-bytes"].data
     per_op = np.array(heat.customdata, dtype=float)
     assert per_op[0, 1] == 0.5 and per_op[1, 0] == 0.125

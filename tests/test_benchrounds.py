@@ -11,8 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lab import bench
-from lab.bench import BenchError
+from lab.bench import cli as bench_cli
+from lab.bench import ops as bench_ops
+from lab.bench import report as bench_report
+from lab.bench.spec import BenchError
+from lab.orchestrate.runner import REPO
 from lab.report.benchrounds import (
     op_stats,
     pool_results,
@@ -26,7 +29,7 @@ from lab.report.benchrounds import (
 def _result(times: list[float], **over: Any) -> dict[str, Any]:
     """A ``SchemeResult.to_dict()`` of ops taking ``times``, planned at 0.5 s, bound 0.25 s."""
     n = len(times)
-    r = bench.SchemeResult(
+    r = bench_ops.SchemeResult(
         op_times_s=tuple(times),
         bound_s=(0.25,) * n,
         predicted_s=(0.5,) * n,
@@ -122,28 +125,28 @@ def test_summary_spreads_and_fastest_rounds() -> None:
 def test_record_rounds_keeps_one_round_as_before_and_pools_several() -> None:
     one: dict[str, Any] = {}
     r1 = {"crew": _result([1.0]), "ps": _result([2.0])}
-    bench._record_rounds(one, ["crew", "ps"], [r1], 1)
+    bench_cli.record_rounds(one, ["crew", "ps"], [r1], 1)
     assert one == {"schemes": r1}
     several: dict[str, Any] = {}
     r2 = {"ps": _result([2.5]), "crew": _result([1.5])}
-    bench._record_rounds(several, ["crew", "ps"], [r1, r2], 2)
+    bench_cli.record_rounds(several, ["crew", "ps"], [r1, r2], 2)
     assert several["rounds"] == [r1, r2]
     assert list(several["schemes"]) == ["crew", "ps"]  # the order asked for, not round 2's
     assert several["schemes"]["crew"]["op_times_s"] == [1.0, 1.5]
     assert several["repeat"]["crew"]["fastest"] == 2
-    table = bench.rounds_table(several["repeat"], "small", 2)
+    table = bench_report.rounds_table(several["repeat"], "small", 2)
     assert table.row_count == 2
 
 
 def test_rounds_option_names_the_round_folders(tmp_path: Path) -> None:
-    small = str(Path(bench.__file__).resolve().parent.parent / "topologies" / "small.yaml")
+    small = str(REPO / "topologies" / "small.yaml")
     args = ["--topology", small, "--out", str(tmp_path), "--p", "2", "--schemes", "crew,ps"]
-    spec = bench.spec_from_args(bench.build_parser().parse_args([*args, "--rounds", "2"]))
+    spec = bench_cli.spec_from_args(bench_cli.build_parser().parse_args([*args, "--rounds", "2"]))
     assert spec.rounds == 2
     (tmp_path / "round-2" / "ps").mkdir(parents=True)
     with pytest.raises(BenchError, match="round-2/ps exists"):
-        bench._prepare_out(spec, overwrite=False)
-    bench._prepare_out(spec, overwrite=True)
+        bench_cli.prepare_out(spec, overwrite=False)
+    bench_cli.prepare_out(spec, overwrite=True)
     assert not (tmp_path / "round-2" / "ps").exists()
 
 

@@ -265,20 +265,72 @@ def test_crew_sub_packages_depend_only_downwards(package: str) -> None:
 
 
 def _lab_commands() -> tuple[str, ...]:
-    """The modules at the top of lab/ are the user commands (python -m lab.<name>)."""
-    return tuple(f"lab.{p.stem}" for p in (REPO / "lab").glob("*.py") if p.stem != "__init__")
+    """The user commands (python -m lab.<name>): every module at the top of lab/, and every
+    package at the top of lab/ that has a ``__main__.py``."""
+    modules = [p.stem for p in (REPO / "lab").glob("*.py") if p.stem != "__init__"]
+    packages = [p.parent.name for p in (REPO / "lab").glob("*/__main__.py")]
+    return tuple(f"lab.{name}" for name in sorted(modules + packages))
+
+
+def _command_file(name: str) -> Path:
+    """The file ``python -m <name>`` runs: the module, or the package's ``__main__.py``."""
+    path = REPO / name.replace(".", "/")
+    return path / "__main__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def runs_a_main(source: str) -> bool:
+    """Whether a command's file runs a main() when run as __main__: it defines or imports one,
+    and calls it under ``if __name__ == "__main__":``."""
+    tree = ast.parse(source)
+    has_main = any(
+        (isinstance(node, ast.FunctionDef) and node.name == "main")
+        or (isinstance(node, ast.ImportFrom) and any(a.name == "main" for a in node.names))
+        for node in tree.body
+    )
+    guarded = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
+    ]
+    calls_main = any(
+        isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "main"
+        for guard in guarded
+        for call in ast.walk(guard)
+    )
+    return has_main and calls_main
 
 
 def test_every_module_at_the_top_of_lab_is_a_command() -> None:
     """Libraries live in lab.net, lab.orchestrate, lab.spec and lab.report; studies in
-    lab.studies. A module at the top of lab/ is a command: it has a main() it runs as __main__."""
-    not_commands = [
-        name
-        for name in _lab_commands()
-        if "def main(" not in (text := (REPO / f"{name.replace('.', '/')}.py").read_text())
-        or 'if __name__ == "__main__":' not in text
-    ]
+    lab.studies. A module at the top of lab/ is a command: it has a main() it runs as __main__;
+    so is a package there, through its __main__.py. A package without one is not allowed."""
+    commands = _lab_commands()
+    assert "lab.bench" in commands  # the one command that is a package
+    not_commands = [name for name in commands if not runs_a_main(_command_file(name).read_text())]
     assert not not_commands, f"not runnable as python -m: {not_commands}"
+    libraries = {"net", "orchestrate", "spec", "report", "studies"}
+    packages = {p.name for p in (REPO / "lab").iterdir() if (p / "__init__.py").exists()}
+    stray = sorted(packages - libraries - {c.removeprefix("lab.") for c in commands})
+    assert not stray, (
+        f"packages at the top of lab/ that are neither a library nor a command: {stray}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "runs"),
+    [
+        ('def main():\n    pass\nif __name__ == "__main__":\n    main()\n', True),
+        (
+            'from lab.bench.cli import main\nif __name__ == "__main__":\n    sys.exit(main())\n',
+            True,
+        ),
+        ("from lab.bench.cli import main\n", False),  # imports it, never runs it
+        ('if __name__ == "__main__":\n    main()\n', False),  # runs a main it does not have
+        ('def main():\n    pass\nif __name__ == "__main__":\n    run()\n', False),
+    ],
+)
+def test_the_command_check_sees_a_main_that_is_not_run(source: str, runs: bool) -> None:
+    assert runs_a_main(source) is runs
 
 
 def test_only_studies_and_tests_import_the_studies() -> None:

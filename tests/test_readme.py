@@ -22,8 +22,10 @@ def readme_commands(text: str) -> set[str]:
 
 
 def user_commands() -> set[str]:
-    """Every module at the top of lab/ (tests/test_layers.py checks each is a command)."""
-    return {f"lab.{p.stem}" for p in (REPO / "lab").glob("*.py") if p.stem != "__init__"}
+    """Every module at the top of lab/, and every package there with a ``__main__.py``
+    (tests/test_layers.py checks each is a command)."""
+    modules = {f"lab.{p.stem}" for p in (REPO / "lab").glob("*.py") if p.stem != "__init__"}
+    return modules | {f"lab.{p.parent.name}" for p in (REPO / "lab").glob("*/__main__.py")}
 
 
 def test_the_commands_table_lists_exactly_the_user_commands() -> None:

@@ -6,18 +6,21 @@ from __future__ import annotations
 import pytest
 
 from crew.runtime.rundb import RunDB
-from lab import bench
+from lab.bench import cli as bench_cli
+from lab.bench import report as bench_report
+from lab.bench import spec as bench_spec
+from lab.bench import train as bench_train
 
 
 def _args(*argv: str):
-    return bench.build_parser().parse_args(
+    return bench_cli.build_parser().parse_args(
         ["--topology", "topologies/default.yaml", "--out", "/tmp/x", "--train", *argv]
     )
 
 
 def test_configs_expand_to_every_combination_in_order() -> None:
     args = _args("--local-steps", "8")
-    runs = bench.parse_train_configs(
+    runs = bench_spec.parse_train_configs(
         ["crew,preduce:every-step,diloco:none,int8", "gloo:every-step:none"], args
     )
     names = [r.name for r in runs]
@@ -51,19 +54,19 @@ def test_configs_expand_to_every_combination_in_order() -> None:
     ],
 )
 def test_bad_configs_are_refused_by_name(item: str, named: str) -> None:
-    with pytest.raises(bench.BenchError, match=named):
-        bench.parse_train_configs([item], _args("--local-steps", "8"))
+    with pytest.raises(bench_spec.BenchError, match=named):
+        bench_spec.parse_train_configs([item], _args("--local-steps", "8"))
 
 
 def test_a_config_listed_twice_is_refused() -> None:
-    with pytest.raises(bench.BenchError, match="twice"):
-        bench.parse_train_configs(["crew:diloco:int8", "crew:diloco:int8"], _args())
+    with pytest.raises(bench_spec.BenchError, match="twice"):
+        bench_spec.parse_train_configs(["crew:diloco:int8", "crew:diloco:int8"], _args())
 
 
 def test_without_configs_one_run_per_scheme_as_before() -> None:
-    spec = bench.spec_from_args(_args("--schemes", "crew,gloo", "--ops", "0"))
+    spec = bench_cli.spec_from_args(_args("--schemes", "crew,gloo", "--ops", "0"))
     assert [(r.name, r.scheme) for r in spec.train_runs] == [("crew", "crew"), ("gloo", "gloo")]
-    spec = bench.spec_from_args(
+    spec = bench_cli.spec_from_args(
         _args("--ops", "0", "--configs", "crew:local-sgd:fp16", "--local-steps", "4")
     )
     assert [r.name for r in spec.train_runs] == ["crew-local-sgd4-fp16"]
@@ -94,16 +97,19 @@ def test_bytes_until_the_target_and_the_curve(tmp_path) -> None:
     )
     db.set_meta({"ended_at": "110.0"})
     db.close()
-    r = bench.train_results(tmp_path / "lab.db", n=2, target=0.85)
+    r = bench_train.train_results(tmp_path / "lab.db", n=2, target=0.85)
     assert r.time_to_target_s == 6.0
     assert r.link_bytes == 8000 + 500
     assert r.link_bytes_to_target == 5000 + 500
     assert r.curve == [(2.0, pytest.approx(0.6)), (4.0, 0.8), (6.0, 0.925)]
-    assert bench.train_results(tmp_path / "lab.db", n=2, target=0.99).link_bytes_to_target is None
+    assert (
+        bench_train.train_results(tmp_path / "lab.db", n=2, target=0.99).link_bytes_to_target
+        is None
+    )
 
 
 def _result(per_round: float, **config) -> dict:
-    return bench.TrainResult(
+    return bench_train.TrainResult(
         training_s=50.0,
         final_accuracy=0.9,
         time_to_target_s=20.0,
@@ -124,14 +130,14 @@ def test_the_table_shows_each_run_and_its_ratio_to_fp32() -> None:
         "crew-diloco8-int8": _result(1.95e6, **base, compress="int8", codec="int8"),
     }
     console = Console(width=250, record=True)
-    console.print(bench.train_table(runs, 0.85))
+    console.print(bench_report.train_table(runs, 0.85))
     text = console.export_text()
     rows = {line.split()[1]: line for line in text.splitlines() if "crew-diloco8" in line}
     assert "1.95" in rows["crew-diloco8-int8"]
     assert "0.260" in rows["crew-diloco8-int8"]  # per worker-round against the fp32 twin
     assert "7.50" in rows["crew-diloco8-fp32"] and "1.000" not in rows["crew-diloco8-fp32"]
     assert "11.0" in text  # rounds per worker: (10 + 12) / 2
-    figs = bench.train_figures(
+    figs = bench_report.train_figures(
         {"topology": "default", "p": 3, "seed": 1, "target_accuracy": 0.85, "schemes": runs}
     )
     assert set(figs) == {"train-curves", "train-bytes"}

@@ -69,7 +69,7 @@ def test_lab_run_refuses_bad_training_options_before_building(
 def test_bench_times_the_lm_to_its_target_loss(tmp_path) -> None:
     """lm evaluation rows carry the held-out loss; the clock stops when their mean <= target."""
     from crew.runtime.rundb import RunDB
-    from lab import bench
+    from lab.bench import train as bench_train
 
     db = RunDB(tmp_path / "lab.db")
     rows = [
@@ -87,11 +87,11 @@ def test_bench_times_the_lm_to_its_target_loss(tmp_path) -> None:
     )
     db.set_meta({"ended_at": "110.0"})
     db.close()
-    r = bench.train_results(tmp_path / "lab.db", n=2, target=0.85, target_loss=2.0)
+    r = bench_train.train_results(tmp_path / "lab.db", n=2, target=0.85, target_loss=2.0)
     assert r.time_to_target_s == 3.0
     assert r.final_heldout_loss == pytest.approx((1.8 + 2.1) / 2)
     assert r.link_bytes == 4000
-    mlp = bench.train_results(tmp_path / "lab.db", n=2, target=0.85)
+    mlp = bench_train.train_results(tmp_path / "lab.db", n=2, target=0.85)
     assert mlp.final_heldout_loss is None and mlp.time_to_target_s is None
 
 

@@ -84,7 +84,8 @@ NOT_A_STATUS = {
     ("crew/runtime/node.py", "dead"): "a link probe's verdict in a log line",
     ("crew/wire/protocol.py", "ready"): "a wire message's type name",
     ("crew/wire/protocol.py", "rejected"): "a wire message's type name",
-    ("lab/bench.py", "training"): "a progress label and a table title",
+    ("lab/bench/train.py", "training"): "a progress label",
+    ("lab/bench/report.py", "training"): "a table title",
     (
         "lab/report/benchrounds.py",
         "completed",

@@ -169,7 +169,7 @@ def _sendmsg_all(sock: socket.socket, parts: list[bytes | memoryview]) -> None:
 # pair carry data at once (every a2a-like plan does), the ACKs of i->j wait behind j->i's data
 # in j->i's HTB queue (up to ~50 ms), and i->j then moves 4 packets per 50 ms: about 1 Mbit/s
 # until the queue drains. Loss-based CUBIC grows its window past the inflated RTT instead.
-# Measured on bench-uniform4 (p = n = 4, 16.8 MB, docs in lab/bench.py): crew median op
+# Measured on bench-uniform4 (p = n = 4, 16.8 MB, docs/bench.md): crew median op
 # 1.98 s with BBR, 1.49 s with CUBIC, against a plan of 1.34 s. ``CREW_TCP_CC`` overrides it
 # (e.g. ``bbr``, or empty for the system default).
 TCP_CONGESTION = "cubic"

@@ -25,6 +25,8 @@ from typing import Any, TypedDict
 
 import numpy as np
 
+from lab.report.benchresults import RoundsSummary, SchemeResults, Spread
+
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-th percentile (0..100) with linear interpolation; None for no values."""
@@ -90,7 +92,7 @@ def pooled_rounds(results: Mapping[str, Any]) -> int:
     return max(1, int(results.get("round_count") or 1))
 
 
-def pool_results(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def pool_results(results: Sequence[SchemeResults]) -> SchemeResults:
     """One scheme's results of several rounds (``SchemeResult.to_dict()`` each) as one result
     over all their ops: op lists concatenated in round order, statistics over them, counts,
     bytes and CPU seconds summed, correct only if every round was, errors named by round."""
@@ -100,9 +102,9 @@ def pool_results(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     bounds = [b for r in results for b in r["bound_s"]]
     predicted = [q for r in results for q in r["predicted_s"]]
     errs = [r["max_verify_err"] for r in results if r["max_verify_err"] is not None]
-    cpu = [r["worker_cpu_s"] for r in results]
+    cpu = [c for r in results if (c := r["worker_cpu_s"]) is not None]
     planned = _sum_links([r["planned_link_bytes"] for r in results])
-    cpu_s = sum(cpu) if all(c is not None for c in cpu) else None
+    cpu_s = sum(cpu) if len(cpu) == len(results) else None
     moved_gb = sum(planned.values()) / 1e9
     startups = [r["startup_s"] for r in results if r["startup_s"] is not None]
     walls = [r["wall_s"] for r in results if r["wall_s"] is not None]
@@ -131,7 +133,7 @@ def pool_results(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _spread(values: Sequence[float | None]) -> dict[str, float | None]:
+def _spread(values: Sequence[float | None]) -> Spread:
     """Median, min and max of the finite values (None when there are none)."""
     v = [x for x in values if x is not None and math.isfinite(x)]
     if not v:
@@ -143,7 +145,7 @@ FASTEST_TIE = 1e-9
 """Relative difference under which two rounds' medians count as a tie for the fastest."""
 
 
-def round_summary(rounds: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+def round_summary(rounds: Sequence[Mapping[str, SchemeResults]]) -> dict[str, RoundsSummary]:
     """Per scheme, over the rounds (each ``{scheme: SchemeResult.to_dict()}``): its median op
     time, measured / planned and measured / bound per round and their median, min and max;
     ``fastest``: the rounds in which its median was the lowest of the correct schemes';
@@ -159,7 +161,7 @@ def round_summary(rounds: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str
             for s, m in medians.items():
                 if m <= best * (1 + FASTEST_TIE):
                     fastest[s] += 1
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, RoundsSummary] = {}
     for s in names:
         runs = [rnd[s] for rnd in rounds if s in rnd]
         per = {
@@ -173,6 +175,9 @@ def round_summary(rounds: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str
             "correct": sum(1 for r in runs if r["correct"]),
             "fastest": fastest[s],
             "per_round": per,
-            **{key: _spread(values) for key, values in per.items()},
+            "median_s": _spread(per["median_s"]),
+            "median_over_planned": _spread(per["median_over_planned"]),
+            "median_over_bound": _spread(per["median_over_bound"]),
+            "cpu_s_per_gb": _spread(per["cpu_s_per_gb"]),
         }
     return out

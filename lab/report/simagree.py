@@ -32,7 +32,6 @@ import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -41,6 +40,7 @@ from crew.control.assignment import hop_bytes
 from crew.plan.schemes import GROUP_SCHEMES, GroupPlanner
 from crew.sim.network import ExecutorModel, LinkQueues, RouteTimer, part_bytes
 from lab.net.shaping import QUEUE_EXTRA_S
+from lab.report.benchresults import BenchResults
 from lab.report.benchrounds import pooled_rounds
 from lab.spec.simulated import sim_topology
 from lab.spec.topology import load_topology
@@ -68,7 +68,7 @@ and the link's delay: median 18.6 ms (p25 4.9, p75 35.9). Training groups are sh
 CUBIC rarely fills HTB's 50 ms queue. Measured on crew's traffic only."""
 
 
-def hop_queue_for(results: dict[str, Any]) -> float:
+def hop_queue_for(results: BenchResults) -> float:
     """The executor model's standing queue per hop for a ``lab.bench`` results file."""
     return PACED_HOP_QUEUE_S if results.get("pace") else QUEUE_EXTRA_S
 
@@ -134,7 +134,7 @@ def simulate_op(
 
 
 def compare(
-    results: dict[str, Any],
+    results: BenchResults,
     topology: Path,
     host: bool = True,
     plan_time: bool = True,
@@ -193,7 +193,7 @@ def report(cmp: dict[str, dict[str, float]]) -> str:
 
 
 def bench_report(
-    results: dict[str, Any],
+    results: BenchResults,
     topology: Path,
     host: bool = True,
     plan_time: bool = True,

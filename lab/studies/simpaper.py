@@ -16,7 +16,7 @@ and the 16 best-connected others (``crew.sim.candidates``); ``scale`` prints it 
 
 Every cell is one ``crew.sim`` run on a topology generated with the cell's seed; ``--seeds``
 repeats cells and reports the median. Writes ``results.json``, ``plots.html`` and PNGs
-(through ``lab.bench.write_figures``) to ``--out``. Heavy: run under the CPU lock.
+(through ``lab.bench.report.write_figures``) to ``--out``. Heavy: run under the CPU lock.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from crew.sim.engine import (
     default_plan_rounds,
 )
 from crew.sim.topogen import generate
-from lab.bench import write_figures
+from lab.bench.report import write_figures
 from lab.spec.scenario import parse_scenario
 from lab.spec.simulated import scenario_faults
 

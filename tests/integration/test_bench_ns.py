@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from lab import bench
+from lab.bench import cli as bench_cli
+from lab.bench import ops as bench_ops
 from lab.net.cleanup import ROOT_NAME_PREFIX, root_link_names
 from lab.orchestrate.runner import REPO
 
@@ -29,7 +30,7 @@ SCHEMES = ["crew", "preduce", "ps", "gloo"]
 def test_bench_small(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     schemes = SCHEMES
-    rc = bench.main(
+    rc = bench_cli.main(
         [
             "--topology",
             str(SMALL),
@@ -56,7 +57,7 @@ def test_bench_small(tmp_path: Path) -> None:
 
     assert results["topology"] == "small" and results["p"] == 2 and results["ops"] == OPS
     assert results["size_bytes"] == int(SIZE_MB * 1e6)
-    assert results["trace"] == bench.make_trace(3, 2, OPS, 0)
+    assert results["trace"] == bench_ops.make_trace(3, 2, OPS, 0)
     assert list(results["schemes"]) == schemes
     for name, r in results["schemes"].items():
         assert r["correct"] and r["error"] is None, name
@@ -87,7 +88,7 @@ def test_bench_rounds(tmp_path: Path) -> None:
     schemes = ["crew", "ps"]
     args = ["--topology", str(SMALL), "--schemes", ",".join(schemes), "--p", "2"]
     args += ["--size-mb", str(SIZE_MB), "--ops", "2", "--rounds", "2", "--out", str(out)]
-    rc = bench.main([*args, "--timeout-per-op", "30"])
+    rc = bench_cli.main([*args, "--timeout-per-op", "30"])
     results = json.loads((out / "results.json").read_text())
     errors = {s: r["error"] for s, r in results.get("schemes", {}).items() if r["error"]}
     assert rc == 0, f"benchmark failed: {errors}"

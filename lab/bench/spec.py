@@ -1,0 +1,140 @@
+"""What one ``lab.bench`` invocation runs: the scheme list, the training runs, and the
+validated options (:class:`BenchSpec`). Pure: no lab, no processes."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from crew.config import ConfigError, RunConfig, Scheme
+from crew.plan.schemes import GROUP_SCHEMES
+from lab.orchestrate.runner import training_options
+from lab.spec.topology import Impairment, TopologySpec
+
+GLOO = Scheme.GLOO
+ALL_SCHEMES: tuple[Scheme, ...] = (*GROUP_SCHEMES, GLOO)
+MB = 1_000_000
+# Pace data connections at 0.95 x the link's rate (crew.runtime.node.pace_fraction). Measured on
+# bench-hetero (p = 4, 8 MB, 6 ops, one run each): crew 0.654-0.677 s paced at 0.93-0.97
+# against 0.709-0.750 s unpaced, crew-star 0.662-0.700 against 0.831-0.852; preduce and ring
+# unchanged. Only the bench turns it on: its links keep their configured rates, while lab.run's
+# can change at run time and workers pace at the rate they started with.
+BENCH_PACE = 0.95
+
+
+class BenchError(ValueError):
+    """A benchmark option is invalid; ``field`` names the command-line flag."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def parse_schemes(text: str) -> tuple[str, ...]:
+    """``"all"`` or a comma-separated list of scheme names, in the given order, no repeats."""
+    if text.strip() == "all":
+        return ALL_SCHEMES
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names:
+        raise BenchError("--schemes", "empty; give scheme names or 'all'")
+    unknown = [s for s in names if s not in ALL_SCHEMES]
+    if unknown:
+        raise BenchError(
+            "--schemes", f"unknown {', '.join(unknown)}; known: {', '.join(ALL_SCHEMES)} or 'all'"
+        )
+    dup = sorted({s for s in names if names.count(s) > 1})
+    if dup:
+        raise BenchError("--schemes", f"repeated {', '.join(dup)}")
+    return tuple(names)
+
+
+@dataclass(frozen=True)
+class TrainRun:
+    """One training run of the benchmark: a scheme with its training options (RunOptions
+    fields). ``name`` is its folder (``DIR/train/<name>``) and its key in ``train.json``."""
+
+    name: str
+    scheme: str
+    training: dict[str, Any]
+
+    @property
+    def label(self) -> tuple[str, str, str]:
+        """(scheme, sync with its H, compress) for the table."""
+        t = self.training
+        sync = t["sync"] if t["sync"] == "every-step" else f"{t['sync']} H={t['local_steps']}"
+        return self.scheme, sync, "fp32" if t["compress"] == "none" else t["compress"]
+
+
+def parse_train_configs(items: Sequence[str], args: argparse.Namespace) -> tuple[TrainRun, ...]:
+    """``--configs SCHEMES:SYNCS:COMPRESS`` (each field a comma list; every combination runs,
+    in the order given) into training runs. every-step runs take H = 1, local-sgd and diloco
+    ``--local-steps``; the other training options are the command line's. Raises BenchError
+    naming the bad item, or a combination that cannot run (e.g. gloo with int8)."""
+    runs: list[TrainRun] = []
+    for item in items:
+        fields = item.split(":")
+        if len(fields) != 3 or not all(f.strip() for f in fields):
+            raise BenchError("--configs", f"{item!r}: want SCHEMES:SYNCS:COMPRESS")
+        schemes = parse_schemes(fields[0])
+        syncs = [x.strip() for x in fields[1].split(",") if x.strip()]
+        codecs = [x.strip() for x in fields[2].split(",") if x.strip()]
+        for scheme in schemes:
+            for sync in syncs:
+                for compress in codecs:
+                    h = 1 if sync == "every-step" else args.local_steps
+                    one = argparse.Namespace(
+                        **(vars(args) | {"sync": sync, "compress": compress, "local_steps": h})
+                    )
+                    try:
+                        training = training_options(one, scheme=scheme, nonblocking=False)
+                    except ConfigError as exc:
+                        raise BenchError(
+                            "--configs", f"{scheme}:{sync}:{compress}: {exc}"
+                        ) from None
+                    tag = sync if h == 1 else f"{sync}{h}"
+                    name = f"{scheme}-{tag}-{'fp32' if compress == 'none' else compress}"
+                    if any(r.name == name for r in runs):
+                        raise BenchError("--configs", f"{name} is listed twice")
+                    runs.append(TrainRun(name, scheme, training))
+    return tuple(runs)
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """The benchmark's options, validated (see ``build_parser`` for each)."""
+
+    topology: TopologySpec
+    schemes: tuple[str, ...]
+    p: int
+    size_bytes: int
+    ops: int
+    seed: int
+    timeout_per_op_s: float
+    out: Path
+    train: bool = False
+    duration_s: float = 60.0
+    target_accuracy: float = 0.85
+    allow_missing: frozenset[Impairment] = frozenset()
+    part_bytes: int = 0  # 0: the run's automatic part size (RunConfig.part_elems_for)
+    # fraction of each link's configured rate its data connections are paced at (0: unpaced)
+    pace: float = BENCH_PACE
+    # the host's CPU s per GB of link bytes, a capacity in crew's route LP (0: none)
+    host_cpu_s_per_gb: float = 0.0
+    # plan each trace group while the one before runs (crew.runtime.planahead)
+    plan_ahead: bool = True
+    # bytes crew's route LP counts a part to wait behind at each hop (RunConfig)
+    hop_backlog_bytes: int = RunConfig.default("hop_backlog_bytes")
+    training: dict[str, Any] = field(default_factory=dict)  # RunOptions training fields
+    target_loss: float = 2.0  # lm: held-out loss (nats per byte) whose reaching is timed
+    # with --train: the runs, in order (one per scheme with ``training``, or --configs)
+    train_runs: tuple[TrainRun, ...] = ()
+    # untimed groups of all n workers each scheme runs before the trace (see --warmup)
+    warmup: int = 0
+    rounds: int = 1  # the scheme list runs this many times, rotated (lab.report.benchrounds)
+
+    @property
+    def size_elems(self) -> int:
+        return self.size_bytes // 4
