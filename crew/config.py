@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import json
 import math
+import os
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -45,9 +46,16 @@ class Scheme(enum.StrEnum):
 COMPRESS = ("none", "fp16", "int8")
 SYNC_MODES = ("every-step", "local-sgd", "diloco")
 WORKLOADS = ("mlp", "lm")
+PARTITIONS = ("iid", "non-iid")  # crew.train.datasets.Partition
+FLOW_ORDERS = ("fcfs", "egf", "fair")  # crew.wire.transport.FlowOrder
+CAPACITY_SOURCES = ("configured", "measured")
 
 MIN_AUTO_PART_BYTES = 64 << 10
 MAX_AUTO_PART_BYTES = 1 << 20
+
+GROUP_SIZE_DEFAULT = 3
+"""The group size every command starts with: it fits every shipped topology of three or more
+workers, and on an eight-worker lab it leaves most workers training while a group averages."""
 
 
 def run_data_dir(run_dir: str | Path) -> Path:
@@ -59,87 +67,366 @@ class ConfigError(ValueError):
     """A run configuration is malformed; the message names the field."""
 
 
+OPTION = "option"
+"""The key of a ``RunConfig`` field's :class:`Option` in its ``dataclasses.field`` metadata."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """What one ``RunConfig`` field means, in which unit, and which flag sets it.
+
+    ``flag`` None: the lab fills the field in, no command line sets it. ``cli_default`` (with
+    ``has_cli_default``): the flag's default where the field has none, or where the commands
+    decide it from other options (None, as ``default_text`` says); otherwise the flag's default
+    is the field's. ``crew.cli_options`` builds every command's flags from these."""
+
+    help: str
+    unit: str = ""
+    flag: str | None = None
+    aliases: tuple[str, ...] = ()  # more spellings of the flag, shown in --help
+    metavar: str | None = None
+    choices: tuple[str, ...] = ()
+    cli_default: Any = None
+    has_cli_default: bool = False
+    default_text: str = ""  # how --help states a default of None
+
+
+def opt(help: str, unit: str = "", **kw: Any) -> dict[str, Option]:
+    """A field's metadata: its :class:`Option` (``flag=...`` for one a command line sets)."""
+    return {OPTION: Option(help, unit, has_cli_default="cli_default" in kw, **kw)}
+
+
+@dataclass(frozen=True)
+class HostCpu:
+    """``--host-cpu S_PER_GB[:CORES]``: a host whose cores run every worker's data path, as one
+    more capacity of crew's route LP (crew.plan.hostcpu) or the simulator's executor. ``CORES``
+    left out: this machine's. ``0``: no host capacity."""
+
+    s_per_gb: float = 0.0
+    cores: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> HostCpu:
+        """``"12.2"`` or ``"12.2:2"``; ValueError (argparse shows it) names what is wrong."""
+        head, sep, tail = text.partition(":")
+        try:
+            per_gb = float(head)
+            cores = float(tail) if sep else float(os.cpu_count() or 1)
+        except ValueError:
+            raise ValueError(f"want S_PER_GB or S_PER_GB:CORES, got {text!r}") from None
+        if not (math.isfinite(per_gb) and per_gb >= 0 and math.isfinite(cores) and cores > 0):
+            raise ValueError(f"want S_PER_GB >= 0 and CORES > 0, got {text!r}")
+        return cls(per_gb, cores if per_gb > 0 else 0.0)
+
+    def __str__(self) -> str:
+        return f"{self.s_per_gb:g}:{self.cores:g}" if self.s_per_gb else "0"
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    run_id: str
-    run_num: int  # u32 carried in every frame, so frames of another run are refused
-    run_dir: str
-    secret_path: str
-    n: int
-    p: int
-    scheme: Scheme
-    coordinator_host: str
-    coordinator_port: int
-    data_port: int
-    identities: tuple[str, ...]  # identity address of each worker (data plane)
-    bw_mbit: tuple[tuple[float, ...], ...]  # configured capacity matrix; diagonal ignored
+    run_id: str = field(metadata=opt("the run's name, its folder's under runs/"))
+    run_num: int = field(
+        metadata=opt("u32 carried in every frame, so frames of another run are refused")
+    )
+    run_dir: str = field(metadata=opt("folder of the run's database, config and logs"))
+    secret_path: str = field(metadata=opt("file (mode 0600) holding the run's frame key"))
+    n: int = field(metadata=opt("workers in the run", "workers"))
+    p: int = field(
+        metadata=opt(
+            "group size: the first p ready workers average together; the default, the same in"
+            " every command, fits every shipped topology of three or more workers and leaves"
+            " most of an eight-worker lab training while a group averages",
+            "workers",
+            flag="--group-size",
+            aliases=("--p",),
+            metavar="P",
+            cli_default=GROUP_SIZE_DEFAULT,
+        )
+    )
+    scheme: Scheme = field(
+        metadata=opt(
+            "how a group averages (crew.plan.schemes): crew, the route LP over every active"
+            " worker's links; preduce, members only (the original partial reduce); the"
+            " baselines; gloo, a torch all-reduce among all workers, no partial groups",
+            flag="--scheme",
+            choices=Scheme.names(),
+            cli_default=Scheme.CREW,
+        )
+    )
+    coordinator_host: str = field(metadata=opt("the coordinator's address"))
+    coordinator_port: int = field(metadata=opt("the coordinator's control port", "port"))
+    data_port: int = field(metadata=opt("the port every worker's data plane listens on", "port"))
+    identities: tuple[str, ...] = field(
+        metadata=opt("each worker's identity address (data plane), by worker")
+    )
+    bw_mbit: tuple[tuple[float, ...], ...] = field(
+        metadata=opt("configured capacity of each directed link i->j; diagonal ignored", "Mbit/s")
+    )
     # Capacities several pairs share (a cloud pair's WAN behind gateways); bw_mbit caps each
     # pair alone, these cap the sum. Empty when every pair has its own link.
-    shared: tuple[SharedLink, ...] = ()
+    shared: tuple[SharedLink, ...] = field(
+        default=(), metadata=opt("capacities several pairs share (empty: none)")
+    )
     # One-way delay of each directed link in ms (the topology's delay_ms), for the planner's
     # latency term and the lower bound; empty when no link has a delay (no latency term).
-    delay_ms: tuple[tuple[float, ...], ...] = ()
-    # training
-    width: int = 640
-    depth: int = 3
-    lr: float = 0.05
-    batch_size: int = 32
-    local_steps: int = 1  # H: local steps between reduces (crew.train.outer)
-    sync: str = "every-step"  # crew.train.outer.SyncMode: every-step, local-sgd, diloco
-    outer_lr: float = 0.7  # diloco only
-    outer_momentum: float = 0.9  # diloco only (Nesterov)
-    workload: str = "mlp"  # crew.train.workloads.Workload: mlp (digits) or lm (stdlib text)
-    partition: str = "iid"
-    seed: int = 0
-    stragglers: tuple[str | None, ...] = ()
-    eval_every_s: float = 2.0
-    staleness: bool = False
-    # data plane
-    part_bytes: int = 0  # 0: automatic, see part_elems_for
-    max_payload: int = 4 << 20
-    flow_order: str = "fcfs"
-    compress: str = "none"  # crew.train.compress.Codec of group payloads: none, fp16, int8
-    nonblocking: bool = False
-    committed_capacity: bool = True  # plan new groups on capacity left by groups in flight
+    delay_ms: tuple[tuple[float, ...], ...] = field(
+        default=(), metadata=opt("one-way delay of each directed link (empty: none)", "ms")
+    )
+    # -- training
+    width: int = field(
+        default=640,
+        metadata=opt(
+            "hidden width of the MLP; sets the model size the network carries, 3.5 MB at the"
+            " default",
+            "units",
+            flag="--width",
+        ),
+    )
+    depth: int = field(
+        default=3, metadata=opt("hidden layers of the MLP", "layers", flag="--depth")
+    )
+    lr: float = field(
+        default=0.05,
+        metadata=opt(
+            "inner learning rate", flag="--lr", cli_default=None, default_text="the workload's"
+        ),
+    )
+    batch_size: int = field(
+        default=32,
+        metadata=opt(
+            "minibatch size",
+            "samples",
+            flag="--batch-size",
+            cli_default=None,
+            default_text="the workload's",
+        ),
+    )
+    local_steps: int = field(
+        default=1,
+        metadata=opt(
+            "H: local steps between reduces (crew.train.outer)",
+            "steps",
+            flag="--local-steps",
+            metavar="H",
+        ),
+    )
+    sync: str = field(
+        default="every-step",
+        metadata=opt(
+            "every-step: average after each iteration; local-sgd: average the models every"
+            " --local-steps steps; diloco: outer Nesterov step on the averaged pseudo-gradient",
+            flag="--sync",
+            choices=SYNC_MODES,
+            cli_default=None,
+            default_text="every-step, or local-sgd when --local-steps > 1",
+        ),
+    )
+    outer_lr: float = field(
+        default=0.7, metadata=opt("DiLoCo's outer learning rate", flag="--outer-lr")
+    )
+    outer_momentum: float = field(
+        default=0.9, metadata=opt("DiLoCo's Nesterov momentum", flag="--outer-momentum")
+    )
+    workload: str = field(
+        default="mlp",
+        metadata=opt(
+            "mlp: the digits MLP (3.5 MB, the quick default); lm: a byte-level transformer on"
+            " the Python standard library's source, held-out loss and perplexity (1 MB)",
+            flag="--workload",
+            choices=WORKLOADS,
+        ),
+    )
+    partition: str = field(
+        default="iid",
+        metadata=opt(
+            "how the training set is split among workers",
+            flag="--partition",
+            choices=PARTITIONS,
+        ),
+    )
+    seed: int = field(
+        default=0,
+        metadata=opt(
+            "seed of everything drawn at random: data split, model, stragglers, lab.bench's"
+            " trace, crew.sim's topology, planbench's matrices",
+            flag="--seed",
+        ),
+    )
+    stragglers: tuple[str | None, ...] = field(
+        default=(), metadata=opt("each worker's straggler spec (topology YAML), by worker")
+    )
+    eval_every_s: float = field(
+        default=2.0,
+        metadata=opt("time between held-out evaluations", "s", flag="--eval-every-s"),
+    )
+    staleness: bool = field(
+        default=False,
+        metadata=opt("weight members by 0.9^staleness instead of equally", flag="--staleness"),
+    )
+    # -- data plane
+    part_bytes: int = field(
+        default=0,
+        metadata=opt(
+            "size of the parts blocks travel in (frame payload), a multiple of 4; 0: automatic,"
+            " a quarter of a block between 64 KiB and 1 MiB (RunConfig.part_elems_for)",
+            "bytes",
+            flag="--part-bytes",
+        ),
+    )
+    max_payload: int = field(
+        default=4 << 20, metadata=opt("largest frame payload accepted", "bytes")
+    )
+    flow_order: str = field(
+        default="fcfs",
+        metadata=opt(
+            "how a sender orders frames of concurrent groups: fcfs (enqueue order), egf (lowest"
+            " group first), fair (round-robin between groups)",
+            flag="--flow-order",
+            choices=FLOW_ORDERS,
+        ),
+    )
+    compress: str = field(
+        default="none",
+        metadata=opt(
+            "group payloads on the wire: none (float32), fp16, or int8 (per 256 values with min"
+            " and max, 0.258x the bytes); sums are added in float32 (crew.train.compress)",
+            flag="--compress",
+            choices=COMPRESS,
+        ),
+    )
+    nonblocking: bool = field(
+        default=False,
+        metadata=opt(
+            "a ready worker starts scattering with the a2a split before its group exists; the"
+            " group's plan is re-solved around what was sent (crew and crew-paper only)",
+            flag="--nonblocking",
+        ),
+    )
+    committed_capacity: bool = field(
+        default=True,
+        metadata=opt(
+            "plan each group on the full capacity matrix, ignoring what groups already in"
+            " flight still send (the paper's behaviour)",
+            flag="--no-committed-capacity",
+        ),
+    )
     # Plan a group known in advance (a lab.bench trace's next one) on a background thread
     # while the current one runs (crew.runtime.planahead); the plan is the same either way.
-    plan_ahead: bool = True
-    capacity: str = "configured"  # the planner's truth: "configured" rates or "measured" ones
+    plan_ahead: bool = field(
+        default=True,
+        metadata=opt(
+            "plan each trace group when it starts, on the coordinator's event loop, instead of"
+            " on a background thread while the group before it runs (crew.runtime.planahead;"
+            " the plans are the same, only the planning time moves onto the ops' critical"
+            " path)",
+            flag="--no-plan-ahead",
+        ),
+    )
+    capacity: str = field(
+        default="configured",
+        metadata=opt(
+            "what the planner believes about link rates: the topology's configured rates, or"
+            " rates measured online from arriving data (re-planning when a link drifts by more"
+            " than 25%)",
+            flag="--capacity",
+            choices=CAPACITY_SOURCES,
+        ),
+    )
     # One host runs every worker's data path (the lab): its CPU seconds per GB of link bytes
     # and its cores. > 0 gives crew's route LP one more resource, the host's CPU
     # (crew.plan.hostcpu); 0 (the default, and any real deployment): none.
-    host_cpu_s_per_gb: float = 0.0
-    host_cores: float = 0.0
+    host_cpu_s_per_gb: float = field(
+        default=0.0,
+        metadata=opt(
+            "a host whose cores run every worker's data path, as one more capacity of crew's"
+            " route LP (crew.plan.hostcpu) and of crew.sim's executor: S_PER_GB CPU seconds per"
+            " GB of link bytes (lab.bench's CPU s/GB column: about 12 for crew on"
+            " bench-hetero) on CORES cores (left out: this machine's); 0: none",
+            "CPU s/GB",
+            flag="--host-cpu",
+            metavar="S_PER_GB[:CORES]",
+        ),
+    )
+    host_cores: float = field(
+        default=0.0, metadata=opt("the cores of --host-cpu's host (0: no host capacity)", "cores")
+    )
     # The payload share of a link's configured rate, which the planners count a link to carry.
     # Configured rates are frame rates (what HTB shapes), and TCP/IP headers take about 5% of
-    # the frames (crew.control.capacity.TCP_GOODPUT; crew.sim's --goodput default). Use 1.0 for
-    # rates that are already measured payload rates.
-    goodput: float = 0.95
+    # the frames (crew.control.capacity.TCP_GOODPUT). Use 1.0 for rates that are already
+    # measured payload rates.
+    goodput: float = field(
+        default=0.95,
+        metadata=opt(
+            "payload share of a link's rate: what the planners count a link to carry (and"
+            " crew.sim's links deliver); 1.0 for rates that are measured payload rates",
+            "fraction",
+            flag="--goodput",
+        ),
+    )
     # Bytes a part waits behind at each hop of a route: the unsent bytes a busy data connection
     # holds (TCP_NOTSENT_LOWAT, crew.wire.frames.SEND_BACKLOG_BYTES). crew's route LP counts
     # them, at each hop's rate, with the part's own serialisation in a route's latency, so it
     # weighs an extra relay hop at what it costs the engine. A frame trace of paced bench-hetero
     # groups measured a median 13.6 ms per hop beyond serialisation, which is 64 KiB at the
     # network's mean 36.7 Mbit/s. 0: count the part alone.
-    hop_backlog_bytes: int = SEND_BACKLOG_BYTES
-    stall_timeout_s: float = 8.0
-    # control plane
-    heartbeat_s: float = 1.0
-    heartbeat_timeout_s: float = 6.0
-    group_timeout_min_s: float = 30.0
+    hop_backlog_bytes: int = field(
+        default=SEND_BACKLOG_BYTES,
+        metadata=opt(
+            "bytes crew's route LP counts a part to wait behind at each hop, beside its own:"
+            " the unsent bytes a busy connection holds (TCP_NOTSENT_LOWAT); 0 counts the part"
+            " alone",
+            "bytes",
+            flag="--hop-backlog-bytes",
+        ),
+    )
+    stall_timeout_s: float = field(
+        default=8.0,
+        metadata=opt(
+            "a link with no progress this long counts as failed", "s", flag="--stall-timeout-s"
+        ),
+    )
+    # -- control plane
+    heartbeat_s: float = field(default=1.0, metadata=opt("time between a worker's heartbeats", "s"))
+    heartbeat_timeout_s: float = field(
+        default=6.0,
+        metadata=opt("a worker silent this long counts as dead", "s", flag="--heartbeat-timeout-s"),
+    )
+    group_timeout_min_s: float = field(
+        default=30.0, metadata=opt("the shortest time a group may take before it is abandoned", "s")
+    )
     # per-worker data-plane ports (several workers on one host, e.g. torchrun); empty: all
     # listen on data_port
-    data_ports: tuple[int, ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict)
+    data_ports: tuple[int, ...] = field(
+        default=(), metadata=opt("each worker's data-plane port (empty: all use data_port)")
+    )
+    extra: dict[str, Any] = field(
+        default_factory=dict,
+        metadata=opt("what a command passes its processes (lab.bench's trace)"),
+    )
 
     @classmethod
     def default(cls, name: str) -> Any:
-        """The default of field ``name``: written once, here. The lab's ``RunOptions`` take
-        theirs from this, and ``python -m lab.run``'s options from ``RunOptions``."""
+        """The default of field ``name``: written once, here; for a field without one (``p``,
+        ``scheme``), its flag's. The lab's ``RunOptions`` and every command's flags
+        (``crew.cli_options``) take theirs from this."""
         for f in fields(cls):
-            if f.name == name and f.default is not MISSING:
+            if f.name != name:
+                continue
+            if f.default is not MISSING:
                 return f.default
+            if f.default_factory is not MISSING:
+                return f.default_factory()
+            if f.metadata[OPTION].has_cli_default:
+                return f.metadata[OPTION].cli_default
         raise KeyError(f"RunConfig has no field {name!r} with a default")
+
+    @classmethod
+    def option(cls, name: str) -> Option:
+        """Field ``name``'s :class:`Option`: its meaning, unit and flag."""
+        for f in fields(cls):
+            if f.name == name:
+                return f.metadata[OPTION]  # type: ignore[no-any-return]
+        raise KeyError(f"RunConfig has no field {name!r}")
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -179,7 +466,7 @@ class RunConfig:
             )
         if self.data_ports and len(self.data_ports) != self.n:
             raise ConfigError(f"data_ports: need {self.n} or none, got {len(self.data_ports)}")
-        if self.capacity not in ("configured", "measured"):
+        if self.capacity not in CAPACITY_SOURCES:
             raise ConfigError(f"capacity: 'configured' or 'measured', got {self.capacity!r}")
         for name in ("host_cpu_s_per_gb", "host_cores"):
             v = getattr(self, name)

@@ -9,7 +9,6 @@ Everything the run did is in ``runs/<run-id>/lab.db``.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -24,19 +23,22 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from crew.config import ConfigError, Scheme
+from crew.cli_options import (
+    add_config_flags,
+    add_json_flag,
+    add_out_flag,
+    add_training_flags,
+    add_version_flag,
+    config_flag,
+    config_values,
+    flag_error,
+    training_options,
+    write_json,
+)
+from crew.config import ConfigError
 from crew.runtime.rundb import GroupStatus
 from lab.net.preflight import PreflightError, add_allow_missing, allowed_missing, check, describe
-from lab.orchestrate.runner import (
-    REPO,
-    LabRun,
-    RunOptions,
-    add_training_args,
-    lab_limits,
-    new_run_id,
-    summarize,
-    training_options,
-)
+from lab.orchestrate.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id, summarize
 from lab.spec.scenario import ScenarioError, load_scenario
 from lab.spec.shipped import default_topology, topology_arg
 from lab.spec.topology import Impairment, TopologyError, load_topology
@@ -44,11 +46,31 @@ from lab.spec.topology import Impairment, TopologyError, load_topology
 log = logging.getLogger("lab.run")
 console = Console(stderr=True)
 
+EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_PREFLIGHT = 3
 
+DEFAULTS = RunOptions()  # the dashboard's and the log's defaults; the rest are RunConfig's
 
-DEFAULTS = RunOptions()  # the CLI's defaults: RunOptions' (one source, see its docstring)
+# The RunConfig fields lab.run sets from its flags (crew.cli_options), besides the training ones.
+RUN_FIELDS = (
+    "p",
+    "scheme",
+    "seed",
+    "width",
+    "depth",
+    "partition",
+    "staleness",
+    "part_bytes",
+    "nonblocking",
+    "capacity",
+    "host_cpu_s_per_gb",
+    "committed_capacity",
+    "flow_order",
+    "hop_backlog_bytes",
+    "stall_timeout_s",
+    "heartbeat_timeout_s",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,25 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_version_flag(p)
     p.add_argument(
         "--topology",
         type=topology_arg,
         default=default_topology(),
         help="topology YAML, or a shipped topology's name (default: default)",
-    )
-    p.add_argument(
-        "--p",
-        type=int,
-        default=d.p,
-        help=f"group size: the first p ready workers average together (default {d.p})",
-    )
-    p.add_argument(
-        "--scheme",
-        type=Scheme,
-        choices=list(Scheme),
-        default=d.scheme,
-        help="how a group averages: crew (all active workers aggregate, p2a LP) or "
-        f"preduce (members only, the original partial reduce); default {d.scheme}",
     )
     p.add_argument(
         "--duration",
@@ -85,111 +94,44 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="stop after this many seconds (default: run until Ctrl-C)",
     )
-    p.add_argument(
-        "--run-dir",
-        type=Path,
-        default=None,
-        help="folder for this run's database, config and logs, not used by an earlier run "
-        "(default: runs/<run-id>)",
+    add_out_flag(
+        p,
+        "folder for this run's database, config and logs, not used by an earlier run"
+        " (default: runs/<run-id>)",
+        old=("--run-dir",),
     )
-    p.add_argument("--seed", type=int, default=d.seed, help="seed for data, model and stragglers")
-    p.add_argument(
-        "--width",
-        type=int,
-        default=d.width,
-        help="hidden width of the MLP; sets the model size the network carries "
-        f"(default {d.width}: 3.5 MB)",
-    )
-    p.add_argument(
-        "--depth", type=int, default=d.depth, help=f"hidden layers of the MLP (default {d.depth})"
-    )
-    p.add_argument(
-        "--partition",
-        choices=["iid", "non-iid"],
-        default=d.partition,
-        help=f"how the training set is split among workers (default {d.partition})",
-    )
-    p.add_argument(
-        "--staleness",
-        action="store_true",
-        default=d.staleness,
-        help="weight members by 0.9^staleness instead of equally",
-    )
-    p.add_argument(
-        "--part-kb",
-        type=int,
-        default=d.part_bytes // 1024,
-        help="size of the parts blocks travel in, KiB"
-        f" (default {d.part_bytes // 1024}: automatic, a "
-        "quarter of a block, between 64 KiB and 1 MiB)",
-    )
-    p.add_argument(
-        "--nonblocking",
-        action="store_true",
-        default=d.nonblocking,
-        help="a ready worker starts scattering with the a2a split before its group "
-        "exists; the group's plan is re-solved around what was sent "
-        "(crew and crew-paper only)",
-    )
-    p.add_argument(
-        "--capacity",
-        choices=["configured", "measured"],
-        default=d.capacity,
-        help="what the planner believes about link rates: the topology's "
-        "configured rates, or rates measured online from arriving data "
-        "(re-planning when a link drifts by more than 25%%)",
-    )
-    p.add_argument(
-        "--host-cpu",
-        type=float,
-        default=d.host_cpu_s_per_gb,
-        metavar="S_PER_GB",
-        help="give crew's route LP this host's CPU as one more capacity: S_PER_GB CPU seconds"
-        " per GB of link bytes (lab.bench's CPU s/GB column; about 12 for crew with 8 workers"
-        " here) on all of the machine's cores (crew.plan.hostcpu); 0 = none (default)",
-    )
-    p.add_argument(
-        "--no-committed-capacity",
-        action="store_true",
-        default=not d.committed_capacity,
-        help="plan each group on the full capacity matrix, ignoring what groups "
-        "already in flight still send (the paper's behaviour)",
-    )
-    p.add_argument(
-        "--flow-order",
-        choices=["fcfs", "egf", "fair"],
-        default=d.flow_order,
-        help=f"how a sender orders frames of concurrent groups (default {d.flow_order})",
-    )
-    add_training_args(p)
+    add_json_flag(p, "the end-of-run summary", old=("--summary-json",))
+    add_config_flags(p.add_argument_group("the run"), RUN_FIELDS)
+    add_training_flags(p.add_argument_group("training (docs/training.md)"))
     add_allow_missing(p)
-    p.add_argument(
+    lab = p.add_argument_group("the lab")
+    lab.add_argument(
         "--scenario",
         type=Path,
         default=None,
         help="play a fault scenario (YAML timeline, see scenarios/) during the run",
     )
-    p.add_argument(
+    lab.add_argument(
         "--scenario-time-scale",
         type=float,
         default=1.0,
         help="multiply every 'at' time of --scenario by this (e.g. 0.25 for a short "
         "run); group-count triggers are unchanged",
     )
-    p.add_argument(
+    lab.add_argument(
         "--state-dir",
         type=Path,
         default=None,
         help="where the lab records what it creates, so that a lab that died can be "
         "cleaned up by the next (default /run/crew-lab)",
     )
-    p.add_argument(
+    lab.add_argument(
         "--no-dashboard",
         action="store_true",
         default=not d.dashboard,
         help="do not start the dashboard",
     )
-    p.add_argument(
+    lab.add_argument(
         "--dashboard-host",
         default=os.environ.get("CREW_LAB_DASHBOARD_HOST", d.dashboard_host),
         help=f"address the dashboard binds (default {d.dashboard_host}, or "
@@ -197,19 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
         "port forward; anything beyond loopback exposes controls that change "
         "the network)",
     )
-    p.add_argument(
+    lab.add_argument(
         "--dashboard-port",
         type=int,
         default=d.dashboard_port,
         help=f"dashboard port ({d.dashboard_port})",
     )
-    p.add_argument(
-        "--summary-json",
-        type=Path,
-        default=None,
-        help="also write the end-of-run summary to this JSON file",
-    )
-    p.add_argument(
+    lab.add_argument(
         "--log-level", default=d.log_level, help="log level of lab, coordinator, workers"
     )
     return p
@@ -308,21 +244,9 @@ def options_from_args(
     training: dict[str, Any] | None = None,
 ) -> RunOptions:
     """The run's options from ``build_parser()``'s arguments; ``training`` is
-    :func:`~lab.orchestrate.runner.training_options` of them (checked)."""
+    :func:`~crew.cli_options.training_options` of them (checked)."""
     return RunOptions(
-        p=args.p,
-        scheme=args.scheme,
-        seed=args.seed,
-        width=args.width,
-        depth=args.depth,
-        partition=args.partition,
-        staleness=args.staleness,
-        part_bytes=args.part_kb * 1024,
-        flow_order=args.flow_order,
-        nonblocking=args.nonblocking,
-        committed_capacity=not args.no_committed_capacity,
-        capacity=args.capacity,
-        host_cpu_s_per_gb=args.host_cpu,
+        **config_values(args, RUN_FIELDS),
         dashboard=not args.no_dashboard,
         dashboard_host=args.dashboard_host,
         dashboard_port=args.dashboard_port,
@@ -344,26 +268,21 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     if not 1 <= args.p <= topo.n:
         console.print(
-            f"[red]error:[/red] --p: must be between 1 and {topo.n} "
+            f"[red]error:[/red] {config_flag('p')}: must be between 1 and {topo.n} "
             f"(the topology has {topo.n} workers), got {args.p}"
         )
         return EXIT_BAD_INPUT
     if args.duration is not None and args.duration <= 0:
         console.print("[red]error:[/red] --duration: must be positive")
         return EXIT_BAD_INPUT
-    if not (math.isfinite(args.host_cpu) and args.host_cpu >= 0):
-        console.print(f"[red]error:[/red] --host-cpu: must be a number >= 0, got {args.host_cpu}")
-        return EXIT_BAD_INPUT
-    if args.run_dir is not None and (args.run_dir / "lab.db").exists():
-        console.print(
-            f"[red]error:[/red] --run-dir: {args.run_dir} already holds a run; give a new folder"
-        )
+    if args.out is not None and (args.out / "lab.db").exists():
+        console.print(f"[red]error:[/red] --out: {args.out} already holds a run; give a new folder")
         return EXIT_BAD_INPUT
     try:
         training = training_options(args, scheme=args.scheme, nonblocking=args.nonblocking)
     except ConfigError as exc:
-        field, _, why = str(exc).partition(":")
-        console.print(f"[red]error:[/red] --{field.replace('_', '-')}:{why}")
+        flag, why = flag_error(exc)
+        console.print(f"[red]error:[/red] {flag}: {why}")
         return EXIT_BAD_INPUT
     allow = allowed_missing(args)
     try:
@@ -387,12 +306,13 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_BAD_INPUT
         console.print(scenario.timeline())
     opts = options_from_args(args, allow, training)
-    run_dir = args.run_dir or (REPO / "runs" / new_run_id())
+    run_dir = args.out or (REPO / "runs" / new_run_id())
     # SIGTERM ends the run as Ctrl-C does: through the context manager's cleanup.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     started = time.time()
+    lab = LabRun(topo, caps, opts, run_dir, state_dir=args.state_dir, scenario=scenario)
     try:
-        with LabRun(topo, caps, opts, run_dir, state_dir=args.state_dir, scenario=scenario) as lab:
+        with lab:
             if lab.dashboard is not None:
                 if wait_for_port(args.dashboard_host, args.dashboard_port, DASHBOARD_WAIT_S):
                     console.print(f"dashboard: [bold]{lab.dashboard_url}[/bold]")
@@ -416,9 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print()
     summary = summarize(run_dir / "lab.db")
     print_summary(summary)
-    if args.summary_json:
-        args.summary_json.write_text(json.dumps(summary, indent=1))
-    return 0
+    write_json(args.json, summary)
+    return EXIT_OK
 
 
 if __name__ == "__main__":

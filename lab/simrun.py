@@ -13,7 +13,8 @@ The glue between the lab's inputs and ``crew.sim`` (``crew`` never imports ``lab
 Example::
 
     python -m lab.simrun --topology topologies/default.yaml --scenario \
-        scenarios/random-link-failures.yaml --p 3 --scheme crew --duration 120 --run-dir runs/s1
+        scenarios/random-link-failures.yaml --group-size 3 --scheme crew --duration 120 \
+        --out runs/s1
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from crew.sim.__main__ import add_run_options, config_from, faults_from, run, summary
+from crew.sim.__main__ import (
+    add_run_options,
+    check_run_options,
+    config_from,
+    faults_from,
+    report,
+    run,
+)
 from lab.spec.scenario import load_scenario
 from lab.spec.shipped import topology_arg
 from lab.spec.simulated import scenario_faults, sim_topology
@@ -33,32 +41,45 @@ from lab.spec.topology import load_topology
 log = logging.getLogger("lab.simrun")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m lab.simrun",
         description="Simulate a run (crew.sim) on a lab topology YAML and scenario.",
     )
-    parser.add_argument("--topology", type=topology_arg, required=True)
-    parser.add_argument("--scenario", type=Path)
+    parser.add_argument(
+        "--topology",
+        type=topology_arg,
+        required=True,
+        help="the lab topology YAML to simulate, or a shipped topology's name",
+    )
+    parser.add_argument(
+        "--scenario",
+        type=Path,
+        help="a lab scenario YAML: its link cuts and worker kills become simulator faults",
+    )
     add_run_options(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.INFO if args.progress else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     spec = load_topology(args.topology)
     topo = sim_topology(spec)
-    if not 1 <= args.p <= topo.n:
-        parser.error(f"--p: must be between 1 and {topo.n}")
+    check_run_options(parser, args, topo.n)
     faults = faults_from(args)
     if args.scenario is not None:
         extra, skipped = scenario_faults(
             load_scenario(args.scenario, topo.n, rates=spec.bw_matrix())
         )
         faults += extra
-        for s in skipped:
-            print(f"not simulated: {s}")
+        for s in skipped:  # beside a JSON report on standard output, on standard error
+            print(f"not simulated: {s}", file=sys.stderr if args.json == "-" else sys.stdout)
     cfg = config_from(args, topo.n)
-    res = run(topo, cfg, faults, args.run_dir)
-    print(summary(res, args.run_dir, cfg))
+    res = run(topo, cfg, faults, args.out)
+    report(res, args, cfg)
     return 0
 
 

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crew.cli_options import add_config_flags, add_out_flag, add_version_flag
 from crew.runtime import rundb
 from crew.runtime.rundb import CommandStatus, GroupStatus
 from lab.audit import audit
@@ -564,6 +565,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_version_flag(p)
     p.add_argument("--minutes", type=float, default=10.0, help="run length (default 10)")
     p.add_argument(
         "--topology",
@@ -581,9 +583,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="fault-free seconds at the end, all faults undone (60)",
     )
     p.add_argument("--sample-every", type=float, default=15.0, help="RSS sampling period (15)")
-    p.add_argument("--p", type=int, default=3, help="group size (default 3)")
-    p.add_argument("--width", type=int, default=640, help="MLP width (default 640)")
-    p.add_argument("--run-dir", type=Path, default=None, help="default runs/soak-<run-id>")
+    add_config_flags(p, ("p", "width"))
+    add_out_flag(p, "the run's folder (default runs/soak-<run-id>)", old=("--run-dir",))
     p.add_argument("--json", type=Path, default=None, help="also write the report here")
     return p
 
@@ -604,7 +605,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sample_every_s=args.sample_every,
             p=args.p,
             width=args.width,
-            run_dir=args.run_dir,
+            run_dir=args.out,
         )
         report = run_soak(opts)
     except (ValueError, TopologyError, ScenarioError, PreflightError) as exc:

@@ -112,7 +112,7 @@ def test_trace_is_deterministic_and_valid() -> None:
 def test_trace_rejects_bad_group_size(p: int) -> None:
     with pytest.raises(BenchError) as info:
         bench_ops.make_trace(8, p, 5, seed=0)
-    assert info.value.field == "--p"
+    assert info.value.field == "--group-size"
 
 
 def test_parse_schemes() -> None:
@@ -132,8 +132,11 @@ def test_options_are_validated() -> None:
     spec = bench_cli.spec_from_args(parser.parse_args([*base, "--size-mb", "0.25", "--p", "2"]))
     assert spec.size_bytes == 250_000 and spec.size_elems == 62_500 and spec.p == 2
     for extra, field in [
-        (["--p", "4"], "--p"),
-        (["--p", "1"], "--p"),
+        (["--group-size", "4"], "--group-size"),
+        (["--p", "1"], "--group-size"),
+        (["--part-bytes", "6"], "--part-bytes"),
+        (["--hop-backlog-bytes", "-1"], "--hop-backlog-bytes"),
+        (["--local-steps", "4", "--sync", "every-step"], "--local-steps"),
         (["--size-mb", "0"], "--size-mb"),
         (["--ops", "0"], "--ops"),
         (["--timeout-per-op", "-1"], "--timeout-per-op"),

@@ -58,6 +58,7 @@ def test_one_round_writes_no_rounds_and_no_summary(tmp_path: Path) -> None:
         "round_count",
         "pace",
         "host_cpu_s_per_gb",
+        "host_cores",
         "hop_backlog_bytes",
     }
 

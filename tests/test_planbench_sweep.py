@@ -18,7 +18,7 @@ SCHEMES = "crew,crew-star,crew-paper,preduce,blink-pipe,ring,ps"
 
 def sweep_json(capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, dict]:
     status = planbench.main(
-        ["sweep", "--matrices", "6", "--seed", "3", "--schemes", SCHEMES, "--json", *extra]
+        ["sweep", "--matrices", "6", "--seed", "3", "--schemes", SCHEMES, "--json", "-", *extra]
     )
     return status, json.loads(capsys.readouterr().out)
 

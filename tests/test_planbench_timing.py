@@ -67,6 +67,7 @@ def test_timing_prints_every_mode_and_the_share(tmp_path: Path, capsys) -> None:
         "--replay-passes",
         "2",
         "--json",
+        "-",
     ]
     assert planbench.main(argv) == 0
     out = json.loads(capsys.readouterr().out)

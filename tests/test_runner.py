@@ -35,10 +35,10 @@ def test_lab_run_refuses_a_used_run_directory_before_building(
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     RunDB(run_dir / "lab.db").close()
-    code = main(["--run-dir", str(run_dir), "--duration", "5", "--no-dashboard"])
+    code = main(["--out", str(run_dir), "--duration", "5", "--no-dashboard"])
     assert code == 2
     err = " ".join(capsys.readouterr().err.split())  # rich wraps at the terminal width
-    assert f"--run-dir: {run_dir} already holds a run" in err
+    assert f"--out: {run_dir} already holds a run" in err
     assert sorted(p.name for p in run_dir.iterdir()) == ["lab.db"]
 
 

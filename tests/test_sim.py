@@ -231,16 +231,16 @@ def test_cli_writes_a_run_the_dashboard_reads(tmp_path, capsys) -> None:  # noqa
     from dashboard import queries
 
     run = tmp_path / "r1"
-    assert sim_main(["--n", "8", "--p", "3", "--duration", "10", "--run-dir", str(run)]) == 0
+    assert sim_main(["--n", "8", "--p", "3", "--duration", "10", "--out", str(run)]) == 0
     assert "rounds per worker" in capsys.readouterr().out
     conn = sqlite3.connect(run / "lab.db")
     info = queries.run_info(conn)
     assert (info.n, info.p, info.scheme) == (8, 3, "crew")
     assert queries.meta(conn)["simulated"] == "1"
     with pytest.raises(SystemExit) as refused:
-        sim_main(["--n", "8", "--run-dir", str(run)])  # refuses to overwrite a run
+        sim_main(["--n", "8", "--out", str(run)])  # refuses to overwrite a run
     # A message as the exit code: Python prints it and exits with status 1.
-    assert refused.value.code == f"--run-dir: {run} already holds a run"
+    assert refused.value.code == f"--out: {run} already holds a run"
 
 
 def test_plan_rounds_caps_crew_planning_and_stays_deterministic() -> None:

@@ -47,7 +47,7 @@ def test_paper_failures_use_the_lab_macro() -> None:
 def test_simrun_on_a_lab_topology_writes_a_run(tmp_path: Path) -> None:
     run = tmp_path / "r"
     argv = ["--topology", str(ROOT / "topologies" / "aws-8-regions.yaml"), "--p", "3"]
-    argv += ["--duration", "10", "--size-mb", "4", "--run-dir", str(run)]
+    argv += ["--duration", "10", "--size-mb", "4", "--out", str(run)]
     assert simrun_main(argv) == 0
     assert (run / "lab.db").is_file()
 

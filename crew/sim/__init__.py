@@ -1,6 +1,6 @@
 """A flow-level simulator of whole CREW runs, driving the lab's own group former and planner.
 
-``python -m crew.sim --n 60 --p 5 --bwd 2 --duration 50 --scheme crew --seed 1 --run-dir D``
+``python -m crew.sim --n 60 --p 5 --bwd 2 --duration 50 --scheme crew --seed 1 --out D``
 simulates 50 s of a 60-worker run and writes ``D/lab.db`` in the lab's run-database schema,
 which ``python -m dashboard D`` replays.
 

@@ -11,7 +11,15 @@ from pathlib import Path
 
 import numpy as np
 
-from crew.config import RunConfig, Scheme
+from crew.cli_options import (
+    add_config_flags,
+    add_json_flag,
+    add_out_flag,
+    add_version_flag,
+    config_flag,
+    config_values,
+    write_json,
+)
 from crew.plan.schemes import GROUP_SCHEMES
 from crew.sim.candidates import CANDIDATES_FROM_N, DEFAULT_HELPERS, default_helpers
 from crew.sim.engine import (
@@ -33,34 +41,55 @@ SAMPLE_1HZ_MAX_N = 64  # above this, link samples every LARGE_SAMPLE_S (the dash
 LARGE_SAMPLE_S = 4.0  # for "now" is 5 s, so links still read as busy between samples)
 
 
+# The RunConfig fields a simulated run takes from the command line (crew.cli_options).
+SIM_FIELDS = ("p", "scheme", "seed", "goodput", "staleness", "host_cpu_s_per_gb")
+
+
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """Options shared with ``lab.simrun`` (everything but the topology)."""
-    parser.add_argument("--p", type=int, default=5, help="group size (default 5)")
-    parser.add_argument("--scheme", type=Scheme, default=Scheme.CREW, choices=GROUP_SCHEMES)
-    parser.add_argument("--duration", type=float, default=50.0, help="simulated seconds")
-    parser.add_argument("--seed", type=int, default=0)
+    add_version_flag(parser)
+    add_config_flags(parser, SIM_FIELDS)
     parser.add_argument(
-        "--size-mb", type=float, default=180.0, help="model size in MB (default 180, the paper's)"
-    )
-    goodput = RunConfig.default("goodput")
-    parser.add_argument(
-        "--goodput",
+        "--duration",
         type=float,
-        default=goodput,
-        help="payload share of a link's rate: what the simulated links deliver and the plans"
-        f" count ({goodput:g})",
+        default=50.0,
+        metavar="SECONDS",
+        help="simulated seconds to run (default 50)",
     )
     parser.add_argument(
-        "--compute-s", type=float, default=0.0, help="real step time a straggler sample pads up to"
+        "--size-mb",
+        type=float,
+        default=180.0,
+        help="model size: the vector each worker offers, in MB (10^6 bytes; default 180, the"
+        " paper's)",
     )
-    parser.add_argument("--staleness", action="store_true", help="staleness-aware weights")
     parser.add_argument(
-        "--kill", action="append", default=[], metavar="T:W", help="kill worker W at time T"
+        "--compute-s",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="real step time a straggler sample pads up to (default 0: the samples alone)",
     )
     parser.add_argument(
-        "--cut", action="append", default=[], metavar="T:SRC:DST", help="cut link SRC->DST at T"
+        "--kill",
+        action="append",
+        default=[],
+        metavar="T:W",
+        help="kill worker W at simulated time T seconds; repeatable",
     )
-    parser.add_argument("--run-dir", type=Path, help="write the run database to DIR/lab.db")
+    parser.add_argument(
+        "--cut",
+        action="append",
+        default=[],
+        metavar="T:SRC:DST",
+        help="cut link SRC->DST at simulated time T seconds; repeatable",
+    )
+    add_out_flag(
+        parser,
+        "write the run database to DIR/lab.db, for the dashboard to replay (default: none)",
+        old=("--run-dir",),
+    )
+    add_json_flag(parser, "the run's figures")
     parser.add_argument(
         "--progress", action="store_true", help="log progress to stderr every 5 simulated s"
     )
@@ -100,27 +129,27 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         "--hop-queue-ms",
         type=float,
         default=0.0,
+        metavar="MS",
         help="standing queue per hop in ms (the lab's shaped links: 50; default 0)",
     )
-    parser.add_argument(
-        "--host-cpu",
-        default=None,
-        metavar="CPU_S_PER_GB:CORES",
-        help="a shared host running every worker: CPU seconds per GB of link bytes and its cores"
-        " (the lab's: e.g. 11.3:2, lab.bench's cpu_s_per_gb); default: none",
-    )
+
+
+def check_run_options(parser: argparse.ArgumentParser, args: argparse.Namespace, n: int) -> None:
+    """Refuse, through ``parser.error``, what a simulated run of n workers cannot take."""
+    if not 1 <= args.p <= n:
+        parser.error(f"{config_flag('p')}: must be between 1 and {n}, got {args.p}")
+    if args.scheme not in GROUP_SCHEMES:
+        parser.error(
+            f"--scheme: the simulator runs the partial-reduce schemes ({', '.join(GROUP_SCHEMES)}),"
+            f" not {args.scheme}"
+        )
 
 
 def executor_from(args: argparse.Namespace) -> ExecutorModel:
-    per_gb, cores = 0.0, 0.0
-    if args.host_cpu:
-        try:
-            a, b = args.host_cpu.split(":")
-            per_gb, cores = float(a), float(b)
-        except ValueError:
-            what = f"--host-cpu CPU_S_PER_GB:CORES: cannot read {args.host_cpu!r}"
-            raise SystemExit(what) from None
-    return ExecutorModel(args.hop_queue_ms / 1e3, per_gb / 1e9, cores)
+    host = config_values(args, ("host_cpu_s_per_gb",))
+    return ExecutorModel(
+        args.hop_queue_ms / 1e3, host["host_cpu_s_per_gb"] / 1e9, host["host_cores"]
+    )
 
 
 def helpers_for(args: argparse.Namespace, n: int) -> int | None:
@@ -164,7 +193,7 @@ def faults_from(args: argparse.Namespace) -> list[Fault]:
 
 def run(topo: SimTopology, cfg: SimConfig, faults: list[Fault], run_dir: Path | None) -> SimResult:
     if run_dir is not None and (run_dir / "lab.db").exists():
-        raise SystemExit(f"--run-dir: {run_dir} already holds a run")
+        raise SystemExit(f"--out: {run_dir} already holds a run")
     rec = Recorder(run_dir) if run_dir is not None else None
     return Simulation(topo, cfg, faults, rec).run()
 
@@ -201,20 +230,48 @@ def summary(res: SimResult, run_dir: Path | None, cfg: SimConfig | None = None) 
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def report(res: SimResult, args: argparse.Namespace, cfg: SimConfig) -> None:
+    """The run's summary on standard output, and its figures to ``--json``."""
+    if args.json != "-":
+        print(summary(res, args.out, cfg))
+    write_json(args.json, dataclasses.asdict(res) | {"rounds_per_worker": res.rounds_per_worker})
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m crew.sim",
-        description="Simulate a CREW run on a generated paper-like topology (no sockets).",
+        description="Simulate a CREW run on a generated paper-like topology (no sockets): the"
+        " coordinator's group former and planner in simulated time, links as fluid queues"
+        " (docs/simulator.md).",
     )
-    parser.add_argument("--n", type=int, default=60, help="workers, one per cloud")
-    parser.add_argument("--bwd", type=int, default=2, choices=BWD_SETTINGS)
-    parser.add_argument("--stragglers", default="mixed", choices=("mixed", "none"))
+    parser.add_argument(
+        "--n", type=int, default=60, help="workers, one per cloud (default 60, the paper's)"
+    )
+    parser.add_argument(
+        "--bwd",
+        type=int,
+        default=2,
+        choices=BWD_SETTINGS,
+        help="bandwidth distribution of the generated network, the paper's settings"
+        " (crew.sim.topogen; default 2)",
+    )
+    parser.add_argument(
+        "--stragglers",
+        default="mixed",
+        choices=("mixed", "none"),
+        help="mixed: per-worker step times drawn from the paper's straggler mix; none: every"
+        " worker as fast (default mixed)",
+    )
     add_run_options(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.n < 2:
         parser.error("--n: need at least 2 workers")
-    if not 1 <= args.p <= args.n:
-        parser.error(f"--p: must be between 1 and {args.n}")
+    check_run_options(parser, args, args.n)
     topo = generate(args.n, args.bwd, args.seed, args.stragglers)
     cfg = config_from(args, args.n)
     if args.progress:
@@ -223,8 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = dataclasses.replace(cfg, plan_rounds=default_plan_rounds(args.n))
     if args.n > SAMPLE_1HZ_MAX_N:  # n(n-1) links x 1 Hz would dwarf the rest of the database
         cfg = dataclasses.replace(cfg, sample_s=LARGE_SAMPLE_S)
-    res = run(topo, cfg, faults_from(args), args.run_dir)
-    print(summary(res, args.run_dir, cfg))
+    res = run(topo, cfg, faults_from(args), args.out)
+    report(res, args, cfg)
     return 0
 
 

@@ -21,7 +21,18 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from crew.config import ConfigError, RunConfig
+from crew.cli_options import (
+    add_config_flags,
+    add_json_flag,
+    add_training_flags,
+    add_version_flag,
+    config_flag,
+    config_values,
+    flag_error,
+    training_options,
+    write_json,
+)
+from crew.config import ConfigError
 from lab.bench.ops import make_trace, run_ops
 from lab.bench.procs import STARTUP_NUMPY_S, STARTUP_TORCH_S, other_labs
 from lab.bench.report import (
@@ -46,7 +57,7 @@ from lab.bench.spec import (
 from lab.bench.train import run_training
 from lab.net.mesh import LabNetwork
 from lab.net.preflight import PreflightError, add_allow_missing, allowed_missing, check, describe
-from lab.orchestrate.runner import add_training_args, free_mgmt_subnet, training_options
+from lab.orchestrate.runner import free_mgmt_subnet
 from lab.report.benchresults import BenchResults, SchemeResults
 from lab.report.benchrounds import pool_results, round_orders, round_summary, run_folder
 from lab.spec.shipped import topology_arg
@@ -62,6 +73,11 @@ EXIT_BAD_INPUT = 2
 EXIT_PREFLIGHT = 3
 
 
+# The RunConfig fields every scheme's run takes from the command line (crew.cli_options),
+# besides the group size, the seed and the training ones.
+BENCH_FIELDS = ("host_cpu_s_per_gb", "plan_ahead", "hop_backlog_bytes", "part_bytes")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m lab.bench",
@@ -73,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         "run folder per scheme (DIR/<scheme>/lab.db and logs), and with --train "
         "DIR/train.json and DIR/train/<scheme>/. Details: docs/bench.md.",
     )
+    add_version_flag(p)
     p.add_argument(
         "--topology",
         type=topology_arg,
@@ -85,12 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated schemes to run, in this order, or 'all' for every one "
         f"including gloo (default all): {', '.join(ALL_SCHEMES)}",
     )
-    p.add_argument(
-        "--p",
-        type=int,
-        default=4,
-        help="group size: workers per trace group, 2..n (default 4); gloo always averages all n",
-    )
+    add_config_flags(p, ("p",))
     p.add_argument(
         "--size-mb",
         type=float,
@@ -137,12 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="delete run folders of an earlier benchmark in --out instead of refusing",
     )
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="seed of the trace and of the workers' vectors and training (default 0)",
-    )
+    add_config_flags(p, ("seed",))
     p.add_argument(
         "--timeout-per-op",
         type=float,
@@ -183,39 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         f" share a link as planned; 0 = unpaced (default {BENCH_PACE}, or CREW_PACE if set)."
         " The bench's links keep their rates, so the configured rate is the link's rate",
     )
-    p.add_argument(
-        "--host-cpu",
-        type=float,
-        default=0.0,
-        metavar="S_PER_GB",
-        help="give crew's route LP the host's CPU as one more capacity: S_PER_GB CPU seconds"
-        " per GB of link bytes (a scheme's cpu_s_per_gb column; 12.2 for crew on"
-        " bench-hetero) on all of this machine's cores (crew.plan.hostcpu). 0 = none"
-        " (default)",
-    )
-    p.add_argument(
-        "--no-plan-ahead",
-        action="store_true",
-        help="plan each trace group when it starts, on the coordinator's event loop, instead"
-        " of on a background thread while the group before it runs (crew.runtime.planahead;"
-        " the plans are the same, only the planning time moves onto the ops' critical path)",
-    )
-    p.add_argument(
-        "--hop-backlog-bytes",
-        type=int,
-        default=RunConfig.default("hop_backlog_bytes"),
-        metavar="B",
-        help="bytes crew's route LP counts a part to wait behind at each hop, beside its own:"
-        " the unsent bytes a busy connection holds (TCP_NOTSENT_LOWAT; default %(default)s)."
-        " 0 counts the part alone, the model before it (for A/B runs)",
-    )
-    p.add_argument(
-        "--part-bytes",
-        type=int,
-        default=0,
-        metavar="B",
-        help="bytes per part (frame payload), a multiple of 4; 0 (default): automatic",
-    )
+    add_config_flags(p, BENCH_FIELDS)
     p.add_argument(
         "--target-loss",
         type=float,
@@ -232,10 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
         "e.g. crew,preduce:every-step,diloco:none,int8 (every combination, in order); "
         "repeat for more. local-sgd and diloco take --local-steps, every-step H = 1",
     )
-    add_training_args(p)
+    add_training_flags(p.add_argument_group("training (with --train; docs/training.md)"))
     add_allow_missing(p)
     p.add_argument("--log-level", default="WARNING", help="log level of the benchmark itself")
     p.add_argument("--sim", action="store_true", help="also print simulated / emulated per op")
+    add_json_flag(p, "results.json")
     return p
 
 
@@ -245,7 +221,8 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
     schemes = parse_schemes(args.schemes)
     if not 2 <= args.p <= topo.n:
         raise BenchError(
-            "--p", f"must be between 2 and n={topo.n} (workers in {topo.name!r}), got {args.p}"
+            config_flag("p"),
+            f"must be between 2 and n={topo.n} (workers in {topo.name!r}), got {args.p}",
         )
     if not (math.isfinite(args.size_mb) and args.size_mb > 0):
         raise BenchError("--size-mb", f"must be positive, got {args.size_mb}")
@@ -267,15 +244,14 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         pace = float(os.environ.get("CREW_PACE") or BENCH_PACE)
     if not 0 <= pace <= 1:
         raise BenchError("--pace", f"must be a fraction in [0, 1], got {pace}")
-    if not (math.isfinite(args.host_cpu) and args.host_cpu >= 0):
-        raise BenchError("--host-cpu", f"must be a finite number >= 0, got {args.host_cpu}")
     if args.part_bytes < 0 or args.part_bytes % 4:
         raise BenchError(
-            "--part-bytes", f"must be 0 or a positive multiple of 4, got {args.part_bytes}"
+            config_flag("part_bytes"),
+            f"must be 0 or a positive multiple of 4, got {args.part_bytes}",
         )
     if args.hop_backlog_bytes < 0:
         raise BenchError(
-            "--hop-backlog-bytes", f"must be an int >= 0, got {args.hop_backlog_bytes}"
+            config_flag("hop_backlog_bytes"), f"must be an int >= 0, got {args.hop_backlog_bytes}"
         )
     if not 0 < args.target_accuracy <= 1:
         raise BenchError("--target-accuracy", f"must be in (0, 1], got {args.target_accuracy}")
@@ -290,8 +266,7 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
             for scheme in schemes:
                 training = training_options(args, scheme=scheme, nonblocking=False)
         except ConfigError as exc:
-            field_name, _, why = str(exc).partition(":")
-            raise BenchError(f"--{field_name.replace('_', '-')}", why.strip()) from None
+            raise BenchError(*flag_error(exc)) from None
         runs = tuple(
             TrainRun(s, s, training_options(args, scheme=s, nonblocking=False)) for s in schemes
         )
@@ -308,11 +283,8 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         duration_s=args.duration,
         target_accuracy=args.target_accuracy,
         allow_missing=allowed_missing(args),
-        part_bytes=args.part_bytes,
         pace=pace,
-        host_cpu_s_per_gb=args.host_cpu,
-        plan_ahead=not args.no_plan_ahead,
-        hop_backlog_bytes=args.hop_backlog_bytes,
+        **config_values(args, BENCH_FIELDS),
         training=training,
         target_loss=args.target_loss,
         train_runs=runs if args.train else (),
@@ -347,7 +319,8 @@ def prepare_out(spec: BenchSpec, overwrite: bool) -> None:
     spec.out.mkdir(parents=True, exist_ok=True)
 
 
-def write_json(path: Path, data: Mapping[str, Any]) -> None:
+def write_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    """Write ``data`` as JSON so that a reader sees the old file or the new one, never half."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))
     tmp.replace(path)
@@ -405,6 +378,7 @@ def results_header(
         "lab_tag": tag,
         "pace": spec.pace,
         "host_cpu_s_per_gb": spec.host_cpu_s_per_gb,
+        "host_cores": spec.host_cores,
         "hop_backlog_bytes": spec.hop_backlog_bytes,
         "other_labs_seen": seen,
         "schemes": {},
@@ -424,7 +398,7 @@ def run_benchmark(spec: BenchSpec) -> tuple[BenchResults, dict[str, Any] | None]
     if spec.host_cpu_s_per_gb:
         console.print(
             f"crew plans with the host CPU as a capacity: {spec.host_cpu_s_per_gb:g} CPU s/GB"
-            f" on {os.cpu_count()} cores"
+            f" on {spec.host_cores:g} cores"
         )
     topo = spec.topology
     trace = make_trace(topo.n, spec.p, spec.ops, spec.seed)
@@ -446,7 +420,7 @@ def run_benchmark(spec: BenchSpec) -> tuple[BenchResults, dict[str, Any] | None]
                         results["other_labs_seen"] = sorted(seen)
                         results["wall_s"] = time.time() - started
                         record_rounds(results, spec.schemes, rounds, spec.rounds)
-                        write_json(spec.out / "results.json", results)
+                        write_atomic(spec.out / "results.json", results)
             if spec.train:
                 train = {
                     "topology": topo.name,
@@ -465,11 +439,11 @@ def run_benchmark(spec: BenchSpec) -> tuple[BenchResults, dict[str, Any] | None]
                         "config": {"scheme": sch, "sync_label": sync, "codec": codec} | run.training
                     }
                     train["other_labs_seen"] = sorted(seen)
-                    write_json(spec.out / "train.json", train)
+                    write_atomic(spec.out / "train.json", train)
     results["wall_s"] = time.time() - started
     results["other_labs_seen"] = sorted(seen)
     if spec.ops:
-        write_json(spec.out / "results.json", results)
+        write_atomic(spec.out / "results.json", results)
     return results, train
 
 
@@ -509,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         for note in write_figures(build_figures(results), spec.out):
             console.print(note)
         console.print(f"results: {spec.out / 'results.json'}")
+        write_json(args.json, results)
         if args.sim:  # the same trace, sizes and topology in crew.sim's network model
             from lab.report.simagree import bench_report
 

@@ -15,6 +15,7 @@ from typing import Any, cast
 import numpy as np
 from rich.progress import Progress
 
+from crew.cli_options import config_flag
 from crew.config import Scheme
 from crew.control.verify import CHECK_TOLERANCE
 from crew.plan import planner
@@ -48,7 +49,7 @@ LAST_SAMPLE_WAIT_S = 3.0
 def make_trace(n: int, p: int, ops: int, seed: int) -> list[list[int]]:
     """K = ``ops`` groups of ``p`` distinct workers of ``range(n)``, each sorted; deterministic."""
     if not 2 <= p <= n:
-        raise BenchError("--p", f"must be between 2 and n={n}, got {p}")
+        raise BenchError(config_flag("p"), f"must be between 2 and n={n}, got {p}")
     if ops < 0:
         raise BenchError("--ops", f"must be >= 0, got {ops}")
     rng = random.Random(seed)
@@ -238,6 +239,7 @@ def run_ops(
         log_level="WARNING",
         part_bytes=spec.part_bytes,
         host_cpu_s_per_gb=spec.host_cpu_s_per_gb,
+        host_cores=spec.host_cores,
         plan_ahead=spec.plan_ahead,
         hop_backlog_bytes=spec.hop_backlog_bytes,
         extra={

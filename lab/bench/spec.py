@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crew.cli_options import training_options
 from crew.config import ConfigError, RunConfig, Scheme
 from crew.plan.schemes import GROUP_SCHEMES
-from lab.orchestrate.runner import training_options
 from lab.spec.topology import Impairment, TopologySpec
 
 GLOO = Scheme.GLOO
@@ -121,8 +121,9 @@ class BenchSpec:
     part_bytes: int = 0  # 0: the run's automatic part size (RunConfig.part_elems_for)
     # fraction of each link's configured rate its data connections are paced at (0: unpaced)
     pace: float = BENCH_PACE
-    # the host's CPU s per GB of link bytes, a capacity in crew's route LP (0: none)
+    # the host's CPU s per GB of link bytes and its cores, a capacity in crew's route LP (0: none)
     host_cpu_s_per_gb: float = 0.0
+    host_cores: float = 0.0
     # plan each trace group while the one before runs (crew.runtime.planahead)
     plan_ahead: bool = True
     # bytes crew's route LP counts a part to wait behind at each hop (RunConfig)

@@ -9,7 +9,6 @@ it directly.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import json
@@ -25,13 +24,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from crew.config import (
-    COMPRESS,
-    SYNC_MODES,
-    WORKLOADS,
-    ConfigError,
     RunConfig,
     Scheme,
-    check_training,
     run_data_dir,
 )
 from crew.runtime.rundb import GroupStatus, LinkRow, RunDB, WorkerRow
@@ -65,11 +59,11 @@ SPLIT_WAIT_S = 120.0  # importing scikit-learn and splitting: about 1.5 s of CPU
 class RunOptions:
     """Everything ``python -m lab.run`` can set. Defaults give an interesting run on 2 cores.
 
-    The one source of a run's defaults: what the processes share comes from ``RunConfig``'s
-    fields, and ``lab.run``'s command line is built from an instance of this class."""
+    What the processes share takes its default from ``RunConfig`` (its fields, or their flags'
+    metadata), the one source that ``lab.run``'s flags (``crew.cli_options``) read too."""
 
-    p: int = 3
-    scheme: Scheme = Scheme.CREW
+    p: int = RunConfig.default("p")
+    scheme: Scheme = RunConfig.default("scheme")
     seed: int = RunConfig.default("seed")
     width: int = RunConfig.default("width")
     depth: int = RunConfig.default("depth")
@@ -86,6 +80,7 @@ class RunOptions:
     # The host's CPU s per GB of link bytes as a planner capacity (crew.plan.hostcpu) on all
     # of this machine's cores; 0: none.
     host_cpu_s_per_gb: float = RunConfig.default("host_cpu_s_per_gb")
+    host_cores: float = 0.0  # the cores of that capacity; 0: this machine's
     lr: float | None = None  # None: the workload's default (crew.train.workloads.DEFAULTS)
     batch_size: int | None = None  # None: the workload's default
     local_steps: int = RunConfig.default("local_steps")
@@ -106,74 +101,6 @@ class RunOptions:
 
 
 TRAINING_FIELDS = ("workload", "sync", "local_steps", "outer_lr", "outer_momentum", "compress")
-
-
-def add_training_args(p: argparse.ArgumentParser) -> None:
-    """The training-mode options of ``lab.run`` and ``lab.bench --train`` (docs/training.md);
-    their defaults are ``RunConfig``'s."""
-    d = RunConfig
-    p.add_argument(
-        "--workload",
-        choices=WORKLOADS,
-        default=d.default("workload"),
-        help="mlp: the digits MLP (3.5 MB, the quick default); lm: a byte-level transformer "
-        "on the Python standard library's source, held-out loss and perplexity (1 MB)",
-    )
-    p.add_argument(
-        "--sync",
-        choices=SYNC_MODES,
-        default=None,
-        help="every-step: average after each iteration; local-sgd: average the models every "
-        "--local-steps steps; diloco: outer Nesterov step on the averaged pseudo-gradient "
-        "(default: every-step, or local-sgd when --local-steps > 1)",
-    )
-    p.add_argument(
-        "--local-steps",
-        type=int,
-        default=d.default("local_steps"),
-        metavar="H",
-        help="local steps per reduce (H)",
-    )
-    p.add_argument(
-        "--outer-lr",
-        type=float,
-        default=d.default("outer_lr"),
-        help=f"DiLoCo outer lr ({d.default('outer_lr')})",
-    )
-    p.add_argument(
-        "--outer-momentum",
-        type=float,
-        default=d.default("outer_momentum"),
-        help=f"DiLoCo Nesterov momentum ({d.default('outer_momentum')})",
-    )
-    p.add_argument(
-        "--compress",
-        choices=COMPRESS,
-        default=d.default("compress"),
-        help="group payloads on the wire: none (float32), fp16, or int8 (per 256 values "
-        "with min and max, 0.258x the bytes); sums are added in float32",
-    )
-    p.add_argument("--lr", type=float, default=None, help="inner lr (workload default)")
-    p.add_argument("--batch-size", type=int, default=None, help="minibatch size (workload default)")
-
-
-def training_options(args: argparse.Namespace, *, scheme: str, nonblocking: bool) -> dict[str, Any]:
-    """RunOptions fields from :func:`add_training_args`; ConfigError names a bad one."""
-    sync = args.sync or ("local-sgd" if args.local_steps > 1 else "every-step")
-    out = {
-        "workload": args.workload,
-        "sync": sync,
-        "local_steps": args.local_steps,
-        "outer_lr": args.outer_lr,
-        "outer_momentum": args.outer_momentum,
-        "compress": args.compress,
-    }
-    check_training(scheme=scheme, nonblocking=nonblocking, **out)
-    if args.lr is not None and not args.lr > 0:
-        raise ConfigError(f"lr: must be > 0, got {args.lr}")
-    if args.batch_size is not None and args.batch_size < 1:
-        raise ConfigError(f"batch_size: must be >= 1, got {args.batch_size}")
-    return out | {"lr": args.lr, "batch_size": args.batch_size}
 
 
 def lab_impairments(caps: Capabilities) -> set[str]:
@@ -431,7 +358,9 @@ class LabRun:
             hop_backlog_bytes=o.hop_backlog_bytes,
             capacity=o.capacity,
             host_cpu_s_per_gb=o.host_cpu_s_per_gb,
-            host_cores=float(os.cpu_count() or 1) if o.host_cpu_s_per_gb > 0 else 0.0,
+            host_cores=(
+                (o.host_cores or float(os.cpu_count() or 1)) if o.host_cpu_s_per_gb > 0 else 0.0
+            ),
             stall_timeout_s=o.stall_timeout_s,
             heartbeat_timeout_s=o.heartbeat_timeout_s,
             # An lm evaluation (64 windows of 128 bytes) costs about a training step and a

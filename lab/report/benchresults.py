@@ -80,6 +80,7 @@ class BenchResults(TypedDict):
     round_count: NotRequired[int]  # rounds of the scheme list (1)
     pace: NotRequired[float]  # data connections paced at this share of the link rate (0)
     host_cpu_s_per_gb: NotRequired[float]  # the host CPU capacity crew planned with (0: none)
+    host_cores: NotRequired[float]  # the cores of that capacity (0: none)
     hop_backlog_bytes: NotRequired[int]  # bytes crew's route LP counts per hop (0)
     rounds: NotRequired[list[dict[str, SchemeResults]]]  # with round_count > 1: each round
     repeat: NotRequired[dict[str, RoundsSummary]]  # with round_count > 1: the summary

@@ -204,7 +204,7 @@ def measure_once(
         str(int(timeout + 30)),  # a backstop: the run is stopped once measured
         "--dashboard-port",
         str(port),
-        "--run-dir",
+        "--out",
         str(run_dir),
     ]
     times = RunTimes(run_dir=str(run_dir))

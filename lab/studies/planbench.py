@@ -2,10 +2,10 @@
 
 * ``sweep`` -- ``--matrices`` seeded random capacity matrices (per directed pair a HotCloud'18
   inter-cloud sample x ``--scale``, the data the shipped topologies use), a random group of
-  ``--p`` of ``--n`` workers each. Every scheme plans the group; the table gives plan / bound
-  (``crew.plan.bound.lower_bound``) per scheme: median, p90, max, and on how many matrices the
-  scheme's plan was below crew's (it must be 0: crew's route LP contains every baseline's
-  routes or proves that none beats it). Exit status 1 if any baseline beat crew.
+  ``--group-size`` of ``--n`` workers each. Every scheme plans the group; the table gives plan /
+  bound (``crew.plan.bound.lower_bound``) per scheme: median, p90, max, and on how many
+  matrices the scheme's plan was below crew's (it must be 0: crew's route LP contains every
+  baseline's routes or proves that none beats it). Exit status 1 if any baseline beat crew.
 * ``cases`` -- the named cases of issue 10: 4 clouds with one slow pair (20, 40, 60, 80, 100,
   30 Mbit/s, p = n = 4, 16.8 MB), 4 uniform 50 Mbit/s clouds (16.8 MB), and the shipped
   ``bench-hetero`` and ``bench-uniform`` topologies (p = 4 of 8, 8 MB; every one of the 70
@@ -28,7 +28,8 @@
 
 A plan's time is its scheme's own cost model (``crew.plan.schemes.plan_group``): crew's is the route
 LP's (fluid, per-link and shared capacities), the baselines' are those of ``crew.plan.baselines``.
-``--json`` prints the results as JSON instead of tables.
+``--json PATH`` writes the results as JSON to PATH (``-``: to standard output, instead of the
+tables).
 """
 
 from __future__ import annotations
@@ -50,6 +51,13 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from crew.cli_options import (
+    add_config_flags,
+    add_json_flag,
+    add_version_flag,
+    config_flag,
+    write_json,
+)
 from crew.config import RunConfig, Scheme
 from crew.control.assignment import MIN_ROUTE_PART_ELEMS, hop_bytes
 from crew.plan.bound import BOUNDS, lower_bound
@@ -67,7 +75,7 @@ MB8 = 8 * 1024 * 1024
 SLOWER_TOLERANCE = 1e-6
 """Relative margin for whole-element rounding when checking crew <= every baseline."""
 COORDINATOR_HOP_BYTES = hop_bytes(MIN_ROUTE_PART_ELEMS, RunConfig.default("hop_backlog_bytes"))
-"""``timing``'s default ``--part-bytes``: what the coordinator passes for a vector whose parts
+"""``timing``'s default ``--hop-bytes``: what the coordinator passes for a vector whose parts
 are at least ``MIN_ROUTE_PART_ELEMS`` (8 MB and up)."""
 
 
@@ -309,7 +317,7 @@ def timing(args: argparse.Namespace) -> dict[str, Any]:
             _cold(planner)
             t0 = time.perf_counter()
             rp = plan_routes(
-                bw, members, args.size, part_bytes=args.part_bytes,
+                bw, members, args.size, part_bytes=args.hop_bytes,
                 settings=settings, cache=planner.route_cache,
             )  # fmt: skip
             lp.append(time.perf_counter() - t0)
@@ -317,11 +325,11 @@ def timing(args: argparse.Namespace) -> dict[str, Any]:
             optimal += rp.optimal
             gaps.append(rp.gap)
             # the route LP's result is cached now: what the rest of the planner and the bound add
-            rest, _ = _time_group(planner, bw, members, args.size, args.part_bytes)
+            rest, _ = _time_group(planner, bw, members, args.size, args.hop_bytes)
             cold.append(lp[-1] + rest)
-            cached.append(_time_group(planner, bw, members, args.size, args.part_bytes)[0])
+            cached.append(_time_group(planner, bw, members, args.size, args.hop_bytes)[0])
             jitter = np.array([[1 + 0.05 * (rng.random() - 0.5) * 2 for _ in range(n)]] * n)
-            warm.append(_time_group(planner, bw * jitter, members, args.size, args.part_bytes)[0])
+            warm.append(_time_group(planner, bw * jitter, members, args.size, args.hop_bytes)[0])
         out[str(n)] = {
             "p": p,
             "plans": len(cold),
@@ -502,9 +510,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m lab.studies.planbench",
         description="Benchmark the planners without root or network (see the module docstring).",
     )
-    ap.add_argument("command", choices=("sweep", "cases", "timing"))
-    ap.add_argument("--seed", type=int, default=1, help="seed of the random matrices (1)")
-    ap.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    add_version_flag(ap)
+    ap.add_argument(
+        "command",
+        choices=("sweep", "cases", "timing"),
+        help="sweep: random matrices; cases: the named networks; timing: planning wall time",
+    )
+    add_config_flags(ap, ("seed",))
+    add_json_flag(ap, "the results")
     ap.add_argument(
         "--schemes",
         default=",".join(GROUP_SCHEMES),
@@ -512,7 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--matrices", type=int, default=100, help="sweep: random matrices (100)")
     ap.add_argument("--n", type=int, default=8, help="sweep: workers per matrix (8)")
-    ap.add_argument("--p", type=int, default=4, help="sweep: group size (4)")
+    add_config_flags(ap, ("p",))
     ap.add_argument("--size", type=int, default=MB8, help=f"sweep/timing: bytes per vector ({MB8})")
     ap.add_argument(
         "--scale", type=float, default=0.6, help="rate scale of the HotCloud samples (0.6)"
@@ -531,7 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="timing: column-generation rounds per plan at most (default: the planner's)",
     )
     ap.add_argument(
-        "--part-bytes",
+        "--hop-bytes",
         type=int,
         default=COORDINATOR_HOP_BYTES,
         help=f"timing: bytes per hop the route LP counts ({COORDINATOR_HOP_BYTES}: what the"
@@ -578,7 +591,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"--sizes: not a list of ints: {args.sizes!r}")
         return 2
     if not 2 <= args.p <= args.n or args.matrices < 1 or args.size % 4 or args.size <= 0:
-        print("need 2 <= --p <= --n, --matrices >= 1, --size a positive multiple of 4")
+        print(
+            f"need 2 <= {config_flag('p')} <= --n, --matrices >= 1, --size a positive multiple of 4"
+        )
         return 2
     if args.p_timing != "n" and not (args.p_timing.isdigit() and int(args.p_timing) >= 2):
         print("--p-timing: an int >= 2 or 'n'")
@@ -587,27 +602,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "sweep":
         res = sweep(args)
         bad = sum(r["below_crew"] for s, r in res["schemes"].items() if s != Scheme.CREW)
-        if args.json:
-            print(json.dumps(res, indent=1, allow_nan=True))
-        else:
+        write_json(args.json, res, allow_nan=True)
+        if args.json != "-":
             console.print(sweep_table(res))
             verdict = "yes" if not bad else "NO"
             console.print(f"crew's plan <= every baseline's plan on every matrix: {verdict}")
         return 1 if bad else 0
     if args.command == "cases":
         res = cases(args)
-        if args.json:
-            print(json.dumps(res, indent=1, allow_nan=True))
-        else:
+        write_json(args.json, res, allow_nan=True)
+        if args.json != "-":
             for t in cases_tables(res):
                 console.print(t)
         return 1 if any(r["crew_beaten_in"] for r in res.values()) else 0
     res = timing(args)
     rep = replay(args.db, args.replay_passes) if args.db is not None else None
     lines = share_lines(res, args.group_s, rep)
-    if args.json:
-        print(json.dumps({"timing": res, "replay": rep, "share": lines}, indent=1))
-    else:
+    write_json(args.json, {"timing": res, "replay": rep, "share": lines})
+    if args.json != "-":
         console.print(timing_table(res))
         for line in lines:
             console.print(line)

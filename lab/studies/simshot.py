@@ -6,7 +6,7 @@ Playwright (``lab.orchestrate.browser``, as ``lab.studies.firstpaint`` does), wa
 seconds for every panel to draw, saves the whole page, and stops the dashboard it started.
 The README's 60-worker picture is made this way::
 
-    python -m crew.sim --n 60 --p 5 --bwd 2 --duration 50 --scheme crew --seed 1 --run-dir R
+    python -m crew.sim --n 60 --p 5 --bwd 2 --duration 50 --scheme crew --seed 1 --out R
     python -m lab.studies.simshot R --out docs/sim-dashboard-60.png
 """
 
