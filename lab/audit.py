@@ -64,6 +64,7 @@ from typing import Any
 
 import numpy as np
 
+from crew.cli_options import add_json_flag, add_version_flag, write_json
 from crew.runtime import rundb
 from crew.runtime.rundb import GroupStatus
 from lab.report.pace import Pace, read_pace
@@ -546,16 +547,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=DEFAULT_MAX_GROUP_S,
         help=f"longest a group may take before it counts as hung (default {DEFAULT_MAX_GROUP_S:g})",
     )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON instead")
+    add_json_flag(parser, "the report")
+    add_version_flag(parser)
     args = parser.parse_args(argv)
     try:
         report = audit(args.run, max_group_s=args.max_group_s)
     except (FileNotFoundError, sqlite3.Error) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
-    else:
+    write_json(args.json, report.to_dict())
+    if args.json != "-":
         _print_report(report)
     return 0 if report.ok else 1
 

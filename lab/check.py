@@ -55,6 +55,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from crew.cli_options import add_version_flag
 from lab.net import preflight
 from lab.net.cleanup import DEFAULT_STATE_DIR, cleanup_leftovers
 from lab.net.mesh import LabError, LabNetwork, LinkState
@@ -497,6 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_version_flag(p)
     p.add_argument(
         "--topology",
         type=topology_arg,

@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from crew.cli_options import add_json_flag, add_version_flag, write_json
 from crew.wire.frames import (
     DEFAULT_MAX_PAYLOAD,
     HEADER,
@@ -730,7 +731,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="inputs to repeat under tracemalloc (default: all)",
     )
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json_flag(p, "the report")
+    add_version_flag(p)
     sub = p.add_subparsers(dest="command")
     a = sub.add_parser("attack", help="send hostile connections to a worker's data port")
     a.add_argument("--to", type=_addr, required=True, metavar="ADDR:PORT")
@@ -776,9 +778,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(report.to_dict()), flush=True)
         return 0 if report.dropped == args.attack_frames else 1
     fuzz = run_fuzz(args.frames, args.seed, args.max_payload, args.traced)
-    if args.json:
-        print(json.dumps(fuzz.to_dict(), indent=1))
-    else:
+    write_json(args.json, fuzz.to_dict())
+    if args.json != "-":
         print_report(fuzz)
     return 0 if fuzz.ok else 1
 

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from crew.cli_options import add_version_flag
 from lab.orchestrate import commands as cmds
 from lab.orchestrate.commands import LabLimits
 from lab.spec.scenario import ScenarioError, load_scenario
@@ -24,6 +25,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "The format is described in scenarios/README.md.",
         epilog="Exit status: 0 if valid, 2 if not (the error goes to stderr).",
     )
+    add_version_flag(p)
     p.add_argument("path", type=Path, metavar="PATH", help="scenario YAML file")
     p.add_argument(
         "--n", type=int, default=None, help="number of workers (default: the topology's)"

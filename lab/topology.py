@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from crew.cli_options import add_version_flag
 from lab.spec.topology import TopologyError, TopologySpec, Uplinks, load_topology
 
 
@@ -66,6 +67,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
+    add_version_flag(parser)
     parser.add_argument("paths", nargs="+", metavar="PATH", type=Path, help="topology YAML file")
     args = parser.parse_args(argv)
     status = 0

@@ -26,6 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from crew.cli_options import add_version_flag
 from crew.runtime import rundb
 from crew.runtime.capacity_probe import DEFAULT_PROBE_SECONDS, plan_probe
 from lab.net.mesh import LabNetwork
@@ -170,6 +171,7 @@ def probe_report(res: ProbeResult, topo: TopologySpec, probe_bytes: int, seconds
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lab.torchrun", description=__doc__)
+    add_version_flag(parser)
     parser.add_argument("--topology", type=topology_arg, default=default_topology())
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--probe-bytes", type=int, default=4 << 20, help="burst per link")

@@ -247,7 +247,7 @@ def test_cli_exit_status_and_table(clean: Run, capsys: pytest.CaptureFixture[str
     out = capsys.readouterr().out
     assert NO_LOST_UPDATES in out and "no violations" in out
     clean.group(5, {1: 2}, formed=10.0, ended=None, status="open")
-    assert la.main([str(clean.db), "--json"]) == 1
+    assert la.main([str(clean.db), "--json", "-"]) == 1
     d = json.loads(capsys.readouterr().out)
     assert d["ok"] is False
     assert [c["name"] for c in d["checks"] if not c["ok"]] == [GROUPS_ENDED]

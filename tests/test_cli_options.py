@@ -25,6 +25,7 @@ from lab import simrun
 from lab.bench import cli as bench_cli
 from lab.orchestrate.runner import REPO, RunOptions
 from lab.studies import planbench
+from tests.test_readme import user_commands
 
 PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "lab.run": run_cli.build_parser,
@@ -272,7 +273,7 @@ def _version_of(module: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return out.getvalue()
 
 
-@pytest.mark.parametrize("module", sorted(PARSERS))
+@pytest.mark.parametrize("module", [*sorted(user_commands()), "crew.sim", "lab.studies.planbench"])
 def test_every_command_prints_the_version(module: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert cli_options.version() in _version_of(module, monkeypatch)
     assert f"python -m {module}" in _version_of(module, monkeypatch)

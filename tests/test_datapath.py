@@ -26,7 +26,7 @@ def test_stages_cover_the_per_byte_work() -> None:
 
 
 def test_main_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
-    assert datapath.main(["--workers", "2", "--mb", "0.5", "--ops", "1", "--json"]) == 0
+    assert datapath.main(["--workers", "2", "--mb", "0.5", "--ops", "1", "--json", "-"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["end_to_end"]["workers"] == 2
     assert out["end_to_end"]["cpu_s_per_gb"] > 0

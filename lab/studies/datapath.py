@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import os
 import pstats
 import resource
@@ -40,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from crew.cli_options import add_json_flag, add_version_flag, write_json
 from crew.plan.routes import Route, link_load, star_routes
 from crew.runtime.reduce import DTYPE, ReduceEngine
 from crew.wire.frames import HEADER_SIZE, FrameCodec
@@ -287,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="cProfile every thread; print the N functions with the most own time",
     )
-    ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_json_flag(ap, "the figures")
+    add_version_flag(ap)
     return ap
 
 
@@ -316,8 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "stages": [{**asdict(s), "s_per_link_gb": s.s_per_link_gb} for s in st],
         "unexplained_s_per_gb": e2e.cpu_s_per_gb - explained if st else None,
     }
-    if args.json:
-        print(json.dumps(out, indent=2))
+    write_json(args.json, out)
+    if args.json == "-":
         return 0
     print(
         f"{out['network']}: {e2e.workers} workers, {e2e.ops} ops, {e2e.link_gb:.3f} GB over links"
