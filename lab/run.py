@@ -47,6 +47,7 @@ log = logging.getLogger("lab.run")
 console = Console(stderr=True)
 
 EXIT_OK = 0
+EXIT_WORKER_CRASHED = 1
 EXIT_BAD_INPUT = 2
 EXIT_PREFLIGHT = 3
 
@@ -79,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m lab.run",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="exit status: 0 when the run ended as asked; 1 when a worker crashed (ended by\n"
+        "itself with an error, not stopped by the lab or a fault command); 2 on bad options;\n"
+        "3 when the machine lacks what the topology needs",
     )
     add_version_flag(p)
     p.add_argument(
@@ -233,6 +237,11 @@ def print_summary(summary: dict) -> None:
     t.add_row(
         "rounds per worker", " ".join(f"w{k}:{v}" for k, v in summary["rounds_per_worker"].items())
     )
+    if summary.get("workers_crashed"):
+        t.add_row(
+            "workers crashed",
+            " ".join(f"w{k}:exit {v}" for k, v in summary["workers_crashed"].items()),
+        )
     busiest = sorted(summary["link_bytes"].items(), key=lambda kv: -kv[1])[:5]
     t.add_row("busiest links", ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in busiest))
     console.print(t)
@@ -331,12 +340,21 @@ def main(argv: list[str] | None = None) -> int:
                     lab.poll()
                     live.update(progress_table(lab, started, args.duration))
                     time.sleep(0.5)
+            lab.poll()  # a worker that crashed since the last poll
     except KeyboardInterrupt:
         console.print("stopping (Ctrl-C) ...")
     console.print()
-    summary = summarize(run_dir / "lab.db")
+    summary = summarize(run_dir / "lab.db") | {
+        "workers_crashed": {str(w): code for w, code in sorted(lab.crashed.items())}
+    }
     print_summary(summary)
     write_json(args.json, summary)
+    if lab.crashed:
+        crashed = ", ".join(f"w{w} (exit code {code})" for w, code in sorted(lab.crashed.items()))
+        console.print(
+            f"[red]workers crashed:[/red] {crashed}; see {run_dir / 'logs'}", highlight=False
+        )
+        return EXIT_WORKER_CRASHED
     return EXIT_OK
 
 

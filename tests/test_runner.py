@@ -69,3 +69,34 @@ def test_loss_is_offered_only_when_the_lab_will_apply_it() -> None:
     assert lab_impairments(no_statistic) == {"rate"}
     netem = Capabilities(root=True, tools={}, htb=True, netem=True, iptables_statistic=False)
     assert lab_impairments(netem) == {"rate", "delay", "jitter", "loss"}
+
+
+def test_a_worker_that_ends_with_an_error_counts_as_crashed(tmp_path: Path) -> None:
+    """LabRun.poll tells a worker that ended by itself with an error (crashed) from one that
+    ended cleanly; the lab's own stops (stop_worker, a KillWorker command) record their exit
+    code before poll sees it, so they never count. Real processes, a real run database."""
+    import subprocess
+    import sys
+
+    topo = load_topology(REPO / "topologies" / "small.yaml")
+    lab = LabRun(topo, CAPS, RunOptions(), tmp_path / "run")
+    (tmp_path / "run").mkdir()
+    lab.db = RunDB(lab.db_path)
+    code = "import sys; sys.exit(int(sys.argv[1]))"
+    lab.workers = {
+        w: subprocess.Popen([sys.executable, "-c", code, str(rc)])
+        for w, rc in ((0, 3), (1, 0), (2, 7))
+    }
+    for proc in lab.workers.values():
+        proc.wait(timeout=30)
+    lab.exit_codes[2] = -9  # as stop_worker records a kill the lab made
+    lab.poll()
+    assert lab.crashed == {0: 3}
+    assert lab.exit_codes == {0: 3, 1: 0, 2: -9}
+    # A RestartWorker: a new process for worker 0, which ends cleanly; the crash stays on record.
+    lab.exit_codes.pop(0)
+    lab.workers[0] = subprocess.Popen([sys.executable, "-c", code, "0"])
+    lab.workers[0].wait(timeout=30)
+    lab.poll()
+    assert lab.crashed == {0: 3} and lab.exit_codes[0] == 0
+    lab.db.close()

@@ -192,6 +192,9 @@ class LabRun:
         self._logs: list[IO[bytes]] = []
         self.started_at = 0.0
         self.exit_codes: dict[int, int] = {}
+        # Workers that ended by themselves with an error (not stopped by the lab or a fault
+        # command), with their exit codes; a restart does not clear it.
+        self.crashed: dict[int, int] = {}
         self._coordinator_gone = False
         self.coordinator_restarts = 0
 
@@ -506,6 +509,8 @@ class LabRun:
             code = proc.poll()
             if code is not None and i not in self.exit_codes:
                 self.exit_codes[i] = code
+                if code:
+                    self.crashed[i] = code
                 self.db.event(
                     "fault",
                     f"worker {i} exited with code {code}",

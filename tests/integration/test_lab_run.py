@@ -9,6 +9,13 @@ tested in test_crew_faults.)
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,3 +188,65 @@ def test_a_lab_stopped_while_workers_start_ends_them_without_sigkill(
     assert set(codes.values()) <= {0, -15}, codes
     assert "did not stop in time" not in caplog.text
     assert_nothing_left(tag, pids, state_dir)
+
+
+def _query(db: Path, sql: str) -> list:
+    """``rows`` of a database that may not have its tables yet (the lab is still starting)."""
+    try:
+        return rows(db, sql) if db.is_file() else []
+    except sqlite3.OperationalError:
+        return []
+
+
+def test_lab_run_exits_non_zero_when_a_worker_crashed(tmp_path: Path) -> None:
+    """``python -m lab.run`` as a user runs it. A worker killed from outside the lab (as the
+    kernel's OOM killer would) crashed: the run exits 1 and names it. A worker the lab kills on a
+    fault command (here KillWorker, as the dashboard sends it) did not crash."""
+    run_dir, summary, log = tmp_path / "run", tmp_path / "summary.json", tmp_path / "lab.log"
+    argv = [
+        *(sys.executable, "-m", "lab.run", "--topology", str(SMALL), "--group-size", "2"),
+        *("--width", "128", "--depth", "2", "--no-dashboard", "--duration", "300"),
+        *("--out", str(run_dir), "--json", str(summary), "--state-dir", str(tmp_path / "state")),
+    ]
+    db = run_dir / "lab.db"
+
+    def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"{what}: not seen\n{log.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.5)
+
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        pid_sql = "SELECT worker, pid FROM worker_status WHERE pid IS NOT NULL"
+        wait_for(
+            lambda: (
+                {1, 2} <= {r["worker"] for r in _query(db, pid_sql)}
+                and bool(_query(db, "SELECT id FROM groups WHERE status='completed'"))
+            ),
+            FIRST_GROUP_WAIT_S,
+            "workers 1 and 2 registered and a group completed",
+        )
+        pids = {r["worker"]: r["pid"] for r in _query(db, pid_sql)}
+        cmds.submit(db, cmds.KillWorker(worker=2))
+        wait_for(
+            lambda: bool(_query(db, "SELECT id FROM commands WHERE status='applied'")),
+            30,
+            "the KillWorker command applied",
+        )
+        os.kill(pids[1], signal.SIGKILL)
+        exited = "SELECT message FROM events WHERE worker=1 AND message LIKE '%exited with code%'"
+        wait_for(lambda: bool(_query(db, exited)), 30, "the lab noticing worker 1's end")
+        proc.send_signal(signal.SIGTERM)  # lab.run treats it as Ctrl-C: a full teardown
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    text = " ".join(log.read_text(errors="replace").split())
+    assert proc.returncode == 1, text[-3000:]
+    crashed = json.loads(summary.read_text())["workers_crashed"]
+    assert set(crashed) == {"1"} and crashed["1"] != 0, crashed
+    assert "workers crashed: w1" in text
