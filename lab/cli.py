@@ -48,6 +48,9 @@ COMMANDS: dict[str, Command] = {
     "simrun": Command("lab.simrun", "simulate a run on a topology YAML, with a scenario"),
     "torchrun": Command("lab.torchrun", "the example under torchrun in every emulated cloud"),
     "export": Command("lab.export", "a run's database as CSV files"),
+    "freshcheck": Command(
+        "lab.freshcheck", "prove vagrant up on a fresh Debian 12 VM, step by step"
+    ),
     "sim": Command("crew.sim.__main__", "simulate a run on a generated topology", extra=None),
     "dashboard": Command("dashboard.__main__", "serve the dashboard for a run", "dashboard"),
 }
