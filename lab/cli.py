@@ -38,7 +38,7 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "run": Command("lab.run", "the lab: network, coordinator, workers, monitor, dashboard"),
     "check": Command("lab.check", "measure every emulated link against its configured rate"),
-    "bench": Command("lab.bench", "every scheme on one network and one trace of groups"),
+    "bench": Command("lab.bench.cli", "every scheme on one network and one trace of groups"),
     "audit": Command("lab.audit", "check a finished run's database"),
     "scenario": Command("lab.scenario", "validate a fault scenario, print its timeline"),
     "topology": Command("lab.topology", "validate topology files and summarise them"),
