@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from crew.cli_options import add_version_flag
 from lab.fresh import rootfs, wheelhouse
 from lab.fresh.guest import Forward, Guest, GuestError, MachineSpec, free_port, write_initrd
 from lab.fresh.readme import FALLBACK_COMMAND, ReadmeError, load_quick_test_command
@@ -150,6 +151,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_version_flag(ap)
     ap.add_argument(
         "--source",
         choices=("head", "worktree"),

@@ -276,4 +276,5 @@ def _version_of(module: str, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.mark.parametrize("module", [*sorted(user_commands()), "crew.sim", "lab.studies.planbench"])
 def test_every_command_prints_the_version(module: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert cli_options.version() in _version_of(module, monkeypatch)
-    assert f"python -m {module}" in _version_of(module, monkeypatch)
+    name = "crew-lab" if module == "lab.cli" else f"python -m {module}"  # the console script
+    assert name in _version_of(module, monkeypatch)

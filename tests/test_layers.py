@@ -308,7 +308,7 @@ def test_every_module_at_the_top_of_lab_is_a_command() -> None:
     assert "lab.bench" in commands  # the one command that is a package
     not_commands = [name for name in commands if not runs_a_main(_command_file(name).read_text())]
     assert not not_commands, f"not runnable as python -m: {not_commands}"
-    libraries = {"net", "orchestrate", "spec", "report", "studies"}
+    libraries = {"net", "orchestrate", "spec", "report", "studies", "fresh"}
     packages = {p.name for p in (REPO / "lab").iterdir() if (p / "__init__.py").exists()}
     stray = sorted(packages - libraries - {c.removeprefix("lab.") for c in commands})
     assert not stray, (

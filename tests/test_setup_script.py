@@ -203,7 +203,7 @@ def assert_reached_the_end(run: SetupRun, python: str) -> None:
     venv = run.repo / ".venv"
     assert run.cmd(python, "-m") == [["-m", "venv", str(venv)]]
     pip = run.cmd("venv-python", "-m")
-    assert ["-m", "pip", "install", "-q", "-e", f"{run.repo}[test]"] in pip
+    assert ["-m", "pip", "install", "-q", "-e", f"{run.repo}[lab,dashboard,test]"] in pip
     assert (run.site / "mininet").is_symlink()
     wrapper = (run.root / "usr/local/bin/python").read_text()
     assert f'exec "{venv}/bin/python" "$@"' in wrapper
