@@ -719,7 +719,7 @@ def rounds_per_minute(
     return fig
 
 
-PACE_WINDOW_S = 10.0  # lab.report.pace.WINDOW_S: the 10 s windows
+PACE_WINDOW_S = 10.0  # lab.report.pace.WINDOW_S: pace is counted in 10 s windows
 FAULT_COLOUR = "rgb(215,25,28)"
 REPAIR_COLOUR = "rgb(44,160,44)"
 

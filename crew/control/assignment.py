@@ -71,13 +71,14 @@ hop costs about 1/k of the route's own transfer time."""
 
 MIN_ROUTE_PART_ELEMS = 16 << 10
 """No route part below 64 KiB (unless the route is smaller): per-frame costs (framing, MAC,
-a Python call per hop) stay small against the bytes."""
+a Python call per hop) stay small against the bytes
+(docs/decisions/2026-12-03-keep-64-kib-route-parts.md)."""
 
 MAX_ROUTE_PART_ELEMS = 64 << 10
 """No route part above 256 KiB: a part crosses each hop whole before the next hop starts it, so
-a 1 MB part costs 0.1-0.4 s per hop at 20-80 Mbit/s. Measured on the one-slow-pair topology
-(16.8 MB, p = n = 4): the route LP's 8.4 MB route reduces along 2 -> 1 -> 3 -> 0 and
-broadcasts along 0 -> 3 -> 1 -> 2 in 1 MB parts, and its links ran at 60-65% of their rates."""
+a 1 MB part costs 0.1-0.4 s per hop at 20-80 Mbit/s. On the one-slow-pair topology (16.8 MB,
+p = n = 4) the route LP's 8.4 MB route reduces along 2 -> 1 -> 3 -> 0 and broadcasts along
+0 -> 3 -> 1 -> 2; in 1 MB parts its links run at 60-65% of their rates."""
 
 
 def hop_bytes(part_elems: int, backlog_bytes: int, scale: float = 1.0) -> int:

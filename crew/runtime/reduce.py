@@ -32,11 +32,9 @@ the first hops fill the rest of each link's time.
 
 That holds for **pipelined** plans only. A store-and-forward plan sends everything at one
 priority, so each link is first come, first served, as its phases (and ``crew.sim.network``)
-assume: with hop priorities a root's broadcast, queued once its own range was in, overtook the
-rest of that node's scatter to the other roots on the same link, so those roots started their
-own broadcasts only after it (measured on bench-hetero, preduce: a 2.3 MB broadcast ahead of
-the scatter's last 0.34 MB on a 22.8 Mbit/s link delayed the next root by 0.65 s, ops 1.53x
-their plan).
+assume. With hop priorities a root's broadcast, queued once its own range is in, would overtake
+the rest of that node's scatter to the other roots on the same link, and those roots would start
+their own broadcasts only after it (docs/decisions/2026-12-02-store-and-forward-at-one-priority.md).
 
 Revisions: when a group changes (a member dies, a link fails) the coordinator sends a new
 revision with a new plan. A revision may keep routes of the previous one unchanged
@@ -582,8 +580,9 @@ class ReduceEngine:
         vec = self._vectors[a.group]
         # Interleave the routes: part j of a route with m parts goes at (j + 1/2) / m of the
         # way, so every route progresses at the same pace on every link it shares. Route by
-        # route, the routes queued last on a busy link arrived at their roots only at its end,
-        # and their broadcasts ran after it (measured: links idle for a third of the op).
+        # route, the routes queued last on a busy link would reach their roots only at its end,
+        # and their broadcasts would run after it
+        # (docs/decisions/2026-12-02-interleave-first-hop-parts.md).
         order = sorted(
             ((j + 0.5) / len(st.parts), k, start)
             for k, st in g.routes.items()

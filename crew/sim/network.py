@@ -48,8 +48,8 @@ part's time at its rate. Parts are cut per route exactly as the executor cuts th
   on top of its serialisation (measured unpaced: 54-77 ms per hop). Paced connections (the
   lab's default) keep that queue near empty; a part then waits about 14 ms per hop behind the
   unsent bytes in its socket (``lab.report.simagree.PACED_HOP_QUEUE_S``, from a frame trace).
-  It is
-  added to each hop's one-way delay, so it delays a hop's arrival, not its link's throughput.
+  It is added to each hop's one-way delay, so it delays a hop's arrival, not its link's
+  throughput.
 * ``cpu_s_per_byte`` and ``host_cores``: a shared host whose cores run every worker's data
   path. Every link byte costs ``cpu_s_per_byte`` CPU seconds (``lab.bench``'s ``cpu_s_per_gb``,
   measured on the workers from ``/proc``), and the host serves those costs FCFS at

@@ -14,11 +14,10 @@ Formats (all little-endian; ``n`` elements; :func:`encoded_size` is exact):
   ``step = (max - min) / 255``. Size ``n + 8 ceil(n / 256)`` bytes, 0.2578x of float32.
 
 Why min/max per block of 256 (``python -m lab.studies.codecstudy``, the default MLP on digits
-after 20
-iterations of 8 local steps; relative L2 error of one encode of the 8-step pseudo-gradient /
-of the model): min/max 256 7.2e-3 / 4.1e-3 at 1.031 bytes per element; min/max 64 5.5e-3 /
-3.8e-3 at 1.125; min/max 1024 9.6e-3 / 4.4e-3 at 1.008; absmax/127 with 256 8.0e-3 / 4.3e-3
-at 1.016; clipping at mu +- 3 sigma 7.5e-2 / 4.4e-3 and at mu +- 4 sigma 2.7e-2 / 4.1e-3.
+after 20 iterations of 8 local steps; relative L2 error of one encode of the 8-step
+pseudo-gradient / of the model): min/max 256 7.2e-3 / 4.1e-3 at 1.031 bytes per element; min/max
+64 5.5e-3 / 3.8e-3 at 1.125; min/max 1024 9.6e-3 / 4.4e-3 at 1.008; absmax/127 with 256 8.0e-3 /
+4.3e-3 at 1.016; clipping at mu +- 3 sigma 7.5e-2 / 4.4e-3 and at mu +- 4 sigma 2.7e-2 / 4.1e-3.
 The asymmetric min/max grid uses all 256 codes, has a hard error bound, and codes all-equal and
 all-zero blocks exactly (``step = 0``). Clipping shrinks the step but turns the outliers, which
 in pseudo-gradients are the largest updates, into large errors (10x worse above) that no bound

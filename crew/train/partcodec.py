@@ -46,7 +46,7 @@ step, so rounding to nearest takes much of it back at the next encode, round aft
 bias against small updates, not zero-mean noise. With the residual, what one encode rounds away
 is sent by the node's next encode of those elements, so over any number of encodes the values
 a node sent add up to the values it was asked to send, less one residual (at most half a step
-per element): no update is lost for good. Measured in docs/training.md.
+per element): no update is lost for good (docs/decisions/2026-12-01-error-feedback.md).
 
 Which encode takes the residual: the node's next one of the same elements, whatever its role
 (leaf, aggregator, or root encoding the broadcast). Each encode's error enters the group's

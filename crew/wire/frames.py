@@ -27,13 +27,12 @@ Design notes:
   transit. The run number is checked after the tag: a ``WrongRun`` therefore means "a peer that
   knows the secret but lives in another run", while forgeries surface as ``BadMac``.
 * ``encode`` returns ``[header, payload, tag]`` without copying the payload, ready for
-  ``socket.sendmsg``. The MAC costs one pass over the payload at each end. Keyed BLAKE3 (a PRF,
-  made for this use) takes 0.14 CPU s per GB of 64 KiB parts on this host's AVX-512 core, where
-  HMAC-SHA256 took 0.57 even with the SHA extensions: with both ends counted it was 1.2 of the
-  data path's 5.4 CPU s/GB on loopback (``python -m lab.studies.datapath``), and the 1 Gbit/s
-  benchmarks are bound by that CPU. The payload goes first so that BLAKE3's 1 KiB chunks stay
-  aligned with it (a 40-byte header first costs 0.26 s/GB); the fixed-size header last keeps
-  the input unambiguous. Version 1 frames (HMAC-SHA256) are refused as ``BadVersion``.
+  ``socket.sendmsg``. The MAC costs one pass over the payload at each end: keyed BLAKE3 (a PRF,
+  made for this use) takes 0.14 CPU s per GB of 64 KiB parts on an AVX-512 core, a quarter of
+  HMAC-SHA256's cost (docs/decisions/2026-12-03-blake3-frame-tags.md; ``python -m
+  lab.studies.datapath``). The payload goes first so that BLAKE3's 1 KiB chunks stay aligned
+  with it (a 40-byte header first costs 0.26 s/GB more); the fixed-size header last keeps the
+  input unambiguous. Frames of any other version are refused as ``BadVersion``.
 * Every malformed input raises a ``FrameError`` subclass; nothing else escapes the decoder.
 """
 

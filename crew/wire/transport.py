@@ -168,10 +168,9 @@ def _sendmsg_all(sock: socket.socket, parts: list[bytes | memoryview]) -> None:
 # delay) that minimum is ~0.1 ms, so the window floors at 4 packets. When both directions of a
 # pair carry data at once (every a2a-like plan does), the ACKs of i->j wait behind j->i's data
 # in j->i's HTB queue (up to ~50 ms), and i->j then moves 4 packets per 50 ms: about 1 Mbit/s
-# until the queue drains. Loss-based CUBIC grows its window past the inflated RTT instead.
-# Measured on bench-uniform4 (p = n = 4, 16.8 MB, docs/bench.md): crew median op
-# 1.98 s with BBR, 1.49 s with CUBIC, against a plan of 1.34 s. ``CREW_TCP_CC`` overrides it
-# (e.g. ``bbr``, or empty for the system default).
+# until the queue drains. Loss-based CUBIC grows its window past the inflated RTT instead
+# (docs/decisions/2026-12-01-cubic-on-the-data-plane.md). ``CREW_TCP_CC`` overrides it (e.g.
+# ``bbr``, or empty for the system default).
 TCP_CONGESTION = "cubic"
 
 
@@ -183,8 +182,8 @@ _cc_warned = threading.Event()
 
 # Unsent bytes a connection may hold in the kernel (TCP_NOTSENT_LOWAT). Without a cap the
 # kernel's send buffer grows to megabytes, one first-come-first-served queue behind which the
-# sender's priorities (``Transport.send``) mean nothing: a relay's forwarded part waited there
-# behind everything its node had queued for that link. 64 KiB is ~26 ms at 20 Mbit/s and
+# sender's priorities (``Transport.send``) mean nothing: a relay's forwarded part would wait
+# there behind everything its node had queued for that link. 64 KiB is ~26 ms at 20 Mbit/s and
 # 0.5 ms at 1 Gbit/s; bytes in flight (sent, not yet acknowledged) do not count, so the link
 # still runs full. ``CREW_NOTSENT_LOWAT`` overrides it (0: the system default); the planner
 # counts the default at every hop (``RunConfig.hop_backlog_bytes``), so set both.
@@ -197,8 +196,8 @@ def notsent_lowat() -> int:
 
 
 # Pacing (SO_MAX_PACING_RATE): a socket with a maximum pacing rate is paced by TCP itself
-# (sk_pacing_status "needed"), no fq qdisc required. Measured on this lab's kernel (6.18), one
-# CUBIC flow through an HTB class of 100 Mbit/s with a 50 ms pfifo, MTU 1500, no offloads:
+# (sk_pacing_status "needed"), no fq qdisc required. On this lab's kernel (6.18), one CUBIC
+# flow through an HTB class of 100 Mbit/s with a 50 ms pfifo, MTU 1500, no offloads:
 # unpaced 95.5 Mbit/s with 68-136 KB standing in the HTB queue and an RTT of 16-27 ms; paced at
 # 95 Mbit/s, 95.1 Mbit/s with the queue empty (<= 660 B) and an RTT of 3.9 ms. Pacing a little
 # below a link's rate thus removes the per-hop queueing delay (and the ACK delay of the

@@ -2,23 +2,21 @@
 by the lab.
 
 The lab's ``LabNetwork.set_link`` changes rates with tc (``lab.net.shaping``). pyroute2 opens a
-socket in another namespace by forking the calling process (``pyroute2.process.ChildProcess``); the
-lab process has threads (monitor, faults, pipes), and in this session's CI run a forked child of it
-ran the lab's own teardown during a fault (``test_reliability`` chaos: the command took 6 s, the
-workers lost their coordinator, the hosts' namespaces were gone), and in the same run
-``tests/integration/test_mesh.py`` found no interface through a freshly opened socket. Until sockets
-are opened without a fork (a thread that calls setns before creating the socket), this module is the
-measured alternative that ``python -m lab.studies.netlinkbench`` times, from a process without the
-lab's
-threads.
+socket in another namespace by forking the calling process (``pyroute2.process.ChildProcess``),
+and the lab process has threads (monitor, faults, pipes): a forked child of it can run the lab's
+own teardown (its namespaces gone, its workers without a coordinator), and a freshly opened socket
+can see no interface. Until sockets are opened without a fork (a thread that calls setns before
+creating the socket), this module is the measured alternative that ``python -m
+lab.studies.netlinkbench`` times, from a process without the lab's threads
+(docs/decisions/2026-12-01-rate-changes-by-tc.md).
 
 A rate change by tc is two fork/execs of ``mnexec -a <pid> tc`` (the HTB class, then the leaf
 queue sized for the new rate). Here each host's namespace gets one netlink socket, opened on
 first use through ``/proc/<pid>/ns/net`` (pyroute2 forks one short-lived helper to create the
 socket inside the namespace) and kept: every later change is a request on that socket from this
 process, with no fork, and a refusal is a :class:`NetlinkChangeError` carrying the kernel's
-errno. Measured on a 3-host lab (``python -m lab.studies.netlinkbench``): a rate change takes 1.9 ms
-(median) instead of 6.3 ms, with 0 forks instead of 2.
+errno. On a 3-host lab (``python -m lab.studies.netlinkbench``) a rate change takes 1.9 ms
+(median) with 0 forks, against tc's 6.3 ms and 2 forks.
 
 The requests carry what ``lab.net.shaping`` gives tc (the class's rate, ceil, burst, cburst and
 quantum; the pfifo leaf's limit), so both paths leave the same tree. What stays with tc and

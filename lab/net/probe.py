@@ -1,9 +1,8 @@
 """Ping probes on a running lab: RTT, its spread and loss, judged against the configuration.
 
-Used by ``lab.studies.impairments`` (the in-VM impairment table) and ``lab.check`` (delay and loss
-of
-every configured pair). ``ping`` (iputils) runs in host i against host j's identity over the
-direct link:
+Used by ``lab.studies.impairments`` (the in-VM impairment table) and ``lab.check`` (delay and
+loss of every configured pair). ``ping`` (iputils) runs in host i against host j's identity
+over the direct link:
 
 - RTT = delay(i->j) + delay(j->i) plus processing; median and p90 must be within
   ``TOLERANCE`` (10%) of configured, plus ``RTT_FLOOR_MS`` of processing (a TCG guest answers a
@@ -14,8 +13,8 @@ direct link:
   ``JITTER_TOLERANCE`` (25%: netem's table is coarse, and timer granularity adds spread). The
   measured one is estimated from the interquartile range (IQR / 1.349, which is the standard
   deviation of a normal distribution), not the sample standard deviation: a TCG guest now and
-  then answers a ping tens of milliseconds late, and a few such outliers in 200 probes put the
-  sample deviation of a 5 ms jitter at 6.4 ms (fresh-clone CI, session 9).
+  then answers a ping tens of milliseconds late, and a few such outliers in 200 probes can put
+  the sample deviation of a 5 ms jitter at 6.4 ms (docs/decisions/2026-12-03-jitter-by-iqr.md).
 - Loss: a probe is lost if either direction drops it, so the expected round-trip loss is
   1 - (1 - l_ij)(1 - l_ji); the bound is the larger of 10% relative and 3 binomial standard
   deviations of the probe count (a few thousand probes at 20% loss make the 10% the bound).

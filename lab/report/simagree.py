@@ -47,14 +47,14 @@ from lab.spec.topology import load_topology
 
 GOODPUT = RunConfig.default("goodput")  # the payload share the lab's plans count
 LAB_CPU_S_PER_GB = 12.2
-"""Workers' CPU seconds per GB of link bytes for crew on bench-hetero (lab.bench, this lab at
-main 6917be2, 2026-12-01): the training comparison's default host cost."""
+"""Workers' CPU seconds per GB of link bytes for crew on bench-hetero (``lab.bench``'s CPU s/GB
+column on the lab machine): the training comparison's default host cost."""
 
 
 PACED_HOP_QUEUE_S = 0.014
 """Seconds a part waits per hop beyond its serialisation when connections are paced: from the
-frame trace (``CREW_FRAME_TRACE``) of 5 crew groups on bench-hetero (session 11, paced at 0.95),
-6,159 frames' send start to arrival less their bytes at 0.95 x the link's rate: median 13.6 ms
+frame trace (``CREW_FRAME_TRACE``) of 5 crew groups on bench-hetero (paced at 0.95), 6,159
+frames' send start to arrival less their bytes at 0.95 x the link's rate: median 13.6 ms
 (p25 3.1, p75 24.5). Pacing keeps HTB's queue near empty; what is left is mostly a frame waiting
 behind the unsent bytes already in its socket (``TCP_NOTSENT_LOWAT``, 64 KiB). Taken from the
 trace, not fitted to op times."""
@@ -63,7 +63,7 @@ trace, not fitted to op times."""
 TRAIN_HOP_QUEUE_S = 0.019
 """The same wait per hop for ``--train``'s ``lab.run`` folders, whose workers are unpaced by
 default (``CREW_PACE`` unset): from the frame trace of a 40 s crew run on default.yaml (p = 3,
-seed 1, session 11), 43,969 frames' send start to arrival less serialisation at 0.95 x the rate
+seed 1), 43,969 frames' send start to arrival less serialisation at 0.95 x the rate
 and the link's delay: median 18.6 ms (p25 4.9, p75 35.9). Training groups are short and many, so
 CUBIC rarely fills HTB's 50 ms queue. Measured on crew's traffic only."""
 

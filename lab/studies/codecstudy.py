@@ -1,9 +1,8 @@
-"""Error of int8 layouts on real model deltas: why ``crew.train.compress`` uses min/max blocks of
-256.
+"""Error of int8 layouts on real model deltas: why ``crew.train.compress`` uses min/max blocks
+of 256.
 
-``python -m lab.studies.codecstudy [--steps 8]``: trains the default MLP on one digits shard for a
-few
-local steps (what a worker sends after H = 8 local steps), and prints for the pseudo-gradient
+``python -m lab.studies.codecstudy [--steps 8]``: trains the default MLP on one digits shard for
+a few local steps (what a worker sends after H = 8 local steps), and prints for the pseudo-gradient
 (model - start) and for the model itself the relative L2 error ``||decode(encode(x)) - x|| /
 ||x||`` and the bytes per element of each candidate layout. The candidates other than the
 shipped codec are written out here only to be measured.

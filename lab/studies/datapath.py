@@ -1,5 +1,6 @@
-"""CPU cost of the data path, per GB moved: ``python -m lab.studies.datapath [--workers 4] [--mb
-16]``.
+"""CPU cost of the data path, per GB moved.
+
+    python -m lab.studies.datapath [--workers 4] [--mb 16]
 
 Runs the real thing in one process: ``--workers`` ReduceEngines, each with its own Transport
 (framed, MAC-authenticated TCP) on loopback, all members of one group planned as CREW's

@@ -1,8 +1,7 @@
 """First-paint benchmark: how long a new user waits for the dashboard after ``lab.run``.
 
 ``sudo python -m lab.studies.firstpaint [--runs 3] [--topology topologies/default.yaml]`` does
-what a
-new user does, ``--runs`` times: with a browser already open (Debian's Chromium, headless,
+what a new user does, ``--runs`` times: with a browser already open (Debian's Chromium, headless,
 through Playwright), it starts ``python -m lab.run`` with its defaults (plus a free dashboard
 port and a run directory), waits for the address the lab prints, opens it, and notes, every
 half second, which parts of the page are drawn. Times are seconds since the command started.

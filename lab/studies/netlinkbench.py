@@ -4,7 +4,7 @@ lab.studies.netlinkbench [--topology T] [--changes K] [--samples S] [--builds B]
 Builds one lab network (``lab.net.mesh``) and measures, on it, three things both ways:
 
 - a run-time rate change of one link (HTB class rate, then the leaf queue sized for it):
-  ``mnexec tc class change`` + ``tc qdisc change`` (the old path) against
+  ``mnexec tc class change`` + ``tc qdisc change`` (what the lab does) against
   ``LabNetwork.set_link`` over netlink (``lab.net.netlink``);
 - one monitor sample of every host's counters: parsing ``/proc/<pid>/net/dev`` (what the monitor
   does) against netlink link stats;

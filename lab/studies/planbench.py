@@ -6,7 +6,7 @@
   bound (``crew.plan.bound.lower_bound``) per scheme: median, p90, max, and on how many
   matrices the scheme's plan was below crew's (it must be 0: crew's route LP contains every
   baseline's routes or proves that none beats it). Exit status 1 if any baseline beat crew.
-* ``cases`` -- the named cases of issue 10: 4 clouds with one slow pair (20, 40, 60, 80, 100,
+* ``cases`` -- the benchmark networks: 4 clouds with one slow pair (20, 40, 60, 80, 100,
   30 Mbit/s, p = n = 4, 16.8 MB), 4 uniform 50 Mbit/s clouds (16.8 MB), and the shipped
   ``bench-hetero`` and ``bench-uniform`` topologies (p = 4 of 8, 8 MB; every one of the 70
   groups, median and max over them).
@@ -375,8 +375,8 @@ def run_groups(
 
 REPLAY_PASSES = 5
 """Passes over a run's groups per replay mode: one cold plan of 8 groups moved by 30-60% from
-one invocation to the next on this machine (session 12: 23-37 ms), so each group's time is
-the median of its passes."""
+one invocation to the next on the lab machine (23-37 ms), so each group's time is the median of
+its passes."""
 
 
 def replay(db: Path, passes: int = REPLAY_PASSES) -> dict[str, Any]:
@@ -468,7 +468,7 @@ def timing_table(res: dict[str, Any]) -> Table:
 def share_lines(
     res: dict[str, Any], group_s: float | None, rep: dict[str, Any] | None
 ) -> list[str]:
-    """The planning share of the median group time (the issue's target: <= 5% at n = 8)."""
+    """The planning share of the median group time (the target: <= 5% at n = 8)."""
     lines = []
     if rep is not None:
         g = rep["group_median_s"]

@@ -1,12 +1,13 @@
-"""What the link probes cost, on the link counters of an idle lab: ``python -m
-lab.studies.probecost``.
+"""What the link probes cost, on the link counters of an idle lab.
+
+    sudo python -m lab.studies.probecost
 
 Builds a topology's network (``--topology``, default ``topologies/default.yaml``), starts one
 :class:`crew.wire.probes.Prober` per host inside its namespace and nothing else (no
 coordinator, no training, no data plane), waits ``--warmup`` seconds, then reads every directed
 link's sender-side tx counter (``LabNetwork.tx_bytes``, the counters the lab's link monitor
 samples) before and after ``--seconds``. Per link it reports the measured bit rate against the
-link's configured rate; the budget (issue 16) is ``BUDGET`` = 0.5% of any link's rate. The
+link's configured rate; the budget is ``BUDGET`` = 0.5% of any link's rate. The
 counters see everything the hosts send on the link (ARP included), so the figure is an upper
 bound on the probes' share.
 

@@ -1,5 +1,6 @@
-"""A screenshot of a (simulated) run's dashboard replay: ``python -m lab.studies.simshot RUN --out
-PNG``.
+"""A screenshot of a (simulated) run's dashboard replay.
+
+    python -m lab.studies.simshot RUN --out PNG
 
 Serves ``python -m dashboard RUN`` on a free local port, opens it in Debian's Chromium through
 Playwright (``lab.orchestrate.browser``, as ``lab.studies.firstpaint`` does), waits ``--settle``
