@@ -148,6 +148,7 @@ def test_the_wheel_alone_imports_crew_and_trains_the_example(tmp_path):
 
     # Build from a copy: an in-tree build would leave build/ and *.egg-info in the checkout.
     src = tmp_path / "src"
+    src.mkdir()
     for name in SOURCES:
         source = REPO / name
         if source.is_dir():
