@@ -58,6 +58,7 @@ from rich.table import Table
 from crew.cli_options import add_version_flag
 from lab.net import preflight
 from lab.net.cleanup import DEFAULT_STATE_DIR, cleanup_leftovers
+from lab.net.goodput import sink_argv, source_argv
 from lab.net.mesh import LabError, LabNetwork, LinkState
 from lab.net.preflight import ImpairmentMode, PreflightError
 from lab.net.probe import Row, loss_row, ping, rtt_rows
@@ -208,18 +209,7 @@ def measure_batch(
             addr = f"{net.identity_address(lk.dst)}:{port}"
             s = net.popen(
                 lk.dst,
-                [
-                    sys.executable,
-                    "-m",
-                    "lab.net.goodput",
-                    "sink",
-                    "--bind",
-                    addr,
-                    "--seconds",
-                    str(seconds),
-                    *meter_args,
-                    *sink_args,
-                ],
+                sink_argv(addr, seconds, *meter_args, *sink_args),
                 label=f"check-sink-{lk.src}-{lk.dst}",
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -232,17 +222,7 @@ def measure_batch(
         for lk, (_s, addr) in zip(batch, sinks, strict=True):
             c = net.popen(
                 lk.src,
-                [
-                    sys.executable,
-                    "-m",
-                    "lab.net.goodput",
-                    "source",
-                    "--to",
-                    addr,
-                    "--seconds",
-                    str(seconds),
-                    *meter_args,
-                ],
+                source_argv(addr, seconds, *meter_args),
                 label=f"check-source-{lk.src}-{lk.dst}",
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,

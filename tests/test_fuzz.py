@@ -13,20 +13,8 @@ from frame_strategies import frames
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crew.wire.frames import (
-    HEADER,
-    HEADER_SIZE,
-    MAGIC,
-    TAG_SIZE,
-    BadMac,
-    Frame,
-    FrameCodec,
-    FrameError,
-    FrameKind,
-    Oversized,
-    Truncated,
-    WrongRun,
-)
+import crew.wire.frames as wf
+from crew.wire.frames import HEADER, HEADER_SIZE, MAGIC, TAG_SIZE, Frame, FrameCodec, FrameKind
 from crew.wire.transport import Transport
 from lab import fuzz
 from lab.fuzz import Case, Mutation
@@ -60,7 +48,7 @@ def test_valid_frames_decode_exactly_with_or_without_trailing_bytes(frame: Frame
     stream, whole = _assert_clean(Case(Mutation.VALID, wire, frame, frame))
     assert stream.outcome == whole.outcome == fuzz.VALID
     if extra:
-        stream, whole = _assert_clean(Case(Mutation.TRAILING, wire + extra, frame, FrameError))
+        stream, whole = _assert_clean(Case(Mutation.TRAILING, wire + extra, frame, wf.FrameError))
         assert stream.outcome == fuzz.VALID and whole.outcome == "TrailingData"
 
 
@@ -70,7 +58,7 @@ def test_flipped_bits_are_never_accepted(frame: Frame, data: st.DataObject) -> N
     wire = CODEC.encode_bytes(frame)
     bits = data.draw(st.sets(st.integers(0, len(wire) * 8 - 1), min_size=1, max_size=8))
     _assert_clean(
-        Case(Mutation.BIT_FLIP, fuzz.flip_bits(wire, sorted(bits)), FrameError, FrameError)
+        Case(Mutation.BIT_FLIP, fuzz.flip_bits(wire, sorted(bits)), wf.FrameError, wf.FrameError)
     )
 
 
@@ -79,7 +67,7 @@ def test_flipped_bits_are_never_accepted(frame: Frame, data: st.DataObject) -> N
 def test_every_truncation_is_truncated(frame: Frame, data: st.DataObject) -> None:
     wire = CODEC.encode_bytes(frame)
     keep = data.draw(st.integers(0, len(wire) - 1))
-    _assert_clean(Case(Mutation.TRUNCATE, fuzz.truncate(wire, keep), Truncated, Truncated))
+    _assert_clean(Case(Mutation.TRUNCATE, fuzz.truncate(wire, keep), wf.Truncated, wf.Truncated))
 
 
 @FAST
@@ -87,14 +75,16 @@ def test_every_truncation_is_truncated(frame: Frame, data: st.DataObject) -> Non
 def test_length_lies_are_rejected(frame: Frame, data: st.DataObject) -> None:
     wire = CODEC.encode_bytes(frame)
     lie = data.draw(st.integers(0, LIMIT).filter(lambda n: n != frame.nbytes))
-    _assert_clean(Case(Mutation.LENGTH_LIE, fuzz.with_length(wire, lie), FrameError, FrameError))
+    _assert_clean(
+        Case(Mutation.LENGTH_LIE, fuzz.with_length(wire, lie), wf.FrameError, wf.FrameError)
+    )
 
 
 @FAST
 @given(frame=frames_st, length=st.integers(LIMIT + 1, U32))
 def test_huge_declared_lengths_cost_one_header_read(frame: Frame, length: int) -> None:
     data = fuzz.with_length(CODEC.encode_bytes(frame), length)
-    stream, _ = _assert_clean(Case(Mutation.HUGE_LENGTH, data, Oversized, Oversized))
+    stream, _ = _assert_clean(Case(Mutation.HUGE_LENGTH, data, wf.Oversized, wf.Oversized))
     assert stream.total_request == HEADER_SIZE  # refused before any payload was asked for
 
 
@@ -103,11 +93,11 @@ def test_huge_declared_lengths_cost_one_header_read(frame: Frame, length: int) -
 def test_foreign_key_is_bad_mac_and_foreign_run_is_wrong_run(frame, key: bytes, run) -> None:
     if key != SECRET:
         forged = FrameCodec(key, RUN, LIMIT).encode_bytes(frame)
-        _assert_clean(Case(Mutation.WRONG_MAC, forged, BadMac, BadMac))
+        _assert_clean(Case(Mutation.WRONG_MAC, forged, wf.BadMac, wf.BadMac))
     if run != RUN:
         other = Frame(frame.kind, frame.sender, run, payload=frame.payload)
         replayed = FrameCodec(SECRET, run, LIMIT).encode_bytes(other)
-        _assert_clean(Case(Mutation.WRONG_RUN, replayed, WrongRun, WrongRun))
+        _assert_clean(Case(Mutation.WRONG_RUN, replayed, wf.WrongRun, wf.WrongRun))
 
 
 @FAST
@@ -121,7 +111,7 @@ def test_foreign_key_is_bad_mac_and_foreign_run_is_wrong_run(frame, key: bytes, 
     )
 )
 def test_arbitrary_bytes_only_raise_frame_errors(data: bytes) -> None:
-    _assert_clean(Case(Mutation.RANDOM, data, FrameError, FrameError))
+    _assert_clean(Case(Mutation.RANDOM, data, wf.FrameError, wf.FrameError))
 
 
 @settings(max_examples=150, deadline=None)
@@ -132,8 +122,8 @@ def test_memory_peak_is_bounded_by_the_payload_limit(frame: Frame, data: st.Data
         st.sampled_from(
             [
                 Case(Mutation.VALID, wire, frame, frame),
-                Case(Mutation.HUGE_LENGTH, fuzz.with_length(wire, U32), Oversized, Oversized),
-                Case(Mutation.TRUNCATE, wire[: len(wire) - 1], Truncated, Truncated),
+                Case(Mutation.HUGE_LENGTH, fuzz.with_length(wire, U32), wf.Oversized, wf.Oversized),
+                Case(Mutation.TRUNCATE, wire[: len(wire) - 1], wf.Truncated, wf.Truncated),
             ]
         )
     )
@@ -158,7 +148,7 @@ class TrustingCodec(FrameCodec):
         header = recv_exact(HEADER_SIZE)
         length = struct.unpack("!I", bytes(header[36:40]))[0]
         recv_exact(length)
-        raise Truncated("not reached in these tests")
+        raise wf.Truncated("not reached in these tests")
 
 
 class NoMacCodec(FrameCodec):
@@ -176,7 +166,7 @@ def test_a_decoder_that_trusts_the_length_is_caught() -> None:
     broken = TrustingCodec(SECRET, RUN, LIMIT)
     frame = Frame(FrameKind.SCATTER, 1, RUN, payload=b"x")
     data = fuzz.with_length(CODEC.encode_bytes(frame), U32)
-    res = fuzz.check_stream(broken, Case(Mutation.HUGE_LENGTH, data, Oversized, Oversized))
+    res = fuzz.check_stream(broken, Case(Mutation.HUGE_LENGTH, data, wf.Oversized, wf.Oversized))
     assert res.outcome == "ReadBoundExceeded"
     assert res.violation is not None and "escaped the decoder" in res.violation
 
@@ -184,7 +174,7 @@ def test_a_decoder_that_trusts_the_length_is_caught() -> None:
 def test_a_decoder_that_skips_the_mac_is_caught() -> None:
     broken = NoMacCodec(SECRET, RUN, LIMIT)
     forged = FrameCodec(b"x" * 32, RUN, LIMIT).encode_bytes(Frame(FrameKind.HELLO, 0, RUN))
-    res = fuzz.check_stream(broken, Case(Mutation.WRONG_MAC, forged, BadMac, BadMac))
+    res = fuzz.check_stream(broken, Case(Mutation.WRONG_MAC, forged, wf.BadMac, wf.BadMac))
     assert res.outcome == fuzz.VALID
     assert res.violation is not None and "accepted a hostile input" in res.violation
 
@@ -230,12 +220,12 @@ def test_cli_prints_counts(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.fixture
-def victim() -> Iterator[tuple[Transport, list[FrameError], list[Frame]]]:
-    rejects: list[FrameError] = []
+def victim() -> Iterator[tuple[Transport, list[wf.FrameError], list[Frame]]]:
+    rejects: list[wf.FrameError] = []
     frames: list[Frame] = []
     lock = threading.Lock()
 
-    def on_reject(_addr: object, err: FrameError) -> None:
+    def on_reject(_addr: object, err: wf.FrameError) -> None:
         with lock:
             rejects.append(err)
 
@@ -275,11 +265,11 @@ def test_hostile_message_shapes() -> None:
 
     rng = random.Random(0)
     forged = fuzz.hostile_message(fuzz.AttackMode.WRONG_MAC, rng, LIMIT)
-    with pytest.raises(BadMac):
+    with pytest.raises(wf.BadMac):
         CODEC.decode(forged)
     huge = fuzz.hostile_message(fuzz.AttackMode.OVERSIZED, rng, LIMIT)
     assert struct.unpack("!I", huge[36:40])[0] > LIMIT
-    with pytest.raises(Oversized):
+    with pytest.raises(wf.Oversized):
         CODEC.read_frame(fuzz.GuardedReader(huge, HEADER_SIZE))  # one header read, no more
     with pytest.raises(ValueError):
         fuzz.hostile_message(fuzz.AttackMode.MIXED, rng, LIMIT)

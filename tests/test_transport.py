@@ -11,19 +11,8 @@ from contextlib import closing
 
 import pytest
 
-from crew.wire.frames import (
-    BadMac,
-    BadMagic,
-    Frame,
-    FrameCodec,
-    FrameError,
-    FrameKind,
-    Oversized,
-    Truncated,
-    control_body,
-    control_frame,
-    wire_size,
-)
+import crew.wire.frames as wf
+from crew.wire.frames import Frame, FrameCodec, FrameKind, control_body, control_frame, wire_size
 from crew.wire.transport import (
     TCP_CONGESTION,
     FlowOrder,
@@ -174,7 +163,7 @@ def test_send_argument_errors(make, codec: FrameCodec) -> None:
         t.send(1, frame(1))
     with pytest.raises(KeyError, match="7"):
         t.send(7, frame(1))
-    with pytest.raises(Oversized):
+    with pytest.raises(wf.Oversized):
         t.send(2, frame(1, payload=bytes(codec.max_payload + 1)))
 
 
@@ -215,8 +204,8 @@ def test_unauthenticated_client_is_rejected_while_good_peer_works(make, codec) -
         forger.send(frame(1, payload=b"forged"))
         assert rejects.wait_for(1)
         addr, err = rejects.items[0]
-        assert isinstance(err, BadMac) and addr[0] == LOOPBACK
-        with pytest.raises((StreamClosed, ConnectionError, FrameError)):
+        assert isinstance(err, wf.BadMac) and addr[0] == LOOPBACK
+        with pytest.raises((StreamClosed, ConnectionError, wf.FrameError)):
             forger.recv(idle_timeout=WAIT)  # the server closed this connection
     finally:
         forger.close()
@@ -236,7 +225,7 @@ def test_garbage_client_is_rejected(make, codec: FrameCodec) -> None:
     with closing(socket.create_connection((LOOPBACK, t.port), timeout=WAIT)) as s:
         s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\x00" * 64)
         assert rejects.wait_for(1)
-    assert isinstance(rejects.items[0][1], BadMagic)
+    assert isinstance(rejects.items[0][1], wf.BadMagic)
     assert t.stats().rejected_by_reason == {"BadMagic": 1}
     assert inbox.frames == []
 
@@ -434,7 +423,7 @@ def test_frame_stream_mid_frame_close_is_truncated(codec: FrameCodec) -> None:
         data = codec.encode_bytes(frame(1, payload=b"0123456789"))
         a.sendall(data[:-5])
         a.close()
-        with pytest.raises(Truncated, match="tag"):
+        with pytest.raises(wf.Truncated, match="tag"):
             stream.recv(idle_timeout=WAIT)
     finally:
         a.close()

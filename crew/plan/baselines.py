@@ -48,17 +48,8 @@ from typing import Any
 import numpy as np
 
 from crew.config import Scheme
-from crew.plan.inputs import (
-    BYTES_PER_S_PER_MBIT,
-    ELEM_BYTES,
-    PlanError,
-    check_active,
-    check_bw,
-    check_group,
-    check_size,
-    is_int,
-    plan_json_object,
-)
+from crew.plan import inputs
+from crew.plan.inputs import BYTES_PER_S_PER_MBIT, ELEM_BYTES, PlanError, plan_json_object
 from crew.plan.ringorder import ring_order
 from crew.plan.rounding import largest_remainder
 from crew.plan.routes import Route, RouteError, link_load, validate_routes
@@ -100,11 +91,11 @@ class RoutePlan:
         if self.scheme not in BASELINE_SCHEMES:
             raise PlanError("scheme", f"unknown scheme {self.scheme!r}")
         object.__setattr__(self, "scheme", Scheme(self.scheme))
-        if not is_int(self.n) or self.n < 1:
+        if not inputs.is_int(self.n) or self.n < 1:
             raise PlanError("n", f"must be a positive int, got {self.n!r}")
         object.__setattr__(self, "n", int(self.n))
-        object.__setattr__(self, "group", check_group(self.group, self.n))
-        if not is_int(self.total) or self.total < 1:
+        object.__setattr__(self, "group", inputs.check_group(self.group, self.n))
+        if not inputs.is_int(self.total) or self.total < 1:
             raise PlanError("total", f"must be a positive int, got {self.total!r}")
         object.__setattr__(self, "total", int(self.total))
         if not isinstance(self.pipelined, bool):
@@ -165,8 +156,8 @@ class RoutePlan:
 
 
 def _priced_bw(bw: np.ndarray, n: int) -> np.ndarray:
-    w = check_bw(bw)
-    if not is_int(n) or w.shape[0] != n:
+    w = inputs.check_bw(bw)
+    if not inputs.is_int(n) or w.shape[0] != n:
         raise PlanError("n", f"bw is {w.shape[0]} x {w.shape[0]} but n = {n!r}")
     return w
 
@@ -323,11 +314,11 @@ def plan_ps(
     layer, as in real PS systems, is not modelled; CREW's p2a plan is the load-balanced form.)
     Raises PlanError when no active worker qualifies.
     """
-    w = check_bw(bw)
+    w = inputs.check_bw(bw)
     n = w.shape[0]
-    members = check_group(group, n)
-    act = check_active(active, n, members)
-    total = check_size(size, ELEM_BYTES)
+    members = inputs.check_group(group, n)
+    act = inputs.check_active(active, n, members)
+    total = inputs.check_size(size, ELEM_BYTES)
     if len(members) == 1:
         return _trivial(Scheme.PS, members, n, total)
     best: tuple[float, int] | None = None
@@ -374,10 +365,10 @@ def plan_ring(bw: np.ndarray, group: Sequence[int], size: int) -> RoutePlan:
     the largest chunk, so ``T = 2(p - 1) * max_chunk / bottleneck``. Raises PlanError when the
     members' live links hold no Hamiltonian cycle.
     """
-    w = check_bw(bw)
+    w = inputs.check_bw(bw)
     n = w.shape[0]
-    members = check_group(group, n)
-    total = check_size(size, ELEM_BYTES)
+    members = inputs.check_group(group, n)
+    total = inputs.check_size(size, ELEM_BYTES)
     p = len(members)
     if p == 1:
         return _trivial(Scheme.RING, members, n, total)
@@ -412,10 +403,10 @@ def plan_a2a(group: Sequence[int], size: int, n: int, bw: np.ndarray | None = No
     plan is not priced (``predicted_s`` is nan) and dead links cannot be checked; with it, a
     dead link between members raises PlanError.
     """
-    if not is_int(n) or n < 1:
+    if not inputs.is_int(n) or n < 1:
         raise PlanError("n", f"must be a positive int, got {n!r}")
-    members = check_group(group, n)
-    total = check_size(size, ELEM_BYTES)
+    members = inputs.check_group(group, n)
+    total = inputs.check_size(size, ELEM_BYTES)
     if len(members) == 1:
         return _trivial(Scheme.A2A, members, n, total)
     routes = [Route(0, total, m, tuple((g, m) for g in members if g != m), ()) for m in members]
@@ -446,10 +437,10 @@ def plan_blink(
     streamed time is at most M / sum r, as in BLINK's analysis. Raises PlanError when the
     members are not connected by links live in both directions.
     """
-    w = check_bw(bw)
+    w = inputs.check_bw(bw)
     n = w.shape[0]
-    members = check_group(group, n)
-    total = check_size(size, ELEM_BYTES)
+    members = inputs.check_group(group, n)
+    total = inputs.check_size(size, ELEM_BYTES)
     if not isinstance(pipelined, bool):
         raise PlanError("pipelined", f"must be a bool, got {pipelined!r}")
     scheme = Scheme.BLINK_PIPE if pipelined else Scheme.BLINK
@@ -491,12 +482,12 @@ def plan_topoadopt(
     Deterministic for a given ``seed`` (numpy's default generator). Simplified relative to the
     system the paper compares against: no topology probing, trees over members only.
     """
-    w = check_bw(bw)
+    w = inputs.check_bw(bw)
     n = w.shape[0]
-    members = check_group(group, n)
-    total = check_size(size, ELEM_BYTES)
+    members = inputs.check_group(group, n)
+    total = inputs.check_size(size, ELEM_BYTES)
     for name, value, low in (("seed", seed, 0), ("trees", trees, 1), ("iterations", iterations, 0)):
-        if not is_int(value) or value < low:
+        if not inputs.is_int(value) or value < low:
             raise PlanError(name, f"must be an int >= {low}, got {value!r}")
     if len(members) == 1:
         return _trivial(Scheme.TOPOADOPT, members, n, total)
@@ -593,9 +584,9 @@ def plan_for(
             "scheme", f"unknown baseline {scheme!r}; known: {', '.join(BASELINE_SCHEMES)}"
         )
     which = Scheme(scheme)
-    w = check_bw(bw)
-    members = check_group(group, w.shape[0])
-    check_active(active, w.shape[0], members)
+    w = inputs.check_bw(bw)
+    members = inputs.check_group(group, w.shape[0])
+    inputs.check_active(active, w.shape[0], members)
     if which is Scheme.PS:
         return plan_ps(w, members, size, active)
     if which is Scheme.RING:

@@ -20,15 +20,8 @@ import numpy as np
 from scipy.sparse import csr_array
 from scipy.sparse.csgraph import maximum_flow
 
-from crew.plan.inputs import (
-    PlanError,
-    SharedLink,
-    check_active,
-    check_bw,
-    check_delays,
-    check_group,
-    is_int,
-)
+from crew.plan import inputs
+from crew.plan.inputs import PlanError, SharedLink
 from crew.plan.memo import Memo, key_part
 
 # scipy's maximum_flow wants int32 capacities and silently wraps larger values, so capacities
@@ -111,11 +104,11 @@ def _lower_bound(
     windows of a shared link's pairs differ, so their sum is not capped the same way), and
     trivially T >= max d(s, t) over member pairs. The bound is the largest of these.
     """
-    w = check_bw(bw)
+    w = inputs.check_bw(bw)
     n = w.shape[0]
-    members = check_group(group, n)
-    act = check_active(active, n, members)
-    if not is_int(size) or size <= 0:
+    members = inputs.check_group(group, n)
+    act = inputs.check_active(active, n, members)
+    if not inputs.is_int(size) or size <= 0:
         raise PlanError("size", f"must be a positive int of bytes, got {size!r}")
     if len(members) == 1:
         return 0.0
@@ -134,7 +127,7 @@ def _lower_bound(
     if shared:
         flows_shared = _max_flows(*_shared_graph(sub, shared, pos), pairs)
         bound = max(bound, bits / min(flows_shared))
-    delays = check_delays(delay_s, n, shared)
+    delays = inputs.check_delays(delay_s, n, shared)
     if delays is not None:
         d = delays[np.ix_(nodes, nodes)]
         d = np.where(sub > 0, d, np.inf)

@@ -37,18 +37,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from crew.config import Scheme
-from crew.plan import symmetry
+from crew.plan import inputs, symmetry
 from crew.plan.baselines import BASELINE_SCHEMES, plan_for
-from crew.plan.inputs import (
-    BYTES_PER_S_PER_MBIT,
-    ELEM_BYTES,
-    PlanError,
-    SharedLink,
-    check_active,
-    check_bw,
-    check_delays,
-    check_shared,
-)
+from crew.plan.inputs import BYTES_PER_S_PER_MBIT, ELEM_BYTES, PlanError, SharedLink
 from crew.plan.memo import Memo, key_part
 from crew.plan.plantypes import Plan
 from crew.plan.routelp import (
@@ -193,12 +184,12 @@ def star_bound(
     latency term is the slowest used star's, at least the least of the usable stars'. Costs
     two (n x p) minima, against the star split's LP it lets ``star_on_tie`` skip. The small
     margin keeps float error on the bound's side."""
-    w = check_bw(bw)
+    w = inputs.check_bw(bw)
     n = w.shape[0]
     ms = list(members)
     if len(ms) < 2:
         return 0.0
-    act = check_active(active, n, tuple(ms))
+    act = inputs.check_active(active, n, tuple(ms))
     into, out_of = group_rates(w, ms)  # inf where v is the only member (diagonal)
     usable = act & (into > 0) & (out_of > 0)
     if not usable.any():
@@ -206,8 +197,8 @@ def star_bound(
     rate = np.minimum(into, out_of)[usable]
     moved = (size // ELEM_BYTES) * ELEM_BYTES
     t_bw = moved / (float(rate.sum()) * BYTES_PER_S_PER_MBIT)
-    sh = check_shared(shared, n)
-    hop = hop_latency(w, check_delays(delay_s, n, sh), part_bytes)
+    sh = inputs.check_shared(shared, n)
+    hop = hop_latency(w, inputs.check_delays(delay_s, n, sh), part_bytes)
     lat = 0.0
     if hop is not None:
         mask = np.zeros(n, dtype=bool)

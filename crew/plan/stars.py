@@ -33,15 +33,9 @@ from collections.abc import Collection, Sequence
 import numpy as np
 from scipy.sparse import coo_array
 
+from crew.plan import inputs
 from crew.plan.highs import INF, OPTIMAL, new_solver, status_text
-from crew.plan.inputs import (
-    ELEM_BYTES,
-    PlanError,
-    check_active,
-    check_bw,
-    check_group,
-    check_size,
-)
+from crew.plan.inputs import ELEM_BYTES, PlanError
 from crew.plan.plantypes import Plan, PlanKind, Segment
 from crew.plan.rounding import largest_remainder
 from crew.plan.starcost import group_rates, link_time, load_matrices, member_mask, phase_times
@@ -175,11 +169,11 @@ def _solve_phased(
     active: Collection[int] | None,
     elem_bytes: int,
 ) -> Plan:
-    w = check_bw(bw)
+    w = inputs.check_bw(bw)
     n = w.shape[0]
-    members = check_group(group, n)
-    act = check_active(active, n, members)
-    total = check_size(size, elem_bytes)
+    members = inputs.check_group(group, n)
+    act = inputs.check_active(active, n, members)
+    total = inputs.check_size(size, elem_bytes)
     if len(members) == 1:
         return _single_member(kind, members, n, elem_bytes, total)
     usable = _usable(w, members, act)
@@ -230,8 +224,8 @@ def solve_p2p(
 
     Same cost model as :func:`solve_p2a`; non-members never aggregate or carry anything.
     """
-    w = check_bw(bw)
-    members = check_group(group, w.shape[0])
+    w = inputs.check_bw(bw)
+    members = inputs.check_group(group, w.shape[0])
     return _solve_phased(PlanKind.P2P, w, members, size, members, elem_bytes)
 
 
@@ -246,9 +240,9 @@ def solve_a2a(
     ``plan.group`` is the sorted active set. Non-blocking mode scatters with this split as soon as
     a worker is ready (see :func:`solve_p2a_nonblocking`).
     """
-    w = check_bw(bw)
+    w = inputs.check_bw(bw)
     n = w.shape[0]
-    act = check_active(active, n, ())
+    act = inputs.check_active(active, n, ())
     members = tuple(int(i) for i in np.flatnonzero(act))
     if not members:
         raise PlanError("active", "is empty")
@@ -344,11 +338,11 @@ def solve_p2a_nonblocking(
     get 0, even if some bytes already reached them. Predicted times are recomputed from the
     rounded split and the layout; bytes already sent are not counted in X.
     """
-    w = check_bw(bw)
+    w = inputs.check_bw(bw)
     n = w.shape[0]
-    members = check_group(group, n)
-    act = check_active(active, n, members)
-    total = check_size(size, elem_bytes)
+    members = inputs.check_group(group, n)
+    act = inputs.check_active(active, n, members)
+    total = inputs.check_size(size, elem_bytes)
     if a2a is None:
         a2a = solve_a2a(w, size, active, elem_bytes)
     a2a_start = _check_a2a(a2a, n, elem_bytes, total)
@@ -448,11 +442,11 @@ def solve_pipelined(
     scatter load alone and broadcast load alone. Among splits reaching the optimal T, a second LP
     prefers the one with the smallest phased X + Y (see ``_pipelined_shares``).
     """
-    w = check_bw(bw)
+    w = inputs.check_bw(bw)
     n = w.shape[0]
-    members = check_group(group, n)
-    act = check_active(active, n, members)
-    total = check_size(size, elem_bytes)
+    members = inputs.check_group(group, n)
+    act = inputs.check_active(active, n, members)
+    total = inputs.check_size(size, elem_bytes)
     if len(members) == 1:
         return _single_member(PlanKind.PIPELINED, members, n, elem_bytes, total)
     usable = _usable(w, members, act)

@@ -53,6 +53,37 @@ def parse_addr(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(f"port {port!r} is not a number") from None
 
 
+def sink_argv(addr: str, seconds: float, *extra: str) -> list[str]:
+    """The command that runs a sink on ``addr`` (ADDR:PORT) for ``seconds``; ``extra`` flags
+    follow (``--frames``, ``--skip S``)."""
+    return [
+        sys.executable,
+        "-m",
+        "lab.net.goodput",
+        "sink",
+        "--bind",
+        addr,
+        "--seconds",
+        str(seconds),
+        *extra,
+    ]
+
+
+def source_argv(addr: str, seconds: float, *extra: str) -> list[str]:
+    """The command that runs a source sending to ``addr`` for ``seconds``."""
+    return [
+        sys.executable,
+        "-m",
+        "lab.net.goodput",
+        "source",
+        "--to",
+        addr,
+        "--seconds",
+        str(seconds),
+        *extra,
+    ]
+
+
 def sink(
     bind: tuple[str, int],
     seconds: float,

@@ -33,6 +33,7 @@ from lab.net.cleanup import (
     proc_start_time,
     root_link_names,
 )
+from lab.net.goodput import sink_argv, source_argv
 from lab.net.mesh import LabError, LabNetwork
 from lab.net.monitor import LinkMonitor
 from lab.net.preflight import Capabilities, ImpairmentMode, capabilities, describe
@@ -100,18 +101,7 @@ def transfer(net, i: int, j: int, seconds: float = 0.3, port: int = 17000) -> di
     addr = f"{net.identity_address(j)}:{port}"
     sink = net.popen(
         j,
-        [
-            sys.executable,
-            "-m",
-            "lab.net.goodput",
-            "sink",
-            "--bind",
-            addr,
-            "--seconds",
-            str(seconds),
-            "--skip",
-            "0",
-        ],
+        sink_argv(addr, seconds, "--skip", "0"),
         stdout=subprocess.PIPE,
         text=True,
         cwd=REPO,
@@ -120,16 +110,7 @@ def transfer(net, i: int, j: int, seconds: float = 0.3, port: int = 17000) -> di
         assert "listening" in sink.stdout.readline()
         src = net.popen(
             i,
-            [
-                sys.executable,
-                "-m",
-                "lab.net.goodput",
-                "source",
-                "--to",
-                addr,
-                "--seconds",
-                str(seconds),
-            ],
+            source_argv(addr, seconds),
             stdout=subprocess.DEVNULL,
             cwd=REPO,
         )
@@ -201,18 +182,7 @@ def test_management_network_reaches_the_root_namespace(net: LabNetwork) -> None:
         addr = f"{net.coordinator_address}:{port}"
         # The sink runs in the root namespace, where the coordinator will.
         sink = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "lab.net.goodput",
-                "sink",
-                "--bind",
-                addr,
-                "--seconds",
-                "0.1",
-                "--skip",
-                "0",
-            ],
+            sink_argv(addr, 0.1, "--skip", "0"),
             stdout=subprocess.PIPE,
             text=True,
             cwd=REPO,
@@ -221,16 +191,7 @@ def test_management_network_reaches_the_root_namespace(net: LabNetwork) -> None:
             assert "listening" in sink.stdout.readline()
             src = net.popen(
                 i,
-                [
-                    sys.executable,
-                    "-m",
-                    "lab.net.goodput",
-                    "source",
-                    "--to",
-                    addr,
-                    "--seconds",
-                    "0.1",
-                ],
+                source_argv(addr, 0.1),
                 stdout=subprocess.DEVNULL,
                 cwd=REPO,
             )

@@ -28,20 +28,9 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
+from crew.plan import inputs
 from crew.plan.bound import lower_bound
-from crew.plan.inputs import (
-    BYTES_PER_S_PER_MBIT,
-    ELEM_BYTES,
-    PlanError,
-    SharedLink,
-    check_active,
-    check_bw,
-    check_delays,
-    check_group,
-    check_shared,
-    check_size,
-    is_int,
-)
+from crew.plan.inputs import BYTES_PER_S_PER_MBIT, ELEM_BYTES, PlanError, SharedLink
 from crew.plan.routelp.cache import RouteLPCache
 from crew.plan.routelp.cost import hop_latency
 from crew.plan.routelp.levels import choose_level
@@ -93,15 +82,15 @@ def plan_routes(
     seeds (see the cache's docstring for what that may change). None: plan cold, keep nothing.
     Raises PlanError when the members cannot reach each other through active workers.
     """
-    w = check_bw(bw)
+    w = inputs.check_bw(bw)
     n = w.shape[0]
-    ms = check_group(members, n)
-    act = check_active(active, n, ms)
-    total = check_size(size, ELEM_BYTES)
-    sh = check_shared(shared, n)
-    if not is_int(part_bytes) or part_bytes < 0:
+    ms = inputs.check_group(members, n)
+    act = inputs.check_active(active, n, ms)
+    total = inputs.check_size(size, ELEM_BYTES)
+    sh = inputs.check_shared(shared, n)
+    if not inputs.is_int(part_bytes) or part_bytes < 0:
         raise PlanError("part_bytes", f"must be an int >= 0, got {part_bytes!r}")
-    delays = check_delays(delay_s, n, sh)
+    delays = inputs.check_delays(delay_s, n, sh)
     if not isinstance(settings, RouteLPSettings):
         raise PlanError("settings", f"must be RouteLPSettings, got {settings!r}")
     key = (
