@@ -29,6 +29,7 @@ from crew.runtime.planahead import PLAN_COSTS_META, AheadPlanner, CostRecord, co
 from crew.runtime.rundb import GroupMemberRow, GroupStatus, IterationRow, RunDB
 from crew.wire import protocol as proto
 from crew.wire.frames import COORDINATOR, FrameCodec, FrameError, control_body, control_frame
+from crew.wire.listener import Address, accept_loop
 from crew.wire.transport import FrameStream
 
 log = logging.getLogger("crew.runtime.coordinator")
@@ -188,22 +189,14 @@ class Coordinator:
     # -- network -----------------------------------------------------------------------------
 
     def _accept_loop(self) -> None:
-        self.listener.settimeout(0.5)
-        while not self.stop_event.is_set():
-            try:
-                sock, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                break
-            sock.settimeout(None)
-            with self._conn_lock:
-                conn = self._next_conn
-                self._next_conn += 1
-                self.streams[conn] = FrameStream(sock, self.codec)
-            threading.Thread(
-                target=self._reader, args=(conn,), name=f"conn{conn}", daemon=True
-            ).start()
+        accept_loop(self.listener, self.stop_event.is_set, self._accepted, name="coordinator")
+
+    def _accepted(self, sock: socket.socket, _addr: Address) -> None:
+        with self._conn_lock:
+            conn = self._next_conn
+            self._next_conn += 1
+            self.streams[conn] = FrameStream(sock, self.codec)
+        threading.Thread(target=self._reader, args=(conn,), name=f"conn{conn}", daemon=True).start()
 
     def _reader(self, conn: int) -> None:
         stream = self.streams[conn]

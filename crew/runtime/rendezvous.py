@@ -31,6 +31,7 @@ estimator (``LinkRates`` in heartbeats) keeps it current afterwards.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import socket
@@ -54,6 +55,7 @@ from crew.runtime.capacity_probe import (
 )
 from crew.wire import protocol as proto
 from crew.wire.frames import FrameCodec, FrameError, control_body, control_frame
+from crew.wire.listener import accept_loop
 from crew.wire.transport import Address, FrameStream, StreamClosed, Transport
 
 log = logging.getLogger("crew.runtime.rendezvous")
@@ -149,23 +151,18 @@ class RendezvousHost:
     # -- network -----------------------------------------------------------------------------
 
     def _accept_loop(self) -> None:
-        self.listener.settimeout(0.25)
-        conn = 0
-        while not self._stop.is_set():
-            try:
-                sock, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                break
-            sock.settimeout(None)
+        conns = itertools.count()
+
+        def accepted(sock: socket.socket, _addr: Address) -> None:
+            conn = next(conns)
             stream = FrameStream(sock, self.codec)
             with self._lock:
                 self.streams[conn] = stream
             threading.Thread(
                 target=self._reader, args=(conn, stream), name=f"crew-rdzv-{conn}", daemon=True
             ).start()
-            conn += 1
+
+        accept_loop(self.listener, self._stop.is_set, accepted, name="rendezvous", poll_s=0.25)
 
     def _reader(self, conn: int, stream: FrameStream) -> None:
         while not self._stop.is_set():

@@ -54,10 +54,10 @@ from crew.wire.frames import (
     Oversized,
     wire_size,
 )
+from crew.wire.listener import Address, accept_loop
 
 log = logging.getLogger(__name__)
 
-Address = tuple[str, int]
 OnFrame = Callable[[Frame], None]
 OnSendError = Callable[[int, BaseException, list[Frame]], None]
 OnReject = Callable[[Address, FrameError], None]
@@ -1017,27 +1017,27 @@ class Transport:
     # -- receiving ---------------------------------------------------------------------------
 
     def _accept_loop(self) -> None:
-        while not self._closing.is_set():
-            try:
-                sock, addr = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                if not self._closing.is_set():
-                    log.exception("transport %d: accept failed; no more inbound", self.me)
+        accept_loop(
+            self._listener,
+            self._closing.is_set,
+            self._accepted,
+            name=f"transport {self.me}",
+            poll_s=_ACCEPT_POLL_S,
+        )
+
+    def _accepted(self, sock: socket.socket, addr: Address) -> None:
+        thread = threading.Thread(
+            target=self._reader_loop,
+            args=(sock, addr),
+            name=f"crew-recv-{self.me}-{addr[1]}",
+            daemon=True,
+        )
+        with self._lock:
+            if self._closing.is_set():
+                sock.close()
                 return
-            thread = threading.Thread(
-                target=self._reader_loop,
-                args=(sock, addr[:2]),
-                name=f"crew-recv-{self.me}-{addr[1]}",
-                daemon=True,
-            )
-            with self._lock:
-                if self._closing.is_set():
-                    sock.close()
-                    return
-                self._inbound[sock] = thread
-            thread.start()
+            self._inbound[sock] = thread
+        thread.start()
 
     def _reader_loop(self, sock: socket.socket, addr: Address) -> None:
         with self._lock:

@@ -1,0 +1,77 @@
+"""The shared accept loop survives running out of file descriptors, and ends when stopped."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+
+from crew.wire.listener import accept_loop
+
+# A child process with a small descriptor limit: a flood of connections exhausts it, so
+# accept() fails with EMFILE. Once the flood's sockets close, a new client must still be
+# accepted: the loop backed off instead of ending.
+CHILD = textwrap.dedent(
+    """
+    import os, resource, socket, threading, time
+    from crew.wire.listener import accept_loop
+
+    FLOOD = 20
+    listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+    port = listener.getsockname()[1]
+    accepted, stop = [], threading.Event()
+    flood = [socket.create_connection(("127.0.0.1", port)) for _ in range(FLOOD)]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # Room for 6 accepted sockets: the 7th accept() fails with EMFILE, and keeps failing.
+    top = max(int(fd) for fd in os.listdir("/proc/self/fd"))  # the limit is on fd numbers
+    resource.setrlimit(resource.RLIMIT_NOFILE, (top + 7, hard))
+    t = threading.Thread(
+        target=accept_loop, args=(listener, stop.is_set, lambda s, a: accepted.append(s)), kwargs={"name": "t"}
+    )
+    t.start()
+    deadline = time.monotonic() + 10
+    while len(accepted) < 6 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.5)
+    exhausted = len(accepted)
+    for s in flood + accepted:
+        s.close()
+    accepted.clear()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    late = socket.create_connection(("127.0.0.1", port))
+    want = FLOOD - exhausted + 1  # the flood's queued rest, then the late client
+    deadline = time.monotonic() + 10
+    while len(accepted) < want and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print(exhausted, len(accepted) - want + 1, t.is_alive())
+    stop.set()
+    t.join(5)
+    print(t.is_alive())
+    """
+)
+
+
+def test_the_loop_goes_on_after_the_descriptor_table_was_full() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.split()
+    exhausted, late_accepted, alive_after_flood, alive_after_stop = out
+    assert 0 < int(exhausted) < 20  # the table did fill: not every flood socket was accepted
+    assert int(late_accepted) >= 1  # a client after the flood is accepted
+    assert alive_after_flood == "True"
+    assert alive_after_stop == "False"
+
+
+def test_the_loop_ends_when_the_listener_is_closed() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    t = threading.Thread(
+        target=lambda: accept_loop(listener, lambda: False, lambda s, a: s.close(), name="t"),
+        daemon=True,
+    )
+    t.start()
+    listener.shutdown(socket.SHUT_RDWR)
+    listener.close()
+    t.join(5)
+    assert not t.is_alive()
