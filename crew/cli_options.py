@@ -186,6 +186,16 @@ def add_version_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", action="version", version=f"%(prog)s (crew-lab {version()})")
 
 
+def command_parser(prog: str, doc: str | None, **kwargs: Any) -> argparse.ArgumentParser:
+    """The parser of one command: ``prog``, its module docstring as the description (line
+    breaks kept), ``--version``; ``kwargs`` go to ``ArgumentParser`` (``epilog``...)."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs
+    )
+    add_version_flag(parser)
+    return parser
+
+
 def add_json_flag(parser: argparse.ArgumentParser, what: str, *, old: Iterable[str] = ()) -> None:
     """``--json PATH``: also write ``what`` as JSON to PATH; ``-`` writes it to standard output
     instead of the command's tables. ``old``: earlier spellings, accepted but not shown."""

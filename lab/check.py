@@ -55,7 +55,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from crew.cli_options import add_version_flag
+from crew.cli_options import command_parser
 from lab.net import preflight
 from lab.net.cleanup import DEFAULT_STATE_DIR, cleanup_leftovers
 from lab.net.goodput import sink_argv, source_argv
@@ -63,7 +63,7 @@ from lab.net.mesh import LabError, LabNetwork, LinkState
 from lab.net.preflight import ImpairmentMode, PreflightError
 from lab.net.probe import Row, loss_row, ping, rtt_rows
 from lab.net.shaping import ShapingError
-from lab.spec.shipped import default_topology, topology_arg
+from lab.spec.shipped import add_topology_flag
 from lab.spec.topology import (
     Impairment,
     LinkSpec,
@@ -473,17 +473,9 @@ def render(results: list[LinkResult], title: str) -> Table:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m lab.check",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_version_flag(p)
-    p.add_argument(
-        "--topology",
-        type=topology_arg,
-        default=default_topology(),
-        help="topology YAML to emulate and check, or a shipped topology's name (default: default)",
+    p = command_parser("python -m lab.check", __doc__)
+    add_topology_flag(
+        p, "topology YAML to emulate and check, or a shipped topology's name (default: default)"
     )
     p.add_argument(
         "--seconds",

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from crew.cli_options import add_version_flag
+from crew.cli_options import command_parser
 from lab.fresh import rootfs, wheelhouse
 from lab.fresh.guest import Forward, Guest, GuestError, MachineSpec, free_port, write_initrd
 from lab.fresh.readme import FALLBACK_COMMAND, ReadmeError, load_quick_test_command
@@ -146,12 +146,7 @@ class Deadline:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="python -m lab.freshcheck",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_version_flag(ap)
+    ap = command_parser("python -m lab.freshcheck", __doc__)
     ap.add_argument(
         "--source",
         choices=("head", "worktree"),

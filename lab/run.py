@@ -28,7 +28,7 @@ from crew.cli_options import (
     add_json_flag,
     add_out_flag,
     add_training_flags,
-    add_version_flag,
+    command_parser,
     config_flag,
     config_values,
     flag_error,
@@ -40,7 +40,7 @@ from crew.runtime.rundb import GroupStatus
 from lab.net.preflight import PreflightError, add_allow_missing, allowed_missing, check, describe
 from lab.orchestrate.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id, summarize
 from lab.spec.scenario import ScenarioError, load_scenario
-from lab.spec.shipped import default_topology, topology_arg
+from lab.spec.shipped import add_topology_flag
 from lab.spec.topology import Impairment, TopologyError, load_topology
 
 log = logging.getLogger("lab.run")
@@ -76,21 +76,14 @@ RUN_FIELDS = (
 
 def build_parser() -> argparse.ArgumentParser:
     d = DEFAULTS
-    p = argparse.ArgumentParser(
-        prog="python -m lab.run",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = command_parser(
+        "python -m lab.run",
+        __doc__,
         epilog="exit status: 0 when the run ended as asked; 1 when a worker crashed (ended by\n"
         "itself with an error, not stopped by the lab or a fault command); 2 on bad options;\n"
         "3 when the machine lacks what the topology needs",
     )
-    add_version_flag(p)
-    p.add_argument(
-        "--topology",
-        type=topology_arg,
-        default=default_topology(),
-        help="topology YAML, or a shipped topology's name (default: default)",
-    )
+    add_topology_flag(p, "topology YAML, or a shipped topology's name (default: default)")
     p.add_argument(
         "--duration",
         type=float,

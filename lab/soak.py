@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crew.cli_options import add_config_flags, add_out_flag, add_version_flag
+from crew.cli_options import add_config_flags, add_out_flag, command_parser
 from crew.runtime import rundb
 from crew.runtime.rundb import CommandStatus, GroupStatus
 from lab.audit import audit
@@ -52,7 +52,7 @@ from lab.net.preflight import PreflightError, check
 from lab.orchestrate.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id, summarize
 from lab.report.pace import is_fault_start, read_pace
 from lab.spec.scenario import Scenario, ScenarioError, parse_scenario
-from lab.spec.shipped import default_topology, topology_arg
+from lab.spec.shipped import add_topology_flag, default_topology
 from lab.spec.topology import TopologyError, TopologySpec, load_topology
 
 log = logging.getLogger(__name__)
@@ -560,19 +560,9 @@ def print_report(r: SoakReport) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m lab.soak",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_version_flag(p)
+    p = command_parser("python -m lab.soak", __doc__)
     p.add_argument("--minutes", type=float, default=10.0, help="run length (default 10)")
-    p.add_argument(
-        "--topology",
-        type=topology_arg,
-        default=default_topology(),
-        help="a topology name under topologies/ or a YAML path (default: default)",
-    )
+    add_topology_flag(p, "a topology name under topologies/ or a YAML path (default: default)")
     p.add_argument("--seed", type=int, default=0, help="seed of the fault timeline and the run")
     p.add_argument("--every", type=float, default=15.0, help="seconds between faults (15)")
     p.add_argument("--warmup", type=float, default=60.0, help="seconds before the first fault")

@@ -10,11 +10,11 @@ the link is slower). Both stop by themselves after ``--seconds`` and when the la
 
 from __future__ import annotations
 
-import argparse
 import socket
 import sys
 import time
 
+from crew.cli_options import command_parser
 from lab.net.goodput import parse_addr
 
 CHUNK = 64 << 10
@@ -78,11 +78,7 @@ def source(to: tuple[str, int], rate_mbit: float, seconds: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m lab.net.flows",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser("python -m lab.net.flows", __doc__)
     sub = parser.add_subparsers(dest="role", required=True)
     s = sub.add_parser("sink", help="receive and discard")
     s.add_argument("--bind", type=parse_addr, required=True, help="ADDR:PORT to listen on")

@@ -25,6 +25,7 @@ import socket
 import sys
 import time
 
+from crew.cli_options import command_parser
 from crew.wire.frames import Frame, FrameCodec, FrameKind
 from crew.wire.transport import FrameStream
 
@@ -171,11 +172,7 @@ def source(to: tuple[str, int], seconds: float, frame_bytes: int | None = None) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m lab.net.goodput",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser("python -m lab.net.goodput", __doc__)
     sub = parser.add_subparsers(dest="role", required=True)
     s = sub.add_parser("sink", help="receive one connection and print goodput as JSON")
     s.add_argument("--bind", type=parse_addr, required=True, help="ADDR:PORT to listen on")

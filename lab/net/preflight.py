@@ -21,7 +21,7 @@ import sys
 import uuid
 from dataclasses import dataclass, field
 
-from lab.spec.shipped import default_topology, topology_arg
+from lab.spec.shipped import add_topology_flag
 from lab.spec.topology import Impairment, TopologySpec, load_topology
 
 log = logging.getLogger(__name__)
@@ -243,11 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Probe this machine (root, tools, HTB, netem, iptables statistic match) and "
         "say which impairments of a topology the lab can emulate.",
     )
-    parser.add_argument(
-        "--topology",
-        type=topology_arg,
-        default=default_topology(),
-        help="topology YAML to check, or a shipped topology's name (default: default)",
+    add_topology_flag(
+        parser, "topology YAML to check, or a shipped topology's name (default: default)"
     )
     add_allow_missing(parser)
     args = parser.parse_args(argv)

@@ -44,9 +44,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from crew.cli_options import command_parser
 from lab.orchestrate import browser
 from lab.orchestrate.runner import REPO, new_run_id
-from lab.spec.shipped import default_topology, topology_arg
+from lab.spec.shipped import add_topology_flag
 
 PANELS = (
     "header",
@@ -256,18 +257,9 @@ def report(runs: Sequence[RunTimes], console: Console) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m lab.studies.firstpaint",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command_parser("python -m lab.studies.firstpaint", __doc__)
     p.add_argument("--runs", type=int, default=3, help="how many labs to start (default 3)")
-    p.add_argument(
-        "--topology",
-        type=topology_arg,
-        default=default_topology(),
-        help="topology file (default topologies/default.yaml, lab.run's own default)",
-    )
+    add_topology_flag(p, "topology file (default topologies/default.yaml, lab.run's own default)")
     p.add_argument("--timeout", type=float, default=60.0, help="give up on a run after this (60 s)")
     p.add_argument(
         "--run-dir", type=Path, default=None, help="base of the runs (runs/firstpaint-<id>-<k>)"

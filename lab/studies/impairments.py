@@ -18,7 +18,6 @@ bounds, and a wrong impairment is wrong every time.
 
 from __future__ import annotations
 
-import argparse
 import json
 import secrets
 import sys
@@ -28,6 +27,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
+from crew.cli_options import command_parser
 from lab.check import PAYLOAD_FRACTION, any_out, measure_batch, retried
 from lab.net import preflight
 from lab.net.mesh import LabNetwork, LinkState
@@ -223,11 +223,7 @@ def render_long_fat(rows: list[LongFatRow]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m lab.studies.impairments",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = command_parser("python -m lab.studies.impairments", __doc__)
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
     ap.add_argument(
         "--long-fat",

@@ -19,7 +19,6 @@ marker, is an error naming the marker.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -27,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from crew.cli_options import command_parser
 from crew.config import Scheme
 
 REPO = Path(__file__).resolve().parents[2]
@@ -211,11 +211,7 @@ def render(text: str, repo: Path = REPO) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m lab.studies.results",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser("python -m lab.studies.results", __doc__)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help=f"update {RESULTS_MD} in place")
     mode.add_argument("--check", action="store_true", help=f"exit 1 if {RESULTS_MD} is stale")

@@ -84,3 +84,9 @@ def topology_arg(value: str) -> Path:
 def default_topology() -> Path:
     """The topology the lab's commands use when none is given: the shipped ``default.yaml``."""
     return shipped_file(Shipped.TOPOLOGIES, "default")
+
+
+def add_topology_flag(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--topology``: a YAML file or a shipped topology's name, :func:`default_topology` if
+    none is given."""
+    parser.add_argument("--topology", type=topology_arg, default=default_topology(), help=help)
