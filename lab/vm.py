@@ -248,15 +248,19 @@ sleep 30
 # -- QEMU --------------------------------------------------------------------------------------
 
 
-def _qemu_argv(
-    kernel: GuestKernel, initrd: Path, xchg: Path, repo: Path, accel: Accel, mem_mb: int, smp: int
+def qemu_machine_argv(
+    accel: Accel,
+    *,
+    smp: int,
+    mem_mb: int,
+    kernel: Path,
+    initrd: Path,
+    append: str,
+    console_log: Path,
 ) -> list[str]:
-    def share(tag: str, path: Path, *extra: str) -> list[str]:
-        fsdev = ",".join(
-            [f"local,id={tag},path={path}", "security_model=passthrough", "multidevs=remap", *extra]
-        )
-        return ["-fsdev", fsdev, "-device", f"virtio-9p-pci,fsdev={tag},mount_tag={tag}"]
-
+    """The machine every lab guest runs on: a PC with no display, devices or config files of
+    QEMU's own, ``kernel`` and ``initrd`` booted directly with ``append``, the serial console
+    written to ``console_log``, no monitor. Disks, shares and networks are the caller's."""
     if accel is Accel.KVM:
         accel_args = ["-accel", "kvm", "-cpu", "host"]
     else:
@@ -275,15 +279,37 @@ def _qemu_argv(
         "-m",
         str(mem_mb),
         "-kernel",
-        str(kernel.vmlinuz),
+        str(kernel),
         "-initrd",
         str(initrd),
         "-append",
-        "console=ttyS0 quiet loglevel=3 panic=-1 mitigations=off tsc=reliable",
+        append,
         "-serial",
-        f"file:{xchg / 'console.log'}",
+        f"file:{console_log}",
         "-monitor",
         "none",
+    ]
+
+
+def _qemu_argv(
+    kernel: GuestKernel, initrd: Path, xchg: Path, repo: Path, accel: Accel, mem_mb: int, smp: int
+) -> list[str]:
+    def share(tag: str, path: Path, *extra: str) -> list[str]:
+        fsdev = ",".join(
+            [f"local,id={tag},path={path}", "security_model=passthrough", "multidevs=remap", *extra]
+        )
+        return ["-fsdev", fsdev, "-device", f"virtio-9p-pci,fsdev={tag},mount_tag={tag}"]
+
+    return [
+        *qemu_machine_argv(
+            accel,
+            smp=smp,
+            mem_mb=mem_mb,
+            kernel=kernel.vmlinuz,
+            initrd=initrd,
+            append="console=ttyS0 quiet loglevel=3 panic=-1 mitigations=off tsc=reliable",
+            console_log=xchg / "console.log",
+        ),
         *share("hostroot", Path("/"), "readonly=on"),
         *share("repo", repo),
         *share("xchg", xchg),

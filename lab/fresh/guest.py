@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from lab.vm import QEMU, Accel, GuestKernel, build_initramfs
+from lab.vm import Accel, GuestKernel, build_initramfs, qemu_machine_argv
 
 # What the initramfs loads to mount the root: virtio over PCI, its block device, ext4 (and
 # crc32c, which ext4 asks the crypto API for).
@@ -112,34 +112,18 @@ def qemu_argv(spec: MachineSpec) -> list[str]:
     """QEMU's command line: lab.vm's machine (``-kernel``, serial console to a file, no
     display), the image as a virtio disk, user networking with the forwards, an entropy
     source (sshd and Python ask for randomness early)."""
-    if spec.accel is Accel.KVM:
-        accel = ["-accel", "kvm", "-cpu", "host"]
-    else:
-        accel = ["-accel", "tcg,thread=multi", "-cpu", "max"]
     fwd = ",".join(f"hostfwd=tcp:127.0.0.1:{f.host_port}-:{f.guest_port}" for f in spec.forwards)
     return [
-        QEMU,
-        "-nodefaults",
-        "-no-user-config",
-        "-nographic",
-        "-no-reboot",
-        "-machine",
-        "pc",
-        *accel,
-        "-smp",
-        str(spec.cpus),
-        "-m",
-        str(spec.memory_mb),
-        "-kernel",
-        str(spec.kernel.vmlinuz),
-        "-initrd",
-        str(spec.initrd),
-        "-append",
-        "console=ttyS0 root=/dev/vda rw net.ifnames=0 panic=-1 mitigations=off tsc=reliable",
-        "-serial",
-        f"file:{spec.console_log}",
-        "-monitor",
-        "none",
+        *qemu_machine_argv(
+            spec.accel,
+            smp=spec.cpus,
+            mem_mb=spec.memory_mb,
+            kernel=spec.kernel.vmlinuz,
+            initrd=spec.initrd,
+            append="console=ttyS0 root=/dev/vda rw net.ifnames=0 panic=-1 mitigations=off"
+            " tsc=reliable",
+            console_log=spec.console_log,
+        ),
         "-drive",
         f"file={spec.image},format=raw,if=virtio,cache=unsafe",
         "-netdev",

@@ -72,7 +72,12 @@ def mmdebstrap_argv(target: Path, debs: Path) -> list[str]:
     ]
 
 
-def _run(argv: list[str], log: Path, timeout_s: float, what: str) -> None:
+def run_logged(
+    argv: list[str], log: Path, timeout_s: float, what: str, error: type[Exception] = RootfsError
+) -> None:
+    """Run ``argv`` with its output appended to ``log`` (after the command line), bounded by
+    ``timeout_s``; a timeout or a non-zero exit raises ``error`` naming ``what``, the log and
+    the log's tail."""
     with log.open("ab") as out:
         out.write(("$ " + shlex.join(argv) + "\n").encode())
         out.flush()
@@ -81,17 +86,17 @@ def _run(argv: list[str], log: Path, timeout_s: float, what: str) -> None:
                 argv, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s, check=False
             ).returncode
         except subprocess.TimeoutExpired as e:
-            raise RootfsError(f"{what} took more than {timeout_s:.0f} s (log: {log})") from e
+            raise error(f"{what} took more than {timeout_s:.0f} s (log: {log})") from e
     if rc != 0:
         tail = log.read_text(errors="replace")[-2500:]
-        raise RootfsError(f"{what} exited {rc} (log: {log}):\n{tail}")
+        raise error(f"{what} exited {rc} (log: {log}):\n{tail}")
 
 
 def build_root(target: Path, debs: Path, log: Path, timeout_s: float = 900) -> None:
     """Debian 12 from its packages into the (new) folder ``target``."""
     if target.exists():
         raise RootfsError(f"{target} exists; the root is built into a new folder")
-    _run(mmdebstrap_argv(target, debs), log, timeout_s, "mmdebstrap")
+    run_logged(mmdebstrap_argv(target, debs), log, timeout_s, "mmdebstrap")
 
 
 def _write(path: Path, text: str, mode: int = 0o644, owner: tuple[int, int] = (0, 0)) -> None:
@@ -116,7 +121,7 @@ def customize_root(
         root / "etc/hosts",
         f"127.0.0.1\tlocalhost\n127.0.1.1\t{ident.hostname}\n::1\tlocalhost ip6-localhost\n",
     )
-    _run(
+    run_logged(
         ["chroot", str(root), "useradd", "--create-home", "--shell", "/bin/bash", USER],
         log,
         60,
@@ -149,7 +154,7 @@ def make_image(root: Path, image: Path, size_gb: int, log: Path, timeout_s: floa
     """A sparse raw ext4 image of ``size_gb`` GiB holding ``root`` (``mkfs.ext4 -d``)."""
     with image.open("wb") as f:
         f.truncate(size_gb * 1024**3)
-    _run(
+    run_logged(
         ["mkfs.ext4", "-q", "-F", "-L", "freshcheck", "-d", str(root), str(image)],
         log,
         timeout_s,

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import functools
 import http.server
-import subprocess
 import sys
 import threading
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from lab.fresh.rootfs import run_logged
 
 # The address QEMU's user-mode network gives the host, as seen from the guest.
 GUEST_HOST_ADDR = "10.0.2.2"
@@ -51,18 +52,7 @@ def download(
     dest.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "pip", "download", "-q", "-d", str(dest)]
     argv += [*requirements(project), *extra]
-    with log.open("ab") as out:
-        out.write(("$ " + " ".join(argv) + "\n").encode())
-        out.flush()
-        try:
-            rc = subprocess.run(
-                argv, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s, check=False
-            ).returncode
-        except subprocess.TimeoutExpired as e:
-            raise WheelhouseError(f"pip download took more than {timeout_s:.0f} s") from e
-    if rc != 0:
-        tail = log.read_text(errors="replace")[-2000:]
-        raise WheelhouseError(f"pip download exited {rc}:\n{tail}")
+    run_logged(argv, log, timeout_s, "pip download", WheelhouseError)
     return sum(1 for p in dest.iterdir() if p.is_file())
 
 
