@@ -27,9 +27,10 @@ CHILD = textwrap.dedent(
     # Room for 6 accepted sockets: the 7th accept() fails with EMFILE, and keeps failing.
     top = max(int(fd) for fd in os.listdir("/proc/self/fd"))  # the limit is on fd numbers
     resource.setrlimit(resource.RLIMIT_NOFILE, (top + 7, hard))
-    t = threading.Thread(
-        target=accept_loop, args=(listener, stop.is_set, lambda s, a: accepted.append(s)), kwargs={"name": "t"}
-    )
+    def on_accept(sock, addr):
+        accepted.append(sock)
+
+    t = threading.Thread(target=lambda: accept_loop(listener, stop.is_set, on_accept, name="t"))
     t.start()
     deadline = time.monotonic() + 10
     while len(accepted) < 6 and time.monotonic() < deadline:

@@ -5,6 +5,7 @@ No root needed."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -151,14 +152,7 @@ def test_the_lab_passes_delays_only_where_it_applies_them() -> None:
     )
     netem = Capabilities(root=True, tools={}, htb=True, netem=True, iptables_statistic=True)
     assert planned_delays(topo, netem) == ((0.0, 20.0), (30.0, 0.0))
-    no_netem = Capabilities(
-        root=True,
-        tools={},
-        htb=True,
-        netem=False,
-        iptables_statistic=True,
-        allow_missing=frozenset({Impairment.DELAY}),
-    )
+    no_netem = replace(netem, netem=False, allow_missing=frozenset({Impairment.DELAY}))
     assert planned_delays(topo, no_netem) == ()  # the links run without delay: plan so
     plain = parse_topology(
         {

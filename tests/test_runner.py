@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -49,25 +50,11 @@ def test_loss_is_offered_only_when_the_lab_will_apply_it() -> None:
     from lab.spec.topology import Impairment
 
     assert lab_impairments(CAPS) == {"rate"}
-    accepted = Capabilities(
-        root=True,
-        tools={},
-        htb=True,
-        netem=False,
-        iptables_statistic=True,
-        allow_missing=frozenset({Impairment.LOSS}),
-    )
+    accepted = replace(CAPS, allow_missing=frozenset({Impairment.LOSS}))
     assert lab_impairments(accepted) == {"rate", "loss"}
-    no_statistic = Capabilities(
-        root=True,
-        tools={},
-        htb=True,
-        netem=False,
-        iptables_statistic=False,
-        allow_missing=frozenset({Impairment.LOSS}),
-    )
+    no_statistic = replace(accepted, iptables_statistic=False)
     assert lab_impairments(no_statistic) == {"rate"}
-    netem = Capabilities(root=True, tools={}, htb=True, netem=True, iptables_statistic=False)
+    netem = replace(CAPS, netem=True, iptables_statistic=False)
     assert lab_impairments(netem) == {"rate", "delay", "jitter", "loss"}
 
 
