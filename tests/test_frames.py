@@ -13,6 +13,7 @@ from frame_strategies import frames
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import crew.wire.frames as wf
 from crew.wire.frames import (
     COORDINATOR,
     HEADER,
@@ -21,20 +22,10 @@ from crew.wire.frames import (
     MAGIC,
     TAG_SIZE,
     VERSION,
-    BadField,
-    BadMac,
-    BadMagic,
-    BadPayload,
-    BadVersion,
     Frame,
     FrameCodec,
     FrameError,
     FrameKind,
-    Oversized,
-    TrailingData,
-    Truncated,
-    UnknownKind,
-    WrongRun,
     control_body,
     control_frame,
     decode_control,
@@ -164,7 +155,7 @@ def test_read_frame_hands_out_read_only_views(codec: FrameCodec) -> None:
 
 def test_non_contiguous_payload_is_refused() -> None:
     arr = np.arange(10, dtype=np.float32)[::2]
-    with pytest.raises(BadField, match="payload"):
+    with pytest.raises(wf.BadField, match="payload"):
         Frame(FrameKind.SCATTER, sender=1, run=RUN, payload=memoryview(arr))
 
 
@@ -183,12 +174,12 @@ def test_non_contiguous_payload_is_refused() -> None:
 )
 def test_out_of_range_fields_name_the_field(field: str, value: object) -> None:
     kwargs: dict[str, object] = {"kind": FrameKind.SCATTER, "sender": 1, "run": RUN, field: value}
-    with pytest.raises(BadField, match=field):
+    with pytest.raises(wf.BadField, match=field):
         Frame(**kwargs)  # type: ignore[arg-type]
 
 
 def test_unknown_kind_in_constructor() -> None:
-    with pytest.raises(BadField, match="kind"):
+    with pytest.raises(wf.BadField, match="kind"):
         Frame(99, sender=1, run=RUN)  # type: ignore[arg-type]
 
 
@@ -197,7 +188,7 @@ def test_codec_rejects_weak_secret_and_bad_limits() -> None:
         FrameCodec(b"short", RUN)
     with pytest.raises(ValueError, match="max_payload"):
         FrameCodec(SECRET, RUN, max_payload=0)
-    with pytest.raises(BadField, match="run"):
+    with pytest.raises(wf.BadField, match="run"):
         FrameCodec(SECRET, -1)
 
 
@@ -205,12 +196,12 @@ def test_codec_rejects_weak_secret_and_bad_limits() -> None:
 
 
 def test_bad_magic(codec: FrameCodec) -> None:
-    with pytest.raises(BadMagic, match="magic"):
+    with pytest.raises(wf.BadMagic, match="magic"):
         codec.decode(_raw(SECRET, magic=b"HTTP"))
 
 
 def test_bad_version(codec: FrameCodec) -> None:
-    with pytest.raises(BadVersion, match="version 3"):
+    with pytest.raises(wf.BadVersion, match="version 3"):
         codec.decode(_raw(SECRET, version=3))
 
 
@@ -219,7 +210,7 @@ def test_a_version_1_frame_with_its_hmac_sha256_tag_is_refused_by_version(
 ) -> None:
     header = HEADER.pack(MAGIC, 1, FrameKind.SCATTER, 3, RUN, 1, 2, 3, 4, 5, 3)
     old = header + b"abc" + hmac.new(SECRET, header + b"abc", hashlib.sha256).digest()
-    with pytest.raises(BadVersion, match="version 1 is not 2"):
+    with pytest.raises(wf.BadVersion, match="version 1 is not 2"):
         codec.decode(old)
 
 
@@ -232,21 +223,21 @@ def test_the_tag_is_the_documented_keyed_blake3(codec: FrameCodec) -> None:
 
 
 def test_unknown_kind(codec: FrameCodec) -> None:
-    with pytest.raises(UnknownKind, match="kind 200"):
+    with pytest.raises(wf.UnknownKind, match="kind 200"):
         codec.decode(_raw(SECRET, kind=200))
 
 
 def test_oversized_is_refused_before_reading_the_payload(codec: FrameCodec) -> None:
     data = _raw(SECRET, length=9_000_000)
     rec = Recorder(data)
-    with pytest.raises(Oversized, match="frame length 9000000 exceeds the maximum 65536"):
+    with pytest.raises(wf.Oversized, match="frame length 9000000 exceeds the maximum 65536"):
         codec.read_frame(rec)
     assert rec.calls == [HEADER_SIZE]  # neither payload nor tag was requested
 
 
 def test_oversized_on_encode(codec: FrameCodec) -> None:
     frame = Frame(FrameKind.SCATTER, sender=1, run=RUN, payload=bytes(codec.max_payload + 1))
-    with pytest.raises(Oversized, match="exceeds the maximum"):
+    with pytest.raises(wf.Oversized, match="exceeds the maximum"):
         codec.encode(frame)
 
 
@@ -264,33 +255,33 @@ def test_any_flipped_bit_fails_the_mac_or_an_earlier_check(codec: FrameCodec, wh
     with pytest.raises(FrameError) as info:
         codec.decode(bytes(data))
     if 8 <= where % len(data) < 36 or where % len(data) >= 40:
-        assert isinstance(info.value, BadMac)  # fields and payload are covered by the tag
+        assert isinstance(info.value, wf.BadMac)  # fields and payload are covered by the tag
 
 
 def test_wrong_secret_is_bad_mac(codec: FrameCodec) -> None:
     other = FrameCodec(b"x" * 32, RUN)
     data = other.encode_bytes(Frame(FrameKind.SCATTER, sender=1, run=RUN, payload=b"abc"))
-    with pytest.raises(BadMac, match="tag"):
+    with pytest.raises(wf.BadMac, match="tag"):
         codec.decode(data)
 
 
 def test_wrong_run(codec: FrameCodec) -> None:
     other = FrameCodec(SECRET, RUN + 1)
     data = other.encode_bytes(Frame(FrameKind.SCATTER, sender=1, run=RUN + 1, payload=b"abc"))
-    with pytest.raises(WrongRun, match=f"run {RUN + 1} is not this run {RUN}"):
+    with pytest.raises(wf.WrongRun, match=f"run {RUN + 1} is not this run {RUN}"):
         codec.decode(data)
 
 
 def test_every_truncation_is_truncated(codec: FrameCodec) -> None:
     data = codec.encode_bytes(Frame(FrameKind.SCATTER, sender=1, run=RUN, payload=b"abcdef"))
     for cut in range(len(data)):
-        with pytest.raises(Truncated):
+        with pytest.raises(wf.Truncated):
             codec.decode(data[:cut])
 
 
 def test_trailing_bytes(codec: FrameCodec) -> None:
     data = codec.encode_bytes(Frame(FrameKind.SCATTER, sender=1, run=RUN, payload=b"abc"))
-    with pytest.raises(TrailingData, match="1 bytes"):
+    with pytest.raises(wf.TrailingData, match="1 bytes"):
         codec.decode(data + b"\x00")
 
 
@@ -310,18 +301,18 @@ def test_control_round_trip(codec: FrameCodec) -> None:
     [b"\xff\xfe", b"{", b"[1, 2]", b"42", b'"text"', b"null", b"", b"[" * 100_000],
 )
 def test_decode_control_rejects_garbage(payload: bytes) -> None:
-    with pytest.raises(BadPayload):
+    with pytest.raises(wf.BadPayload):
         decode_control(payload)
 
 
 @pytest.mark.parametrize("obj", [[1, 2], "text", {"a": {1, 2}}, {"a": object()}])
 def test_encode_control_rejects_non_json_objects(obj: object) -> None:
-    with pytest.raises(BadPayload):
+    with pytest.raises(wf.BadPayload):
         encode_control(obj)  # type: ignore[arg-type]
 
 
 def test_control_body_rejects_other_kinds() -> None:
-    with pytest.raises(BadPayload, match="SCATTER"):
+    with pytest.raises(wf.BadPayload, match="SCATTER"):
         control_body(Frame(FrameKind.SCATTER, sender=1, run=RUN, payload=b"{}"))
 
 

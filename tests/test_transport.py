@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -39,17 +40,7 @@ class Inbox:
 
     def __call__(self, frame: Frame) -> None:
         # Store bytes so assertions compare contents, whatever view type the reader hands out.
-        frame_copy = Frame(
-            frame.kind,
-            frame.sender,
-            frame.run,
-            frame.group,
-            frame.rev,
-            frame.block,
-            frame.part,
-            frame.offset,
-            bytes(frame.payload),
-        )
+        frame_copy = dataclasses.replace(frame, payload=bytes(frame.payload))
         with self._cond:
             self.frames.append(frame_copy)
             self._cond.notify_all()

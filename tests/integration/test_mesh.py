@@ -22,17 +22,7 @@ import pytest
 
 from crew.runtime.rundb import RunDB
 from lab.check import schedule
-from lab.net import shaping
-from lab.net.cleanup import (
-    CleanupReport,
-    LabState,
-    ProcRecord,
-    StateError,
-    cleanup_leftovers,
-    is_same_process,
-    proc_start_time,
-    root_link_names,
-)
+from lab.net import cleanup, shaping
 from lab.net.goodput import sink_argv, source_argv
 from lab.net.mesh import LabError, LabNetwork
 from lab.net.monitor import LinkMonitor
@@ -246,13 +236,13 @@ def test_cut_drops_one_direction_only_and_restore_heals_it(net: LabNetwork) -> N
     assert udp_count(net, 0, 1, 17200) == 20
     net.set_link(0, 1, up=False)
     assert net.link_state(0, 1).up is False
-    rules = LabState.load(net.state.path).ns_rules
+    rules = cleanup.LabState.load(net.state.path).ns_rules
     assert {"host": 1, "argv": shaping.cut_rule(net.intf(1, 0))} in rules
     assert udp_count(net, 0, 1, 17201) == 0
     assert udp_count(net, 1, 0, 17202) == 20
     net.set_link(0, 1, up=True)
     assert udp_count(net, 0, 1, 17203) == 20
-    assert LabState.load(net.state.path).ns_rules == []
+    assert cleanup.LabState.load(net.state.path).ns_rules == []
 
 
 @pytest.mark.root
@@ -268,7 +258,7 @@ def test_loss_fallback_drops_some_and_delay_without_netem_is_refused(tmp_path: P
         mgmt_subnet=TEST_MGMT,
     ) as lab:
         lab.set_link(0, 1, loss_pct=50)
-        assert {"host": 1, "argv": shaping.loss_rule(lab.intf(1, 0), 50)} in LabState.load(
+        assert {"host": 1, "argv": shaping.loss_rule(lab.intf(1, 0), 50)} in cleanup.LabState.load(
             lab.state.path
         ).ns_rules
         # 40 datagrams at 50% loss: all or none arrive with probability 2 * 0.5**40.
@@ -311,32 +301,32 @@ def test_tx_bytes_rise_on_the_link_that_carried_a_transfer(net, tmp_path: Path) 
 
 @pytest.mark.root
 def test_teardown_leaves_no_interfaces_processes_or_state(tmp_path: Path) -> None:
-    links_before = root_link_names()
+    links_before = cleanup.root_link_names()
     state_dir = tmp_path / "state"
     lab = _lab(state_dir)
     with lab:
         sleeper = lab.popen(1, ["sleep", "60"])
-        state = LabState.load(lab.state.path)
+        state = cleanup.LabState.load(lab.state.path)
         recorded = list(state.procs)
         assert sleeper.pid in {p.pid for p in recorded}
         assert len([p for p in recorded if p.kind == "shell"]) == 3
-        during = root_link_names()
+        during = cleanup.root_link_names()
         assert set(state.root_links) | set(state.bridges) <= during
         assert len(during - links_before) == 4  # bridge + one mgmt veth per host
-    assert not any(is_same_process(p.pid, p.start_time) for p in recorded)
+    assert not any(cleanup.is_same_process(p.pid, p.start_time) for p in recorded)
     assert sleeper.poll() is not None
-    assert root_link_names() == links_before
+    assert cleanup.root_link_names() == links_before
     assert list(state_dir.glob("*.json")) == []
 
 
 @pytest.mark.root
 def test_teardown_runs_on_exceptions(tmp_path: Path) -> None:
-    links_before = root_link_names()
+    links_before = cleanup.root_link_names()
     with pytest.raises(RuntimeError, match="boom"), _lab(tmp_path / "state") as lab:
         pids = [lab.host_pid(i) for i in range(lab.n)]
         raise RuntimeError("boom")
-    assert root_link_names() == links_before
-    assert all(proc_start_time(p) is None for p in pids)
+    assert cleanup.root_link_names() == links_before
+    assert all(cleanup.proc_start_time(p) is None for p in pids)
 
 
 CRASHING_LAB = textwrap.dedent("""
@@ -354,7 +344,7 @@ CRASHING_LAB = textwrap.dedent("""
 
 @pytest.mark.root
 def test_cleanup_leftovers_removes_what_a_killed_lab_left(tmp_path: Path) -> None:
-    links_before = root_link_names()
+    links_before = cleanup.root_link_names()
     state_dir = tmp_path / "state"
     tag = "k" + secrets.token_hex(2)
     child = subprocess.Popen(
@@ -368,28 +358,28 @@ def test_cleanup_leftovers_removes_what_a_killed_lab_left(tmp_path: Path) -> Non
         assert child.stdout.readline().strip() == "ready"
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=10)
-        state = LabState.load(state_dir / f"{tag}.json")
+        state = cleanup.LabState.load(state_dir / f"{tag}.json")
         assert not state.owner_alive()
         procs = [p for p in state.procs if p.kind == "proc"]
-        assert len(procs) == 1 and is_same_process(procs[0].pid, procs[0].start_time)
+        assert len(procs) == 1 and cleanup.is_same_process(procs[0].pid, procs[0].start_time)
         # The bridge outlives its owner: this is what the cleanup is for.
-        assert state.bridges[0] in root_link_names()
-        report = cleanup_leftovers(state_dir)
+        assert state.bridges[0] in cleanup.root_link_names()
+        report = cleanup.cleanup_leftovers(state_dir)
         assert report.cleaned == [tag] and not report.errors
         assert procs[0].pid in report.killed
-        assert not any(is_same_process(p.pid, p.start_time) for p in state.procs)
-        assert root_link_names() == links_before
+        assert not any(cleanup.is_same_process(p.pid, p.start_time) for p in state.procs)
+        assert cleanup.root_link_names() == links_before
         assert not (state_dir / f"{tag}.json").exists()
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
-        cleanup_leftovers(state_dir)
+        cleanup.cleanup_leftovers(state_dir)
 
 
 @pytest.mark.root
 def test_cleanup_leaves_live_labs_alone(net: LabNetwork) -> None:
-    report = cleanup_leftovers(net.state_dir)
+    report = cleanup.cleanup_leftovers(net.state_dir)
     assert report.skipped == [net.tag] and report.cleaned == []
     assert net.state.path.exists()
 
@@ -398,17 +388,17 @@ def test_cleanup_leaves_live_labs_alone(net: LabNetwork) -> None:
 
 
 def test_proc_start_time_tells_a_reused_pid_apart() -> None:
-    me = ProcRecord.of(os.getpid(), "owner")
-    assert is_same_process(me.pid, me.start_time)
-    assert not is_same_process(me.pid, me.start_time + 1)
+    me = cleanup.ProcRecord.of(os.getpid(), "owner")
+    assert cleanup.is_same_process(me.pid, me.start_time)
+    assert not cleanup.is_same_process(me.pid, me.start_time + 1)
 
 
 def test_state_file_round_trips_and_refuses_foreign_interface_names(tmp_path: Path) -> None:
-    st = LabState(tmp_path / "x.json", "x")
+    st = cleanup.LabState(tmp_path / "x.json", "x")
     st.add_root_link("crwxm0")
     st.add_bridge("crwxbr")
     st.add_ns_rule(1, ["INPUT", "-j", "DROP"])
-    loaded = LabState.load(st.path)
+    loaded = cleanup.LabState.load(st.path)
     assert (loaded.root_links, loaded.bridges, loaded.ns_rules, loaded.owner) == (
         ["crwxm0"],
         ["crwxbr"],
@@ -418,14 +408,14 @@ def test_state_file_round_trips_and_refuses_foreign_interface_names(tmp_path: Pa
     data = json.loads(st.path.read_text())
     data["root_links"].append("eth0")
     st.path.write_text(json.dumps(data))
-    with pytest.raises(StateError, match="eth0"):
-        LabState.load(st.path)
+    with pytest.raises(cleanup.StateError, match="eth0"):
+        cleanup.LabState.load(st.path)
 
 
 def test_cleanup_reports_unreadable_state_and_skips_it(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{not json")
-    report = cleanup_leftovers(tmp_path)
-    assert isinstance(report, CleanupReport)
+    report = cleanup.cleanup_leftovers(tmp_path)
+    assert isinstance(report, cleanup.CleanupReport)
     assert report.cleaned == [] and len(report.errors) == 1
     assert (tmp_path / "bad.json").exists()
 
