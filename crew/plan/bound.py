@@ -4,7 +4,7 @@ matrix. Pure, no I/O.
 :func:`lower_bound` takes the conventions of :mod:`crew.plan.inputs` and returns the largest of
 a max-flow/min-cut bound on the bandwidth, the same bound with shared capacities as extra
 nodes, and with one-way delays the shortest delay between members plus the bandwidth time of
-each computed pair. The proof is in ``_lower_bound``'s docstring.
+each computed pair. The proof is in ``fluid_bound``'s docstring.
 
 Cost: 2(p - 1) max-flows on the active workers' graph (on up to ``CUT_ENUMERATION_MAX_NODES``
 nodes, one dense product over all 2^k node sets instead), plus a Floyd-Warshall pass with
@@ -41,23 +41,19 @@ def lower_bound(
     shared: Sequence[SharedLink] | None = None,
     delay_s: np.ndarray | None = None,
 ) -> float:
-    """:func:`_lower_bound`, computed once per exact inputs (``BOUNDS``)."""
-    key = key_part((np.asarray(bw, dtype=float), group, size, active, shared, delay_s))
-    return float(
-        BOUNDS.get(
-            key, lambda: _lower_bound(bw, group, size, active, shared=shared, delay_s=delay_s)
-        )
-    )
+    """:func:`fluid_bound`, computed once per exact inputs (``BOUNDS``)."""
+    args = (bw, group, size, active, shared, delay_s)
+    key = key_part((np.asarray(bw, dtype=float), *args[1:]))
+    return float(BOUNDS.get(key, lambda: fluid_bound(*args)))
 
 
-def _lower_bound(
+def fluid_bound(
     bw: np.ndarray,
     group: Sequence[int],
     size: int,
-    active: Collection[int] | None = None,
-    *,
-    shared: Sequence[SharedLink] | None = None,
-    delay_s: np.ndarray | None = None,
+    active: Collection[int] | None,
+    shared: Sequence[SharedLink] | None,
+    delay_s: np.ndarray | None,
 ) -> float:
     """Seconds no partial-reduce scheme can beat for this group on this capacity matrix.
 
