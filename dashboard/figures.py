@@ -613,57 +613,30 @@ def training_curves(
         titles = ("training loss (nats/byte)", "held-out loss (nats/byte)")
     names = _names(workers)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, subplot_titles=titles)
+
+    def series(x: Any, y: Any, row: int, name: str, line: dict, mode: str = "lines") -> None:
+        # One legend entry per name: the accuracy row follows the loss row's visibility.
+        trace = go.Scatter(
+            x=x, y=y, mode=mode, name=name, legendgroup=name, showlegend=row == 1, line=line
+        )
+        fig.add_trace(trace, row, 1)
+
     for w, s in iters.groupby("worker"):
         name = names.get(int(w), str(w))
-        colour = worker_colour(int(w))
+        colour = dict(color=worker_colour(int(w)))
         top = s.dropna(subset=["loss"])  # lm: the evaluation rows are in the bottom plot
-        fig.add_trace(
-            go.Scatter(
-                x=top["t"] - t0,
-                y=top["loss"],
-                mode="lines",
-                name=name,
-                legendgroup=name,
-                line=dict(color=colour),
-            ),
-            1,
-            1,
-        )
+        series(top["t"] - t0, top["loss"], 1, name, colour)
         acc = s.dropna(subset=["accuracy"])
         if not acc.empty:
-            fig.add_trace(
-                go.Scatter(
-                    x=acc["t"] - t0,
-                    y=acc["accuracy"],
-                    mode="lines+markers",
-                    name=name,
-                    legendgroup=name,
-                    showlegend=False,
-                    line=dict(color=colour),
-                ),
-                2,
-                1,
-            )
+            series(acc["t"] - t0, acc["accuracy"], 2, name, colour, "lines+markers")
     binned = iters.assign(bin=((iters["t"] - t0) // bin_s) * bin_s + bin_s / 2)
     per_worker = binned.groupby(["bin", "worker"])[["loss", "accuracy"]].mean()
     overall = per_worker.groupby("bin").mean()
     line = dict(color="black", width=3)
-    fig.add_trace(
-        go.Scatter(
-            x=overall.index, y=overall["loss"], name=OVERALL, line=line, legendgroup=OVERALL
-        ),
-        1,
-        1,
-    )
+    series(overall.index, overall["loss"], 1, OVERALL, line)
     if overall["accuracy"].notna().any():
         acc = overall["accuracy"].dropna()
-        fig.add_trace(
-            go.Scatter(
-                x=acc.index, y=acc, name=OVERALL, line=line, legendgroup=OVERALL, showlegend=False
-            ),
-            2,
-            1,
-        )
+        series(acc.index, acc, 2, OVERALL, line)
     fig.update_xaxes(title_text="t (s)", row=2, col=1)
     fig.update_layout(height=520, margin=dict(l=10, r=10, t=30, b=10))
     return fig
