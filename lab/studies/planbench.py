@@ -43,7 +43,7 @@ import sqlite3
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -168,22 +168,36 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def sweep_table(res: dict[str, Any]) -> Table:
-    t = Table(
-        title=f"plan / bound over {res['matrices']} random matrices (n={res['n']}, p={res['p']},"
-        f" {res['size'] / 1e6:.1f} MB, seed {res['seed']})"
-    )
-    for col in ("scheme", "median", "p90", "max", "planned", "plans below crew"):
-        t.add_column(col, justify="left" if col == "scheme" else "right")
-    order = sorted(res["schemes"].items(), key=lambda kv: _nan_last(kv[1]["median"]))
-    for s, r in order:
-        t.add_row(
-            s,
+    return scheme_table(
+        f"plan / bound over {res['matrices']} random matrices (n={res['n']}, p={res['p']},"
+        f" {res['size'] / 1e6:.1f} MB, seed {res['seed']})",
+        ("median", "p90", "max", "planned", "plans below crew"),
+        res["schemes"],
+        "median",
+        lambda r: (
             f"{r['median']:.3f}",
             f"{r['p90']:.3f}",
             f"{r['max']:.3f}",
             str(r["planned"]),
             str(r["below_crew"]),
-        )
+        ),
+    )
+
+
+def scheme_table(
+    title: str,
+    columns: Sequence[str],
+    schemes: dict[str, dict[str, Any]],
+    order_by: str,
+    cells: Callable[[dict[str, Any]], Sequence[str]],
+) -> Table:
+    """One row per scheme, best ``order_by`` first (NaN last): the scheme, then ``cells``."""
+    t = Table(title=title)
+    t.add_column("scheme", justify="left")
+    for col in columns:
+        t.add_column(col, justify="right")
+    for s, r in sorted(schemes.items(), key=lambda kv: _nan_last(kv[1][order_by])):
+        t.add_row(s, *cells(r))
     return t
 
 
@@ -251,20 +265,18 @@ def cases(args: argparse.Namespace) -> dict[str, Any]:
 def cases_tables(res: dict[str, Any]) -> list[Table]:
     tables = []
     for label, r in res.items():
-        t = Table(
-            title=f"{label}: bound {r['bound_s']:.3f} s (median over groups);"
-            f" groups where a baseline beat crew: {r['crew_beaten_in']}"
-        )
-        for col in ("scheme", "plan (s)", "plan / bound", "max plan / bound"):
-            t.add_column(col, justify="left" if col == "scheme" else "right")
-        order = sorted(r["schemes"].items(), key=lambda kv: _nan_last(kv[1]["plan_s"]))
-        for s, v in order:
-            t.add_row(
-                s,
+        t = scheme_table(
+            f"{label}: bound {r['bound_s']:.3f} s (median over groups);"
+            f" groups where a baseline beat crew: {r['crew_beaten_in']}",
+            ("plan (s)", "plan / bound", "max plan / bound"),
+            r["schemes"],
+            "plan_s",
+            lambda v: (
                 f"{v['plan_s']:.3f}",
                 f"{v['plan_over_bound']:.3f}",
                 f"{v['max_plan_over_bound']:.3f}",
-            )
+            ),
+        )
         tables.append(t)
     return tables
 
