@@ -309,6 +309,11 @@ def _summary(problems: Sequence[str], what: str) -> str:
     return f"{len(problems)} {what}: {shown}{more}"
 
 
+def _verdict(name: str, problems: Sequence[str], ok_detail: str) -> Check:
+    """The check ``name``: passed with ``ok_detail``, or failed, listing ``problems``."""
+    return Check(name, not problems, _summary(problems, "problems") if problems else ok_detail)
+
+
 def _check_ended(groups: list[_Group]) -> Check:
     problems = []
     for g in groups:
@@ -318,8 +323,7 @@ def _check_ended(groups: list[_Group]) -> Check:
             problems.append(f"group {g.id} ({g.status}) has no ended_at")
         elif g.ended_at < g.formed_at:
             problems.append(f"group {g.id} ended {g.formed_at - g.ended_at:.3f} s before it formed")
-    detail = _summary(problems, "problems") if problems else f"all {len(groups)} groups ended"
-    return Check(GROUPS_ENDED, not problems, detail)
+    return _verdict(GROUPS_ENDED, problems, f"all {len(groups)} groups ended")
 
 
 def _check_membership(groups: list[_Group]) -> Check:
@@ -355,12 +359,7 @@ def _check_membership(groups: list[_Group]) -> Check:
             problems.append(f"group {g.id}: weights {w} not all finite and >= 0")
         elif abs(sum(w) - 1.0) > WEIGHT_TOLERANCE:
             problems.append(f"group {g.id}: weights sum to {sum(w):.9g}, not 1")
-    detail = (
-        _summary(problems, "problems")
-        if problems
-        else f"all {len(completed)} completed groups consistent"
-    )
-    return Check(GROUP_MEMBERSHIP, not problems, detail)
+    return _verdict(GROUP_MEMBERSHIP, problems, f"all {len(completed)} completed groups consistent")
 
 
 def _check_overlap(groups: list[_Group], run_end: float) -> Check:
@@ -393,12 +392,8 @@ def _check_hung(groups: list[_Group], run_end: float, max_group_s: float) -> Che
             problems.append(f"group {g.id} took {end - g.formed_at:.1f} s{still}")
         if g.status == GroupStatus.ABANDONED and not (g.reason or "").strip():
             problems.append(f"group {g.id} abandoned without a reason")
-    detail = (
-        _summary(problems, "problems")
-        if problems
-        else f"every group ended within {max_group_s:g} s; every abandon has a reason"
-    )
-    return Check(NO_HUNG, not problems, detail)
+    ok = f"every group ended within {max_group_s:g} s; every abandon has a reason"
+    return _verdict(NO_HUNG, problems, ok)
 
 
 def _ranges(values: Iterable[int]) -> str:

@@ -32,6 +32,7 @@ from lab.check import PAYLOAD_FRACTION, any_out, measure_batch, retried
 from lab.net import preflight
 from lab.net.mesh import LabNetwork, LinkState
 from lab.net.probe import TOLERANCE, Row, loss_row, ping, rtt_rows
+from lab.report.markdown import md_table
 from lab.spec.topology import LinkSpec, TopologySpec, parse_topology
 
 
@@ -147,17 +148,23 @@ def run_cases(sizes: Sizes, progress: Callable[[str], None] = lambda s: None) ->
 
 
 def render(rows: list[Row]) -> str:
-    lines = [
-        "| when | link | quantity | configured | measured | bound | samples | ok |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r.when} | {r.link} | {r.quantity} | {r.configured:.2f} {r.unit} | "
-            f"{r.measured:.2f} {r.unit} | {r.low:.2f}–{r.high:.2f} | {r.samples} | "
-            f"{'yes' if r.ok else '**NO**'} |"
-        )
-    return "\n".join(lines)
+    header = ("when", "link", "quantity", "configured", "measured", "bound", "samples", "ok")
+    return md_table(
+        header,
+        (
+            (
+                r.when,
+                r.link,
+                r.quantity,
+                f"{r.configured:.2f} {r.unit}",
+                f"{r.measured:.2f} {r.unit}",
+                f"{r.low:.2f}–{r.high:.2f}",
+                str(r.samples),
+                "yes" if r.ok else "**NO**",
+            )
+            for r in rows
+        ),
+    )
 
 
 LONG_FAT_ONE_WAY_MS = 50.0
@@ -210,16 +217,21 @@ def long_fat(
 
 
 def render_long_fat(rows: list[LongFatRow]) -> str:
-    lines = [
-        "| rate | RTT | payload ceiling | raw TCP | crew frames | frames / ceiling |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r.rate_mbit:g} Mbit/s | {r.rtt_ms:g} ms | {r.ceiling_mbit:.1f} | "
-            f"{r.tcp_mbit:.1f} | {r.frames_mbit:.1f} | {r.frames_mbit / r.ceiling_mbit:.0%} |"
-        )
-    return "\n".join(lines)
+    header = ("rate", "RTT", "payload ceiling", "raw TCP", "crew frames", "frames / ceiling")
+    return md_table(
+        header,
+        (
+            (
+                f"{r.rate_mbit:g} Mbit/s",
+                f"{r.rtt_ms:g} ms",
+                f"{r.ceiling_mbit:.1f}",
+                f"{r.tcp_mbit:.1f}",
+                f"{r.frames_mbit:.1f}",
+                f"{r.frames_mbit / r.ceiling_mbit:.0%}",
+            )
+            for r in rows
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,7 @@ from typing import Any
 
 from crew.cli_options import command_parser
 from crew.config import Scheme
+from lab.report.markdown import md_table
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS_MD = Path("docs/results.md")
@@ -53,9 +54,7 @@ def _load(repo: Path, rel: str) -> dict[str, Any]:
 
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    return md_table(header, rows) + "\n"
 
 
 def _num(x: float | None, fmt: str, unit: str = "") -> str:
