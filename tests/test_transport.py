@@ -31,40 +31,36 @@ WAIT = 10.0  # generous upper bound for events; never a timing assertion
 LOOPBACK = "127.0.0.1"
 
 
-class Inbox:
-    """Thread-safe collector of delivered frames."""
-
-    def __init__(self) -> None:
-        self.frames: list[Frame] = []
-        self._cond = threading.Condition()
-
-    def __call__(self, frame: Frame) -> None:
-        # Store bytes so assertions compare contents, whatever view type the reader hands out.
-        frame_copy = dataclasses.replace(frame, payload=bytes(frame.payload))
-        with self._cond:
-            self.frames.append(frame_copy)
-            self._cond.notify_all()
-
-    def wait_for(self, n: int, timeout: float = WAIT) -> bool:
-        with self._cond:
-            return self._cond.wait_for(lambda: len(self.frames) >= n, timeout)
-
-
 class Events:
     """Thread-safe collector of callback arguments."""
 
     def __init__(self) -> None:
-        self.items: list[tuple] = []
+        self.items: list = []
         self._cond = threading.Condition()
 
     def __call__(self, *args: object) -> None:
+        self._add(args)
+
+    def _add(self, item: object) -> None:
         with self._cond:
-            self.items.append(args)
+            self.items.append(item)
             self._cond.notify_all()
 
     def wait_for(self, n: int, timeout: float = WAIT) -> bool:
         with self._cond:
             return self._cond.wait_for(lambda: len(self.items) >= n, timeout)
+
+
+class Inbox(Events):
+    """Thread-safe collector of delivered frames."""
+
+    @property
+    def frames(self) -> list[Frame]:
+        return self.items
+
+    def __call__(self, frame: Frame) -> None:  # type: ignore[override]
+        # Store bytes so assertions compare contents, whatever view type the reader hands out.
+        self._add(dataclasses.replace(frame, payload=bytes(frame.payload)))
 
 
 @pytest.fixture

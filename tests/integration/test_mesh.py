@@ -88,27 +88,29 @@ def net(tmp_path: Path) -> Iterator[LabNetwork]:
 
 def transfer(net, i: int, j: int, seconds: float = 0.3, port: int = 17000) -> dict:
     """One goodput transfer i -> j over the identity addresses; the sink's JSON result."""
-    addr = f"{net.identity_address(j)}:{port}"
-    sink = net.popen(
-        j,
-        sink_argv(addr, seconds, "--skip", "0"),
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
+    return goodput(net, i, f"{net.identity_address(j)}:{port}", seconds, sink_host=j)
+
+
+def goodput(net, i: int, addr: str, seconds: float, *, sink_host: int | None) -> dict:
+    """One goodput transfer from host i to a sink on ``addr``, in host ``sink_host``'s
+    namespace (None: the root namespace, where the coordinator runs); the sink's JSON result."""
+    argv = sink_argv(addr, seconds, "--skip", "0")
+    opts: dict = dict(stdout=subprocess.PIPE, text=True, cwd=REPO)
+    sink = (
+        subprocess.Popen(argv, **opts) if sink_host is None else net.popen(sink_host, argv, **opts)
     )
     try:
         assert "listening" in sink.stdout.readline()
-        src = net.popen(
-            i,
-            source_argv(addr, seconds),
-            stdout=subprocess.DEVNULL,
-            cwd=REPO,
-        )
+        src = net.popen(i, source_argv(addr, seconds), stdout=subprocess.DEVNULL, cwd=REPO)
         out, _ = sink.communicate(timeout=30)
         assert src.wait(timeout=30) == 0
         net.stop_process(src)
     finally:
-        net.stop_process(sink)
+        if sink_host is not None:
+            net.stop_process(sink)
+        elif sink.poll() is None:
+            sink.kill()
+            sink.wait()
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -171,28 +173,7 @@ def test_management_network_reaches_the_root_namespace(net: LabNetwork) -> None:
         port = 17100 + i
         addr = f"{net.coordinator_address}:{port}"
         # The sink runs in the root namespace, where the coordinator will.
-        sink = subprocess.Popen(
-            sink_argv(addr, 0.1, "--skip", "0"),
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-        )
-        try:
-            assert "listening" in sink.stdout.readline()
-            src = net.popen(
-                i,
-                source_argv(addr, 0.1),
-                stdout=subprocess.DEVNULL,
-                cwd=REPO,
-            )
-            out, _ = sink.communicate(timeout=30)
-            assert src.wait(timeout=30) == 0
-            net.stop_process(src)
-        finally:
-            if sink.poll() is None:
-                sink.kill()
-                sink.wait()
-        r = json.loads(out.strip().splitlines()[-1])
+        r = goodput(net, i, addr, 0.1, sink_host=None)
         assert r["bytes"] > 0
         assert r["peer"] == net.mgmt_address(i)
     # Management traffic never touches the shaped links.

@@ -592,6 +592,20 @@ def _lab_argv(run_dir: Path, duration: float) -> list[str]:
     ]
 
 
+def _start_lab(run_dir: Path, duration: float, log: Path) -> subprocess.Popen:
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            _lab_argv(run_dir, duration), cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+        )
+
+
+def _wait_groups(proc: subprocess.Popen, run_dir: Path, log: Path, what: str) -> Path:
+    """Wait until the lab writing ``run_dir`` completed two groups; its database."""
+    db = run_dir / "lab.db"
+    _wait_proc(proc, lambda: _db_completed(db) >= 2, WARM_WAIT_S, what, log)
+    return db
+
+
 def _state_of(owner_pid: int) -> LabState | None:
     """The state file (in the default state dir: lab.run has no option for another) whose
     owner is ``owner_pid``."""
@@ -658,14 +672,8 @@ def test_sigkilled_lab_is_cleaned_up_by_the_next_run(tmp_path: Path) -> None:
     st1 = st2 = None
     log1, log2 = tmp_path / "first.log", tmp_path / "second.log"
     try:
-        with open(log1, "wb") as out:
-            first = subprocess.Popen(
-                _lab_argv(tmp_path / "run1", 120), cwd=REPO, stdout=out, stderr=subprocess.STDOUT
-            )
-        db1 = tmp_path / "run1" / "lab.db"
-        _wait_proc(
-            first, lambda: _db_completed(db1) >= 2, WARM_WAIT_S, "the first lab's groups", log1
-        )
+        first = _start_lab(tmp_path / "run1", 120, log1)
+        _wait_groups(first, tmp_path / "run1", log1, "the first lab's groups")
         st1 = _state_of(first.pid)
         assert st1 is not None, "the first lab wrote no state file"
         first.send_signal(signal.SIGKILL)  # its own pid only: everything it started lives on
@@ -678,14 +686,8 @@ def test_sigkilled_lab_is_cleaned_up_by_the_next_run(tmp_path: Path) -> None:
         assert {"coordinator", "proc"} <= kinds, kinds
         assert _tag_links(st1.tag), "the dead lab's interfaces are already gone"
 
-        with open(log2, "wb") as out:
-            second = subprocess.Popen(
-                _lab_argv(tmp_path / "run2", 180), cwd=REPO, stdout=out, stderr=subprocess.STDOUT
-            )
-        db2 = tmp_path / "run2" / "lab.db"
-        _wait_proc(
-            second, lambda: _db_completed(db2) >= 2, WARM_WAIT_S, "the second lab's groups", log2
-        )
+        second = _start_lab(tmp_path / "run2", 180, log2)
+        db2 = _wait_groups(second, tmp_path / "run2", log2, "the second lab's groups")
         st2 = _state_of(second.pid)
         assert st2 is not None
         # The second lab removed the first's leftovers before it built its own network.
