@@ -92,6 +92,17 @@ class Route:
             raise RouteError(f"route {raw!r}: malformed ({exc})") from None
 
 
+def _leads_to(node: int, root: int, parent: dict[int, int]) -> bool:
+    """Whether following ``parent`` from ``node`` reaches ``root`` (without a cycle)."""
+    seen = set()
+    while node != root:
+        if node in seen or node not in parent:
+            return False
+        seen.add(node)
+        node = parent[node]
+    return True
+
+
 def validate_routes(routes: Sequence[Route], members: Sequence[int], n: int, total: int) -> None:
     """Check that the routes compute, for every member, the sum over all members exactly once.
 
@@ -116,31 +127,19 @@ def validate_routes(routes: Sequence[Route], members: Sequence[int], n: int, tot
                 raise RouteError(f"{where}: reduce edge {child}->{parent} breaks the tree")
             parents[child] = parent
         for m in mset - {r.root}:
-            seen, node = set(), m
-            while node != r.root:
-                if node in seen or node not in parents:
-                    raise RouteError(f"{where}: member {m} does not reach root {r.root}")
-                seen.add(node)
-                node = parents[node]
+            if not _leads_to(m, r.root, parents):
+                raise RouteError(f"{where}: member {m} does not reach root {r.root}")
         for node in parents:  # relays must lead somewhere too
-            seen, x = set(), node
-            while x != r.root:
-                if x in seen or x not in parents:
-                    raise RouteError(f"{where}: node {node} does not reach root {r.root}")
-                seen.add(x)
-                x = parents[x]
+            if not _leads_to(node, r.root, parents):
+                raise RouteError(f"{where}: node {node} does not reach root {r.root}")
         dparent: dict[int, int] = {}
         for parent, child in r.down:
             if child == r.root or child in dparent or child == parent:
                 raise RouteError(f"{where}: broadcast edge {parent}->{child} breaks the tree")
             dparent[child] = parent
         for child in dparent:
-            seen, x = set(), child
-            while x != r.root:
-                if x in seen or x not in dparent:
-                    raise RouteError(f"{where}: {child} is not reached from root {r.root}")
-                seen.add(x)
-                x = dparent[x]
+            if not _leads_to(child, r.root, dparent):
+                raise RouteError(f"{where}: {child} is not reached from root {r.root}")
         for m in r.receivers() & mset:
             coverage[m].append((r.start, r.stop))
     for m, spans in coverage.items():
