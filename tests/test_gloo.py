@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from proc_kit import run_all
 
 from crew.runtime.gloo import (
     GlooAllReduce,
@@ -43,30 +44,16 @@ def _run_ranks(
 ) -> list[subprocess.CompletedProcess[str]]:
     """Start one ``crew.runtime.gloo`` process per entry of ``ports`` (rank r: ports[r]); wait."""
     addresses = ",".join([LOOP] * len(ports))
-    procs = []
-    try:
-        for rank, port in enumerate(ports):
-            argv = [
-                sys.executable, "-m", "crew.runtime.gloo",
-                "--rank", str(rank), "--addresses", addresses, "--store-port", str(port),
-                "--timeout", str(timeout_s), "--length", str(length),
-                "--rounds", str(rounds), "--seed", str(seed),
-            ]  # fmt: skip
-            procs.append(
-                subprocess.Popen(
-                    argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-                )
-            )
-        results = []
-        for p in procs:
-            out, err = p.communicate(timeout=PROC_LIMIT_S)
-            results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-        return results
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
+    commands = [
+        [
+            sys.executable, "-m", "crew.runtime.gloo",
+            "--rank", str(rank), "--addresses", addresses, "--store-port", str(port),
+            "--timeout", str(timeout_s), "--length", str(length),
+            "--rounds", str(rounds), "--seed", str(seed),
+        ]
+        for rank, port in enumerate(ports)
+    ]  # fmt: skip
+    return run_all(commands, PROC_LIMIT_S)
 
 
 def test_three_ranks_average_to_the_numpy_mean_twice() -> None:

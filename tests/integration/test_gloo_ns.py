@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from proc_kit import run_all
 
 from crew.runtime.gloo import demo_vector
 
@@ -114,22 +115,7 @@ def _free_port() -> int:
 
 def _run_in_namespaces(jobs: list[tuple[str, list[str]]]) -> list[subprocess.CompletedProcess[str]]:
     """Run every (namespace, argv) job at once; wait for all, each wait bounded."""
-    procs: list[subprocess.Popen[str]] = []
-    try:
-        for ns, argv in jobs:
-            cmd = ["ip", "netns", "exec", ns, *argv]
-            pipe = subprocess.PIPE
-            procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=pipe, stderr=pipe, text=True))
-        results = []
-        for p in procs:
-            out, err = p.communicate(timeout=PROC_LIMIT_S)
-            results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-        return results
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
+    return run_all([["ip", "netns", "exec", ns, *argv] for ns, argv in jobs], PROC_LIMIT_S)
 
 
 def test_gloo_binds_identity_addresses_across_namespaces(ns_mesh: NsMesh) -> None:
