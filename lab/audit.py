@@ -46,7 +46,6 @@ worker's groups and scans forward to the first that averaged it (usually the nex
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import json
 import logging
@@ -64,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from crew.cli_options import add_json_flag, add_version_flag, write_json
+from crew.cli_options import add_json_flag, command_parser, write_json
 from crew.runtime import rundb
 from crew.runtime.rundb import GroupStatus
 from lab.report.pace import Pace, read_pace
@@ -528,9 +527,9 @@ def _print_report(report: AuditReport) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m lab.audit",
-        description="Check a finished CREW Lab run for lost updates, hung or overlapping groups"
+    parser = command_parser(
+        "python -m lab.audit",
+        "Check a finished CREW Lab run for lost updates, hung or overlapping groups"
         " and inconsistent group records. The checks are defined in lab/audit.py.",
         epilog="Exit status: 0 if every check passes, 1 on any violation, 2 if the run"
         " database cannot be read.",
@@ -543,7 +542,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"longest a group may take before it counts as hung (default {DEFAULT_MAX_GROUP_S:g})",
     )
     add_json_flag(parser, "the report")
-    add_version_flag(parser)
     args = parser.parse_args(argv)
     try:
         report = audit(args.run, max_group_s=args.max_group_s)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from crew.cli_options import add_version_flag
+from crew.cli_options import command_parser
 from crew.runtime.rundb import connect
 
 
@@ -99,11 +99,10 @@ def table_csv(db: Path, name: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m lab.export",
-        description="Export a run's database (runs/<id>/lab.db) as one CSV file per table.",
+    parser = command_parser(
+        "python -m lab.export",
+        "Export a run's database (runs/<id>/lab.db) as one CSV file per table.",
     )
-    add_version_flag(parser)
     parser.add_argument("run", type=Path, help="the run directory (runs/<id>) or its lab.db")
     parser.add_argument(
         "--csv", type=Path, required=True, metavar="DIR", help="directory to write the CSV files"

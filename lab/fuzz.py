@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from crew.cli_options import add_json_flag, add_version_flag, write_json
+from crew.cli_options import add_json_flag, command_parser, write_json
 from crew.wire.frames import (
     DEFAULT_MAX_PAYLOAD,
     HEADER,
@@ -706,9 +706,9 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m lab.fuzz",
-        description="Fuzz benchmark of the frame decoder, or (subcommand attack) a hostile "
+    p = command_parser(
+        "python -m lab.fuzz",
+        "Fuzz benchmark of the frame decoder, or (subcommand attack) a hostile "
         "peer for a running lab. See the module docstring.",
     )
     p.add_argument(
@@ -732,7 +732,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="inputs to repeat under tracemalloc (default: all)",
     )
     add_json_flag(p, "the report")
-    add_version_flag(p)
     sub = p.add_subparsers(dest="command")
     a = sub.add_parser("attack", help="send hostile connections to a worker's data port")
     a.add_argument("--to", type=_addr, required=True, metavar="ADDR:PORT")

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from crew.cli_options import add_version_flag
+from crew.cli_options import command_parser
 from lab.orchestrate import commands as cmds
 from lab.orchestrate.commands import LabLimits
 from lab.spec.scenario import ScenarioError, load_scenario
@@ -19,13 +19,12 @@ DEFAULT_TOPOLOGY = default_topology()
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m lab.scenario",
-        description="Validate a CREW Lab fault scenario and print its expanded timeline. "
+    p = command_parser(
+        "python -m lab.scenario",
+        "Validate a CREW Lab fault scenario and print its expanded timeline. "
         "The format is described in scenarios/README.md.",
         epilog="Exit status: 0 if valid, 2 if not (the error goes to stderr).",
     )
-    add_version_flag(p)
     p.add_argument("path", type=Path, metavar="PATH", help="scenario YAML file")
     p.add_argument(
         "--n", type=int, default=None, help="number of workers (default: the topology's)"

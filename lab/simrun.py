@@ -25,6 +25,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from crew.cli_options import command_parser
 from crew.sim.__main__ import (
     add_run_options,
     check_run_options,
@@ -42,9 +43,8 @@ log = logging.getLogger("lab.simrun")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m lab.simrun",
-        description="Simulate a run (crew.sim) on a lab topology YAML and scenario.",
+    parser = command_parser(
+        "python -m lab.simrun", "Simulate a run (crew.sim) on a lab topology YAML and scenario."
     )
     parser.add_argument(
         "--topology",

@@ -14,7 +14,6 @@ emulated and the error; the exit status is 1 if a run failed (not if the probe m
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
@@ -26,7 +25,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from crew.cli_options import add_version_flag
+from crew.cli_options import command_parser
 from crew.runtime import rundb
 from crew.runtime.capacity_probe import DEFAULT_PROBE_SECONDS, plan_probe
 from lab.net.mesh import LabNetwork
@@ -170,8 +169,7 @@ def probe_report(res: ProbeResult, topo: TopologySpec, probe_bytes: int, seconds
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab.torchrun", description=__doc__)
-    add_version_flag(parser)
+    parser = command_parser("python -m lab.torchrun", __doc__)
     parser.add_argument("--topology", type=topology_arg, default=default_topology())
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--probe-bytes", type=int, default=4 << 20, help="burst per link")

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from crew.cli_options import add_version_flag
+from crew.cli_options import command_parser
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE_DIR = Path(os.environ.get("CREW_VM_CACHE", "/var/cache/crew-lab/vm"))
@@ -452,12 +452,11 @@ def cpu_seconds_here() -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m lab.vm",
-        description="Run one command in a throwaway VM with Debian's stock kernel "
+    ap = command_parser(
+        "python -m lab.vm",
+        "Run one command in a throwaway VM with Debian's stock kernel "
         "(host root read-only under a tmpfs overlay, the repository writable).",
     )
-    add_version_flag(ap)
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="command limit, s")
     ap.add_argument("--accel", choices=[a.value for a in Accel], default=Accel.AUTO.value)
     ap.add_argument("--mem", type=int, default=DEFAULT_MEM_MB, help="guest memory, MiB")

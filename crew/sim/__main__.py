@@ -15,7 +15,7 @@ from crew.cli_options import (
     add_config_flags,
     add_json_flag,
     add_out_flag,
-    add_version_flag,
+    command_parser,
     config_flag,
     config_values,
     write_json,
@@ -47,7 +47,6 @@ SIM_FIELDS = ("p", "scheme", "seed", "goodput", "staleness", "host_cpu_s_per_gb"
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """Options shared with ``lab.simrun`` (everything but the topology)."""
-    add_version_flag(parser)
     add_config_flags(parser, SIM_FIELDS)
     parser.add_argument(
         "--duration",
@@ -238,9 +237,9 @@ def report(res: SimResult, args: argparse.Namespace, cfg: SimConfig) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m crew.sim",
-        description="Simulate a CREW run on a generated paper-like topology (no sockets): the"
+    parser = command_parser(
+        "python -m crew.sim",
+        "Simulate a CREW run on a generated paper-like topology (no sockets): the"
         " coordinator's group former and planner in simulated time, links as fluid queues"
         " (docs/simulator.md).",
     )

@@ -25,7 +25,7 @@ from crew.cli_options import (
     add_config_flags,
     add_json_flag,
     add_training_flags,
-    add_version_flag,
+    command_parser,
     config_flag,
     config_values,
     flag_error,
@@ -79,9 +79,9 @@ BENCH_FIELDS = ("host_cpu_s_per_gb", "plan_ahead", "hop_backlog_bytes", "part_by
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m lab.bench",
-        description="Benchmark partial-reduce schemes (and Gloo) on one emulated network: the "
+    p = command_parser(
+        "python -m lab.bench",
+        "Benchmark partial-reduce schemes (and Gloo) on one emulated network: the "
         "same seeded trace of groups for every scheme, with op times, ratios to the "
         "fluid lower bound, result checks and per-link bytes. Needs root.",
         epilog="Writes DIR/results.json, DIR/plots.html, DIR/op-times.png, DIR/link-bytes.png "
@@ -89,7 +89,6 @@ def build_parser() -> argparse.ArgumentParser:
         "run folder per scheme (DIR/<scheme>/lab.db and logs), and with --train "
         "DIR/train.json and DIR/train/<scheme>/. Details: docs/bench.md.",
     )
-    add_version_flag(p)
     p.add_argument(
         "--topology",
         type=topology_arg,

@@ -21,6 +21,7 @@ import sys
 import uuid
 from dataclasses import dataclass, field
 
+from crew.cli_options import command_parser
 from lab.spec.shipped import add_topology_flag
 from lab.spec.topology import Impairment, TopologySpec, load_topology
 
@@ -238,9 +239,9 @@ def allowed_missing(args: argparse.Namespace) -> frozenset[Impairment]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m lab.net.preflight",
-        description="Probe this machine (root, tools, HTB, netem, iptables statistic match) and "
+    parser = command_parser(
+        "python -m lab.net.preflight",
+        "Probe this machine (root, tools, HTB, netem, iptables statistic match) and "
         "say which impairments of a topology the lab can emulate.",
     )
     add_topology_flag(

@@ -10,10 +10,9 @@ shipped codec are written out here only to be measured.
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
+from crew.cli_options import command_parser
 from crew.train.compress import Codec, decode, encode, encoded_size
 
 
@@ -69,7 +68,7 @@ def vectors(steps: int) -> dict[str, np.ndarray]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab.studies.codecstudy", description=__doc__)
+    parser = command_parser("python -m lab.studies.codecstudy", __doc__)
     parser.add_argument("--steps", type=int, default=8, help="local steps per update")
     args = parser.parse_args(argv)
     for name, x in vectors(args.steps).items():

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from crew.cli_options import add_json_flag, add_version_flag, write_json
+from crew.cli_options import add_json_flag, command_parser, write_json
 from crew.plan.routes import Route, link_load, star_routes
 from crew.runtime.reduce import DTYPE, ReduceEngine
 from crew.wire.frames import HEADER_SIZE, FrameCodec
@@ -267,9 +267,8 @@ def _lab_mtu_reexec(argv: Sequence[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m lab.studies.datapath",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    ap = command_parser(
+        "python -m lab.studies.datapath", __doc__.split("\n\n")[0] if __doc__ else None
     )
     ap.add_argument("--workers", type=int, default=4, help="engines (all members), default 4")
     ap.add_argument("--mb", type=float, default=16.0, help="vector size in MB, default 16")
@@ -289,7 +288,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="cProfile every thread; print the N functions with the most own time",
     )
     add_json_flag(ap, "the figures")
-    add_version_flag(ap)
     return ap
 
 

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from crew.cli_options import command_parser
 from crew.runtime import rundb
 from crew.runtime.retention import RetentionPolicy, compact
 
@@ -116,9 +117,9 @@ def grow(src: Source, out: Path, hours: float, policy: RetentionPolicy | None) -
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m lab.studies.dbgrowth",
-        description="Replay a real run's rows for --hours of simulated run, applying the "
+    p = command_parser(
+        "python -m lab.studies.dbgrowth",
+        "Replay a real run's rows for --hours of simulated run, applying the "
         "retention policy every simulated minute, and print the database's size per hour.",
     )
     p.add_argument("run", type=Path, help="a finished run's folder (with lab.db) to replay")

@@ -19,12 +19,13 @@ keeps only the events within S seconds of each group's first one (the first run'
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from crew.cli_options import command_parser
 
 DATA_KINDS = frozenset({"SCATTER", "RESULT"})
 
@@ -123,9 +124,7 @@ def link_rows(events: Iterable[Event], group: int, window_s: float) -> tuple[flo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m lab.studies.frametrace", description=__doc__.split("\n")[0]
-    )
+    p = command_parser("python -m lab.studies.frametrace", __doc__.split("\n")[0])
     p.add_argument("directory", type=Path, help="the CREW_FRAME_TRACE directory")
     p.add_argument("--group", type=int, action="append", help="only this group (repeatable)")
     p.add_argument("--window", type=float, default=30.0, metavar="S", help="default 30")

@@ -17,7 +17,6 @@ pyroute2's helper forks, counted in this process). Needs root; run it under the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
@@ -33,6 +32,7 @@ from typing import Any
 
 from pyroute2 import IPRoute
 
+from crew.cli_options import command_parser
 from lab.net import shaping
 from lab.net.mesh import LabNetwork, read_net_dev
 from lab.net.netlink import HTB_CLASS, HTB_ROOT, LEAF, htb_class_params
@@ -177,7 +177,7 @@ def run(topology: Path, changes: int, samples: int, builds: int) -> dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lab.studies.netlinkbench", description=__doc__)
+    ap = command_parser("python -m lab.studies.netlinkbench", __doc__)
     ap.add_argument(
         "--topology", type=topology_arg, default=shipped_file(Shipped.TOPOLOGIES, "small")
     )

@@ -54,7 +54,7 @@ from rich.table import Table
 from crew.cli_options import (
     add_config_flags,
     add_json_flag,
-    add_version_flag,
+    command_parser,
     config_flag,
     write_json,
 )
@@ -518,11 +518,10 @@ def share_lines(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m lab.studies.planbench",
-        description="Benchmark the planners without root or network (see the module docstring).",
+    ap = command_parser(
+        "python -m lab.studies.planbench",
+        "Benchmark the planners without root or network (see the module docstring).",
     )
-    add_version_flag(ap)
     ap.add_argument(
         "command",
         choices=("sweep", "cases", "timing"),

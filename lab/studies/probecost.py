@@ -33,6 +33,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from crew.cli_options import command_parser
 from crew.wire.frames import FrameCodec
 from crew.wire.probes import PROBE_INTERVAL_S, PROBE_WIRE_BYTES, Prober
 from lab.net import preflight
@@ -162,9 +163,7 @@ def measure(topology: Path, seconds: float, warmup: float, state_dir: Path) -> i
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m lab.studies.probecost", description=__doc__.split("\n")[0]
-    )
+    p = command_parser("python -m lab.studies.probecost", __doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd")
     pr = sub.add_parser("prober", help="(internal) one host's prober")
     pr.add_argument("--me", type=int, required=True)

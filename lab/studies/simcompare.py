@@ -17,7 +17,6 @@ rounds per worker, simulated / emulated.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -25,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from crew.cli_options import command_parser
 from crew.config import Scheme
 from crew.runtime.rundb import GroupStatus, WorkerState, connect
 from crew.sim.engine import PlanDelay, SimConfig, Simulation
@@ -130,7 +130,7 @@ def train_report(c: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab.studies.simcompare", description=__doc__)
+    parser = command_parser("python -m lab.studies.simcompare", __doc__)
     parser.add_argument("results", type=Path, nargs="?", help="a lab.bench results.json")
     parser.add_argument("--topology", type=Path, help="the topology the results ran on")
     parser.add_argument("--no-host", action="store_true", help="no shared-host CPU model")

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from crew.cli_options import command_parser
 from crew.config import Scheme
 from crew.sim.candidates import default_helpers
 from crew.sim.engine import (
@@ -234,7 +235,7 @@ def figures(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab.studies.simpaper", description=__doc__)
+    parser = command_parser("python -m lab.studies.simpaper", __doc__)
     sub = parser.add_subparsers(dest="study", required=True)
     for name in ("table", "failures", "scale"):
         s = sub.add_parser(name)

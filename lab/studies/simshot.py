@@ -13,12 +13,12 @@ The README's 60-worker picture is made this way::
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from crew.cli_options import command_parser
 from lab.orchestrate import browser
 
 WIDTH = 1600  # wide enough for the 60-worker map and heat map side by side with the sidebar
@@ -48,7 +48,7 @@ def shoot(run: Path, out: Path, settle_s: float, wait_s: float = 60.0) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab.studies.simshot", description=__doc__)
+    parser = command_parser("python -m lab.studies.simshot", __doc__)
     parser.add_argument("run", type=Path, help="the run directory (with lab.db)")
     parser.add_argument("--out", type=Path, required=True, help="PNG to write")
     parser.add_argument("--settle", type=float, default=15.0, help="seconds to let panels draw")

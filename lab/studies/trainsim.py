@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from crew.cli_options import command_parser
 from crew.control.verify import check_vector
 from crew.train.compress import Codec, encoded_size
 from crew.train.datasets import Partition
@@ -123,7 +124,7 @@ def run(args: argparse.Namespace) -> dict[str, float | int | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.studies.trainsim", description=__doc__)
+    p = command_parser("python -m lab.studies.trainsim", __doc__)
     p.add_argument("--workload", choices=["mlp", "lm"], default="mlp")
     p.add_argument("--mode", choices=[m.value for m in SyncMode], default="every-step")
     p.add_argument("--local-steps", type=int, default=1)
