@@ -129,45 +129,38 @@ class Row:
     def ok(self) -> bool:
         return self.low <= self.measured <= self.high
 
+    @classmethod
+    def within(
+        cls,
+        when: str,
+        link: str,
+        quantity: str,
+        configured: float,
+        measured: float,
+        tol: float,
+        unit: str,
+        samples: int,
+    ) -> Row:
+        """A row whose bound is ``configured`` ± ``tol`` (never below zero)."""
+        low = max(0.0, configured - tol)
+        return cls(when, link, quantity, configured, measured, low, configured + tol, unit, samples)
+
 
 def rtt_rows(when: str, a: LinkState, b: LinkState, stats: PingStats) -> list[Row]:
     """RTT median and p90 (and jitter, where configured) of pings over ``a`` and back ``b``."""
     mean, sd, _ = expected_rtt(a, b)
     link = f"w{a.src}<->w{a.dst}"
     tol = mean * TOLERANCE + RTT_FLOOR_MS
-    rows = [
-        Row(
-            when,
-            link,
-            "RTT median",
-            mean,
-            stats.median_ms,
-            mean - tol,
-            mean + tol,
-            "ms",
-            len(stats.rtts_ms),
-        ),
-    ]
+    samples = len(stats.rtts_ms)
     p90 = mean + Z90 * sd
-    rows.append(
-        Row(
-            when, link, "RTT p90", p90, stats.p90_ms, p90 - tol, p90 + tol, "ms", len(stats.rtts_ms)
-        )
-    )
+    rows = [
+        Row.within(when, link, "RTT median", mean, stats.median_ms, tol, "ms", samples),
+        Row.within(when, link, "RTT p90", p90, stats.p90_ms, tol, "ms", samples),
+    ]
     if sd > 0:
-        rows.append(
-            Row(
-                when,
-                link,
-                "jitter (RTT sd)",
-                sd,
-                stats.spread_ms,
-                sd * (1 - JITTER_TOLERANCE),
-                sd * (1 + JITTER_TOLERANCE),
-                "ms",
-                len(stats.rtts_ms),
-            )
-        )
+        jtol = sd * JITTER_TOLERANCE
+        jitter = Row.within(when, link, "jitter (RTT sd)", sd, stats.spread_ms, jtol, "ms", samples)
+        rows.append(jitter)
     return rows
 
 
@@ -176,14 +169,5 @@ def loss_row(when: str, a: LinkState, b: LinkState, stats: PingStats) -> Row:
     pct = 100 * loss
     sigma = 100 * math.sqrt(loss * (1 - loss) / stats.sent) if stats.sent else 0.0
     tol = max(pct * TOLERANCE, 3 * sigma)
-    return Row(
-        when,
-        f"w{a.src}<->w{a.dst}",
-        "loss",
-        pct,
-        100 * stats.loss,
-        max(0.0, pct - tol),
-        pct + tol,
-        "%",
-        stats.sent,
-    )
+    link = f"w{a.src}<->w{a.dst}"
+    return Row.within(when, link, "loss", pct, 100 * stats.loss, tol, "%", stats.sent)

@@ -43,16 +43,9 @@ def rate_row(when: str, net: LabNetwork, i: int, j: int, seconds: float) -> Row:
     if res.status == "ERROR":
         raise RuntimeError(f"bulk transfer w{i}->w{j} failed: {res.error}")
     ceiling = st.rate_mbit * PAYLOAD_FRACTION
-    return Row(
-        when,
-        f"w{i}->w{j} ({st.delay_ms + net.link_state(j, i).delay_ms:g} ms RTT)",
-        "goodput",
-        ceiling,
-        res.measured_mbit,
-        ceiling * (1 - TOLERANCE),
-        ceiling * (1 + TOLERANCE),
-        "Mbit/s",
-        1,
+    link = f"w{i}->w{j} ({st.delay_ms + net.link_state(j, i).delay_ms:g} ms RTT)"
+    return Row.within(
+        when, link, "goodput", ceiling, res.measured_mbit, ceiling * TOLERANCE, "Mbit/s", 1
     )
 
 
