@@ -195,11 +195,11 @@ def test_vector_round_trip(split: tuple[Shard, Shard]) -> None:
     ("make", "fragment"),
     [
         (lambda n: np.zeros(n - 1, dtype=np.float32), "length"),
-        (lambda n: np.zeros(n, dtype=np.float64), "dtype"),
+        (lambda n: np.zeros(n, dtype=np.float64), "float32, got float64"),
         (lambda n: np.zeros((1, n), dtype=np.float32), "1-D"),
         (lambda n: np.full(n, np.nan, dtype=np.float32), "non-finite"),
         (lambda n: np.where(np.arange(n) == 5, np.inf, 0).astype(np.float32), "non-finite"),
-        (lambda n: [0.0] * n, "ndarray"),
+        (lambda n: [0.0] * n, "numpy array, got list"),
     ],
 )
 def test_set_vector_rejects_bad_input_without_change(

@@ -69,6 +69,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from crew.vector import check_flat_float32
+
 if TYPE_CHECKING:
     import torch.distributed as dist
 
@@ -242,12 +244,7 @@ class GlooAllReduce:
 
         Takes a 1-D float32 array, leaves it untouched and returns a new float32 array.
         """
-        if not isinstance(vector, np.ndarray):
-            raise GlooVectorError(f"vector must be a numpy array, got {type(vector).__name__}")
-        if vector.dtype != np.float32:
-            raise GlooVectorError(f"vector must be float32, got {vector.dtype}")
-        if vector.ndim != 1:
-            raise GlooVectorError(f"vector must be 1-D, got shape {vector.shape}")
+        check_flat_float32(vector, GlooVectorError)
         pg = self._group("average")
 
         import torch

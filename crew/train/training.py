@@ -38,6 +38,7 @@ from torch import nn
 
 from crew.plan.modelsize import INPUT_DIM, NUM_CLASSES, ModelConfig
 from crew.train.datasets import Shard, atomic_savez
+from crew.vector import check_flat_float32
 
 __all__ = [
     "CheckpointError",
@@ -271,12 +272,7 @@ class FlatTrainer:
 
     def set_vector(self, v: np.ndarray) -> None:
         """Load a flat float32 parameter vector. On any error the model is unchanged."""
-        if not isinstance(v, np.ndarray):
-            raise VectorError(f"vector must be a numpy ndarray, got {type(v).__name__}")
-        if v.dtype != np.float32:
-            raise VectorError(f"vector dtype must be float32, got {v.dtype}")
-        if v.ndim != 1:
-            raise VectorError(f"vector must be 1-D, got shape {v.shape}")
+        check_flat_float32(v, VectorError)
         if v.shape[0] != self._num_params:
             raise VectorError(f"vector length must be {self._num_params}, got {v.shape[0]}")
         if not np.isfinite(v).all():
