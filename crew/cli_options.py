@@ -209,16 +209,19 @@ def add_json_flag(parser: argparse.ArgumentParser, what: str, *, old: Iterable[s
         parser.add_argument(flag, dest="json", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
-def write_json(path: str | Path | None, data: Any, **dumps: Any) -> None:
-    """Write ``data`` as JSON to ``path`` (``-``: standard output; None: nowhere)."""
+def write_json(path: str | Path | None, data: Any, **dumps: Any) -> bool:
+    """Write ``data`` as JSON to ``path`` (``-``: standard output; None: nowhere). Returns
+    whether the command should still print its tables: not when the JSON took standard
+    output."""
     if path is None:
-        return
+        return True
     text = json.dumps(data, indent=1, **dumps)
     if str(path) == "-":
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
-    else:
-        Path(path).write_text(text + "\n")
+        return False
+    Path(path).write_text(text + "\n")
+    return True
 
 
 def add_out_flag(

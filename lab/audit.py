@@ -548,8 +548,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, sqlite3.Error) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    write_json(args.json, report.to_dict())
-    if args.json != "-":
+    if write_json(args.json, report.to_dict()):
         _print_report(report)
     return 0 if report.ok else 1
 

@@ -777,8 +777,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(report.to_dict()), flush=True)
         return 0 if report.dropped == args.attack_frames else 1
     fuzz = run_fuzz(args.frames, args.seed, args.max_payload, args.traced)
-    write_json(args.json, fuzz.to_dict())
-    if args.json != "-":
+    if write_json(args.json, fuzz.to_dict()):
         print_report(fuzz)
     return 0 if fuzz.ok else 1
 

@@ -613,24 +613,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "sweep":
         res = sweep(args)
         bad = sum(r["below_crew"] for s, r in res["schemes"].items() if s != Scheme.CREW)
-        write_json(args.json, res, allow_nan=True)
-        if args.json != "-":
+        if write_json(args.json, res, allow_nan=True):
             console.print(sweep_table(res))
             verdict = "yes" if not bad else "NO"
             console.print(f"crew's plan <= every baseline's plan on every matrix: {verdict}")
         return 1 if bad else 0
     if args.command == "cases":
         res = cases(args)
-        write_json(args.json, res, allow_nan=True)
-        if args.json != "-":
+        if write_json(args.json, res, allow_nan=True):
             for t in cases_tables(res):
                 console.print(t)
         return 1 if any(r["crew_beaten_in"] for r in res.values()) else 0
     res = timing(args)
     rep = replay(args.db, args.replay_passes) if args.db is not None else None
     lines = share_lines(res, args.group_s, rep)
-    write_json(args.json, {"timing": res, "replay": rep, "share": lines})
-    if args.json != "-":
+    if write_json(args.json, {"timing": res, "replay": rep, "share": lines}):
         console.print(timing_table(res))
         for line in lines:
             console.print(line)
