@@ -252,12 +252,20 @@ EXPECTED = {
 }
 
 
-@pytest.mark.parametrize("order", list(FlowOrder))
-def test_flow_order(make, codec: FrameCodec, order: FlowOrder) -> None:
+def sender_and_receiver(
+    make, codec: FrameCodec, order: FlowOrder
+) -> tuple[dict[int, Transport], Inbox]:
+    """Transport 1 (sending in ``order``, not started) and transport 2 (started); 2's inbox."""
     inbox = Inbox()
     ts = {1: make(1, codec, Inbox(), flow_order=order), 2: make(2, codec, inbox)}
     link_all(ts)
     ts[2].start()
+    return ts, inbox
+
+
+@pytest.mark.parametrize("order", list(FlowOrder))
+def test_flow_order(make, codec: FrameCodec, order: FlowOrder) -> None:
+    ts, inbox = sender_and_receiver(make, codec, order)
     for group, part in ENQUEUED:  # all queued before the sender runs, so the order is decided
         ts[1].send(2, frame(1, group, part))
     ts[1].start()
@@ -267,10 +275,7 @@ def test_flow_order(make, codec: FrameCodec, order: FlowOrder) -> None:
 
 @pytest.mark.parametrize("order", list(FlowOrder))
 def test_cancel_removes_queued_frames(make, codec: FrameCodec, order: FlowOrder) -> None:
-    inbox = Inbox()
-    ts = {1: make(1, codec, Inbox(), flow_order=order), 2: make(2, codec, inbox)}
-    link_all(ts)
-    ts[2].start()
+    ts, inbox = sender_and_receiver(make, codec, order)
     queued = [frame(1, g, p, payload=b"x" * (10 * g + p)) for g, p in ENQUEUED]
     for f in queued:
         ts[1].send(2, f)
@@ -292,10 +297,7 @@ def test_lower_priority_goes_first_and_cancel_keeps_priorities(
 ) -> None:
     # A relay's forwarded part (priority -1) must overtake the node's own queued first-hop data
     # (priority 0), whatever the order among equals; cancelling other frames keeps that.
-    inbox = Inbox()
-    ts = {1: make(1, codec, Inbox(), flow_order=order), 2: make(2, codec, inbox)}
-    link_all(ts)
-    ts[2].start()
+    ts, inbox = sender_and_receiver(make, codec, order)
     for group, part in ENQUEUED:
         ts[1].send(2, frame(1, group, part))
     ts[1].send(2, frame(1, 9, 0), -1)
