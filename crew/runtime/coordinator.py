@@ -28,7 +28,7 @@ from crew.plan.schemes import GROUP_SCHEMES, GroupPlanner
 from crew.runtime.planahead import PLAN_COSTS_META, AheadPlanner, CostRecord, costs_json
 from crew.runtime.rundb import GroupMemberRow, GroupStatus, IterationRow, RunDB
 from crew.wire import protocol as proto
-from crew.wire.frames import COORDINATOR, FrameCodec, FrameError, control_body, control_frame
+from crew.wire.frames import COORDINATOR, FrameCodec, FrameError, control_body
 from crew.wire.listener import Address, accept_loop
 from crew.wire.transport import FrameStream
 
@@ -220,12 +220,8 @@ class Coordinator:
     def _send(self, worker: int, msg: proto.Message) -> None:
         conn = self.worker_conn.get(worker)
         stream = self.streams.get(conn) if conn is not None else None
-        if stream is None:
-            return
-        try:
-            stream.send(control_frame(COORDINATOR, self.cfg.run_num, msg.to_dict()))
-        except OSError as exc:
-            log.warning("send to worker %d failed: %s", worker, exc)
+        if stream is not None:
+            stream.send_control(COORDINATOR, self.cfg.run_num, msg.to_dict(), f"worker {worker}")
 
     def _apply(self, outputs: list[lc.Output]) -> None:
         # Messages first: a group's Assign must not wait for its rows (several SQLite

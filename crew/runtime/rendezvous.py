@@ -180,12 +180,8 @@ class RendezvousHost:
     def _send(self, conn: int, msg: proto.Message) -> None:
         with self._lock:
             stream = self.streams.get(conn)
-        if stream is None:
-            return
-        try:
-            stream.send(control_frame(HOST_ID, self.codec.run, msg.to_dict()))
-        except OSError as exc:
-            log.warning("rendezvous: send to connection %d failed: %s", conn, exc)
+        if stream is not None:
+            stream.send_control(HOST_ID, self.codec.run, msg.to_dict(), f"rendezvous peer {conn}")
 
     # -- the exchange ------------------------------------------------------------------------
 

@@ -52,6 +52,7 @@ from crew.wire.frames import (
     FrameError,
     FrameKind,
     Oversized,
+    control_frame,
     wire_size,
 )
 from crew.wire.listener import Address, accept_loop
@@ -327,6 +328,16 @@ class FrameStream:
                     f"send made no progress for {self.sock.gettimeout()} s"
                 ) from None
         return wire_size(frame)
+
+    def send_control(self, sender: int, run: int, body: dict, to: str) -> bool:
+        """Send one control message; a failed send is logged, naming ``to``, and returns
+        False (the reader of this stream sees the connection end and reports it)."""
+        try:
+            self.send(control_frame(sender, run, body))
+        except OSError as exc:
+            log.warning("send to %s failed: %s", to, exc)
+            return False
+        return True
 
     def recv(self, idle_timeout: float | None = None) -> Frame:
         """The next frame.
