@@ -15,7 +15,7 @@ import sys
 import time
 
 from crew.cli_options import command_parser
-from lab.net.goodput import parse_addr
+from lab.net.goodput import sink_and_source_parsers
 
 CHUNK = 64 << 10
 CONNECT_TRIES = 50  # x 0.1 s: the sink may start a moment after the source
@@ -79,14 +79,12 @@ def source(to: tuple[str, int], rate_mbit: float, seconds: float) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = command_parser("python -m lab.net.flows", __doc__)
-    sub = parser.add_subparsers(dest="role", required=True)
-    s = sub.add_parser("sink", help="receive and discard")
-    s.add_argument("--bind", type=parse_addr, required=True, help="ADDR:PORT to listen on")
-    s.add_argument("--seconds", type=float, required=True, help="stop after this long")
-    c = sub.add_parser("source", help="send at a paced rate")
-    c.add_argument("--to", type=parse_addr, required=True, help="ADDR:PORT of the sink")
+    _, c = sink_and_source_parsers(
+        parser,
+        ("receive and discard", "stop after this long"),
+        ("send at a paced rate", "stop after this long"),
+    )
     c.add_argument("--rate-mbit", type=float, required=True, help="pace to this rate")
-    c.add_argument("--seconds", type=float, required=True, help="stop after this long")
     args = parser.parse_args(argv)
     if args.role == "sink":
         return sink(args.bind, args.seconds)

@@ -54,6 +54,21 @@ def parse_addr(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(f"port {port!r} is not a number") from None
 
 
+def sink_and_source_parsers(
+    parser: argparse.ArgumentParser, sink: tuple[str, str], source: tuple[str, str]
+) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The ``sink`` (``--bind``, ``--seconds``) and ``source`` (``--to``, ``--seconds``)
+    subcommands of a traffic tool; each pair is (the subcommand's help, --seconds' help)."""
+    sub = parser.add_subparsers(dest="role", required=True)
+    s = sub.add_parser("sink", help=sink[0])
+    s.add_argument("--bind", type=parse_addr, required=True, help="ADDR:PORT to listen on")
+    s.add_argument("--seconds", type=float, required=True, help=sink[1])
+    c = sub.add_parser("source", help=source[0])
+    c.add_argument("--to", type=parse_addr, required=True, help="ADDR:PORT of the sink")
+    c.add_argument("--seconds", type=float, required=True, help=source[1])
+    return s, c
+
+
 def sink_argv(addr: str, seconds: float, *extra: str) -> list[str]:
     """The command that runs a sink on ``addr`` (ADDR:PORT) for ``seconds``; ``extra`` flags
     follow (``--frames``, ``--skip S``)."""
@@ -173,10 +188,11 @@ def source(to: tuple[str, int], seconds: float, frame_bytes: int | None = None) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = command_parser("python -m lab.net.goodput", __doc__)
-    sub = parser.add_subparsers(dest="role", required=True)
-    s = sub.add_parser("sink", help="receive one connection and print goodput as JSON")
-    s.add_argument("--bind", type=parse_addr, required=True, help="ADDR:PORT to listen on")
-    s.add_argument("--seconds", type=float, required=True, help="expected transfer duration")
+    s, c = sink_and_source_parsers(
+        parser,
+        ("receive one connection and print goodput as JSON", "expected transfer duration"),
+        ("send zeros to a sink for some seconds", "how long to send"),
+    )
     s.add_argument(
         "--skip",
         type=float,
@@ -185,11 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     s.add_argument("--frames", action="store_true", help="crew frames, not raw TCP")
     s.add_argument("--frame-bytes", type=int, default=DEFAULT_FRAME_BYTES)
-    c = sub.add_parser("source", help="send zeros to a sink for some seconds")
     c.add_argument("--frames", action="store_true", help="crew frames, not raw TCP")
     c.add_argument("--frame-bytes", type=int, default=DEFAULT_FRAME_BYTES)
-    c.add_argument("--to", type=parse_addr, required=True, help="ADDR:PORT of the sink")
-    c.add_argument("--seconds", type=float, required=True, help="how long to send")
     args = parser.parse_args(argv)
     if args.role == "sink":
         fb = args.frame_bytes if args.frames else None
