@@ -23,18 +23,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from crew.cli_options import (
-    add_config_flags,
-    add_json_flag,
-    add_out_flag,
-    add_training_flags,
-    command_parser,
-    config_flag,
-    config_values,
-    flag_error,
-    training_options,
-    write_json,
-)
+import crew.cli_options as flags
+from crew.cli_options import command_parser, write_json
 from crew.config import ConfigError
 from crew.runtime.rundb import GroupStatus
 from lab.net.preflight import PreflightError, add_allow_missing, allowed_missing, check, describe
@@ -91,15 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="stop after this many seconds (default: run until Ctrl-C)",
     )
-    add_out_flag(
+    flags.add_out_flag(
         p,
         "folder for this run's database, config and logs, not used by an earlier run"
         " (default: runs/<run-id>)",
         old=("--run-dir",),
     )
-    add_json_flag(p, "the end-of-run summary", old=("--summary-json",))
-    add_config_flags(p.add_argument_group("the run"), RUN_FIELDS)
-    add_training_flags(p.add_argument_group("training (docs/training.md)"))
+    flags.add_json_flag(p, "the end-of-run summary", old=("--summary-json",))
+    flags.add_config_flags(p.add_argument_group("the run"), RUN_FIELDS)
+    flags.add_training_flags(p.add_argument_group("training (docs/training.md)"))
     add_allow_missing(p)
     lab = p.add_argument_group("the lab")
     lab.add_argument(
@@ -248,7 +238,7 @@ def options_from_args(
     """The run's options from ``build_parser()``'s arguments; ``training`` is
     :func:`~crew.cli_options.training_options` of them (checked)."""
     return RunOptions(
-        **config_values(args, RUN_FIELDS),
+        **flags.config_values(args, RUN_FIELDS),
         dashboard=not args.no_dashboard,
         dashboard_host=args.dashboard_host,
         dashboard_port=args.dashboard_port,
@@ -270,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     if not 1 <= args.p <= topo.n:
         console.print(
-            f"[red]error:[/red] {config_flag('p')}: must be between 1 and {topo.n} "
+            f"[red]error:[/red] {flags.config_flag('p')}: must be between 1 and {topo.n} "
             f"(the topology has {topo.n} workers), got {args.p}"
         )
         return EXIT_BAD_INPUT
@@ -281,9 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]error:[/red] --out: {args.out} already holds a run; give a new folder")
         return EXIT_BAD_INPUT
     try:
-        training = training_options(args, scheme=args.scheme, nonblocking=args.nonblocking)
+        training = flags.training_options(args, scheme=args.scheme, nonblocking=args.nonblocking)
     except ConfigError as exc:
-        flag, why = flag_error(exc)
+        flag, why = flags.flag_error(exc)
         console.print(f"[red]error:[/red] {flag}: {why}")
         return EXIT_BAD_INPUT
     allow = allowed_missing(args)
