@@ -421,6 +421,36 @@ class RunConfig:
         raise KeyError(f"RunConfig has no field {name!r} with a default")
 
     @classmethod
+    def in_process(
+        cls,
+        n: int,
+        p: int,
+        bw_mbit: Any,
+        *,
+        identities: tuple[str, ...] | None = None,
+        **settings: Any,
+    ) -> RunConfig:
+        """The configuration of a controller that runs inside this process (the simulator, a
+        test): no run folder, secret, sockets or addresses; ``settings`` set other fields."""
+        bw = tuple(tuple(float(x) for x in row) for row in bw_mbit)
+        return cls(
+            **{
+                "run_id": "in-process",
+                "run_num": 0,
+                "run_dir": "",
+                "secret_path": "",
+                "coordinator_host": "",
+                "coordinator_port": 0,
+                "data_port": 0,
+                **settings,
+            },
+            n=n,
+            p=p,
+            identities=identities or tuple(f"w{i}" for i in range(n)),
+            bw_mbit=bw,
+        )
+
+    @classmethod
     def option(cls, name: str) -> Option:
         """Field ``name``'s :class:`Option`: its meaning, unit and flag."""
         for f in fields(cls):

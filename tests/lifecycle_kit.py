@@ -14,21 +14,8 @@ SIZE = 1 << 20  # elements of every worker's vector: 4 MB, so that parts are sma
 def make_cfg(n: int = 4, p: int = 2, bw: list[list[float]] | None = None, **kw: Any) -> RunConfig:
     if bw is None:
         bw = [[0.0 if i == j else 100.0 for j in range(n)] for i in range(n)]
-    return RunConfig(
-        run_id="t",
-        run_num=7,
-        run_dir="/nonexistent",
-        secret_path="/nonexistent",
-        n=n,
-        p=p,
-        scheme=kw.pop("scheme", "crew"),
-        coordinator_host="127.0.0.1",
-        coordinator_port=0,
-        data_port=0,
-        identities=tuple(f"10.0.0.{i}" for i in range(n)),
-        bw_mbit=tuple(tuple(r) for r in bw),
-        **kw,
-    )
+    kw.setdefault("scheme", "crew")
+    return RunConfig.in_process(n, p, bw, run_id="t", run_num=7, **kw)
 
 
 def report_all(life: lc.GroupLifecycle, gid: int, now: float) -> list[lc.Output]:

@@ -138,19 +138,12 @@ class SimLifecycle:
         self.helpers = helpers  # None: plan over every worker; k: crew.sim.candidates
         bw = np.array(bw_mbit, dtype=float)
         np.fill_diagonal(bw, 0.0)
-        self.cfg = RunConfig(
+        self.cfg = RunConfig.in_process(
+            n,
+            p,
+            bw,
             run_id="sim",
-            run_num=0,
-            run_dir="",
-            secret_path="",
-            n=n,
-            p=p,
             scheme=Scheme(scheme),
-            coordinator_host="",
-            coordinator_port=0,
-            data_port=0,
-            identities=tuple(f"sim{i}" for i in range(n)),
-            bw_mbit=tuple(tuple(float(x) for x in row) for row in bw),
             seed=seed,
             staleness=staleness,
             committed_capacity=committed_capacity,
