@@ -309,16 +309,20 @@ class Sampler:
 
     def growth(self) -> dict[str, dict[str, float]]:
         """Per process: first sample after the warm-up (and after the process settled:
-        a worker imports torch and loads its data first), last sample, growth (MB)."""
+        a worker imports torch and loads its data first), last sample, growth (MB), and the
+        growth over the second half of that span."""
         out: dict[str, dict[str, float]] = {}
         for key, points in sorted(self.series.items()):
             since = max(self.after, points[0][0] + self.settle_s)
             pts = [p for p in points if p[0] >= since] or points[-1:]
             first, last = pts[0], pts[-1]
+            # The second half of the span: a cache that fills and stops shows here as ~0.
+            mid = next(p for p in pts if p[0] >= (first[0] + last[0]) / 2)
             out[key] = {
                 "first_mb": round(first[1], 1),
                 "last_mb": round(last[1], 1),
                 "growth_mb": round(last[1] - first[1], 1),
+                "second_half_growth_mb": round(last[1] - mid[1], 1),
                 "span_s": round(last[0] - first[0], 0),
                 "samples": len(pts),
             }
@@ -537,7 +541,8 @@ def print_report(r: SoakReport) -> None:
     for key, m in r.rss_mb.items():
         lines.append(
             f"  {key:<22} {m['first_mb']:>7.1f} -> {m['last_mb']:>7.1f}"
-            f"  ({m['growth_mb']:+.1f} over {m['span_s']:.0f} s, {m['samples']} samples)"
+            f"  ({m['growth_mb']:+.1f} over {m['span_s']:.0f} s, second half"
+            f" {m['second_half_growth_mb']:+.1f}, {m['samples']} samples)"
         )
     lines.append(f"audit: {'ok' if r.audit_ok else 'VIOLATIONS' if r.audit_ok is False else 'n/a'}")
     lines += [f"  {v}" for v in r.audit_violations]
