@@ -227,10 +227,10 @@ def star_on_tie(
     mixes of stars, relays and trees tie (on 4 uniform clouds with p = n every route crosses at
     least half the links). The executor is not indifferent: a relay or tree node forwards a
     part only once it has all of it, so every extra hop adds a part's time and more parts in
-    flight. Measured on 4 uniform 50 Mbit/s clouds (16.8 MB, p = n = 4), a tied tree mix took
-    1.38x its plan and stars 1.16x. A star has the fewest hops a partial reduce can have, so
-    ties go to it. The star is priced by the same cost model (``routelp.route_time``), so
-    ``crew`` stays no worse than the route LP by more than ``STAR_TIE``."""
+    flight (docs/decisions/2026-12-01-ties-go-to-stars.md). A star has the fewest hops a
+    partial reduce can have, so ties go to it. The star is priced by the same cost model
+    (``routelp.route_time``), so ``crew`` stays no worse than the route LP by more than
+    ``STAR_TIE``."""
     if route_lp_s * (1 + STAR_TIE) < star_bound(
         bw, members, size, active, shared, delay_s, part_bytes
     ):

@@ -17,11 +17,10 @@ from lab.spec.topology import Impairment, TopologySpec
 GLOO = Scheme.GLOO
 ALL_SCHEMES: tuple[Scheme, ...] = (*GROUP_SCHEMES, GLOO)
 MB = 1_000_000
-# Pace data connections at 0.95 x the link's rate (crew.runtime.node.pace_fraction). Measured on
-# bench-hetero (p = 4, 8 MB, 6 ops, one run each): crew 0.654-0.677 s paced at 0.93-0.97
-# against 0.709-0.750 s unpaced, crew-star 0.662-0.700 against 0.831-0.852; preduce and ring
-# unchanged. Only the bench turns it on: its links keep their configured rates, while lab.run's
-# can change at run time and workers pace at the rate they started with.
+# Pace data connections at 0.95 x the link's rate (crew.runtime.node.pace_fraction; why and how
+# much it gains: docs/decisions/2026-12-01-pace-data-connections.md). Only the bench turns it
+# on: its links keep their configured rates, while lab.run's can change at run time and workers
+# pace at the rate they started with.
 BENCH_PACE = 0.95
 
 
