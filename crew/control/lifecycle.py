@@ -98,6 +98,7 @@ from crew.control.records import (
     security_record,
 )
 from crew.control.rejections import RejectionLimiter
+from crew.control.throttle import Throttle
 from crew.control.verify import CHECK_TOLERANCE, relative_error
 from crew.plan import planner
 from crew.plan.routes import link_load
@@ -203,6 +204,7 @@ class GroupLifecycle:
         self.split_epoch = -1
         self.ready_at: dict[int, tuple[float, int]] = {}  # worker -> (time, split epoch used)
         self.rejections = RejectionLimiter()
+        self.errors = Throttle()  # unforeseen failures of a tick: one record per kind per 10 s
         # Whether the workers report their groups' progress (LinkHealth): only then can a
         # revision be judged stalled before its hard deadline.
         self.progress_reported = False
@@ -226,30 +228,40 @@ class GroupLifecycle:
         except (GroupingError, planner.PlanError, proto.ProtocolError) as exc:
             log.warning("event %s refused: %s", kind, exc)
             self._out.event(now, "warning", f"refused {kind}: {exc}", level=Level.WARNING)
+        except Exception as exc:  # a message no check foresaw must not end the run: refuse it
+            log.exception("event %s failed", kind)
+            self._out.event(
+                now, "error", f"refused {kind} ({type(event).__name__}): {exc!r}", level=Level.ERROR
+            )
         return self._out.take()
 
     def tick(self, now: float) -> list[Output]:
         """Time passes: rejection summaries, link retries, silent workers, deadlines, holds."""
         self._out = Outbox()
-        self._watch(now)
-        for note in self.rejections.expire(now):
-            self._out.add(security_record(note, now))
-        self._links(self.links.retry_due(now), now)
-        for worker in self.former.expire(now):
-            if worker in self.connected:
-                self._worker_lost(worker, now, "no heartbeat")
-        self._update_deferred(now)
-        for og in list(self.open.values()):
-            if now > og.deadline:
-                self._revise(og, now, f"revision {og.rev} missed its deadline")
-            elif self.progress_reported and now - og.moved_at > self.stall_after(og.plan):
-                self._revise(
-                    og, now, f"revision {og.rev} received no data for {now - og.moved_at:.1f} s"
-                )
-        # The isolation guard may hold a group back for a while, and a trace forms its next
-        # group once the open one has ended: only a later call forms them.
-        for group in self.former.form(now):
-            self._start_group(group, now)
+        try:
+            self._watch(now)
+            for note in self.rejections.expire(now):
+                self._out.add(security_record(note, now))
+            self._links(self.links.retry_due(now), now)
+            for worker in self.former.expire(now):
+                if worker in self.connected:
+                    self._worker_lost(worker, now, "no heartbeat")
+            self._update_deferred(now)
+            for og in list(self.open.values()):
+                if now > og.deadline:
+                    self._revise(og, now, f"revision {og.rev} missed its deadline")
+                elif self.progress_reported and now - og.moved_at > self.stall_after(og.plan):
+                    self._revise(
+                        og, now, f"revision {og.rev} received no data for {now - og.moved_at:.1f} s"
+                    )
+            # The isolation guard may hold a group back for a while, and a trace forms its next
+            # group once the open one has ended: only a later call forms them.
+            for group in self.former.form(now):
+                self._start_group(group, now)
+        except Exception as exc:  # keep time moving: the next tick tries again
+            log.exception("tick failed")
+            if self.errors.due(f"tick {type(exc).__name__}", now):  # not one row per tick
+                self._out.event(now, "error", f"tick failed: {exc!r}", level=Level.ERROR)
         return self._out.take()
 
     def shutdown(self, now: float, reason: str) -> list[Output]:
@@ -458,15 +470,20 @@ class GroupLifecycle:
                 self.scheme = scheme
                 self._out.add(MetaRecord({"scheme": scheme}))
             elif op == "set_link":
-                src, dst, rate = int(args["src"]), int(args["dst"]), float(args["rate_mbit"])
+                src, dst = int(args["src"]), int(args["dst"])
                 if not (0 <= src < self.cfg.n and 0 <= dst < self.cfg.n) or src == dst:
                     raise proto.ProtocolError(f"admin.args: {src}->{dst} is not a link of this run")
+                rate = proto.admin_number("rate_mbit", args["rate_mbit"])
                 delay = args.get("delay_ms")
-                delay_ms = None if delay is None else float(delay)
+                delay_ms = None if delay is None else proto.admin_number("delay_ms", delay)
                 self.capacity.set_link(src, dst, rate, delay_ms=delay_ms)
                 self._update_split()
             elif op == "slow_worker":
-                self._out.send(int(args["worker"]), proto.SetSlowdown(float(args["factor"])))
+                worker = int(args["worker"])
+                if not 0 <= worker < self.cfg.n:
+                    raise proto.ProtocolError(f"admin.args.worker: no worker {worker} in this run")
+                factor = proto.admin_number("factor", args["factor"])
+                self._out.send(worker, proto.SetSlowdown(factor))
             elif op == "stop":
                 self._out.add(StopRequested())
             else:

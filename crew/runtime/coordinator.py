@@ -19,11 +19,13 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from crew.config import RunConfig, Scheme
 from crew.control import lifecycle as lc
 from crew.control.former import former_for
+from crew.control.throttle import Throttle
 from crew.plan.schemes import GROUP_SCHEMES, GroupPlanner
 from crew.runtime.planahead import PLAN_COSTS_META, AheadPlanner, CostRecord, costs_json
 from crew.runtime.rundb import GroupMemberRow, GroupStatus, IterationRow, RunDB
@@ -180,6 +182,7 @@ class Coordinator:
         self.streams: dict[int, FrameStream] = {}  # conn id -> stream
         self.worker_conn: dict[int, int] = {}  # worker -> conn id
         self.stop_event = threading.Event()
+        self.errors = Throttle()
         self._next_conn = 0
         self._conn_lock = threading.Lock()
         self.listener = socket.create_server((host, port), reuse_port=False)
@@ -256,12 +259,28 @@ class Coordinator:
                 ev = None
             now = time.time()
             if ev is not None:
-                self._handle(ev, now)
-            self._apply(self.life.tick(now))
+                self._guarded(f"event {ev.kind}", now, self._handle, ev, now)
+            self._guarded("tick", now, self._tick, now)
         self._apply(self.life.shutdown(time.time(), "coordinator stopping"))
         self.ahead.close()
         self.db.set_meta({PLAN_COSTS_META: costs_json(self.plan_costs.costs)})
         self.listener.close()
+
+    def _tick(self, now: float) -> None:
+        self._apply(self.life.tick(now))
+
+    def _guarded(self, what: str, now: float, step: Callable[..., None], *args: object) -> None:
+        """Run one step of the loop; an error no check foresaw is recorded and the loop goes
+        on, so that no message, however malformed, stops the coordinator."""
+        try:
+            step(*args)
+        except Exception as exc:
+            log.exception("coordinator: %s failed", what)
+            if self.errors.due(f"{what} {type(exc).__name__}", now):
+                try:
+                    self.db.event("error", f"{what} failed: {exc!r}", level="error", t=now)
+                except Exception:
+                    log.exception("coordinator: recording the failure failed too")
 
     def _handle(self, ev: _Event, now: float) -> None:
         if ev.kind == "closed":
@@ -276,9 +295,12 @@ class Coordinator:
                     )
             return
         if ev.kind == "rejected":
-            self.db.event(
-                "security", f"connection {ev.conn} sent a frame that failed checks", level="warning"
-            )
+            if self.errors.due("rejected frame", now):  # a flood of bad frames: one row per 10 s
+                self.db.event(
+                    "security",
+                    f"connection {ev.conn} sent a frame that failed checks",
+                    level="warning",
+                )
             return
         msg = ev.msg
         assert msg is not None

@@ -25,11 +25,50 @@ import math
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 
 class ProtocolError(ValueError):
     """A control message is malformed; the message names the field."""
+
+
+@dataclass(frozen=True)
+class AtLeast:
+    """A field's constraint: a number no smaller than ``low``."""
+
+    low: float
+
+    def check(self, name: str, value: Any) -> None:
+        if value < self.low:
+            raise ProtocolError(f"{name}: must be at least {self.low:g}, got {value}")
+
+
+@dataclass(frozen=True)
+class Length:
+    """A field's constraint: a list of exactly ``n`` items."""
+
+    n: int
+
+    def check(self, name: str, value: Any) -> None:
+        if len(value) != self.n:
+            raise ProtocolError(f"{name}: expected {self.n} items, got {len(value)}")
+
+
+def admin_number(name: str, value: object) -> float:
+    """An ``Admin`` argument that must be a finite number >= 0 (NaN would poison the plans)."""
+    try:
+        x = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ProtocolError(f"admin.args.{name}: expected a number, got {value!r}") from None
+    if not math.isfinite(x) or x < 0:
+        raise ProtocolError(f"admin.args.{name}: must be finite and >= 0, got {x}")
+    return x
+
+
+Count = Annotated[int, AtLeast(0)]
+Positive = Annotated[int, AtLeast(1)]
+# [src, bytes, seconds] of one link's measured arrivals (LinkRates).
+RateSample = Annotated[list[Annotated[float, AtLeast(0)]], Length(3)]
 
 
 @dataclass(frozen=True)
@@ -46,9 +85,9 @@ class Message:
 class Register(Message):
     TYPE: ClassVar[str] = "register"
     worker: int
-    pid: int
+    pid: Count
     iteration: int
-    vector_len: int
+    vector_len: Positive
 
 
 @dataclass(frozen=True)
@@ -87,7 +126,7 @@ class HaveAll(Message):
     worker: int
     group: int
     rev: int
-    bytes_sent: int
+    bytes_sent: Count
     proj: float  # projection of the result: the coordinator checks it against the members'
 
 
@@ -108,7 +147,7 @@ class LinkRates(Message):
 
     TYPE: ClassVar[str] = "link_rates"
     worker: int
-    samples: list[list[float]]
+    samples: list[RateSample]
 
 
 @dataclass(frozen=True)
@@ -144,7 +183,7 @@ class OpTime(Message):
     op: int
     started: float
     ended: float
-    nbytes: int
+    nbytes: Count
 
 
 @dataclass(frozen=True)
@@ -211,7 +250,7 @@ class Abandon(Message):
 @dataclass(frozen=True)
 class SetSlowdown(Message):
     TYPE: ClassVar[str] = "set_slowdown"
-    factor: float
+    factor: Annotated[float, AtLeast(0)]
 
 
 @dataclass(frozen=True)
@@ -324,6 +363,12 @@ def _check(name: str, value: Any, hint: Any) -> Any:
     if hint is Any:
         return value  # checked where it is interpreted (e.g. crew.plan.routes.Route.from_list)
     origin = typing.get_origin(hint)
+    if origin is Annotated:
+        base, *constraints = typing.get_args(hint)
+        value = _check(name, value, base)
+        for c in constraints:
+            c.check(name, value)
+        return value
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(hint)
         if value is None and type(None) in options:
@@ -368,7 +413,7 @@ def decode(obj: Any) -> Message:
     cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise ProtocolError(f"type: unknown message type {kind!r}")
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     names = [f.name for f in dataclasses.fields(cls)]
     extra = sorted(set(obj) - set(names) - {"type"})
     if extra:
