@@ -7,6 +7,7 @@ The public API (docs/api.md)::
     crew.CrewError     base of the errors below
     crew.LaunchError   the job could not start: SecretError, CoordinatorUnreachable, JoinRefused,
                        PortError
+    crew.CoordinatorLost  the coordinator went away during training: the job cannot go on
     crew.__version__   this release's version (the one the package metadata carries)
 
 ``crew.Averager`` imports torch; it is loaded on first use, so the coordinator and the lab's
@@ -18,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from crew.errors import (
+    CoordinatorLost,
     CoordinatorUnreachable,
     CrewError,
     JoinRefused,
@@ -32,6 +34,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Averager",
+    "CoordinatorLost",
     "CoordinatorUnreachable",
     "CrewError",
     "JoinRefused",

@@ -52,7 +52,7 @@ from torch import nn
 
 from crew.config import COMPRESS, RunConfig
 from crew.control.worker_control import Settlement
-from crew.errors import PortError
+from crew.errors import CoordinatorLost, PortError
 from crew.runtime.capacity_probe import DEFAULT_PROBE_BYTES, DEFAULT_PROBE_SECONDS, ProbeReceiver
 from crew.runtime.launch import (
     JobHost,
@@ -380,6 +380,11 @@ class Averager:
         if self._outer is not None:
             self._outer.on_abandon()
         if settled is None:
+            if self._node.lost is not None:
+                raise CoordinatorLost(
+                    f"rank {self.rank}: {self._node.lost}; the job cannot go on (in a launched"
+                    " job the coordinator runs in rank 0: see rank 0's output for why it ended)"
+                )
             return Round(False, None, (), staleness, seconds, "stopped", stopped=True)
         reason = settled.outcome.reason or "no full result"
         return Round(False, settled.outcome.group, settled.members, staleness, seconds, reason)

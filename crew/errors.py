@@ -19,6 +19,11 @@ class CoordinatorUnreachable(LaunchError, ConnectionError):
     """No coordinator accepted a connection at the given address within the time allowed."""
 
 
+class CoordinatorLost(CrewError, ConnectionError):
+    """The job's coordinator went away during training and did not come back (in a launched
+    job it lives in rank 0's process): the job cannot go on."""
+
+
 class JoinRefused(LaunchError):
     """The coordinator refused the job or this rank: a different model shape, a missing or
     duplicate rank, a rank that left during start-up."""

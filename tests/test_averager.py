@@ -269,9 +269,9 @@ def test_a_rank_killed_after_joining_is_dropped_and_the_others_finish():
         assert rounds[-1] == "round True"  # still averaging, without the killed rank
 
 
-def test_the_coordinators_rank_killed_mid_run_stops_the_others_without_a_hang():
-    # Rank 0 hosts the coordinator: once it is gone for good, the others' step() returns
-    # stopped (after the node's reconnect attempts, 30 s) and their scripts end normally.
+def test_the_coordinators_rank_killed_mid_run_ends_the_others_with_a_clear_error():
+    # Rank 0 hosts the coordinator: once it is gone for good (after the node's reconnect
+    # attempts, 30 s), the others' step() raises crew.CoordinatorLost, naming rank 0.
     procs = start_rank_processes(3, {0: 100000, 1: 100000, 2: 100000})
     try:
         kill_after_its_first_round(procs[0])
@@ -282,5 +282,6 @@ def test_the_coordinators_rank_killed_mid_run_stops_the_others_without_a_hang():
         for p in procs:
             p.kill()
     for proc, out in zip(procs[1:], outs, strict=True):
-        assert proc.returncode == 0 and "done" in out, out[-2000:]
+        assert proc.returncode != 0 and "done" not in out, out[-2000:]
+        assert "crew.errors.CoordinatorLost" in out and "rank 0" in out, out[-2000:]
     assert took < 60, took

@@ -252,19 +252,27 @@ class Coordinator:
     def run(self) -> None:
         threading.Thread(target=self._accept_loop, name="accept", daemon=True).start()
         self.db.event("coordinator", f"coordinator listening on port {self.port}")
-        while not self.stop_event.is_set():
-            try:
-                ev = self.events.get(timeout=TICK_S)
-            except queue.Empty:
-                ev = None
-            now = time.time()
-            if ev is not None:
-                self._guarded(f"event {ev.kind}", now, self._handle, ev, now)
-            self._guarded("tick", now, self._tick, now)
-        self._apply(self.life.shutdown(time.time(), "coordinator stopping"))
-        self.ahead.close()
-        self.db.set_meta({PLAN_COSTS_META: costs_json(self.plan_costs.costs)})
-        self.listener.close()
+        try:
+            while not self.stop_event.is_set():
+                try:
+                    ev = self.events.get(timeout=TICK_S)
+                except queue.Empty:
+                    ev = None
+                now = time.time()
+                if ev is not None:
+                    self._guarded(f"event {ev.kind}", now, self._handle, ev, now)
+                self._guarded("tick", now, self._tick, now)
+            self._apply(self.life.shutdown(time.time(), "coordinator stopping"))
+            self.ahead.close()
+            self.db.set_meta({PLAN_COSTS_META: costs_json(self.plan_costs.costs)})
+        finally:
+            # However the loop ended, the workers must see it: with the listener and every
+            # control connection closed, they stop (or raise CoordinatorLost) instead of
+            # waiting for a coordinator that no longer answers.
+            self.stop_event.set()
+            self.listener.close()
+            for stream in list(self.streams.values()):
+                stream.close()
 
     def _tick(self, now: float) -> None:
         self._apply(self.life.tick(now))

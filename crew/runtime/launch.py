@@ -412,6 +412,8 @@ class JobHost:
                 (row,) = coord.db.query("SELECT COUNT(*) AS n FROM worker_status")
                 if (row["n"] >= self.world and live == 0) or coord.stop_event.is_set():
                     break
+                if self._thread is not None and not self._thread.is_alive():
+                    break  # the coordinator ended without being asked: nothing to wait for
                 time.sleep(0.2)
         self.close()
 

@@ -134,6 +134,7 @@ class Node:
         self._iteration = iteration
         self._on_slowdown = on_slowdown
         self.stop_event = threading.Event()
+        self.lost: str | None = None  # why the coordinator was lost for good (None: it was not)
         self.outcomes: queue.Queue[Outcome] = queue.Queue()
         self.ctl = WorkerControl(me, bench=bench, nonblocking=cfg.nonblocking)
         self._vector_offered: np.ndarray | None = None
@@ -325,12 +326,15 @@ class Node:
                 frame = self.control.recv()
             except FrameError as exc:
                 log.warning("worker %d: bad control frame: %s", self.me, exc)
+                self.lost = f"its control connection sent a bad frame ({exc})"
                 break
             except OSError as exc:  # StreamClosed included
                 if self.stop_event.is_set():
                     break
                 log.warning("worker %d: lost the coordinator: %s", self.me, exc)
                 if not self._reconnect():
+                    if not self.stop_event.is_set():
+                        self.lost = f"the coordinator closed the connection ({exc}) and is gone"
                     break
                 continue
             try:
