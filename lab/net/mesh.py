@@ -644,7 +644,6 @@ class LabNetwork:
                     f"link {i}->{j}: jitter {new.jitter_ms:g} ms exceeds its delay "
                     f"{new.delay_ms:g} ms (the delay would go negative)"
                 )
-            pid, dev = self.host_pid(i), self.intf(i, j)
             impaired = (new.delay_ms, new.jitter_ms, new.loss_pct) != (
                 old.delay_ms,
                 old.jitter_ms,
@@ -652,25 +651,41 @@ class LabNetwork:
             )
             if impaired:
                 self._check_emulable(new)
-            self._links[(i, j)] = new
-            if new.rate_mbit != old.rate_mbit:
-                # tc, not lab.net.netlink: pyroute2 opens a namespace's socket by forking this
-                # (threaded) process, and in CI such a child ran the lab's teardown.
-                shaping.change_rate(pid, dev, new.rate_mbit)
-            if impaired or new.rate_mbit != old.rate_mbit:
-                self._apply_leaf(i, j, old)
-            if new.up != old.up:
-                rpid, rdev = self.host_pid(j), self.intf(j, i)
-                if new.up:
-                    shaping.restore(rpid, rdev)
-                    assert self.state is not None
-                    self.state.remove_ns_rule(j, shaping.cut_rule(rdev))
-                else:
-                    assert self.state is not None
-                    self.state.add_ns_rule(j, shaping.cut_rule(rdev))
-                    shaping.cut(rpid, rdev)
+            self._links[(i, j)] = new  # _apply_leaf reads it; undone below if tc fails
+            try:
+                self._reshape(i, j, old, new, impaired)
+            except (ShapingError, OSError) as exc:
+                self._links[(i, j)] = old
+                raise LabError(
+                    f"link {i}->{j}: tc failed, the link keeps its previous state: {exc}"
+                ) from exc
             log.info("link %d->%d: %s", i, j, new)
             return new
+
+    def _reshape(self, i: int, j: int, old: LinkState, new: LinkState, impaired: bool) -> None:
+        """The tc side of :meth:`set_link`: rate, impairments, cut or restore."""
+        pid, dev = self.host_pid(i), self.intf(i, j)
+        if new.rate_mbit != old.rate_mbit:
+            # tc, not lab.net.netlink: pyroute2 opens a namespace's socket by forking this
+            # (threaded) process, and in CI such a child ran the lab's teardown.
+            shaping.change_rate(pid, dev, new.rate_mbit)
+        if impaired or new.rate_mbit != old.rate_mbit:
+            self._apply_leaf(i, j, old)
+        if new.up != old.up:
+            rpid, rdev = self.host_pid(j), self.intf(j, i)
+            if new.up:
+                shaping.restore(rpid, rdev)
+                assert self.state is not None
+                self.state.remove_ns_rule(j, shaping.cut_rule(rdev))
+            else:
+                assert self.state is not None
+                # Recorded first, so that a lab killed meanwhile still has it removed.
+                self.state.add_ns_rule(j, shaping.cut_rule(rdev))
+                try:
+                    shaping.cut(rpid, rdev)
+                except BaseException:
+                    self.state.remove_ns_rule(j, shaping.cut_rule(rdev))
+                    raise
 
     def _check_emulable(self, st: LinkState) -> None:
         assert self.cap is not None

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from crew.runtime import rundb
 from crew.runtime.rundb import CommandStatus, LinkStateRow
 from lab.net.mesh import LabError
+from lab.net.shaping import ShapingError
 from lab.orchestrate import commands as cmds
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ class FaultInjector:
                 exc = FaultError(f"coordinator unreachable for {ADMIN_RETRY_S:.0f} s: {exc}")
                 db.settle_command(row["id"], CommandStatus.REJECTED, str(exc))
                 continue
-            except (cmds.CommandError, FaultError, LabError) as exc:
+            except (cmds.CommandError, FaultError, LabError, ShapingError) as exc:
                 db.settle_command(row["id"], CommandStatus.REJECTED, str(exc))
                 db.event(
                     "command",

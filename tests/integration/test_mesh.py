@@ -213,6 +213,23 @@ def test_set_link_changes_the_rate_in_place(net: LabNetwork) -> None:
 
 
 @pytest.mark.root
+def test_a_failed_tc_leaves_the_link_as_it_was_and_the_lab_going(net: LabNetwork) -> None:
+    pid, dev = net.host_pid(0), net.intf(0, 1)
+    before = net.link_state(0, 1)
+    # Take the link's shaping away behind the lab's back: changing its rate must now fail.
+    subprocess.run(
+        ["nsenter", "-t", str(pid), "-n", "tc", "qdisc", "del", "dev", dev, "root"],
+        check=True,
+        timeout=10,
+    )
+    with pytest.raises(LabError, match=r"link 0->1: tc failed, the link keeps its previous"):
+        net.set_link(0, 1, rate_mbit=before.rate_mbit / 2)
+    assert net.link_state(0, 1) == before
+    # Other links still change.
+    assert net.set_link(0, 2, rate_mbit=21.0).rate_mbit == 21.0
+
+
+@pytest.mark.root
 def test_cut_drops_one_direction_only_and_restore_heals_it(net: LabNetwork) -> None:
     assert udp_count(net, 0, 1, 17200) == 20
     net.set_link(0, 1, up=False)
