@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator
 
@@ -387,6 +388,55 @@ def test_nonblocking_reuses_prescattered_parts_and_stays_exact(
                 parts = sum(len(range(r[0], r[1], part)) for r in assigns[gid].routes if r[2] != m)
                 reused = sum(1 for agg, _ in covered[gid] if agg != m)
                 assert scatter_counts[m] == parts - reused
+
+
+def test_a_short_prescattered_part_is_never_stretched_over_a_whole_part(
+    cluster: Cluster,
+) -> None:
+    """A member that pre-scatters one value where a part is due must not get it broadcast
+    over the part: the group then lacks that contribution, and no member applies a poisoned
+    average."""
+    total, part, members = 6000, 500, (0, 2)
+    bw = _bw(cluster.n, seed=4)
+    a2a = planner.solve_a2a(bw, total * 4)
+    split = [[s.worker, s.start, s.stop] for s in a2a.segments]
+    rng = np.random.default_rng(3)
+    vectors = {m: rng.standard_normal(total).astype(np.float32) for m in members}
+    poisoned = False
+    for m, v in vectors.items():
+        for dst, frame in prescatter_frames(m, RUN, v, split, 3, 10 + m, part):
+            if m == 0 and dst != 0 and not poisoned:
+                frame = dataclasses.replace(frame, payload=np.float32([1e6]).tobytes())
+                poisoned = True
+            cluster.transports[m].send(dst, frame)
+    assert poisoned
+    sent = np.zeros_like(bw)
+    for g in members:
+        sent[g] = np.array(a2a.elems) * 4
+    plan = planner.solve_p2a_nonblocking(bw, members, total * 4, sent, a2a=a2a)
+    segs = [(sg.worker, sg.start, sg.stop) for sg in plan.segments]
+    a = Assign(
+        group=51,
+        rev=0,
+        scheme="crew",
+        members=list(members),
+        weights=[0.5, 0.5],
+        routes=[r.to_list() for r in star_routes(segs, members)],
+        pipelined=True,
+        total=total,
+        part_elems=part,
+        prescatter=split,
+        iterations=[10 + m for m in members],
+        split_epoch=3,
+    )
+    nodes = set(a.members).union(*(Route.from_list(r).nodes() for r in a.routes))
+    for w in sorted(nodes):
+        cluster.engines[w].assign(a, vectors.get(w) if w in a.members else None)
+    expected = (vectors[0] + vectors[2]) * np.float32(0.5)
+    for m in members:
+        if cluster.event(m, 51).wait(3.0):  # done only with the honest sum
+            np.testing.assert_allclose(cluster.engines[m].finish(51), expected, rtol=1e-5)
+    assert sum(e.dropped_frames for e in cluster.engines) >= 1
 
 
 def test_relayed_stars_compute_the_average(cluster: Cluster) -> None:

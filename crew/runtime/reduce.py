@@ -475,9 +475,22 @@ class ReduceEngine:
         pre = self._pre.get(frame.sender)
         if pre is None or (pre.epoch, pre.iteration) != (frame.rev, frame.part):
             pre = self._pre[frame.sender] = _Pre(frame.rev, frame.part)  # a newer offer
+        # One offer is one vector at most: a sender cannot make this worker hold more.
+        held = sum(v.nbytes for o, v in pre.parts.items() if o != frame.offset) + values.nbytes
+        if held > self._prescatter_budget():
+            raise ReduceError(
+                f"pre-scattered parts from {frame.sender} exceed {self._prescatter_budget()} bytes"
+            )
         pre.parts[frame.offset] = values
         for g in self._groups.values():
             self._use_prescattered(g, frame.sender)
+
+    def _prescatter_budget(self) -> int:
+        """Bytes one sender's pre-scattered offer may hold here: a whole vector (known from
+        the check vector), else an equal share of the early-frame budget."""
+        if self._check is not None:
+            return int(self._check.nbytes)
+        return EARLY_FRAME_BUDGET // max(self.n, 1)
 
     def _use_prescattered(self, g: _Group, sender: int) -> None:
         """Count ``sender``'s pre-scattered parts that ``g``'s plan says it will not resend."""
@@ -499,6 +512,18 @@ class ReduceEngine:
                 if acc is not None and sender in acc.contributors:
                     continue
                 length = self._part_len(g, st, start)
+                if len(values) < length:  # never let numpy stretch a short part over a long one
+                    self.dropped_frames += 1
+                    del pre.parts[start]
+                    log.warning(
+                        "worker %d: dropped pre-scattered part %d from %d: %d values, expected %d",
+                        self.me,
+                        start,
+                        sender,
+                        len(values),
+                        length,
+                    )
+                    continue
                 self._add(g, k, st, start, sender, values[:length] * weight, owned=True)
 
     def _part_len(self, g: _Group, st: _RouteState, start: int) -> int:
