@@ -19,6 +19,7 @@ from crew.wire.transport import (
     FlowOrder,
     FrameStream,
     HandshakeError,
+    ImpersonationError,
     PeerUnreachable,
     StreamClosed,
     StreamStalled,
@@ -218,13 +219,18 @@ def test_garbage_client_is_rejected(make, codec: FrameCodec) -> None:
 
 
 @pytest.mark.parametrize(
-    ("first", "reason"),
+    ("first", "error", "reason"),
     [
-        (Frame(FrameKind.SCATTER, 1, RUN, payload=b"no hello"), "first frame is SCATTER"),
-        (Frame(FrameKind.HELLO, 77, RUN), "unknown peer id 77"),
+        (Frame(FrameKind.SCATTER, 1, RUN), HandshakeError, "first frame is SCATTER"),
+        (Frame(FrameKind.HELLO, 77, RUN), HandshakeError, "unknown peer id 77"),
+        # Before the HELLO, a frame larger than a HELLO is refused from its header alone: its
+        # payload is never read into memory, nor its MAC computed.
+        (Frame(FrameKind.SCATTER, 1, RUN, payload=b"no hello"), wf.Oversized, "maximum 1"),
     ],
 )
-def test_connection_must_start_with_hello_from_known_peer(make, codec, first, reason) -> None:
+def test_connection_must_start_with_hello_from_known_peer(
+    make, codec, first, error, reason
+) -> None:
     inbox, rejects = Inbox(), Events()
     t = make(2, codec, inbox, peers={1: dead_port()}, on_reject=rejects)
     t.start()
@@ -236,8 +242,47 @@ def test_connection_must_start_with_hello_from_known_peer(make, codec, first, re
     finally:
         client.close()
     err = rejects.items[0][1]
-    assert isinstance(err, HandshakeError) and reason in str(err)
-    assert t.stats().rejected_by_reason == {"HandshakeError": 1}
+    assert isinstance(err, error) and reason in str(err)
+    assert t.stats().rejected_by_reason == {error.__name__: 1}
+    assert inbox.frames == []
+
+
+def test_a_frame_in_another_peers_name_is_refused(make, codec) -> None:
+    inbox, rejects = Inbox(), Events()
+    t = make(2, codec, inbox, peers={1: dead_port(), 3: dead_port()}, on_reject=rejects)
+    t.start()
+    client = FrameStream.connect((LOOPBACK, t.port), codec)
+    try:
+        client.send(Frame(FrameKind.HELLO, 1, RUN))  # peer 1 says who it is ...
+        client.send(frame(3, payload=b"as 3"))  # ... then speaks for peer 3
+        assert rejects.wait_for(1)
+    finally:
+        client.close()
+    assert isinstance(rejects.items[0][1], ImpersonationError)
+    assert inbox.frames == []
+
+
+def test_a_handshake_dribbled_byte_by_byte_is_cut_at_its_deadline(make, codec) -> None:
+    inbox, rejects = Inbox(), Events()
+    t = make(2, codec, inbox, peers={1: dead_port()}, on_reject=rejects, connect_timeout=1.0)
+    t.start()
+    hello = b"".join(bytes(p) for p in codec.encode(Frame(FrameKind.HELLO, 1, RUN)))
+    started = time.monotonic()
+    with socket.create_connection((LOOPBACK, t.port)) as sock:
+        sock.settimeout(10.0)
+        closed_at = None
+        for byte in hello[:-1]:  # never the whole HELLO: one byte every 0.2 s
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                closed_at = time.monotonic()
+                break
+            time.sleep(0.2)
+            if rejects.items:
+                closed_at = time.monotonic()
+                break
+        assert closed_at is not None, "the server held the connection for the whole handshake"
+    assert closed_at - started < 3.0
     assert inbox.frames == []
 
 

@@ -38,6 +38,7 @@ Design notes:
 
 from __future__ import annotations
 
+import copy
 import enum
 import hmac
 import json
@@ -218,6 +219,13 @@ class FrameCodec:
         self.run = run
         self.max_payload = max_payload
         self._key = blake3.blake3(bytes(secret), derive_key_context=MAC_CONTEXT).digest()
+
+    def limited(self, max_payload: int) -> FrameCodec:
+        """The same key and run with a smaller ``max_payload``: what a handshake reads, so that
+        a peer that has not authenticated yet cannot make the reader allocate more."""
+        out = copy.copy(self)
+        out.max_payload = max(1, min(int(max_payload), self.max_payload))
+        return out
 
     def tag(
         self, header: bytes | bytearray | memoryview, payload: bytes | bytearray | memoryview

@@ -124,6 +124,21 @@ class HandshakeError(FrameError):
     """An inbound connection did not start with a HELLO from a known peer."""
 
 
+class ImpersonationError(FrameError):
+    """A frame named another sender than the peer whose connection carried it."""
+
+
+HELLO_MAX_PAYLOAD = 1  # a HELLO carries no payload; the codec's smallest limit
+
+
+def _shut(sock: socket.socket) -> None:
+    """End a connection whose handshake ran out of time (its reader then sees it closed)."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed
+
+
 class PeerUnreachable(ConnectionError):
     """Could not connect to a peer within the connect timeout."""
 
@@ -1053,9 +1068,18 @@ class Transport:
     def _reader_loop(self, sock: socket.socket, addr: Address) -> None:
         with self._lock:
             stall = self._stall_timeout
-        stream = FrameStream(sock, self.codec, stall)
+        # Until the HELLO checks out, read at most a HELLO's size, and give the whole handshake
+        # connect_timeout: a peer dribbling bytes cannot hold the connection (or memory) longer.
+        stream = FrameStream(sock, self.codec.limited(HELLO_MAX_PAYLOAD), stall)
+        deadline = threading.Timer(self.connect_timeout, _shut, args=(sock,))
+        deadline.daemon = True
         try:
-            peer = self._handshake(stream)
+            deadline.start()
+            try:
+                peer = self._handshake(stream)
+            finally:
+                deadline.cancel()
+            stream.codec = self.codec
             for frame in self._frames(stream, peer):
                 try:
                     self._on_frame(frame)
@@ -1098,6 +1122,10 @@ class Transport:
         """Frames after the handshake, until the connection ends (exceptions propagate)."""
         while not self._closing.is_set():
             frame = stream.recv()
+            if frame.sender != peer:  # a connection speaks for the peer that said HELLO only
+                raise ImpersonationError(
+                    f"frame claims sender {frame.sender} on peer {peer}'s connection"
+                )
             now = time.monotonic()
             with self._lock:
                 self._bytes_received[peer] += wire_size(frame)
