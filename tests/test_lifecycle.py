@@ -77,14 +77,18 @@ def test_ready_workers_form_a_planned_group_that_commits() -> None:
     assert not events(outs, "error")
 
 
-def test_a_wrong_result_is_recorded_as_an_error() -> None:
+def test_a_wrong_result_is_abandoned_before_any_member_applies_it() -> None:
     life = started()
     form(life, (0, 1))
     outs: list[lc.Output] = []
     for m in (0, 1):
         outs += life.handle(proto.HaveAll(m, 1, 0, 0, 99.0), 2.0)
-    assert closed(outs).verify_err > 1e-3
+    rec = closed(outs)
+    assert rec.verify_err > 1e-3 and rec.outcome is GroupOutcome.ABANDONED
+    assert "result check failed" in rec.reason
     assert any("result check failed" in m for m in events(outs, "error"))
+    # Nobody is told to apply it: every member and participant hears Abandon, none Commit.
+    assert not sent(outs, proto.Commit) and {0, 1} <= set(sent(outs, proto.Abandon))
 
 
 def test_a_late_report_from_a_superseded_revision_is_ignored() -> None:

@@ -594,6 +594,18 @@ class GroupLifecycle:
     def _finish(self, og: OpenGroup, now: float, *, committed: bool, reason: str) -> None:
         gid = og.group.id
         del self.open[gid]
+        err = None
+        if committed:  # checked before any member is told to apply the result
+            err = relative_error(
+                [og.result_projs[m] for m in og.members],
+                og.weights,
+                [self.offered_proj.get(m, float("nan")) for m in og.members],
+            )
+            if not err <= CHECK_TOLERANCE:  # also catches NaN
+                committed, reason = False, f"result check failed: relative error {err:.3g}"
+                self._out.event(
+                    now, "error", f"group {gid} {reason}", level=Level.ERROR, data={"group": gid}
+                )
         for w in sorted(og.participants | set(og.group.members)):
             self._out.send(
                 w, proto.Commit(gid, og.rev) if committed else proto.Abandon(gid, reason, [])
@@ -602,21 +614,6 @@ class GroupLifecycle:
             self.former.complete(gid, now)
         else:
             self.former.abandon(gid, now)
-        err = None
-        if committed:
-            err = relative_error(
-                [og.result_projs[m] for m in og.members],
-                og.weights,
-                [self.offered_proj.get(m, float("nan")) for m in og.members],
-            )
-            if not err <= CHECK_TOLERANCE:  # also catches NaN
-                self._out.event(
-                    now,
-                    "error",
-                    f"group {gid} result check failed: relative error {err}",
-                    level=Level.ERROR,
-                    data={"group": gid},
-                )
         self._out.add(
             GroupClosedRecord(
                 group_id=gid,
