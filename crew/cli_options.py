@@ -26,6 +26,7 @@ from crew.config import OPTION, ConfigError, HostCpu, Option, RunConfig, check_t
 
 TRAINING = (
     "workload",
+    "model_mb",
     "sync",
     "local_steps",
     "outer_lr",
@@ -152,6 +153,7 @@ def training_options(args: argparse.Namespace, *, scheme: str, nonblocking: bool
         "outer_lr": args.outer_lr,
         "outer_momentum": args.outer_momentum,
         "compress": args.compress,
+        "model_mb": args.model_mb,
     }
     check_training(scheme=scheme, nonblocking=nonblocking, **out)
     if args.lr is not None and not args.lr > 0:

@@ -45,7 +45,7 @@ class Scheme(enum.StrEnum):
 # Names of crew.train's enums (this module stays free of crew.train; a test checks they match).
 COMPRESS = ("none", "fp16", "int8")
 SYNC_MODES = ("every-step", "local-sgd", "diloco")
-WORKLOADS = ("mlp", "lm")
+WORKLOADS = ("mlp", "lm", "synthetic")
 PARTITIONS = ("iid", "non-iid")  # crew.train.datasets.Partition
 FLOW_ORDERS = ("fcfs", "egf", "fair")  # crew.wire.transport.FlowOrder
 CAPACITY_SOURCES = ("configured", "measured")
@@ -231,9 +231,18 @@ class RunConfig:
         default="mlp",
         metadata=opt(
             "mlp: the digits MLP (3.5 MB, the quick default); lm: a byte-level transformer on"
-            " the Python standard library's source, held-out loss and perplexity (1 MB)",
+            " the Python standard library's source, held-out loss and perplexity (1 MB);"
+            " synthetic: a vector of --model-mb MB and no model, no torch (runs at scale)",
             flag="--workload",
             choices=WORKLOADS,
+        ),
+    )
+    model_mb: float = field(
+        default=4.0,
+        metadata=opt(
+            "size of the synthetic workload's vector (10^6 bytes per MB)",
+            "MB",
+            flag="--model-mb",
         ),
     )
     partition: str = field(
@@ -527,6 +536,7 @@ class RunConfig:
             scheme=self.scheme,
             sync=self.sync,
             workload=self.workload,
+            model_mb=self.model_mb,
             local_steps=self.local_steps,
             outer_lr=self.outer_lr,
             outer_momentum=self.outer_momentum,
@@ -611,6 +621,7 @@ def check_training(
     local_steps: int,
     outer_lr: float,
     outer_momentum: float,
+    model_mb: float = 4.0,
 ) -> None:
     """The training-mode and compression fields (crew.train.outer, crew.train.compress);
     ConfigError names the first one that is wrong. The lab checks its options with this before
@@ -625,6 +636,15 @@ def check_training(
         raise ConfigError(f"sync: one of {', '.join(SYNC_MODES)}, got {sync!r}")
     if workload not in WORKLOADS:
         raise ConfigError(f"workload: one of {', '.join(WORKLOADS)}, got {workload!r}")
+    if isinstance(model_mb, bool) or not (
+        isinstance(model_mb, int | float) and math.isfinite(model_mb) and model_mb > 0
+    ):
+        raise ConfigError(f"model_mb: a finite number of MB > 0, got {model_mb!r}")
+    if workload == "synthetic" and sync != "every-step":
+        raise ConfigError(
+            f"sync: the synthetic workload averages every step (its checks need the offered"
+            f" vectors unchanged), got {sync!r}"
+        )
     if not isinstance(local_steps, int) or isinstance(local_steps, bool) or local_steps < 1:
         raise ConfigError(f"local_steps: an int >= 1, got {local_steps!r}")
     if sync == "every-step" and local_steps != 1:

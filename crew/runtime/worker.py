@@ -19,6 +19,11 @@ local iteration is H optimiser steps of the ``mlp`` or ``lm`` workload; with ``l
 last synchronised parameters and the outer momentum) is checkpointed beside the model. For
 ``lm`` the evaluation rows of the database carry the held-out loss (nats per byte) in ``loss``
 and the next-byte accuracy in ``accuracy``; other rows carry the training loss.
+
+The ``synthetic`` workload (:mod:`crew.train.synthetic`) imports no torch: its loop offers its
+vector on the Node directly (the Averager's offer, settle and load, without tensors) and
+checks every average it receives exactly; its rows carry the worst verification ratio in
+``loss`` and the share of averages that verified in ``accuracy``.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from crew.config import RunConfig, Scheme
-from crew.control.worker_control import evaluation_due
+from crew.control.worker_control import Settlement, evaluation_due
 from crew.runtime.node import Node
 from crew.wire import protocol as proto
 
@@ -49,6 +54,7 @@ class Worker:
         self.cfg = cfg
         self.me = me
         self.bench = bool(cfg.extra.get("bench"))
+        self.synthetic = cfg.workload == "synthetic"
         self.checkpoint = Path(cfg.run_dir) / "checkpoints" / f"w{me}.pt"
         self.outer_checkpoint = Path(cfg.run_dir) / "checkpoints" / f"w{me}.outer.npz"
         self.delay = None
@@ -80,6 +86,8 @@ class Worker:
             cache_dir=cfg.data_dir,
             width=cfg.width,
             depth=cfg.depth,
+            model_mb=cfg.model_mb,
+            verify=cfg.compress == "none",  # a lossy codec's average is not exact
         )
         if self.checkpoint.exists():
             trainer.load(self.checkpoint)
@@ -179,6 +187,26 @@ class Worker:
         finally:
             averager.close()
 
+    def _train_synthetic(self, node: Node) -> None:
+        """Partial reduce of the synthetic vector: :meth:`crew.Averager.step`'s offer, settle
+        and load on the Node itself (no torch), with each average checked exactly."""
+        trainer = self.trainer
+        assert trainer is not None
+        last_eval = 0.0
+        while not node.stop_event.is_set():
+            loss, accuracy, last_eval = self._local_iteration(last_eval)
+            node.tell(proto.Metrics(self.me, trainer.iteration, loss, accuracy, time.time()))
+            if node.stop_event.is_set():
+                break
+            node.offer(trainer.get_vector(), trainer.iteration)
+            settled = node.settle()
+            if settled is None:  # stopped
+                break
+            if settled.settlement is Settlement.APPLY_AVERAGE:
+                assert settled.result is not None
+                trainer.set_vector(settled.result, settled.members)
+                self._save()
+
     def _start_node(self, *, bench: bool) -> Node | None:
         node = Node(
             self.cfg,
@@ -246,7 +274,7 @@ class Worker:
     def run(self) -> int:
         gloo = self.cfg.scheme is Scheme.GLOO
         try:
-            if not self.bench and not gloo:
+            if not self.bench and not gloo and not self.synthetic:
                 self._train_partial()
                 return 0
             node = self._start_node(bench=self.bench)
@@ -259,6 +287,8 @@ class Worker:
                     # Offer the fixed vector once; the coordinator drives groups from its trace.
                     node.offer_fixed(self.base_vector)
                     node.stop_event.wait()
+                elif self.synthetic and not gloo:
+                    self._train_synthetic(node)
                 else:
                     self._train_gloo(node)
             finally:
@@ -287,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = RunConfig.load(args.config)
     if not 0 <= args.id < cfg.n:
         parser.error(f"--id: must be between 0 and {cfg.n - 1}")
-    if not cfg.extra.get("bench") or cfg.scheme is Scheme.GLOO:
+    if (not cfg.extra.get("bench") and cfg.workload != "synthetic") or cfg.scheme is Scheme.GLOO:
         import torch
 
         torch.set_num_threads(1)

@@ -1,4 +1,5 @@
-"""The two workloads behind one door: ``mlp`` (digits, the quick default) and ``lm``.
+"""The workloads behind one door: ``mlp`` (digits, the quick default), ``lm`` and ``synthetic``
+(a vector of ``model_mb`` MB and no model, for runs at scale: :mod:`crew.train.synthetic`).
 
 The worker builds its trainer with :func:`make_trainer`; the coordinator and planner size the
 vector with :func:`num_params` without importing torch; the lab writes the data cache once
@@ -19,6 +20,7 @@ from crew.train.datasets import Partition
 class Workload(enum.Enum):
     MLP = "mlp"
     LM = "lm"
+    SYNTHETIC = "synthetic"
 
 
 @dataclass(frozen=True)
@@ -34,11 +36,22 @@ DEFAULTS = {
     Workload.LM: WorkloadDefaults(
         lr=3e-3, batch_size=16, optimizer="adam", quality="next-byte accuracy"
     ),
+    # No optimiser runs; lr and batch size are unused.
+    Workload.SYNTHETIC: WorkloadDefaults(
+        lr=0.05, batch_size=32, optimizer="sgd", quality="share of averages verified"
+    ),
 }
 
 
-def num_params(workload: Workload, width: int = 640, depth: int = 3) -> int:
-    """Elements of the flat vector (``width``/``depth`` shape the MLP only)."""
+def num_params(
+    workload: Workload, width: int = 640, depth: int = 3, *, model_mb: float = 4.0, n: int = 1
+) -> int:
+    """Elements of the flat vector (``width``/``depth`` shape the MLP only; ``model_mb`` and
+    the ``n`` workers its header names size the synthetic vector)."""
+    if workload is Workload.SYNTHETIC:
+        from crew.train.synthetic import elements_for
+
+        return elements_for(model_mb, n)
     if workload is Workload.LM:
         from crew.train.lm import LMConfig
 
@@ -49,6 +62,8 @@ def num_params(workload: Workload, width: int = 640, depth: int = 3) -> int:
 
 
 def prepare_cache(workload: Workload, cache_dir: str | Path, seed: int = 0) -> None:
+    if workload is Workload.SYNTHETIC:
+        return  # no data: the vector follows from the seed
     if workload is Workload.LM:
         from crew.train.textdata import load_text_split
 
@@ -72,8 +87,17 @@ def make_trainer(
     cache_dir: str | Path | None,
     width: int = 640,
     depth: int = 3,
+    model_mb: float = 4.0,
+    verify: bool = True,
 ):  # noqa: ANN201 - torch types stay out of this module's imports
-    """The trainer of worker ``index`` of ``n``: its shard, the shared held-out set."""
+    """The trainer of worker ``index`` of ``n``: its shard, the shared held-out set. The
+    synthetic workload has neither; it imports no torch, and ``verify`` says whether it
+    checks each average exactly (not with a lossy wire codec)."""
+    if workload is Workload.SYNTHETIC:
+        from crew.train.synthetic import SyntheticRule, SyntheticTrainer, elements_for
+
+        rule = SyntheticRule(seed, n, elements_for(model_mb, n))
+        return SyntheticTrainer(rule, index, verify=verify)
     from crew.train.training import InnerOptimizer, TrainConfig
 
     cfg = TrainConfig(

@@ -84,7 +84,8 @@ class RunOptions:
     lr: float | None = None  # None: the workload's default (crew.train.workloads.DEFAULTS)
     batch_size: int | None = None  # None: the workload's default
     local_steps: int = RunConfig.default("local_steps")
-    workload: str = RunConfig.default("workload")  # mlp (digits) or lm (stdlib text)
+    workload: str = RunConfig.default("workload")  # mlp (digits), lm (stdlib text) or synthetic
+    model_mb: float = RunConfig.default("model_mb")  # the synthetic workload's vector size
     sync: str = RunConfig.default("sync")  # every-step, local-sgd or diloco
     outer_lr: float = RunConfig.default("outer_lr")
     outer_momentum: float = RunConfig.default("outer_momentum")
@@ -224,7 +225,7 @@ class LabRun:
             self._start_dashboard()
         # The data split (digits, or the lm's stdlib text) is made once, by a process of its
         # own beside the network build, and every worker reads it with NumPy alone.
-        if not self.opts.extra.get("bench"):
+        if not self.opts.extra.get("bench") and self.opts.workload != "synthetic":
             maker = (
                 ["crew.train.textdata"]
                 if self.opts.workload == "lm"
@@ -348,6 +349,7 @@ class LabRun:
             outer_lr=o.outer_lr,
             outer_momentum=o.outer_momentum,
             workload=o.workload,
+            model_mb=o.model_mb,
             compress=o.compress,
             partition=o.partition,
             seed=o.seed,
