@@ -310,9 +310,9 @@ class SyntheticTrainer:
         """Checkpoint the step count (the vector follows from it)."""
         atomic_savez(
             Path(path),
-            iteration=np.int64(self._iteration),
-            size=np.int64(self.rule.size),
-            worker=np.int64(self.index),
+            iteration=np.array(self._iteration, dtype=np.int64),
+            size=np.array(self.rule.size, dtype=np.int64),
+            worker=np.array(self.index, dtype=np.int64),
         )
 
     def load(self, path: str | Path) -> None:
