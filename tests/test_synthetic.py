@@ -230,3 +230,27 @@ def test_make_trainer_builds_the_synthetic_trainer() -> None:
         model_mb=0.001,
     )
     assert isinstance(t, SyntheticTrainer) and t.num_params == 250
+
+
+def test_synthetic_workers_reduce_on_loopback_and_every_average_verifies(tmp_path: Path) -> None:
+    """The real coordinator and four worker processes on 127.0.0.1 (no root): groups of three
+    (weights of a third, not exact in binary) complete, and every worker checked every
+    average it took."""
+    from lab.studies.workerstart import LoopbackRun
+
+    with LoopbackRun(
+        tmp_path / "run", 4, 3, workload="synthetic", model_mb=0.5, eval_every_s=0.2
+    ) as run:
+        done = run.wait_completed(8, timeout_s=90.0)
+        rows = run.query(
+            "SELECT worker, MAX(iteration), MAX(loss), MIN(accuracy), COUNT(accuracy)"
+            " FROM iterations GROUP BY worker"
+        )
+    assert done >= 8
+    assert len(rows) == 4
+    for worker, iteration, worst_ratio, share, evaluations in rows:
+        assert iteration >= 2, worker
+        assert worst_ratio <= 1.0, worker  # every average within its float32 bound
+        assert evaluations >= 1 and share == 1.0, worker  # and all of them verified
+    for log in (tmp_path / "run").glob("w*.log"):
+        assert "average is wrong" not in log.read_text()
