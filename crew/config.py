@@ -15,7 +15,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from crew.plan.planner import PlanError, SharedLink
+from crew.plan.inputs import PlanError, SharedLink
 from crew.wire.frames import SEND_BACKLOG_BYTES
 
 
