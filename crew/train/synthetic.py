@@ -50,6 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from crew.train.datasets import atomic_savez
+from crew.vector import check_flat_float32
 
 log = logging.getLogger(__name__)
 
@@ -232,10 +233,10 @@ class SyntheticRule:
             raise SyntheticError(f"step: must be in [0, {MAX_STEP}), got {step}")
 
     def check_vector(self, v: np.ndarray) -> None:
-        """SyntheticError unless ``v`` is a float32 vector of this rule's size."""
-        if not isinstance(v, np.ndarray) or v.dtype != np.float32 or v.shape != (self.size,):
-            got = f"{v.dtype} {v.shape}" if isinstance(v, np.ndarray) else type(v).__name__
-            raise SyntheticError(f"vector: must be float32 of shape ({self.size},), got {got}")
+        """SyntheticError unless ``v`` is a 1-D float32 vector of this rule's size."""
+        check_flat_float32(v, SyntheticError)
+        if v.shape != (self.size,):
+            raise SyntheticError(f"vector must have {self.size} values, got {v.shape[0]}")
 
 
 class SyntheticTrainer:
