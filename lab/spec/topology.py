@@ -66,10 +66,11 @@ _TOP_KEYS = (
     "clouds",
     "links",
     "workers",
+    "rate_trace",  # read by lab.spec.ratetraces
 )
 _CLOUD_KEYS = ("name", "workers", "straggler")
 _LINK_VALUE_KEYS = ("mbit", "delay_ms", "jitter_ms", "loss_pct")
-_LINK_KEYS = ("between", *_LINK_VALUE_KEYS)
+_LINK_KEYS = ("between", *_LINK_VALUE_KEYS, "rate_trace")  # rate_trace: lab.spec.ratetraces
 _DIRECTION_KEYS = ("forward", "reverse")
 _WORKER_KEYS = ("straggler",)
 
