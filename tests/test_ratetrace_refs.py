@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.spec.ratetraces import TraceRefError, link_traces
+from lab.spec.ratetraces import TraceRefError, link_traces, load_link_traces
 from lab.spec.topology import load_topology
 
+REPO_SMALL = Path(__file__).resolve().parents[1] / "topologies" / "small.yaml"
 TOPO = """
 name: drift
 clouds:
@@ -86,3 +87,15 @@ def test_a_bad_trace_file_names_its_line(tmp_path: Path) -> None:
     (tmp_path / "ab.csv").write_text("0,50\n5,-1\n")
     with pytest.raises(TraceRefError, match=r"links\[0\].rate_trace: .*ab.csv, line 2: "):
         _traces(tmp_path, {0: "ab.csv"})
+
+
+def test_a_topology_file_loads_with_its_traces(tmp_path: Path) -> None:
+    (tmp_path / "ab.csv").write_text("0,50\n")
+    data = yaml.safe_load(TOPO)
+    data["links"][0]["rate_trace"] = "ab.csv"
+    path = tmp_path / "topo.yaml"
+    path.write_text(yaml.safe_dump(data))
+    spec, traces = load_link_traces(path)
+    assert spec.n == 4 and set(traces) == {(0, 2), (1, 2), (2, 0), (2, 1)}
+    _, none = load_link_traces(REPO_SMALL)
+    assert none == {}

@@ -8,9 +8,10 @@ dt_s, duration_s, seed}}`` (all optional, ``crew.ratetrace.DriftParams``' defaul
 directed link draws its own trace around its configured rate. A link entry's trace wins over
 the top-level one.
 
-:func:`link_traces` resolves them to one :class:`crew.ratetrace.RateTrace` per directed worker
-link that has one; a bad reference raises :class:`TraceRefError` naming the topology file,
-the field and the problem (a trace file's own errors name its file and line).
+:func:`load_link_traces` reads a topology file and its traces; :func:`link_traces` resolves
+them to one :class:`crew.ratetrace.RateTrace` per directed worker link that has one. A bad
+reference raises :class:`TraceRefError` naming the topology file, the field and the problem
+(a trace file's own errors name its file and line).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from crew.ratetrace import DriftParams, RateTrace, TraceError, generate, load_trace
-from lab.spec.fields import describe
-from lab.spec.topology import TopologySpec
+from lab.spec.fields import describe, read_yaml
+from lab.spec.topology import TopologyError, TopologySpec, parse_topology
 
 GENERATE_KEYS = ("spread", "tau_s", "dt_s", "duration_s", "seed")
 
@@ -87,3 +88,13 @@ def link_traces(spec: TopologySpec, data: Mapping[str, Any]) -> dict[tuple[int, 
                 for j in spec.cloud_members(dst_cloud):
                     out[(i, j)] = resolve(value, field, (i, j))
     return out
+
+
+def load_link_traces(path: str | Path) -> tuple[TopologySpec, dict[tuple[int, int], RateTrace]]:
+    """The topology in ``path`` and its links' traces (TopologyError or TraceRefError)."""
+    p = Path(path)
+    data = read_yaml(p, TopologyError, "(document)")
+    if not isinstance(data, Mapping):
+        raise TopologyError(p, "(document)", f"top level must be a mapping, got {describe(data)}")
+    spec = parse_topology(data, source=p)
+    return spec, link_traces(spec, data)
