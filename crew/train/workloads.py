@@ -18,9 +18,11 @@ from crew.train.datasets import Partition
 
 
 class Workload(enum.Enum):
-    MLP = "mlp"
-    LM = "lm"
-    SYNTHETIC = "synthetic"
+    """What each worker computes between reduces (``--workload``)."""
+
+    MLP = "mlp"  # digits classification: the quick default
+    LM = "lm"  # a small transformer language model (crew.train.lm)
+    SYNTHETIC = "synthetic"  # no torch: a verifiable vector (crew.train.synthetic), for scale
 
 
 @dataclass(frozen=True)
