@@ -317,6 +317,39 @@ def test_all_to_all_routes_without_broadcast(cluster: Cluster) -> None:
         np.testing.assert_allclose(results[m], np.full(total, 2.0), rtol=1e-6)
 
 
+def prescatter_assign(
+    gid: int,
+    members: tuple[int, int],
+    bw: np.ndarray,
+    a2a: planner.Plan,
+    total: int,
+    part: int,
+    iteration: dict[int, int],
+    sent_fraction: float,
+) -> Assign:
+    """The assignment of a pair whose members pre-scattered ``sent_fraction`` of the a2a split
+    (epoch 3) before it formed: the non-blocking plan, as stars, weights 1/2 each."""
+    sent = np.zeros_like(bw)
+    for g in members:
+        sent[g] = np.array(a2a.elems) * 4 * sent_fraction
+    plan = planner.solve_p2a_nonblocking(bw, members, total * 4, sent, a2a=a2a)
+    segs = [(s.worker, s.start, s.stop) for s in plan.segments]
+    return Assign(
+        group=gid,
+        rev=0,
+        scheme="crew",
+        members=list(members),
+        weights=[0.5, 0.5],
+        routes=[r.to_list() for r in star_routes(segs, members)],
+        pipelined=True,
+        total=total,
+        part_elems=part,
+        prescatter=[[s.worker, s.start, s.stop] for s in a2a.segments],
+        iterations=[iteration[m] for m in members],
+        split_epoch=3,
+    )
+
+
 @pytest.mark.parametrize("sent_fraction", [0.0, 0.5, 1.0])
 def test_nonblocking_reuses_prescattered_parts_and_stays_exact(
     cluster: Cluster, sent_fraction: float
@@ -340,25 +373,7 @@ def test_nonblocking_reuses_prescattered_parts_and_stays_exact(
             cluster.transports[m].send(dst, frame)
     assigns = {}
     for gid, members in groups.items():
-        sent = np.zeros_like(bw)
-        for g in members:
-            sent[g] = np.array(a2a.elems) * 4 * sent_fraction
-        plan = planner.solve_p2a_nonblocking(bw, members, total * 4, sent, a2a=a2a)
-        segs = [(s.worker, s.start, s.stop) for s in plan.segments]
-        a = Assign(
-            group=gid,
-            rev=0,
-            scheme="crew",
-            members=list(members),
-            weights=[0.5, 0.5],
-            routes=[r.to_list() for r in star_routes(segs, members)],
-            pipelined=True,
-            total=total,
-            part_elems=part,
-            prescatter=split,
-            iterations=[iteration[m] for m in members],
-            split_epoch=3,
-        )
+        a = prescatter_assign(gid, members, bw, a2a, total, part, iteration, sent_fraction)
         assigns[gid] = a
         if sent_fraction == 1.0:
             assert covered_parts(a), "a plan equal to the split must reuse parts"
@@ -410,25 +425,7 @@ def test_a_short_prescattered_part_is_never_stretched_over_a_whole_part(
                 poisoned = True
             cluster.transports[m].send(dst, frame)
     assert poisoned
-    sent = np.zeros_like(bw)
-    for g in members:
-        sent[g] = np.array(a2a.elems) * 4
-    plan = planner.solve_p2a_nonblocking(bw, members, total * 4, sent, a2a=a2a)
-    segs = [(sg.worker, sg.start, sg.stop) for sg in plan.segments]
-    a = Assign(
-        group=51,
-        rev=0,
-        scheme="crew",
-        members=list(members),
-        weights=[0.5, 0.5],
-        routes=[r.to_list() for r in star_routes(segs, members)],
-        pipelined=True,
-        total=total,
-        part_elems=part,
-        prescatter=split,
-        iterations=[10 + m for m in members],
-        split_epoch=3,
-    )
+    a = prescatter_assign(51, members, bw, a2a, total, part, {m: 10 + m for m in members}, 1.0)
     nodes = set(a.members).union(*(Route.from_list(r).nodes() for r in a.routes))
     for w in sorted(nodes):
         cluster.engines[w].assign(a, vectors.get(w) if w in a.members else None)
