@@ -131,14 +131,6 @@ class ImpersonationError(FrameError):
 HELLO_MAX_PAYLOAD = 1  # a HELLO carries no payload; the codec's smallest limit
 
 
-def _shut(sock: socket.socket) -> None:
-    """End a connection whose handshake ran out of time (its reader then sees it closed)."""
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass  # already closed
-
-
 class PeerUnreachable(ConnectionError):
     """Could not connect to a peer within the connect timeout."""
 
@@ -1071,7 +1063,7 @@ class Transport:
         # Until the HELLO checks out, read at most a HELLO's size, and give the whole handshake
         # connect_timeout: a peer dribbling bytes cannot hold the connection (or memory) longer.
         stream = FrameStream(sock, self.codec.limited(HELLO_MAX_PAYLOAD), stall)
-        deadline = threading.Timer(self.connect_timeout, _shut, args=(sock,))
+        deadline = threading.Timer(self.connect_timeout, stream.shutdown)
         deadline.daemon = True
         try:
             deadline.start()
