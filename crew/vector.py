@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 
 def check_flat_float32(vector: Any, error: type[Exception]) -> None:
     """Raise ``error``, naming what is wrong, unless ``vector`` is a 1-D float32 numpy array."""
-    import numpy as np
-
     if not isinstance(vector, np.ndarray):
         raise error(f"vector must be a numpy array, got {type(vector).__name__}")
     if vector.dtype != np.float32:
