@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from crew.control.utilisation import TimeSplit
 from crew.errors import (
     CoordinatorLost,
     CoordinatorUnreachable,
@@ -42,6 +43,7 @@ __all__ = [
     "PortError",
     "Round",
     "SecretError",
+    "TimeSplit",
     "__version__",
 ]
 

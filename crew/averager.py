@@ -51,6 +51,7 @@ import torch
 from torch import nn
 
 from crew.config import COMPRESS, RunConfig
+from crew.control.utilisation import TimeSplit
 from crew.control.worker_control import Settlement
 from crew.errors import CoordinatorLost, PortError
 from crew.runtime.capacity_probe import DEFAULT_PROBE_BYTES, DEFAULT_PROBE_SECONDS, ProbeReceiver
@@ -86,7 +87,11 @@ class Round:
     ``seconds``: wall time from offering the parameters to the end of the call (waiting for a
     group, then the reduce).
     ``reason``: why not averaged ("" when averaged).
-    ``stopped``: the job is over (the coordinator said stop, or was lost): stop training.
+    ``stopped``: the job is over (the coordinator said stop): stop training.
+    ``time_split``: this worker's wall time since it joined, split into computing (outside
+    :meth:`Averager.step`), ready-waiting for a group, reducing in groups that applied and
+    stalled in groups that were abandoned (:class:`crew.control.utilisation.TimeSplit`).
+    ``utilisation``: its compute share, ``time_split.compute_s / time_split.wall_s``.
     """
 
     averaged: bool
@@ -96,6 +101,11 @@ class Round:
     seconds: float
     reason: str = ""
     stopped: bool = False
+    time_split: TimeSplit = TimeSplit()
+
+    @property
+    def utilisation(self) -> float:
+        return self.time_split.utilisation
 
 
 def _tensors_of(params: nn.Module | Iterable[torch.Tensor]) -> list[torch.Tensor]:
@@ -376,7 +386,14 @@ class Averager:
                 result = self._outer.after_reduce(result)
             self.load_vector(result)
             self._last_averaged = self.iteration
-            return Round(True, settled.outcome.group, settled.members, staleness, seconds)
+            return Round(
+                True,
+                settled.outcome.group,
+                settled.members,
+                staleness,
+                seconds,
+                time_split=self._node.time_split(),
+            )
         if self._outer is not None:
             self._outer.on_abandon()
         if settled is None:
@@ -385,9 +402,26 @@ class Averager:
                     f"rank {self.rank}: {self._node.lost}; the job cannot go on (in a launched"
                     " job the coordinator runs in rank 0: see rank 0's output for why it ended)"
                 )
-            return Round(False, None, (), staleness, seconds, "stopped", stopped=True)
+            return Round(
+                False,
+                None,
+                (),
+                staleness,
+                seconds,
+                "stopped",
+                stopped=True,
+                time_split=self._node.time_split(),
+            )
         reason = settled.outcome.reason or "no full result"
-        return Round(False, settled.outcome.group, settled.members, staleness, seconds, reason)
+        return Round(
+            False,
+            settled.outcome.group,
+            settled.members,
+            staleness,
+            seconds,
+            reason,
+            time_split=self._node.time_split(),
+        )
 
     def report(
         self, loss: float, accuracy: float | None = None, *, iteration: int | None = None

@@ -42,7 +42,7 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from crew.runtime import rundb  # noqa: E402
-from dashboard import figures, queries  # noqa: E402
+from dashboard import compute_share, figures, queries  # noqa: E402
 from lab import export  # noqa: E402
 from lab.orchestrate import commands as lc  # noqa: E402
 from lab.report import pace as lab_pace  # noqa: E402
@@ -386,6 +386,19 @@ class Page:
 
         training_panel()
 
+    def compute(self) -> None:
+        @_fragment(self.live, SLOW_PANEL_REFRESH_S)
+        def compute_panel() -> None:
+            shares = queries.compute_shares(self.conn, self.asof())
+            mean = compute_share.mean_compute_share(shares)
+            st.metric(
+                "compute utilisation (mean over workers)", "-" if mean is None else f"{mean:.1%}"
+            )
+            fig = compute_share.compute_shares(shares, self.workers)
+            st.plotly_chart(fig, key="compute_shares")
+
+        compute_panel()
+
     def pace(self) -> None:
         @_fragment(self.live, SLOW_PANEL_REFRESH_S)
         def pace_panel() -> None:
@@ -639,6 +652,8 @@ def main() -> None:
     with training:
         page.section("Training")
         page.training()
+    page.section("Compute utilisation")
+    page.compute()
     page.section("Pace under faults")
     page.pace()
     page.section("Events")

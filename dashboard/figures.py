@@ -70,11 +70,11 @@ def link_label(src: int, dst: int) -> str:
     return f"{src}→{dst}"
 
 
-def _names(workers: pd.DataFrame) -> dict[int, str]:
+def worker_names(workers: pd.DataFrame) -> dict[int, str]:
     return {int(w): str(nm) for w, nm in zip(workers["id"], workers["name"], strict=True)}
 
 
-def _empty(message: str) -> go.Figure:
+def empty_figure(message: str) -> go.Figure:
     fig = go.Figure()
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
     fig.update_xaxes(visible=False)
@@ -218,11 +218,11 @@ def network_map(
     the title says so; nodes shrink and cloud names are left out when there are many.
     """
     if workers.empty:
-        return _empty("no workers yet")
+        return empty_figure("no workers yet")
     total_links = len(view)
     view = map_links(view)
     pos = node_positions(workers)
-    names = _names(workers)
+    names = worker_names(workers)
     worker_state = worker_state or {}
     if show_labels is None:
         show_labels = len(view) <= 30
@@ -363,7 +363,7 @@ def link_traces(fig: go.Figure) -> list[go.Scatter]:
 def utilisation_timeseries(series: pd.DataFrame, selected: Sequence[str], t0: float) -> go.Figure:
     """One line per selected link: utilisation % over time, Mbit/s in the hover."""
     if series.empty or not selected:
-        return _empty("no link samples in this window")
+        return empty_figure("no link samples in this window")
     fig = go.Figure()
     for label in selected:
         s = series[series["label"] == label]
@@ -406,7 +406,7 @@ def utilisation_heatmap(view: pd.DataFrame, workers: pd.DataFrame) -> go.Figure:
     """The n×n utilisation matrix, rows = sender, columns = receiver; a down link reads "down"."""
     n = len(workers)
     m = utilisation_matrix(view, n) * 100
-    names = [_names(workers).get(i, str(i)) for i in range(n)]
+    names = [worker_names(workers).get(i, str(i)) for i in range(n)]
     big = n > HEATMAP_TEXT_MAX_N  # cells too small for text: colour and hover only
     text = [["" if np.isnan(v) or big else f"{v:.0f}%" for v in row] for row in m]
     for row in view.itertuples(index=False):
@@ -449,7 +449,7 @@ def group_timeline(groups: pd.DataFrame, t0: float, asof: float) -> go.Figure:
     the hover. One trace per status present, so ``sum(len(trace.y))`` is the number of groups.
     """
     if groups.empty:
-        return _empty("no groups in this window")
+        return empty_figure("no groups in this window")
     fig = go.Figure()
     g = groups.sort_values("id")
     order = [group_label(int(i), m) for i, m in zip(g["id"], g["members"], strict=True)]
@@ -490,7 +490,7 @@ def group_timeline(groups: pd.DataFrame, t0: float, asof: float) -> go.Figure:
 def rounds_and_staleness(memberships: pd.DataFrame, workers: pd.DataFrame) -> go.Figure:
     """Completed rounds per worker (left) and mean / max staleness of its updates (right)."""
     ids = [int(w) for w in workers.sort_values("id")["id"]]
-    names = _names(workers)
+    names = worker_names(workers)
     x = [names[w] for w in ids]
     per = memberships.groupby("worker")
     rounds = per.size().reindex(ids, fill_value=0)
@@ -531,8 +531,8 @@ def plan_blocks(group: Mapping[str, Any], workers: pd.DataFrame) -> go.Figure:
     n = len(workers)
     elems = plan_elems(group.get("plan"), n)
     if elems is None:
-        return _empty("this plan has no block sizes")
-    names = _names(workers)
+        return empty_figure("this plan has no block sizes")
+    names = worker_names(workers)
     members = set(int(m) for m in group.get("members", []))
     fig = go.Figure(
         go.Bar(
@@ -562,7 +562,7 @@ def plan_times(plans: pd.DataFrame) -> go.Figure:
     prediction or bound (before the CREW planner) is simply absent from its series.
     """
     if plans.empty:
-        return _empty("no plans yet")
+        return empty_figure("no plans yet")
     p = plans.sort_values("id")
     x = [f"g{int(i)}" for i in p["id"]]
     begin = p["started_at"].fillna(p["formed_at"]).astype(float)
@@ -603,7 +603,7 @@ def training_curves(
     byte (perplexity is its exp, see :func:`lm_quality`).
     """
     if iters.empty:
-        return _empty("no training progress yet")
+        return empty_figure("no training progress yet")
     titles = ("loss", "accuracy")
     if workload == "lm":
         evaluated = iters["accuracy"].notna()
@@ -611,7 +611,7 @@ def training_curves(
             loss=iters["loss"].where(~evaluated), accuracy=iters["loss"].where(evaluated)
         )
         titles = ("training loss (nats/byte)", "held-out loss (nats/byte)")
-    names = _names(workers)
+    names = worker_names(workers)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, subplot_titles=titles)
 
     def series(x: Any, y: Any, row: int, name: str, line: dict, mode: str = "lines") -> None:
@@ -660,8 +660,8 @@ def rounds_per_minute(
     With ``now``, the minute still running is scaled to a full minute (a raw count would make
     every line drop at the right edge), or left out while less than 10 s of it has passed."""
     if memberships.empty:
-        return _empty("no completed groups yet")
-    names = _names(workers)
+        return empty_figure("no completed groups yet")
+    names = worker_names(workers)
     m = memberships.assign(minute=((memberships["ended_at"] - t0) // 60).astype(int))
     counts = m.groupby(["worker", "minute"]).size().unstack(fill_value=0).astype(float)
     if now is not None:
@@ -711,7 +711,7 @@ def pace_chart(
 
     Windows start at ``t0``; the window still running is left out."""
     if not len(ends):
-        return _empty("no completed groups yet")
+        return empty_figure("no completed groups yet")
     full = int((asof - t0) // PACE_WINDOW_S)
     rel = np.asarray(ends, dtype=float) - t0
     counts = np.bincount(

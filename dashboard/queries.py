@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from crew.runtime.rundb import GroupStatus, WorkerState
+from crew.runtime.rundb import GroupStatus, WorkerState, latest_utilisation
 
 log = logging.getLogger(__name__)
 
@@ -309,6 +309,16 @@ def completed_memberships(conn: sqlite3.Connection, asof: float) -> pd.DataFrame
         " WHERE g.status = ? AND g.ended_at <= ? ORDER BY g.ended_at",
         (GroupStatus.COMPLETED.value, asof),
         ["worker", "group_id", "ended_at", "staleness", "iteration"],
+    )
+
+
+def compute_shares(conn: sqlite3.Connection, asof: float) -> pd.DataFrame:
+    """Each worker's wall time at ``asof`` split into computing and waiting, in seconds
+    (``crew.control.utilisation``); empty when the run recorded none."""
+    rows = latest_utilisation(conn, asof).values()
+    return pd.DataFrame(
+        [(r.worker, r.compute_s, r.ready_s, r.group_s, r.stalled_s, r.wan_bytes) for r in rows],
+        columns=["worker", "compute_s", "ready_s", "group_s", "stalled_s", "wan_bytes"],
     )
 
 

@@ -214,6 +214,7 @@ def print_summary(summary: dict) -> None:
         "compress",
         "final_heldout_loss",
         "max_verify_err",
+        "compute_utilisation",
         "link_bytes_total",
         "db",
     ):

@@ -95,6 +95,34 @@ def test_two_ranks_average_exactly_in_place():
         assert torch.equal(tensors[1], torch.ones(5))
 
 
+def test_rounds_report_the_time_split_between_computing_and_waiting():
+    compute_s = 0.3
+
+    def body(rank, averager, tensors):
+        rounds = []
+        for _ in range(3):
+            time.sleep(compute_s if rank == 0 else 3 * compute_s)  # rank 0 waits for rank 1
+            rounds.append(averager.step())
+        return rounds
+
+    res = run_ranks(2, body, args=ARGS)
+    for rank in (0, 1):
+        assert not isinstance(res[rank], Exception), res[rank]
+        rounds = res[rank]
+        assert all(r.averaged for r in rounds)
+        splits = [r.time_split for r in rounds]
+        # Cumulative: each round's split holds the one before it, and at least the sleeps.
+        assert all(a.wall_s < b.wall_s for a, b in zip(splits, splits[1:], strict=False))
+        mine = compute_s if rank == 0 else 3 * compute_s
+        assert splits[-1].compute_s >= 3 * mine
+        assert splits[-1].group_s > 0 and splits[-1].stalled_s == 0
+        assert rounds[-1].utilisation == splits[-1].compute_s / splits[-1].wall_s
+    # The fast rank spends its extra time ready, waiting for the slow one to offer.
+    fast, slow = res[0][-1].time_split, res[1][-1].time_split
+    assert fast.ready_s > slow.ready_s + 3 * compute_s
+    assert res[0][-1].utilisation < res[1][-1].utilisation
+
+
 def test_a_rank_that_leaves_after_joining_does_not_stop_the_others():
     def body(rank, averager, tensors):
         if rank == 2:

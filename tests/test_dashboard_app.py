@@ -75,6 +75,7 @@ def test_live_page_renders_every_panel(live_db):
     assert metrics["Scheme"] == "crew" and metrics["p"] == "2" and metrics["State"] == "live"
     # The plan panel shows the newest plan; its group is still open, so nothing is measured.
     assert metrics["predicted"] == "1.50 s" and metrics["measured"] == "n/a"
+    assert metrics["compute utilisation (mean over workers)"] == "75.0%"
     links = at.main.table[0].value.set_index("link")
     assert links.loc["0→2", "util %"] == "90%"
     assert links.loc["2→1", "rate Mbit/s"] == "50"
@@ -89,6 +90,7 @@ def test_live_page_renders_every_panel(live_db):
         "Groups",
         "Plans",
         "Training",
+        "Compute utilisation",
         "Pace under faults",
         "Events",
     ]

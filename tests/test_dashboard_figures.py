@@ -127,6 +127,17 @@ def make_run(run_dir: Path, *, now: float | None = None, live: bool = True) -> P
             "INSERT INTO iterations (t, worker, iteration, loss, accuracy) VALUES (?, ?, ?, ?, ?)",
             iters,
         )
+        # Cumulative time splits; the newest per worker: shares 0.75, 0.5 and 1.0 (mean 75%).
+        db.add_utilisation(
+            rundb.UtilisationRow(t0 + dt, w, *split, 1000 * w)
+            for dt, w, split in (
+                (10, 0, (5.0, 3.0, 2.0, 0.0)),
+                (10, 1, (9.0, 1.0, 0.0, 0.0)),
+                (25, 0, (18.0, 3.0, 3.0, 0.0)),
+                (25, 1, (12.0, 6.0, 4.0, 2.0)),
+                (25, 2, (24.0, 0.0, 0.0, 0.0)),
+            )
+        )
         for w, state, gid in ((0, "reducing", 4), (1, "reducing", 4), (2, "ready", None)):
             db.set_worker_status(w, state, iteration=14, group_id=gid, pid=1000 + w)
         db.event("start", "run started", t=t0)

@@ -48,7 +48,12 @@ def test_recent_rows_stay_and_older_rows_fold_into_buckets(tmp_path: Path) -> No
     # [T0, T0+200) folds into 20 buckets of 10 s; [T0+200, T0+300) stays at 1 Hz.
     assert [t for t, _, _ in rows[:20]] == [T0 + 10 * k + 9 for k in range(20)]
     assert [t for t, _, _ in rows[20:]] == [T0 + s for s in range(200, 300)]
-    assert removed == {"link_samples": 2 * (200 - 20), "iterations": 0, "plans": 0}
+    assert removed == {
+        "link_samples": 2 * (200 - 20),
+        "iterations": 0,
+        "utilisation": 0,
+        "plans": 0,
+    }
 
 
 def test_folded_counters_keep_every_difference_and_the_mean_rate(tmp_path: Path) -> None:
@@ -71,7 +76,12 @@ def test_compaction_is_idempotent_and_incremental(tmp_path: Path) -> None:
     stepwise = _db(tmp_path / "step", 700)
     for now in range(150, 701, 50):
         stepwise.compact(SMALL, now=T0 + now)
-    assert stepwise.compact(SMALL, now=T0 + 700) == {"link_samples": 0, "iterations": 0, "plans": 0}
+    assert stepwise.compact(SMALL, now=T0 + 700) == {
+        "link_samples": 0,
+        "iterations": 0,
+        "utilisation": 0,
+        "plans": 0,
+    }
     assert _rows(stepwise) == _rows(once)
     assert _rows(stepwise, 1, 0) == _rows(once, 1, 0)
 
@@ -123,7 +133,12 @@ def test_a_policy_that_cannot_be_honoured_is_refused_by_name(kwargs: dict[str, f
 
 def test_an_empty_database_compacts_to_nothing(tmp_path: Path) -> None:
     conn = rundb.connect(tmp_path / "lab.db")
-    assert compact(conn, SMALL, now=T0) == {"link_samples": 0, "iterations": 0, "plans": 0}
+    assert compact(conn, SMALL, now=T0) == {
+        "link_samples": 0,
+        "iterations": 0,
+        "utilisation": 0,
+        "plans": 0,
+    }
 
 
 class _Counters:

@@ -33,7 +33,7 @@ def test_every_panel_renders_and_says_simulated(sim_run: Path, monkeypatch) -> N
     assert not at.exception, [e.value for e in at.exception]
     assert {m.label: m.value for m in at.metric}["State"] == "simulated, finished"
     notes = [c.value for c in at.caption if "Simulated run" in c.value]
-    assert len(notes) == 7  # one under each panel heading
+    assert len(notes) == 8  # one under each panel heading
 
 
 def _view(n: int) -> tuple[pd.DataFrame, pd.DataFrame]:

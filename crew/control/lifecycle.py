@@ -93,6 +93,7 @@ from crew.control.records import (
     PlanAhead,
     SendTo,
     StopRequested,
+    UtilisationRecord,
     WorkerDisconnected,
     WorkerStatusRecord,
     security_record,
@@ -122,6 +123,7 @@ __all__ = [
     "GroupOpenedRecord",
     "GroupUnplannedRecord",
     "IterationRecord",
+    "UtilisationRecord",
     "Level",
     "LifecycleSnapshot",
     "MetaRecord",
@@ -382,6 +384,8 @@ class GroupLifecycle:
             self._ready(msg, now)
         elif isinstance(msg, proto.Metrics):
             self._out.add(IterationRecord(msg.t, worker, msg.iteration, msg.loss, msg.accuracy))
+        elif isinstance(msg, proto.Utilisation):
+            self._out.add(UtilisationRecord.of(msg))
         elif isinstance(msg, proto.HaveAll):
             self._have_all(msg, now)
         elif isinstance(msg, proto.LinkFailed):

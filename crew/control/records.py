@@ -20,6 +20,7 @@ from typing import Any
 from crew.config import Scheme
 from crew.control.grouping import Group, GroupOutcome, WorkerState
 from crew.control.rejections import SecurityNote
+from crew.control.utilisation import TimeSplit
 from crew.plan.plancall import PlanCall
 from crew.wire import protocol as proto
 
@@ -129,6 +130,21 @@ class IterationRecord:
 
 
 @dataclass(frozen=True)
+class UtilisationRecord:
+    """A worker's cumulative split of its wall time (``crew.control.utilisation``)."""
+
+    t: float
+    worker: int
+    split: TimeSplit
+    wan_bytes: int
+
+    @classmethod
+    def of(cls, msg: proto.Utilisation) -> UtilisationRecord:
+        split = TimeSplit(msg.compute_s, msg.ready_s, msg.group_s, msg.stalled_s)
+        return cls(msg.t, msg.worker, split, msg.wan_bytes)
+
+
+@dataclass(frozen=True)
 class AllReduceRecord:
     """A Gloo all-reduce among all workers, recorded as a completed group of everyone."""
 
@@ -163,6 +179,7 @@ Output = (
     | GroupClosedRecord
     | MetaRecord
     | IterationRecord
+    | UtilisationRecord
     | AllReduceRecord
     | PlanAhead
     | StopRequested

@@ -28,7 +28,7 @@ from crew.control.former import former_for
 from crew.control.throttle import Throttle
 from crew.plan.schemes import GROUP_SCHEMES, GroupPlanner
 from crew.runtime.planahead import PLAN_COSTS_META, AheadPlanner, CostRecord, costs_json
-from crew.runtime.rundb import GroupMemberRow, GroupStatus, IterationRow, RunDB
+from crew.runtime.rundb import GroupMemberRow, GroupStatus, IterationRow, RunDB, UtilisationRow
 from crew.wire import protocol as proto
 from crew.wire.frames import COORDINATOR, FrameCodec, FrameError, control_body
 from crew.wire.listener import Address, accept_loop
@@ -109,6 +109,15 @@ def write_record(db: RunDB, rec: lc.Output) -> None:
         db.set_meta(dict(rec.values))
     elif isinstance(rec, lc.IterationRecord):
         db.add_iterations([IterationRow(rec.t, rec.worker, rec.iteration, rec.loss, rec.accuracy)])
+    elif isinstance(rec, lc.UtilisationRecord):
+        s = rec.split
+        db.add_utilisation(
+            [
+                UtilisationRow(
+                    rec.t, rec.worker, s.compute_s, s.ready_s, s.group_s, s.stalled_s, rec.wan_bytes
+                )
+            ]
+        )
     elif isinstance(rec, lc.AllReduceRecord):
         db.add_closed_group(
             group_id=None,

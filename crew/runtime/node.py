@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from crew.config import RunConfig
+from crew.control.utilisation import TimeSplit, UtilisationMeter
 from crew.control.verify import check_vector, project
 from crew.control.worker_control import (
     Action,
@@ -62,6 +63,7 @@ log = logging.getLogger("crew.runtime.node")
 
 CONNECT_ATTEMPTS = 60  # x 0.5 s: the coordinator may start a moment after the workers
 HEALTH_S = 0.5  # LinkHealth (probe states, group progress) period; changes go at once
+UTILISATION_EVERY_S = 5.0  # cumulative time split sent to the run database this often
 PROGRESS_KEYS = 64  # group revisions whose received bytes are remembered
 GROUP_DATA = (FrameKind.SCATTER, FrameKind.RESULT, FrameKind.RELAY)
 # Pace every data connection at this fraction of its link's configured rate (``cfg.bw_mbit``);
@@ -139,7 +141,10 @@ class Node:
         self.ctl = WorkerControl(me, bench=bench, nonblocking=cfg.nonblocking)
         self._vector_offered: np.ndarray | None = None
         self._members: dict[int, tuple[int, ...]] = {}  # group -> members, own groups only
+        self._assigned_at: dict[int, float] = {}  # group -> when its first assignment came
         self._lock = threading.Lock()
+        self.meter = UtilisationMeter(time.monotonic())
+        self._utilisation_sent = 0.0  # time.monotonic() of the last Utilisation report
         self.check = check_vector(cfg.run_num, vector_len)
         codec = Codec(cfg.compress)
         self.engine = ReduceEngine(
@@ -308,9 +313,35 @@ class Node:
 
     # -- threads -----------------------------------------------------------------------------
 
+    def time_split(self) -> TimeSplit:
+        """This worker's wall time so far, split into computing and waiting."""
+        with self._lock:
+            return self.meter.split(time.monotonic())
+
+    def _report_utilisation(self) -> None:
+        now = time.monotonic()
+        if now - self._utilisation_sent < UTILISATION_EVERY_S:
+            return
+        self._utilisation_sent = now
+        split = self.time_split()
+        wan = sum(self.transport.stats().bytes_sent.values())
+        self.tell(
+            proto.Utilisation(
+                self.me,
+                time.time(),
+                split.compute_s,
+                split.ready_s,
+                split.group_s,
+                split.stalled_s,
+                wan,
+            )
+        )
+
     def _heartbeats(self) -> None:
         while not self.stop_event.wait(self.cfg.heartbeat_s):
             self.tell(proto.Heartbeat(self.me, self._iteration()))
+            if self.meter.rounds:  # a worker that offers rounds (not a bench or Gloo node)
+                self._report_utilisation()
             samples = [
                 [float(src), float(b), s]
                 for src, (b, s) in self.transport.arrival_rates().items()
@@ -383,6 +414,7 @@ class Node:
         if isinstance(action, JoinGroup):
             if action.member:
                 self._members[action.assign.group] = tuple(action.assign.members)
+                self._assigned_at.setdefault(action.assign.group, time.monotonic())
             self.engine.assign(action.assign, vector if action.member else None)
             if action.assign.rev > 0:  # queued frames of routes the revision dropped: unsend
                 self.transport.cancel(self.engine.superseded())
@@ -411,6 +443,7 @@ class Node:
         with self._lock:
             self._vector_offered = vector
             self.ctl.offer()
+            self.meter.offered(time.monotonic())
             split = self.ctl.prescatter_split()
         epoch = -1
         if split is not None:
@@ -442,6 +475,11 @@ class Node:
             with self._lock:
                 settlement, cleanup = self.ctl.settle(out, have_result=result is not None)
                 self._vector_offered = None
+                self.meter.settled(
+                    time.monotonic(),
+                    self._assigned_at.pop(out.group, None),
+                    settlement is Settlement.APPLY_AVERAGE,
+                )
             self._act(cleanup, None)
             members = self._members.pop(out.group, ())
             if settlement is Settlement.KEEP_OWN_MISSING:

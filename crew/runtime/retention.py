@@ -1,8 +1,9 @@
 """Retention of the run database's time series: recent rows at full resolution, older ones
 downsampled, so a run's database grows by a stated rate instead of with every sample.
 
-Two tables grow with a run's length at a fixed rate: ``link_samples`` (one row per directed link
-per second) and ``iterations`` (one row per worker per training step). A ``RetentionPolicy``
+Three tables grow with a run's length at a fixed rate: ``link_samples`` (one row per directed
+link per second), ``iterations`` (one row per worker per training step) and ``utilisation`` (one
+row per worker every few seconds). A ``RetentionPolicy``
 keeps the newest ``full_s`` seconds of each untouched and folds older rows into buckets: rows
 older than ``full_s`` into one row per ``(link or worker, medium_step_s)`` bucket, and rows older
 than ``medium_s`` into one per ``coarse_step_s`` bucket.
@@ -13,7 +14,9 @@ What a folded row holds, so that every reader's arithmetic stays right:
   difference between any two kept rows is still the bytes sent between them) and the bucket's
   mean ``mbit``;
 * ``iterations``: the bucket's last ``t`` and ``iteration``, and the mean ``loss`` and
-  ``accuracy`` over the rows that have one (``accuracy`` stays NULL when none was evaluated).
+  ``accuracy`` over the rows that have one (``accuracy`` stays NULL when none was evaluated);
+* ``utilisation``: the bucket's last row (its times and bytes are cumulative, like
+  ``tx_bytes``).
 
 Groups keep every row (the audit reads every group, its members and every state change), but
 a group's ``plan`` (a few KB of JSON, most of a long run's bytes) is kept past ``full_s`` only
@@ -90,6 +93,11 @@ _FOLDS = {
         "SELECT MAX(t), worker, iteration, AVG(loss), AVG(accuracy) FROM iterations "
         "WHERE t >= ? AND t < ? GROUP BY worker, CAST(t / ? AS INTEGER)",
     ),
+    "utilisation": (
+        "worker",
+        "SELECT MAX(t), worker, compute_s, ready_s, group_s, stalled_s, wan_bytes "
+        "FROM utilisation WHERE t >= ? AND t < ? GROUP BY worker, CAST(t / ? AS INTEGER)",
+    ),
 }
 TABLES = (*_FOLDS, "plans")
 
@@ -122,7 +130,9 @@ def compact(conn: sqlite3.Connection, policy: RetentionPolicy, now: float) -> di
                     f"SELECT COUNT(*) FROM {table} WHERE t >= ? AND t < ?", (done, end)
                 ).fetchone()[0]
                 conn.execute(f"DELETE FROM {table} WHERE t >= ? AND t < ?", (done, end))
-                conn.executemany(f"INSERT INTO {table} VALUES (?, ?, ?, ?, ?)", folded)
+                if folded:
+                    marks = ", ".join("?" * len(folded[0]))
+                    conn.executemany(f"INSERT INTO {table} VALUES ({marks})", folded)
                 conn.execute(
                     "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, repr(end))
                 )

@@ -30,6 +30,10 @@ predicted_s, bound_s, plan, reason, revisions, verify_err)``
     who was in each group, with the local iteration its update came from.
 ``iterations(t, worker, iteration, loss, accuracy)``
     per-worker training progress; ``accuracy`` is held-out accuracy, NULL when not evaluated.
+``utilisation(t, worker, compute_s, ready_s, group_s, stalled_s, wan_bytes)``
+    each worker's wall time so far split into computing and waiting
+    (``crew.control.utilisation``), cumulative, every few seconds; ``wan_bytes`` is what its
+    transport has sent (wire bytes).
 ``worker_status(worker, state, iteration, group_id, updated_at, pid)``
     the newest state of each worker (``training``, ``ready``, ``reducing``, ``dead``, ...).
 ``worker_states(t, worker, state, iteration, group_id)``
@@ -103,6 +107,10 @@ CREATE TABLE IF NOT EXISTS iterations (
     loss REAL, accuracy REAL);
 CREATE INDEX IF NOT EXISTS iterations_t ON iterations (t);
 CREATE INDEX IF NOT EXISTS iterations_worker ON iterations (worker, t);
+CREATE TABLE IF NOT EXISTS utilisation (
+    t REAL NOT NULL, worker INTEGER NOT NULL, compute_s REAL NOT NULL, ready_s REAL NOT NULL,
+    group_s REAL NOT NULL, stalled_s REAL NOT NULL, wan_bytes INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS utilisation_worker ON utilisation (worker, t);
 CREATE TABLE IF NOT EXISTS worker_status (
     worker INTEGER PRIMARY KEY, state TEXT NOT NULL, iteration INTEGER NOT NULL DEFAULT 0,
     group_id INTEGER, updated_at REAL NOT NULL, pid INTEGER);
@@ -169,6 +177,16 @@ class IterationRow(NamedTuple):
     iteration: int
     loss: float | None
     accuracy: float | None
+
+
+class UtilisationRow(NamedTuple):
+    t: float
+    worker: int
+    compute_s: float
+    ready_s: float
+    group_s: float
+    stalled_s: float
+    wan_bytes: int
 
 
 class EventRow(NamedTuple):
@@ -258,6 +276,23 @@ def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
     return conn
 
 
+def latest_utilisation(
+    conn: sqlite3.Connection, asof: float | None = None
+) -> dict[int, UtilisationRow]:
+    """Each worker's newest ``utilisation`` row (at or before ``asof``): its cumulative time
+    split. Empty for runs that recorded none (older databases, Gloo and benchmark workers)."""
+    try:
+        rows = conn.execute(
+            "SELECT u.* FROM utilisation u JOIN (SELECT worker, MAX(t) AS t FROM utilisation"
+            " WHERE t <= ? GROUP BY worker) m ON u.worker = m.worker AND u.t = m.t"
+            " ORDER BY u.worker",
+            (float("inf") if asof is None else asof,),
+        ).fetchall()
+    except sqlite3.OperationalError:  # a database written before the table existed
+        return {}
+    return {int(r[1]): UtilisationRow(*r) for r in rows}
+
+
 class RunDB:
     """A thread-safe writer for one run database.
 
@@ -323,6 +358,9 @@ class RunDB:
 
     def add_iterations(self, rows: Iterable[IterationRow]) -> None:
         self._insert("iterations", IterationRow, rows)
+
+    def add_utilisation(self, rows: Iterable[UtilisationRow]) -> None:
+        self._insert("utilisation", UtilisationRow, rows)
 
     def add_events(self, rows: Iterable[EventRow]) -> None:
         self._insert(

@@ -7,8 +7,8 @@ so a bad message is dropped with a warning instead of crashing the receiver.
 
 Who sends what::
 
-    worker -> coordinator   Register, Heartbeat, Ready, Metrics, HaveAll, LinkFailed,
-                            LinkRates, LinkHealth, Rejected, OpTime
+    worker -> coordinator   Register, Heartbeat, Ready, Metrics, Utilisation, HaveAll,
+                            LinkFailed, LinkRates, LinkHealth, Rejected, OpTime
     coordinator -> worker   Assign, Split, Commit, Abandon, SetSlowdown, Stop
     lab -> coordinator      Admin (set_p, set_scheme, set_link, stop)
 
@@ -116,6 +116,24 @@ class Metrics(Message):
     loss: float
     accuracy: float | None
     t: float
+
+
+Seconds = Annotated[float, AtLeast(0)]
+
+
+@dataclass(frozen=True)
+class Utilisation(Message):
+    """A worker's wall time so far, split into computing and waiting (cumulative; see
+    ``crew.control.utilisation``), and the WAN bytes it has sent."""
+
+    TYPE: ClassVar[str] = "utilisation"
+    worker: int
+    t: float
+    compute_s: Seconds
+    ready_s: Seconds
+    group_s: Seconds
+    stalled_s: Seconds
+    wan_bytes: Count
 
 
 @dataclass(frozen=True)
@@ -335,6 +353,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Heartbeat,
         Ready,
         Metrics,
+        Utilisation,
         HaveAll,
         LinkFailed,
         LinkRates,

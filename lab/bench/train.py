@@ -14,7 +14,8 @@ from typing import Any
 from rich.progress import Progress
 
 from crew.config import Scheme
-from crew.runtime.rundb import GroupStatus, connect
+from crew.control.utilisation import TimeSplit
+from crew.runtime.rundb import GroupStatus, connect, latest_utilisation
 from lab.bench.procs import (
     POLL_S,
     STARTUP_TORCH_S,
@@ -49,6 +50,8 @@ class TrainResult:
     link_bytes: int | None = None  # all links, from the link counters
     link_bytes_per_round: float | None = None  # link_bytes / sum of the workers' rounds
     link_bytes_to_target: int | None = None  # all links, until the target was first reached
+    # mean over workers of compute ÷ wall time (crew.control.utilisation), at the run's end
+    compute_utilisation: float | None = None
     # (seconds since the first iteration, mean of every worker's latest accuracy, or held-out
     # loss for lm), once all n workers have reported one: the training curve of the plots.
     curve: list[tuple[float, float]] = field(default_factory=list)
@@ -128,6 +131,10 @@ def train_results(
             ).fetchone()
             to_target = int(row["total"]) if row and row["total"] is not None else None
         worker_rounds = sum(rounds.values())
+        shares = [
+            TimeSplit(r.compute_s, r.ready_s, r.group_s, r.stalled_s).utilisation
+            for r in latest_utilisation(conn, end).values()
+        ]
         return TrainResult(
             training_s=end - t0,
             rounds_per_worker_per_min=sum(rounds.values()) / n / minutes,
@@ -148,6 +155,7 @@ def train_results(
                 link_bytes / worker_rounds if link_bytes is not None and worker_rounds else None
             ),
             link_bytes_to_target=to_target,
+            compute_utilisation=sum(shares) / len(shares) if shares else None,
             curve=curve,
         )
     finally:

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -28,7 +29,15 @@ from crew.config import (
     Scheme,
     run_data_dir,
 )
-from crew.runtime.rundb import GroupStatus, LinkRow, RunDB, WorkerRow
+from crew.control.utilisation import TimeSplit
+from crew.runtime.rundb import (
+    GroupStatus,
+    LinkRow,
+    RunDB,
+    UtilisationRow,
+    WorkerRow,
+    latest_utilisation,
+)
 from crew.train.workloads import DEFAULTS, Workload
 from crew.wire import protocol as proto
 from crew.wire.frames import COORDINATOR, FrameCodec, control_frame
@@ -610,6 +619,27 @@ def _lower_priority() -> None:
         pass  # no autogroup in this kernel: os.nice above is enough
 
 
+def utilisation_summary(shares: Mapping[int, UtilisationRow]) -> dict[str, Any]:
+    """Compute utilisation in a summary: the mean over workers of compute ÷ wall time, each
+    worker's split (``crew.control.utilisation``) and its WAN bytes per second of compute."""
+    per_worker = {}
+    for w, r in shares.items():
+        split = TimeSplit(r.compute_s, r.ready_s, r.group_s, r.stalled_s)
+        per_worker[str(w)] = {
+            "utilisation": round(split.utilisation, 4),
+            "compute_s": round(r.compute_s, 3),
+            "ready_s": round(r.ready_s, 3),
+            "group_s": round(r.group_s, 3),
+            "stalled_s": round(r.stalled_s, 3),
+            "wan_bytes_per_compute_s": round(r.wan_bytes / r.compute_s) if r.compute_s else None,
+        }
+    values = [v["utilisation"] for v in per_worker.values()]
+    return {
+        "compute_utilisation": round(sum(values) / len(values), 4) if values else None,
+        "utilisation_per_worker": per_worker,
+    }
+
+
 def summarize(db_path: Path) -> dict[str, Any]:
     """The run's headline figures, from its database alone."""
     from crew.runtime.rundb import connect
@@ -654,6 +684,7 @@ def summarize(db_path: Path) -> dict[str, Any]:
         started = float(meta.get("started_at", "0"))
         ended = float(meta.get("ended_at", str(time.time())))
         minutes = max((ended - started) / 60.0, 1e-9)
+        shares = latest_utilisation(conn)
         return {
             "run_id": meta.get("run_id"),
             "scheme": meta.get("scheme"),
@@ -675,6 +706,7 @@ def summarize(db_path: Path) -> dict[str, Any]:
                 else None
             ),
             "max_verify_err": verify["worst"] if verify else None,
+            **utilisation_summary(shares),
             "link_bytes_total": sum(link_bytes.values()),
             "link_bytes": link_bytes,
             "db": str(db_path),

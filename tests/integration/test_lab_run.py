@@ -135,6 +135,12 @@ def test_run_trains_in_groups_of_p_and_records_everything(trained: StoppedLab, s
     assert summary["groups_completed"] == len(everything)
     assert sum(summary["rounds_per_worker"].values()) == 2 * len(everything)
     assert all(len(m) for m in summary["link_bytes"])
+    # Every torch worker reported its time split; the summary's mean is of theirs.
+    shares = summary["utilisation_per_worker"]
+    assert set(shares) == set(summary["rounds_per_worker"])
+    assert all(0 < s["utilisation"] < 1 and s["group_s"] > 0 for s in shares.values())
+    mean = sum(s["utilisation"] for s in shares.values()) / len(shares)
+    assert summary["compute_utilisation"] == pytest.approx(mean, abs=1e-4)
     acc = rows(db, "SELECT accuracy FROM iterations WHERE accuracy IS NOT NULL ORDER BY t")
     assert acc, "no held-out accuracy was recorded"
 
