@@ -45,8 +45,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from crew.cli_options import command_parser
-
 REPO = Path(__file__).resolve().parent.parent
 CACHE_DIR = Path(os.environ.get("CREW_VM_CACHE", "/var/cache/crew-lab/vm"))
 BUSYBOX_CANDIDATES = (Path("/bin/busybox"), Path("/usr/bin/busybox"))
@@ -452,6 +450,10 @@ def cpu_seconds_here() -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Imported here: lab/setup.sh judges the guest kernel with this module under the
+    # distribution's Python, before the venv (and numpy, which crew.config needs) exists.
+    from crew.cli_options import command_parser
+
     ap = command_parser(
         "python -m lab.vm",
         "Run one command in a throwaway VM with Debian's stock kernel "

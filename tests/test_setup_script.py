@@ -341,3 +341,26 @@ def test_refuses_to_run_without_root() -> None:
     )
     assert res.returncode == 1
     assert "must run as root" in res.stderr
+
+
+def test_lab_vm_imports_with_the_standard_library_alone() -> None:
+    """lab/setup.sh judges the guest kernel with lab.vm under the distribution's Python, before
+    the venv exists: an import of numpy or any other package there disables the VM tests."""
+    only_stdlib = f"""
+import sys
+
+class OnlyStdlib:
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        if top in sys.stdlib_module_names or top in ("lab", "crew"):
+            return None
+        raise ImportError(f"{{name}} is not in the standard library")
+
+sys.path.insert(0, {str(REPO)!r})
+sys.meta_path.insert(0, OnlyStdlib())
+from lab.vm import GuestKernel, VmError, build_initramfs
+"""
+    run = subprocess.run(
+        [sys.executable, "-I", "-c", only_stdlib], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
