@@ -40,6 +40,8 @@ __all__ = [
     "CrewError",
     "JoinRefused",
     "LaunchError",
+    "OverlapError",
+    "PendingRound",
     "PortError",
     "Round",
     "SecretError",
@@ -49,8 +51,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Averager", "Round"):
+    if name in ("Averager", "PendingRound", "Round"):
         from crew import averager
 
         return getattr(averager, name)
+    if name == "OverlapError":
+        from crew.train.overlap import OverlapError
+
+        return OverlapError
     raise AttributeError(f"module 'crew' has no attribute {name!r}")

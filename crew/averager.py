@@ -63,9 +63,10 @@ from crew.runtime.launch import (
     read_secret,
     run_number,
 )
-from crew.runtime.node import Node
+from crew.runtime.node import Node, Settled
 from crew.runtime.rendezvous import join_job
 from crew.train.outer import OuterLoop
+from crew.train.overlap import DelayedUpdates, OverlapError
 from crew.wire import protocol as proto
 from crew.wire.frames import Frame, FrameCodec, FrameError
 from crew.wire.transport import Transport
@@ -106,6 +107,32 @@ class Round:
     @property
     def utilisation(self) -> float:
         return self.time_split.utilisation
+
+
+class PendingRound:
+    """A round offered by :meth:`Averager.start`, reducing while the caller trains on.
+
+    :meth:`wait` blocks until the group has ended and applies its result as a delta against
+    the offered snapshot (or nothing, when the group was abandoned); it returns the
+    :class:`Round`, and the same Round again on later calls."""
+
+    def __init__(
+        self,
+        averager: Averager,
+        begun: tuple[int, float, int | None] | None,
+        done: Round | None,
+    ) -> None:
+        self._averager = averager
+        self._begun = begun
+        self._round = done
+
+    def wait(self) -> Round:
+        if self._round is None:
+            assert self._begun is not None
+            staleness, started, ticket = self._begun
+            averager = self._averager
+            self._round = averager._end(averager._node.settle(), staleness, started, ticket)
+        return self._round
 
 
 def _tensors_of(params: nn.Module | Iterable[torch.Tensor]) -> list[torch.Tensor]:
@@ -305,6 +332,7 @@ class Averager:
             transport.set_stall_timeout(cfg.stall_timeout_s)
         self.iteration = iteration
         self._last_averaged = iteration
+        self._delayed = DelayedUpdates(limit=1)
         self._closed = False
         size = sum(t.numel() for t in self._tensors)
         self._node = Node(
@@ -368,23 +396,52 @@ class Averager:
 
         Blocks while the group forms and reduces; the coordinator's group deadlines bound
         that wait. Returns a :class:`Round` with ``stopped=True`` at once if the job is over."""
+        begun = self._begin(blocking=True)
+        if isinstance(begun, Round):
+            return begun
+        staleness, started, _ = begun
+        settled = self._node.settle()
+        return self._end(settled, staleness, started, None)
+
+    def start(self) -> PendingRound:
+        """Offer the parameters as they are now and return at once: training goes on while
+        the group forms and reduces. :meth:`PendingRound.wait` then applies the group's result
+        as a delta against this snapshot, so the local steps taken meanwhile are kept
+        (``crew.train.overlap``). One round may be in flight at a time."""
+        begun = self._begin(blocking=False)
+        if isinstance(begun, Round):
+            return PendingRound(self, None, begun)
+        return PendingRound(self, begun, None)
+
+    def _begin(self, *, blocking: bool) -> Round | tuple[int, float, int | None]:
+        """Offer a round: (staleness, start time, overlap ticket), or the Round of a job that
+        is over."""
+        if self._delayed.in_flight:
+            raise OverlapError("a start()ed round is still in flight: wait() for it first")
         self.iteration += 1
         staleness = self.iteration - self._last_averaged
         if self.stopped:
             return Round(False, None, (), staleness, 0.0, "stopped", stopped=True)
         started = time.perf_counter()
-        offered = self.vector()
-        if self._outer is not None:
-            offered = self._outer.before_reduce(offered)
-        self._node.offer(offered, self.iteration)
-        settled = self._node.settle()
+        snapshot = self.vector()
+        ticket = None if blocking else self._delayed.offer(snapshot)
+        offered = snapshot if self._outer is None else self._outer.before_reduce(snapshot)
+        self._node.offer(offered, self.iteration, blocking=blocking)
+        return staleness, started, ticket
+
+    def _end(
+        self, settled: Settled | None, staleness: int, started: float, ticket: int | None
+    ) -> Round:
+        """Apply (or not) a round's outcome; ``ticket``: an overlapped round's snapshot."""
         seconds = time.perf_counter() - started
         if settled is not None and settled.settlement is Settlement.APPLY_AVERAGE:
             assert settled.result is not None
-            result = settled.result
+            synced = settled.result
             if self._outer is not None:
-                result = self._outer.after_reduce(result)
-            self.load_vector(result)
+                synced = self._outer.after_reduce(synced)
+            if ticket is not None:
+                synced = self._delayed.resolve(ticket, self.vector(), synced)
+            self.load_vector(synced)
             self._last_averaged = self.iteration
             return Round(
                 True,
@@ -396,6 +453,8 @@ class Averager:
             )
         if self._outer is not None:
             self._outer.on_abandon()
+        if ticket is not None:
+            self._delayed.abandon(ticket)
         if settled is None:
             if self._node.lost is not None:
                 raise CoordinatorLost(

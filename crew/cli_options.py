@@ -31,6 +31,7 @@ TRAINING = (
     "local_steps",
     "outer_lr",
     "outer_momentum",
+    "overlap",
     "compress",
     "lr",
     "batch_size",
@@ -154,6 +155,7 @@ def training_options(args: argparse.Namespace, *, scheme: str, nonblocking: bool
         "outer_momentum": args.outer_momentum,
         "compress": args.compress,
         "model_mb": args.model_mb,
+        "overlap": args.overlap,
     }
     check_training(scheme=scheme, nonblocking=nonblocking, **out)
     if args.lr is not None and not args.lr > 0:

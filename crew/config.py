@@ -227,6 +227,15 @@ class RunConfig:
     outer_momentum: float = field(
         default=0.9, metadata=opt("DiLoCo's Nesterov momentum", flag="--outer-momentum")
     )
+    overlap: bool = field(
+        default=False,
+        metadata=opt(
+            "overlapped reduce: a worker offers its model (or DiLoCo step) and trains on while"
+            " its group reduces, then applies the result as a delta against what it offered"
+            " (crew.train.overlap; one round in flight per worker)",
+            flag="--overlap",
+        ),
+    )
     workload: str = field(
         default="mlp",
         metadata=opt(
@@ -622,6 +631,7 @@ def check_training(
     outer_lr: float,
     outer_momentum: float,
     model_mb: float = 4.0,
+    overlap: bool = False,
 ) -> None:
     """The training-mode and compression fields (crew.train.outer, crew.train.compress);
     ConfigError names the first one that is wrong. The lab checks its options with this before
@@ -640,6 +650,13 @@ def check_training(
         isinstance(model_mb, int | float) and math.isfinite(model_mb) and model_mb > 0
     ):
         raise ConfigError(f"model_mb: a finite number of MB > 0, got {model_mb!r}")
+    if overlap and scheme == Scheme.GLOO.value:
+        raise ConfigError("overlap: gloo all-reduces in lockstep; use a partial-reduce scheme")
+    if overlap and workload == "synthetic":
+        raise ConfigError(
+            "overlap: the synthetic workload checks each average against the offered vectors,"
+            " which training on would change; use mlp or lm"
+        )
     if workload == "synthetic" and sync != "every-step":
         raise ConfigError(
             f"sync: the synthetic workload averages every step (its checks need the offered"

@@ -211,6 +211,7 @@ def print_summary(summary: dict) -> None:
         "workload",
         "sync",
         "local_steps",
+        "overlap",
         "compress",
         "final_heldout_loss",
         "max_verify_err",

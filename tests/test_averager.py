@@ -123,6 +123,32 @@ def test_rounds_report_the_time_split_between_computing_and_waiting():
     assert res[0][-1].utilisation < res[1][-1].utilisation
 
 
+def test_an_overlapped_round_keeps_the_steps_taken_while_it_reduced():
+    step = {0: 0.25, 1: 0.5}  # what each rank's "training" adds while its group reduces
+
+    def body(rank, averager, tensors):
+        pending = averager.start()
+        with pytest.raises(crew.OverlapError):
+            averager.step()  # one round in flight at a time
+        time.sleep(0.3)  # computing while the group reduces: counted as compute
+        with torch.no_grad():
+            for t in tensors:
+                t.add_(step[rank])
+        rnd = pending.wait()
+        assert pending.wait() is rnd  # waiting again changes nothing
+        return rnd, [t.clone() for t in tensors]
+
+    res = run_ranks(2, body, args=ARGS)
+    for rank in (0, 1):
+        assert not isinstance(res[rank], Exception), res[rank]
+        rnd, tensors = res[rank]
+        assert rnd.averaged and set(rnd.peers) == {0, 1}
+        # The group's average of the snapshots, plus this rank's own step since its offer.
+        assert torch.equal(tensors[0], torch.full((3, 4), 0.5 + step[rank]))
+        assert torch.equal(tensors[1], torch.ones(5) + step[rank])
+        assert rnd.time_split.compute_s >= 0.3
+
+
 def test_a_rank_that_leaves_after_joining_does_not_stop_the_others():
     def body(rank, averager, tensors):
         if rank == 2:

@@ -134,6 +134,18 @@ def test_sizes_and_bad_parameters_get_clear_errors() -> None:
             outer_lr=0.7,
             outer_momentum=0.9,
         )
+    with pytest.raises(ConfigError, match="overlap: the synthetic workload"):
+        check_training(
+            compress="none",
+            nonblocking=False,
+            scheme="crew",
+            sync="every-step",
+            workload="synthetic",
+            local_steps=1,
+            outer_lr=0.7,
+            outer_momentum=0.9,
+            overlap=True,
+        )
 
 
 def test_the_trainer_counts_verdicts_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:

@@ -43,11 +43,26 @@ def test_configs_expand_to_every_combination_in_order() -> None:
     assert by["gloo-every-step-fp32"].label == ("gloo", "every-step", "fp32")
 
 
+def test_modes_run_each_combination_blocking_and_overlapped() -> None:
+    runs = bench_spec.parse_train_configs(
+        ["crew:diloco:int8:blocking,overlap"], _args("--local-steps", "8")
+    )
+    assert [r.name for r in runs] == ["crew-diloco8-int8", "crew-diloco8-int8-overlap"]
+    assert [r.training["overlap"] for r in runs] == [False, True]
+    assert runs[1].label == ("crew", "diloco H=8 overlapped", "int8")
+    # Without a MODES field, --overlap chooses.
+    (one,) = bench_spec.parse_train_configs(["preduce:every-step:none"], _args("--overlap"))
+    assert one.name == "preduce-every-step-fp32-overlap" and one.training["overlap"]
+
+
 @pytest.mark.parametrize(
     ("item", "named"),
     [
+        ("crew:every-step:none:sometimes", "mode 'sometimes'"),
+        ("gloo:every-step:none:overlap", "gloo all-reduces in lockstep"),
         ("gloo:every-step:int8", "gloo all-reduces float32"),
         ("crew:every-step", "SCHEMES:SYNCS:COMPRESS"),
+        ("crew:every-step:none:overlap:x", "SCHEMES:SYNCS:COMPRESS"),
         ("crew:sometimes:none", "sync"),
         ("crew:every-step:int4", "compress"),
         ("nosuch:every-step:none", "nosuch"),

@@ -437,13 +437,14 @@ class Node:
 
     # -- a round: offer, then settle -----------------------------------------------------------
 
-    def offer(self, vector: np.ndarray, iteration: int) -> None:
+    def offer(self, vector: np.ndarray, iteration: int, *, blocking: bool = True) -> None:
         """Offer ``vector`` (flat float32, kept unchanged until settled) and send ``Ready``;
-        in non-blocking mode, start pre-scattering it first."""
+        in non-blocking mode, start pre-scattering it first. ``blocking=False``: the caller
+        computes on until it calls :meth:`settle` (counted as compute, not as waiting)."""
         with self._lock:
             self._vector_offered = vector
             self.ctl.offer()
-            self.meter.offered(time.monotonic())
+            self.meter.offered(time.monotonic(), blocking=blocking)
             split = self.ctl.prescatter_split()
         epoch = -1
         if split is not None:
@@ -464,6 +465,9 @@ class Node:
         """Block until the offered vector's group commits or is abandoned; None if the node
         stopped (or ``timeout`` seconds passed) first."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            if self.meter.in_round:
+                self.meter.waiting(time.monotonic())
         while not self.stop_event.is_set():
             if deadline is not None and time.monotonic() >= deadline:
                 return None
@@ -475,11 +479,10 @@ class Node:
             with self._lock:
                 settlement, cleanup = self.ctl.settle(out, have_result=result is not None)
                 self._vector_offered = None
-                self.meter.settled(
-                    time.monotonic(),
-                    self._assigned_at.pop(out.group, None),
-                    settlement is Settlement.APPLY_AVERAGE,
-                )
+                assigned_at = self._assigned_at.pop(out.group, None)
+                if self.meter.in_round:  # (an outcome always ends the round it settles)
+                    applied = settlement is Settlement.APPLY_AVERAGE
+                    self.meter.settled(time.monotonic(), assigned_at, applied)
             self._act(cleanup, None)
             members = self._members.pop(out.group, ())
             if settlement is Settlement.KEEP_OWN_MISSING:

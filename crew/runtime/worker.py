@@ -14,9 +14,11 @@ A completed local update is never lost: until a group commits, the worker keeps 
 and it saves a checkpoint after every commit and when it stops.
 
 Training modes (``cfg.workload``, ``cfg.sync``, ``cfg.local_steps``; ``docs/training.md``): one
-local iteration is H optimiser steps of the ``mlp`` or ``lm`` workload; with ``local-sgd`` or
-``diloco`` the Averager offers through a :class:`crew.train.outer.OuterLoop`, whose state (the
-last synchronised parameters and the outer momentum) is checkpointed beside the model. For
+local iteration is H optimiser steps of the ``mlp`` or ``lm`` workload (with ``cfg.overlap``
+the next iteration trains while the last one's group reduces, ``crew.train.overlap``); with
+``local-sgd`` or ``diloco`` the Averager offers through a :class:`crew.train.outer.OuterLoop`,
+whose state (the last synchronised parameters and the outer momentum) is checkpointed beside
+the model. For
 ``lm`` the evaluation rows of the database carry the held-out loss (nats per byte) in ``loss``
 and the next-byte accuracy in ``accuracy``; other rows carry the training loss.
 
@@ -176,14 +178,21 @@ class Worker:
         if self.stop_event.is_set():
             averager.stop()
         last_eval = 0.0
+        pending = None  # overlap: the round reducing while the next iteration trains
         try:
             while not averager.stopped:
                 loss, accuracy, last_eval = self._local_iteration(last_eval)
                 averager.report(loss, accuracy, iteration=self.trainer.iteration)
                 if averager.stopped:
                     break
-                if averager.step().averaged:
+                if not self.cfg.overlap:
+                    if averager.step().averaged:
+                        self._save()
+                    continue
+                # One round in flight: the previous one reduced during this iteration.
+                if pending is not None and pending.wait().averaged:
                     self._save()
+                pending = averager.start()
         finally:
             averager.close()
 

@@ -113,7 +113,8 @@ def error_lines(schemes: Mapping[str, Mapping[str, Any]], limit: int = 400) -> l
 
 
 def _fp32_twin(name: str, r: dict[str, Any], results: dict[str, dict[str, Any]]) -> str | None:
-    """The run with the same scheme and sync in fp32, for the bytes ratio (None: not run)."""
+    """The run with the same scheme, sync and overlap in fp32, for the bytes ratio (None: not
+    run)."""
     c = r.get("config")
     if not c:
         return None
@@ -122,8 +123,8 @@ def _fp32_twin(name: str, r: dict[str, Any], results: dict[str, dict[str, Any]])
         if (
             other != name
             and oc.get("compress") == "none"
-            and (oc.get("scheme"), oc.get("sync"), oc.get("local_steps"))
-            == (c["scheme"], c["sync"], c["local_steps"])
+            and (oc.get("scheme"), oc.get("sync"), oc.get("local_steps"), oc.get("overlap"))
+            == (c["scheme"], c["sync"], c["local_steps"], c.get("overlap"))
         ):
             return other
     return None

@@ -4,6 +4,7 @@ validated options (:class:`BenchSpec`). Pure: no lab, no processes."""
 from __future__ import annotations
 
 import argparse
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,44 +62,54 @@ class TrainRun:
 
     @property
     def label(self) -> tuple[str, str, str]:
-        """(scheme, sync with its H, compress) for the table."""
+        """(scheme, sync with its H and overlap, compress) for the table."""
         t = self.training
         sync = t["sync"] if t["sync"] == "every-step" else f"{t['sync']} H={t['local_steps']}"
+        if t.get("overlap"):
+            sync += " overlapped"
         return self.scheme, sync, "fp32" if t["compress"] == "none" else t["compress"]
 
 
 def parse_train_configs(items: Sequence[str], args: argparse.Namespace) -> tuple[TrainRun, ...]:
-    """``--configs SCHEMES:SYNCS:COMPRESS`` (each field a comma list; every combination runs,
-    in the order given) into training runs. every-step runs take H = 1, local-sgd and diloco
+    """``--configs SCHEMES:SYNCS:COMPRESS[:MODES]`` (each field a comma list; every
+    combination runs, in the order given) into training runs. MODES are ``blocking`` and
+    ``overlap`` (default: ``--overlap``'s). every-step runs take H = 1, local-sgd and diloco
     ``--local-steps``; the other training options are the command line's. Raises BenchError
     naming the bad item, or a combination that cannot run (e.g. gloo with int8)."""
     runs: list[TrainRun] = []
     for item in items:
         fields = item.split(":")
-        if len(fields) != 3 or not all(f.strip() for f in fields):
-            raise BenchError("--configs", f"{item!r}: want SCHEMES:SYNCS:COMPRESS")
+        if len(fields) not in (3, 4) or not all(f.strip() for f in fields):
+            raise BenchError("--configs", f"{item!r}: want SCHEMES:SYNCS:COMPRESS[:MODES]")
         schemes = parse_schemes(fields[0])
-        syncs = [x.strip() for x in fields[1].split(",") if x.strip()]
-        codecs = [x.strip() for x in fields[2].split(",") if x.strip()]
-        for scheme in schemes:
-            for sync in syncs:
-                for compress in codecs:
-                    h = 1 if sync == "every-step" else args.local_steps
-                    one = argparse.Namespace(
-                        **(vars(args) | {"sync": sync, "compress": compress, "local_steps": h})
-                    )
-                    try:
-                        training = training_options(one, scheme=scheme, nonblocking=False)
-                    except ConfigError as exc:
-                        raise BenchError(
-                            "--configs", f"{scheme}:{sync}:{compress}: {exc}"
-                        ) from None
-                    tag = sync if h == 1 else f"{sync}{h}"
-                    name = f"{scheme}-{tag}-{'fp32' if compress == 'none' else compress}"
-                    if any(r.name == name for r in runs):
-                        raise BenchError("--configs", f"{name} is listed twice")
-                    runs.append(TrainRun(name, scheme, training))
+        syncs, codecs, modes = (
+            [x.strip() for x in f.split(",") if x.strip()]
+            for f in (*fields[1:3], fields[3] if len(fields) == 4 else _mode(args.overlap))
+        )
+        for bad in (m for m in modes if m not in MODES):
+            raise BenchError("--configs", f"{item!r}: mode {bad!r}, want {' or '.join(MODES)}")
+        for scheme, sync, compress, mode in itertools.product(schemes, syncs, codecs, modes):
+            h = 1 if sync == "every-step" else args.local_steps
+            given = {"sync": sync, "compress": compress, "local_steps": h}
+            one = argparse.Namespace(**(vars(args) | given | {"overlap": mode == "overlap"}))
+            try:
+                training = training_options(one, scheme=scheme, nonblocking=False)
+            except ConfigError as exc:
+                raise BenchError("--configs", f"{scheme}:{sync}:{compress}:{mode}: {exc}") from None
+            tag = sync if h == 1 else f"{sync}{h}"
+            name = f"{scheme}-{tag}-{'fp32' if compress == 'none' else compress}"
+            name += "-overlap" if mode == "overlap" else ""
+            if any(r.name == name for r in runs):
+                raise BenchError("--configs", f"{name} is listed twice")
+            runs.append(TrainRun(name, scheme, training))
     return tuple(runs)
+
+
+MODES = ("blocking", "overlap")
+
+
+def _mode(overlap: bool) -> str:
+    return "overlap" if overlap else "blocking"
 
 
 @dataclass(frozen=True)

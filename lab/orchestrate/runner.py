@@ -99,6 +99,7 @@ class RunOptions:
     outer_lr: float = RunConfig.default("outer_lr")
     outer_momentum: float = RunConfig.default("outer_momentum")
     compress: str = RunConfig.default("compress")  # none (float32), fp16 or int8
+    overlap: bool = RunConfig.default("overlap")  # train on while the group reduces
     dashboard: bool = True
     dashboard_host: str = "127.0.0.1"
     dashboard_port: int = 8501
@@ -110,7 +111,15 @@ class RunOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-TRAINING_FIELDS = ("workload", "sync", "local_steps", "outer_lr", "outer_momentum", "compress")
+TRAINING_FIELDS = (
+    "workload",
+    "sync",
+    "local_steps",
+    "outer_lr",
+    "outer_momentum",
+    "overlap",
+    "compress",
+)
 
 
 def lab_impairments(caps: Capabilities) -> set[str]:
@@ -357,6 +366,7 @@ class LabRun:
             sync=o.sync,
             outer_lr=o.outer_lr,
             outer_momentum=o.outer_momentum,
+            overlap=o.overlap,
             workload=o.workload,
             model_mb=o.model_mb,
             compress=o.compress,
