@@ -1,0 +1,114 @@
+"""Groups that size themselves: a quorum of ready workers, then a grace window learned online.
+
+A fixed p makes every group wait for its p-th ready worker, however slow that one is. The
+quorum rule instead closes a group of every worker ready so far once
+
+* ``p_max`` workers are ready (``CloseReason.CAP``), or
+* at least ``p_min`` are ready and no further worker has become ready within the grace window
+  after the last one (``CloseReason.WINDOW``), or
+* at least ``p_min`` are ready and the window is zero, because nothing has been learned yet or
+  arrivals have stopped being regular (``CloseReason.QUORUM``).
+
+The grace window is ``median(g) + k * MAD(g)`` of the recent gaps ``g`` between consecutive
+ready arrivals, clipped to ``[0, max_window_s]``: while workers become ready at a steady pace,
+waiting one typical gap more usually buys one more member; a straggler far out in the tail is
+not waited for. Median and MAD, not mean and standard deviation, so one straggler's gap does
+not widen the window for everyone after it.
+
+Pure: arrival times in, decisions out. Cost: ``observe`` is O(1); ``decide`` sorts the kept
+gaps, O(h log h) for the ``history`` kept (64 by default).
+"""
+
+from __future__ import annotations
+
+import enum
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["CloseReason", "Decision", "QuorumError", "QuorumRule", "QuorumState"]
+
+
+class QuorumError(ValueError):
+    """A quorum setting is out of range; the message names it."""
+
+
+class CloseReason(enum.StrEnum):
+    """Why a group closed at the size it has."""
+
+    CAP = "cap"  # p_max workers were ready
+    WINDOW = "window"  # p_min or more were ready and the grace window ran out
+    QUORUM = "quorum"  # p_min or more were ready and there was no window to wait
+
+
+@dataclass(frozen=True)
+class QuorumRule:
+    """``p_min``..``p_max`` members; the window is ``median + k_mad * MAD`` of the last
+    ``history`` arrival gaps, at most ``max_window_s``."""
+
+    p_min: int
+    p_max: int
+    k_mad: float = 3.0
+    history: int = 64
+    max_window_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.p_min <= self.p_max:
+            raise QuorumError(
+                f"p_min {self.p_min} and p_max {self.p_max}: need 1 <= p_min <= p_max"
+            )
+        if not self.k_mad >= 0:
+            raise QuorumError(f"k_mad must be >= 0, got {self.k_mad}")
+        if self.history < 2:
+            raise QuorumError(f"history must be at least 2 gaps, got {self.history}")
+        if not self.max_window_s >= 0:
+            raise QuorumError(f"max_window_s must be >= 0, got {self.max_window_s}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Close a group of ``size`` now (``size`` > 0, with its ``reason``), or wait: ``size`` 0,
+    and ``wake_at`` the time to ask again (None: only when another worker becomes ready)."""
+
+    size: int
+    reason: CloseReason | None = None
+    wake_at: float | None = None
+
+
+class QuorumState:
+    """The rule and the recent arrival gaps it learns its window from."""
+
+    def __init__(self, rule: QuorumRule) -> None:
+        self.rule = rule
+        self._gaps: deque[float] = deque(maxlen=rule.history)
+        self._last: float | None = None
+
+    def observe(self, t: float) -> None:
+        """A worker became ready at ``t`` (times in order)."""
+        if self._last is not None and t >= self._last:
+            self._gaps.append(t - self._last)
+        self._last = t
+
+    def window(self) -> float:
+        """The grace window now: 0 until two gaps are known."""
+        if len(self._gaps) < 2:
+            return 0.0
+        med = statistics.median(self._gaps)
+        mad = statistics.median(abs(g - med) for g in self._gaps)
+        return min(self.rule.max_window_s, med + self.rule.k_mad * mad)
+
+    def decide(self, ready_at: Sequence[float], now: float) -> Decision:
+        """What to do with the ready workers, given when each became ready."""
+        r, rule = len(ready_at), self.rule
+        if r >= rule.p_max:
+            return Decision(rule.p_max, CloseReason.CAP)
+        if r < rule.p_min:
+            return Decision(0)
+        window = self.window()
+        if window <= 0:
+            return Decision(r, CloseReason.QUORUM)
+        deadline = max(ready_at) + window
+        if now >= deadline:
+            return Decision(r, CloseReason.WINDOW)
+        return Decision(0, wake_at=deadline)
