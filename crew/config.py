@@ -320,6 +320,22 @@ class RunConfig:
             flag="--nonblocking",
         ),
     )
+    quorum_min: int = field(
+        default=0,
+        metadata=opt(
+            "groups that size themselves: close a group once at least this many workers are"
+            " ready and no more became ready within a grace window learned from recent ready"
+            " times (crew.control.quorum); 0: every group has --group-size members",
+            "workers",
+            flag="--quorum-min",
+        ),
+    )
+    quorum_max: int = field(
+        default=0,
+        metadata=opt(
+            "the quorum rule's largest group; 0: all workers", "workers", flag="--quorum-max"
+        ),
+    )
     committed_capacity: bool = field(
         default=True,
         metadata=opt(
@@ -481,6 +497,13 @@ class RunConfig:
             raise ConfigError(f"n: must be at least 1, got {self.n}")
         if not 1 <= self.p <= self.n:
             raise ConfigError(f"p: must be between 1 and n={self.n}, got {self.p}")
+        if self.quorum_min or self.quorum_max:
+            top = self.quorum_max or self.n
+            if not 1 <= self.quorum_min <= top <= self.n:
+                raise ConfigError(
+                    f"quorum_min: need 1 <= quorum_min ({self.quorum_min}) <= quorum_max"
+                    f" ({top}) <= n ({self.n})"
+                )
         try:
             object.__setattr__(self, "scheme", Scheme(self.scheme))
         except ValueError:

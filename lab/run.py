@@ -54,6 +54,8 @@ RUN_FIELDS = (
     "staleness",
     "part_bytes",
     "nonblocking",
+    "quorum_min",
+    "quorum_max",
     "capacity",
     "host_cpu_s_per_gb",
     "committed_capacity",
@@ -266,6 +268,13 @@ def main(argv: list[str] | None = None) -> int:
         console.print(
             f"[red]error:[/red] {flags.config_flag('p')}: must be between 1 and {topo.n} "
             f"(the topology has {topo.n} workers), got {args.p}"
+        )
+        return EXIT_BAD_INPUT
+    top = args.quorum_max or topo.n
+    if (args.quorum_min or args.quorum_max) and not 1 <= args.quorum_min <= top <= topo.n:
+        console.print(
+            f"[red]error:[/red] {flags.config_flag('quorum_min')}: need 1 <= --quorum-min"
+            f" ({args.quorum_min}) <= --quorum-max ({top}) <= {topo.n} workers"
         )
         return EXIT_BAD_INPUT
     if args.duration is not None and args.duration <= 0:

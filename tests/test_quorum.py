@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
+from crew.config import Scheme
+from crew.control.grouping import GroupFormer
 from crew.control.quorum import CloseReason, Decision, QuorumError, QuorumRule, QuorumState
+from crew.runtime import rundb
 
 
 def learned(rule: QuorumRule, arrivals: list[float]) -> QuorumState:
@@ -71,3 +76,71 @@ def test_only_the_recent_gaps_count():
 def test_bad_settings_are_named(kwargs, named):
     with pytest.raises(QuorumError, match=named):
         QuorumRule(**kwargs)
+
+
+def test_the_former_closes_groups_by_the_rule_and_says_why():
+    former = GroupFormer(5, 2, quorum=QuorumRule(p_min=2, p_max=3))
+    for w in range(5):
+        former.join(w, 0.0)
+    assert former.ready(0, 1, 1.0) == []
+    (g,) = former.ready(1, 1, 2.0)  # one gap known: no window yet, the quorum closes it
+    assert g.members == (0, 1) and g.formed_by is CloseReason.QUORUM
+    former.complete(g.id, 2.0)
+    # Gaps 1, 1, 0.5: a window of 1 s after each arrival.
+    assert former.ready(2, 1, 3.0) == []
+    assert former.ready(3, 1, 3.5) == []
+    assert former.form(4.4) == []
+    (g,) = former.ready(4, 1, 4.4)  # three ready: the cap
+    assert g.members == (2, 3, 4) and g.formed_by is CloseReason.CAP
+    former.complete(g.id, 4.4)
+    # Gaps 1, 1, 0.5, 0.9, 1.6, 0.5: median 0.95, MAD 0.25, window 0.95 + 3 * 0.25 = 1.7.
+    assert former.ready(0, 2, 6.0) == []
+    assert former.ready(1, 2, 6.5) == []
+    assert former.form(8.1) == []
+    (g,) = former.form(8.25)  # nobody else came within the window after 6.5
+    assert g.members == (0, 1) and g.formed_by is CloseReason.WINDOW and not g.reduced
+
+
+def test_a_former_with_a_fixed_p_records_no_reason():
+    former = GroupFormer(2, 2)
+    for w in range(2):
+        former.join(w, 0.0)
+    former.ready(0, 1, 1.0)
+    (g,) = former.ready(1, 1, 2.0)
+    assert g.formed_by is None
+
+
+def test_the_reason_is_recorded_and_an_older_database_gains_its_column(tmp_path):
+    old = tmp_path / "old.db"
+    conn = sqlite3.connect(old)
+    conn.execute(  # the groups table as databases written before the column have it
+        "CREATE TABLE groups (id INTEGER PRIMARY KEY, scheme TEXT NOT NULL, members TEXT NOT NULL,"
+        " weights TEXT NOT NULL, formed_at REAL NOT NULL, started_at REAL, ended_at REAL,"
+        " status TEXT NOT NULL DEFAULT 'open', bytes INTEGER NOT NULL DEFAULT 0,"
+        " predicted_s REAL, bound_s REAL, plan TEXT, reason TEXT,"
+        " revisions INTEGER NOT NULL DEFAULT 0, verify_err REAL)"
+    )
+    conn.commit()
+    conn.close()
+    db = rundb.RunDB(old)
+    try:
+        db.open_group(
+            1,
+            scheme=Scheme.CREW,
+            members=[0, 1],
+            weights=[0.5, 0.5],
+            formed_at=1.0,
+            started_at=1.0,
+            predicted_s=None,
+            bound_s=None,
+            plan_json=None,
+            member_rows=[],
+            formed_by=CloseReason.WINDOW.value,
+        )
+    finally:
+        db.close()
+    conn = rundb.connect(old, readonly=True)
+    try:
+        assert conn.execute("SELECT formed_by FROM groups").fetchone()[0] == "window"
+    finally:
+        conn.close()

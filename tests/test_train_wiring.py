@@ -57,6 +57,10 @@ def test_averager_applies_the_diloco_outer_step_two_ranks_by_hand() -> None:
         (["--compress", "fp16", "--scheme", "gloo"], "--compress"),
         (["--sync", "diloco", "--local-steps", "8", "--outer-momentum", "1.5"], "--outer-momentum"),
         (["--lr", "-1"], "--lr"),
+        (["--overlap", "--scheme", "gloo"], "--overlap"),
+        (["--overlap", "--workload", "synthetic"], "--overlap"),
+        (["--quorum-min", "9"], "--quorum-min"),
+        (["--quorum-min", "3", "--quorum-max", "2"], "--quorum-min"),
     ],
 )
 def test_lab_run_refuses_bad_training_options_before_building(

@@ -9,7 +9,8 @@ A former decides who averages with whom and keeps the workers' liveness; the lif
   time (a :class:`FixedFormer`: its next group is known in advance).
 
 Both satisfy :class:`Former`. :func:`former_for` builds the one a run's config asks for: the
-trace's former when ``cfg.extra["trace"]`` holds one (``lab.bench``), else a ``GroupFormer``.
+trace's former when ``cfg.extra["trace"]`` holds one (``lab.bench``), else a ``GroupFormer``
+(with the quorum rule of ``crew.control.quorum`` when ``cfg.quorum_min`` is set).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Protocol, runtime_checkable
 
 from crew.config import RunConfig
 from crew.control.grouping import Group, GroupFormer, WorkerState
+from crew.control.quorum import QuorumRule
 from crew.control.traceformer import TraceFormer
 
 
@@ -77,8 +79,15 @@ def former_for(cfg: RunConfig) -> Former:
     """The former ``cfg`` asks for: its trace's (``cfg.extra["trace"]``, a list of groups of
     worker ids) or a readiness-driven ``GroupFormer``; either keeps liveness with
     ``cfg.heartbeat_timeout_s``."""
+    quorum = None
+    if cfg.quorum_min:
+        quorum = QuorumRule(cfg.quorum_min, cfg.quorum_max or cfg.n)
     live = GroupFormer(
-        cfg.n, cfg.p, heartbeat_timeout=cfg.heartbeat_timeout_s, staleness=cfg.staleness
+        cfg.n,
+        cfg.p,
+        heartbeat_timeout=cfg.heartbeat_timeout_s,
+        staleness=cfg.staleness,
+        quorum=quorum,
     )
     trace = cfg.extra.get("trace")
     return live if trace is None else TraceFormer(trace, live)

@@ -84,6 +84,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from crew.control.quorum import CloseReason, QuorumRule, QuorumState
+
 log = logging.getLogger(__name__)
 
 DEFAULT_DECAY = 0.9
@@ -175,7 +177,8 @@ class Group:
     ``members`` are in ready order (the order they entered the queue); ``iterations`` and
     ``weights`` align with them. ``reduced``: formed with fewer than p members because of
     deaths. ``dropped``: members removed since formation. ``swapped_in``: the worker the
-    isolation guard brought in, if it intervened.
+    isolation guard brought in, if it intervened. ``formed_by``: why the quorum rule closed it
+    at its size (``crew.control.quorum``), None when groups have a fixed p.
     """
 
     id: int
@@ -186,6 +189,7 @@ class Group:
     reduced: bool = False
     dropped: tuple[int, ...] = ()
     swapped_in: int | None = None
+    formed_by: CloseReason | None = None  # the quorum rule's reason; None: a fixed p
 
     def __post_init__(self) -> None:
         if not self.members:
@@ -263,6 +267,7 @@ class GroupFormer:
         isolation_max_wait: float = 10.0,
         defer_max_wait: float = DEFER_MAX_WAIT_S,
         history_limit: int = HISTORY_LIMIT,
+        quorum: QuorumRule | None = None,
     ) -> None:
         if not _is_int(history_limit) or history_limit < 1:
             raise GroupingError("history_limit", f"must be an int >= 1, got {history_limit!r}")
@@ -311,6 +316,8 @@ class GroupFormer:
         self._next_id = 1  # 1-based: the run DB's INTEGER PRIMARY KEY
         self._now = -math.inf
         self._hold_since: float | None = None
+        # Groups that size themselves: ``p`` is then unused, the rule picks each size.
+        self._quorum = None if quorum is None else QuorumState(quorum)
 
     # ---- configuration ------------------------------------------------------------------
 
@@ -400,6 +407,8 @@ class GroupFormer:
         self._last_seen[w] = now
         self._ready_since[w] = now
         self._queue.append(w)
+        if self._quorum is not None:
+            self._quorum.observe(now)
         return self.form(now)
 
     def heartbeat(self, worker: int, now: float) -> None:
@@ -500,16 +509,25 @@ class GroupFormer:
         formed: list[Group] = []
         # Each pass removes at least one worker from the queue, so n + 1 passes suffice.
         for _ in range(self._n + 1):
-            k = self.p_effective()
-            if len(self._queue) < k:
+            k, reason = self._next_size(now)
+            if k == 0 or len(self._queue) < k:
                 self._hold_since = None
                 break
             chosen = self._choose(k, now)
             if chosen is None:
                 break
             members, swapped_in = chosen
-            formed.append(self._open_group(members, k, swapped_in, now))
+            formed.append(self._open_group(members, k, swapped_in, now, reason))
         return formed
+
+    def _next_size(self, now: float) -> tuple[int, CloseReason | None]:
+        """The next group's size (0: none yet) and the quorum rule's reason for it."""
+        if self._quorum is None:
+            return self.p_effective(), None
+        decision = self._quorum.decide([self._ready_since[w] for w in self._queue], now)
+        if decision.size == 0 and self._queue and len(self._queue) >= len(self.alive()):
+            return len(self._queue), CloseReason.CAP  # everyone alive is ready (deaths)
+        return decision.size, decision.reason
 
     # ---- queries ------------------------------------------------------------------------
 
@@ -625,7 +643,14 @@ class GroupFormer:
             seen.update(members)
         return uf, {w for w in seen if self._is_alive(w)}
 
-    def _open_group(self, members: list[int], k: int, swapped_in: int | None, now: float) -> Group:
+    def _open_group(
+        self,
+        members: list[int],
+        k: int,
+        swapped_in: int | None,
+        now: float,
+        formed_by: CloseReason | None = None,
+    ) -> Group:
         gid = self._next_id
         self._next_id += 1
         its = tuple(self._iteration[w] for w in members)
@@ -635,8 +660,9 @@ class GroupFormer:
             iterations=its,
             weights=self._weights(its),
             formed_at=now,
-            reduced=k < self._p,
+            reduced=k < self._p and formed_by is None,
             swapped_in=swapped_in,
+            formed_by=formed_by,
         )
         chosen = set(members)
         self._queue = [w for w in self._queue if w not in chosen]

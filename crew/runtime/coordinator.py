@@ -77,6 +77,7 @@ def write_record(db: RunDB, rec: lc.Output) -> None:
                 GroupMemberRow(g.id, m, it, max(g.iterations) - it + 1, w)
                 for m, it, w in zip(g.members, g.iterations, g.weights, strict=True)
             ],
+            formed_by=None if g.formed_by is None else g.formed_by.value,
         )
     elif isinstance(rec, lc.GroupUnplannedRecord):
         g = rec.group

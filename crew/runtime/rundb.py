@@ -20,12 +20,13 @@ Schema (see ``SCHEMA``):
     1 Hz samples of the sender interface's byte counter (cumulative) and the rate over the last
     interval in Mbit/s.
 ``groups(id, scheme, members, weights, formed_at, started_at, ended_at, status, bytes,
-predicted_s, bound_s, plan, reason, revisions, verify_err)``
+predicted_s, bound_s, plan, reason, revisions, verify_err, formed_by)``
     every group; ``members``/``weights``/``plan`` are JSON; ``status`` is one of
     ``open``, ``completed``, ``abandoned``; ``bytes`` is what the plans of all its revisions
     put on the links (payload, without headers); ``revisions`` counts re-plans after faults;
     ``verify_err`` is the relative error of the result check (``crew.control.verify``), NULL when
-    the group did not complete.
+    the group did not complete. ``formed_by``: why the quorum rule closed the group at its
+    size (``cap``, ``window`` or ``quorum``; ``crew.control.quorum``), NULL with a fixed p.
 ``group_members(group_id, worker, iteration, staleness, weight)``
     who was in each group, with the local iteration its update came from.
 ``iterations(t, worker, iteration, loss, accuracy)``
@@ -94,7 +95,7 @@ CREATE TABLE IF NOT EXISTS groups (
     weights TEXT NOT NULL, formed_at REAL NOT NULL, started_at REAL, ended_at REAL,
     status TEXT NOT NULL DEFAULT '{GroupStatus.OPEN}', bytes INTEGER NOT NULL DEFAULT 0,
     predicted_s REAL, bound_s REAL, plan TEXT, reason TEXT, revisions INTEGER NOT NULL DEFAULT 0,
-    verify_err REAL);
+    verify_err REAL, formed_by TEXT);
 CREATE INDEX IF NOT EXISTS groups_formed ON groups (formed_at);
 CREATE INDEX IF NOT EXISTS groups_status ON groups (status);
 CREATE TABLE IF NOT EXISTS group_members (
@@ -214,6 +215,7 @@ class GroupRow(NamedTuple):
     bound_s: float | None = None
     plan: str | None = None
     reason: str | None = None
+    formed_by: str | None = None
 
 
 class GroupMemberRow(NamedTuple):
@@ -272,8 +274,21 @@ def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(SCHEMA)
+        _add_missing_columns(conn)
     conn.row_factory = sqlite3.Row
     return conn
+
+
+# Columns added since a table was first shipped: a database written before gains them when a
+# writer opens it (CREATE TABLE IF NOT EXISTS leaves an existing table as it is).
+ADDED_COLUMNS = (("groups", "formed_by", "TEXT"),)
+
+
+def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    for table, column, decl in ADDED_COLUMNS:
+        have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in have:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
 
 def latest_utilisation(
@@ -382,6 +397,7 @@ class RunDB:
         bound_s: float | None,
         plan_json: str | None,
         member_rows: Iterable[GroupMemberRow],
+        formed_by: str | None = None,
     ) -> None:
         """A planned group starts: its row (status open) and its members, in one transaction."""
         row = GroupRow(
@@ -393,6 +409,7 @@ class RunDB:
             predicted_s=predicted_s,
             bound_s=bound_s,
             plan=plan_json,
+            formed_by=formed_by,
         )
         with self._lock, self._conn:
             self._conn.execute(_insert_sql("groups", GroupRow), row)

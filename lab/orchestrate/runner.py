@@ -16,6 +16,7 @@ import logging
 import os
 import secrets
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -81,6 +82,8 @@ class RunOptions:
     part_bytes: int = RunConfig.default("part_bytes")  # 0: automatic (RunConfig.part_elems_for)
     flow_order: str = RunConfig.default("flow_order")
     nonblocking: bool = RunConfig.default("nonblocking")
+    quorum_min: int = RunConfig.default("quorum_min")  # 0: groups of exactly p
+    quorum_max: int = RunConfig.default("quorum_max")  # 0: all workers
     committed_capacity: bool = RunConfig.default("committed_capacity")
     plan_ahead: bool = RunConfig.default("plan_ahead")
     # bytes crew's route LP counts a part to wait behind at each hop (RunConfig)
@@ -377,6 +380,8 @@ class LabRun:
             part_bytes=o.part_bytes,
             flow_order=o.flow_order,
             nonblocking=o.nonblocking,
+            quorum_min=o.quorum_min,
+            quorum_max=o.quorum_max,
             committed_capacity=o.committed_capacity,
             plan_ahead=o.plan_ahead,
             hop_backlog_bytes=o.hop_backlog_bytes,
@@ -695,6 +700,13 @@ def summarize(db_path: Path) -> dict[str, Any]:
         ended = float(meta.get("ended_at", str(time.time())))
         minutes = max((ended - started) / 60.0, 1e-9)
         shares = latest_utilisation(conn)
+        formed_by: dict[str, int] = {}  # the quorum rule's reasons (crew.control.quorum)
+        with contextlib.suppress(sqlite3.OperationalError):  # older databases lack the column
+            for r in conn.execute(
+                "SELECT formed_by, COUNT(*) FROM groups WHERE formed_by IS NOT NULL"
+                " GROUP BY formed_by"
+            ):
+                formed_by[r[0]] = r[1]
         return {
             "run_id": meta.get("run_id"),
             "scheme": meta.get("scheme"),
@@ -703,6 +715,7 @@ def summarize(db_path: Path) -> dict[str, Any]:
             "groups_completed": len(completed),
             "groups_abandoned": sum(1 for g in groups if g["status"] == GroupStatus.ABANDONED),
             "group_sizes": [len(json.loads(g["members"])) for g in completed],
+            "groups_formed_by": formed_by,
             "rounds_per_worker": rounds,
             "rounds_per_worker_per_min": {k: round(v / minutes, 2) for k, v in rounds.items()},
             "median_group_s": durations[len(durations) // 2] if durations else None,
