@@ -48,7 +48,7 @@ SYNC_MODES = ("every-step", "local-sgd", "diloco")
 WORKLOADS = ("mlp", "lm", "synthetic")
 PARTITIONS = ("iid", "non-iid")  # crew.train.datasets.Partition
 FLOW_ORDERS = ("fcfs", "egf", "fair")  # crew.wire.transport.FlowOrder
-CAPACITY_SOURCES = ("configured", "measured")
+CAPACITY_SOURCES = ("configured", "measured", "oracle")
 
 MIN_AUTO_PART_BYTES = 64 << 10
 MAX_AUTO_PART_BYTES = 1 << 20
@@ -359,9 +359,10 @@ class RunConfig:
     capacity: str = field(
         default="configured",
         metadata=opt(
-            "what the planner believes about link rates: the topology's configured rates, or"
+            "what the planner believes about link rates: the topology's configured rates;"
             " rates measured online from arriving data (re-planning when a link drifts by more"
-            " than 25%)",
+            " than 25%); or, in the lab, the true current rates of links that follow a rate"
+            " trace, told to the planner as each changes (oracle)",
             flag="--capacity",
             choices=CAPACITY_SOURCES,
         ),

@@ -233,8 +233,13 @@ class Page:
                     default=figures.busiest_links(series, TOP_K_LINKS),
                     key="util_links",
                 )
+                rates = st.toggle(
+                    "Mbit/s: measured against configured",
+                    key="util_rates",
+                    help="links that follow a rate trace drift; their configured rate moves",
+                )
                 st.plotly_chart(
-                    figures.utilisation_timeseries(series, chosen, self.t0),
+                    figures.utilisation_timeseries(series, chosen, self.t0, rates=rates),
                     key="util_timeseries",
                 )
             with right:

@@ -360,14 +360,38 @@ def link_traces(fig: go.Figure) -> list[go.Scatter]:
 # -- utilisation over time and now ----------------------------------------------------------------
 
 
-def utilisation_timeseries(series: pd.DataFrame, selected: Sequence[str], t0: float) -> go.Figure:
-    """One line per selected link: utilisation % over time, Mbit/s in the hover."""
+def utilisation_timeseries(
+    series: pd.DataFrame, selected: Sequence[str], t0: float, *, rates: bool = False
+) -> go.Figure:
+    """One line per selected link: utilisation % over time, Mbit/s in the hover; with
+    ``rates``, its measured Mbit/s (solid) against its configured rate (dotted), which moves
+    when the link follows a rate trace or a fault changes it."""
     if series.empty or not selected:
         return empty_figure("no link samples in this window")
     fig = go.Figure()
-    for label in selected:
+    for k, label in enumerate(selected):
         s = series[series["label"] == label]
         if s.empty:
+            continue
+        if rates:
+            colour = WORKER_COLOURS[k % len(WORKER_COLOURS)]
+            for col, dash, what in (
+                ("mbit", "solid", "measured"),
+                ("rate_mbit", "dot", "configured"),
+            ):
+                fig.add_trace(
+                    go.Scatter(
+                        x=s["t"] - t0,
+                        y=s[col],
+                        mode="lines",
+                        name=f"{label} {what}",
+                        legendgroup=label,
+                        line=dict(
+                            color=colour, dash=dash, shape="hv" if col == "rate_mbit" else None
+                        ),
+                        hovertemplate=f"{label} {what}: %{{y:.1f}} Mbit/s<extra></extra>",
+                    )
+                )
             continue
         fig.add_trace(
             go.Scatter(
@@ -385,7 +409,7 @@ def utilisation_timeseries(series: pd.DataFrame, selected: Sequence[str], t0: fl
         height=320,
         margin=dict(l=10, r=10, t=10, b=10),
         xaxis_title="t (s)",
-        yaxis_title="utilisation %",
+        yaxis_title="Mbit/s" if rates else "utilisation %",
         legend_title="link",
     )
     fig.update_yaxes(rangemode="tozero")

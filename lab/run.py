@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,10 @@ from crew.config import ConfigError
 from crew.runtime.rundb import GroupStatus
 from lab.net.preflight import PreflightError, add_allow_missing, allowed_missing, check, describe
 from lab.orchestrate.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id, summarize
+from lab.spec.ratetraces import TraceRefError, load_link_traces
 from lab.spec.scenario import ScenarioError, load_scenario
 from lab.spec.shipped import add_topology_flag
-from lab.spec.topology import Impairment, TopologyError, load_topology
+from lab.spec.topology import Impairment, TopologyError
 
 log = logging.getLogger("lab.run")
 console = Console(stderr=True)
@@ -260,9 +262,15 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        topo = load_topology(args.topology)
-    except TopologyError as exc:
+        topo, traces = load_link_traces(args.topology)
+    except (TopologyError, TraceRefError) as exc:
         console.print(f"[red]error:[/red] {exc}")
+        return EXIT_BAD_INPUT
+    if args.capacity == "oracle" and not traces:
+        console.print(
+            f"[red]error:[/red] {flags.config_flag('capacity')}: oracle tells the planner the"
+            " rates of links that follow a rate trace, and this topology has none"
+        )
         return EXIT_BAD_INPUT
     if not 1 <= args.p <= topo.n:
         console.print(
@@ -310,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"[red]error:[/red] {exc}")
             return EXIT_BAD_INPUT
         console.print(scenario.timeline())
-    opts = options_from_args(args, allow, training)
+    opts = replace(options_from_args(args, allow, training), rate_traces=traces)
     run_dir = args.out or (REPO / "runs" / new_run_id())
     # SIGTERM ends the run as Ctrl-C does: through the context manager's cleanup.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

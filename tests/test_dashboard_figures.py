@@ -381,6 +381,11 @@ def test_utilisation_series_divides_by_rate_at_sample_time(conn, run_db):
     fig = figures.utilisation_timeseries(series, ["0→2", "2→1"], now - DURATION)
     assert [t.name for t in fig.data] == ["0→2", "2→1"]
     assert len(fig.data[0].x) == DURATION and max(fig.data[0].y) == pytest.approx(90.0)
+    # Measured against configured: the 2→1 link's configured rate steps from 100 to 50.
+    fig = figures.utilisation_timeseries(series, ["2→1"], now - DURATION, rates=True)
+    assert [t.name for t in fig.data] == ["2→1 measured", "2→1 configured"]
+    assert set(fig.data[1].y) == {100.0, 50.0}
+    assert np.allclose(fig.data[0].y, 45.0)  # 45 Mbit/s throughout: 45% of 100, 90% of 50
 
 
 # -- groups, plans, training ----------

@@ -60,9 +60,11 @@ def test_the_applier_records_configured_rates_and_retries_failures(tmp_path: Pat
             (1, 0): RateTrace((0.0,), (6000.0,), "b"),
         }
     )
-    applier = DriftApplier(net, db, schedule)  # type: ignore[arg-type]
+    told: list[RateChange] = []  # what an oracle planner hears: each rate once it is set
+    applier = DriftApplier(net, db, schedule, on_change=told.append)  # type: ignore[arg-type]
     assert applier.tick(0.0) == 1 and applier.tick(1.0) == 0 and applier.tick(2.0) == 1
     assert net.rates == {(0, 1): 40.0}
+    assert told == [RateChange(0, 1, 80.0), RateChange(0, 1, 40.0)]  # not the refused one
     rows = db.query("SELECT src, dst, rate_mbit, reason FROM link_state ORDER BY id")
     assert [tuple(r) for r in rows] == [(0, 1, 80.0, "trace"), (0, 1, 40.0, "trace")]
     assert schedule.due(3.0) == [RateChange(1, 0, 6000.0)]  # the refused link stays due

@@ -10,7 +10,9 @@ same call a rate fault makes), about 5 ms of CPU each. Rates are clamped to the 
 :class:`DriftApplier` runs a schedule against the lab: every ``period_s`` (1 s: at least the
 1 Hz a trace sampled each second needs) it sets the due links' rates through
 ``LabNetwork.set_link`` and records each configured rate in the run database's ``link_state``
-table (reason ``trace``), where the link monitor's measured rates sit beside it.
+table (reason ``trace``), where the link monitor's measured rates sit beside it, and passes
+each change to ``on_change`` (the lab tells the planner the true rate with it under
+``--capacity oracle``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -79,6 +81,7 @@ class DriftApplier:
         db: RunDB,
         schedule: DriftSchedule,
         period_s: float = DEFAULT_PERIOD_S,
+        on_change: Callable[[RateChange], None] | None = None,
     ) -> None:
         if not 0 < period_s <= 1.0:
             raise ValueError(f"period_s: in (0, 1] s (at least 1 Hz), got {period_s}")
@@ -86,6 +89,7 @@ class DriftApplier:
         self.db = db
         self.schedule = schedule
         self.period_s = period_s
+        self.on_change = on_change
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.started = 0.0
@@ -100,6 +104,8 @@ class DriftApplier:
                 log.warning("drift: link %d->%d not set: %s", change.src, change.dst, exc)
                 continue
             self.schedule.done(change)
+            if self.on_change is not None:
+                self.on_change(change)
             rows.append(
                 LinkStateRow(time.time(), change.src, change.dst, change.mbit, True, TRACE_REASON)
             )

@@ -19,6 +19,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from crew.config import (
     run_data_dir,
 )
 from crew.control.utilisation import TimeSplit
+from crew.ratetrace import RateTrace
 from crew.runtime.rundb import (
     GroupStatus,
     LinkRow,
@@ -48,6 +50,7 @@ from lab.net.mesh import LabError, LabNetwork
 from lab.net.monitor import LinkMonitor
 from lab.net.preflight import Capabilities, ImpairmentMode, describe
 from lab.orchestrate import commands as cmds
+from lab.orchestrate.drift import DriftApplier, DriftSchedule, RateChange
 from lab.orchestrate.faults import FaultInjector
 from lab.spec.scenario import Scenario, ScenarioPlayer
 from lab.spec.topology import Impairment, TopologySpec, planner_shared_links
@@ -112,6 +115,8 @@ class RunOptions:
     stall_timeout_s: float = RunConfig.default("stall_timeout_s")
     heartbeat_timeout_s: float = RunConfig.default("heartbeat_timeout_s")
     extra: dict[str, Any] = field(default_factory=dict)
+    # Links that drift: each directed link's rate trace (lab.spec.ratetraces), replayed at 1 Hz.
+    rate_traces: Mapping[tuple[int, int], RateTrace] = field(default_factory=dict)
 
 
 TRAINING_FIELDS = (
@@ -210,7 +215,9 @@ class LabRun:
         self._split_maker: subprocess.Popen[bytes] | None = None
         self.monitor: LinkMonitor | None = None
         self.faults: FaultInjector | None = None
+        self.drift: DriftApplier | None = None
         self._admin: FrameStream | None = None
+        self._admin_lock = threading.Lock()  # the command applier and the drift applier share it
         self._logs: list[IO[bytes]] = []
         self.started_at = 0.0
         self.exit_codes: dict[int, int] = {}
@@ -299,6 +306,12 @@ class LabRun:
         self.monitor = LinkMonitor(self.net, self.db)
         self.monitor.start()
         self.faults = FaultInjector(self)
+        if self.opts.rate_traces:
+            # The oracle planner hears every true rate as it is set; the others must measure.
+            tell = self._tell_rate if self.opts.capacity == "oracle" else None
+            schedule = DriftSchedule(self.opts.rate_traces)
+            self.drift = DriftApplier(self.net, self.db, schedule, on_change=tell)
+            self.drift.start()
         if self.scenario is not None:
             self.player = ScenarioPlayer(self.scenario, self.db_path, self.started_at)
         self.db.event(
@@ -502,8 +515,18 @@ class LabRun:
     def dashboard_url(self) -> str:
         return f"http://{self.opts.dashboard_host}:{self.opts.dashboard_port}"
 
+    def _tell_rate(self, change: RateChange) -> None:
+        try:
+            self.admin("set_link", src=change.src, dst=change.dst, rate_mbit=change.mbit)
+        except OSError as exc:  # the next change tells it again; the drift goes on
+            log.warning("oracle: rate of %d->%d not told: %s", change.src, change.dst, exc)
+
     def admin(self, op: str, **args: Any) -> None:
         """Send a request to the coordinator over the management network."""
+        with self._admin_lock:
+            self._admin_send(op, args)
+
+    def _admin_send(self, op: str, args: dict[str, Any]) -> None:
         assert self.cfg is not None
         msg = proto.Admin(op=op, args=args)
         for attempt in range(2):
@@ -599,6 +622,8 @@ class LabRun:
                 self._split_maker.wait(timeout=10)
             if self.faults is not None:
                 self.faults.close()
+            if self.drift is not None:
+                self.drift.stop()
             if self.monitor is not None:
                 self.monitor.stop()
             if self._admin is not None:
