@@ -127,6 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
         "not for gloo (default 0)",
     )
     p.add_argument(
+        "--raw-tcp",
+        action="store_true",
+        help="after each scheme's ops, move the bytes its plans put on each link in one op"
+        " over the same links at once with plain TCP (sendall, recv_into; no framing, MAC or"
+        " aggregation), three times: the table gains the scheme's median op and CPU s/GB"
+        " divided by the raw move's (÷ raw, CPU ÷ raw), the kernel's own cost here",
+    )
+    p.add_argument(
         "--rounds",
         type=int,
         default=1,
@@ -289,6 +297,7 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         train_runs=runs if args.train else (),
         warmup=args.warmup,
         rounds=args.rounds,
+        raw_tcp=args.raw_tcp,
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -32,6 +33,7 @@ from lab.bench.procs import (
     reap,
     workers_cpu_s,
 )
+from lab.bench.rawtcp import RawMoveError, per_op_link_bytes, raw_reference
 from lab.bench.spec import GLOO, BenchError, BenchSpec
 from lab.net.mesh import LabNetwork
 from lab.net.preflight import Capabilities
@@ -82,6 +84,8 @@ class SchemeResult:
     plan_ms: tuple[float | None, ...] = ()  # per op: planning on its critical path (None: unknown)
     plan_ms_median: float | None = None
     planned_ahead: int = 0  # ops whose plan was made while the op before ran
+    raw_s: float | None = None  # --raw-tcp: median time of one op's planned bytes, plain TCP
+    raw_cpu_s_per_gb: float | None = None  # --raw-tcp: the raw move's CPU s per GB
     error: str | None = None
 
     def to_dict(self) -> SchemeResults:
@@ -341,5 +345,14 @@ def run_ops(
                 f"check error {result.max_verify_err}"
             ),
         )
+    if spec.raw_tcp and result.planned_link_bytes and result.completed:
+        progress.update(task, status="raw TCP")
+        try:
+            raw_s, raw_cpu = raw_reference(
+                net, per_op_link_bytes(result.planned_link_bytes, result.completed)
+            )
+            result = replace(result, raw_s=raw_s, raw_cpu_s_per_gb=raw_cpu)
+        except (RawMoveError, OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("%s: raw TCP reference failed: %s", scheme, exc)
     progress.update(task, status="[green]ok" if result.correct else "[red]FAILED")
     return result

@@ -32,7 +32,9 @@ def results_table(schemes: Mapping[str, SchemeResults], title: str, ops: int) ->
         " of measured/planned; /bound: median over ops of measured/fluid lower bound;"
         " /best: median over the fastest correct scheme's median; CPU: worker CPU s per GB"
         " moved; plan ms: median over ops of the planning the coordinator waited for before"
-        " the op's Assign (ahead: ops planned while the op before ran)",
+        " the op's Assign (ahead: ops planned while the op before ran); ÷ raw, CPU ÷ raw"
+        " (--raw-tcp): median and CPU s/GB over those of one op's planned bytes moved over"
+        " plain TCP on the same links at once",
     )
     cols = (
         "scheme",
@@ -43,6 +45,8 @@ def results_table(schemes: Mapping[str, SchemeResults], title: str, ops: int) ->
         "/bound",
         "/best",
         "CPU s/GB",
+        "÷ raw",
+        "CPU ÷ raw",
         "plan ms",
         "ahead",
         "ops",
@@ -62,12 +66,18 @@ def results_table(schemes: Mapping[str, SchemeResults], title: str, ops: int) ->
             _fmt(r["median_over_bound"], ".2f"),
             _fmt(vs, ".2f"),
             _fmt(r.get("cpu_s_per_gb"), ".1f"),
+            _fmt(_ratio(r["median_s"], r.get("raw_s")), ".2f"),
+            _fmt(_ratio(r.get("cpu_s_per_gb"), r.get("raw_cpu_s_per_gb")), ".2f"),
             _fmt(r.get("plan_ms_median"), ".1f"),
             f"{r.get('planned_ahead', 0)}/{r['completed']}",
             f"{r['completed']}/{ops}",
             ok,
         )
     return t
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
 
 
 def _fmt_spread(s: Spread, spec: str = ".3f") -> str:

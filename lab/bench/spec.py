@@ -139,6 +139,8 @@ class BenchSpec:
     # bytes crew's route LP counts a part to wait behind at each hop (RunConfig)
     hop_backlog_bytes: int = RunConfig.default("hop_backlog_bytes")
     training: dict[str, Any] = field(default_factory=dict)  # RunOptions training fields
+    # after each scheme, move its plans' bytes per op over plain TCP (lab.bench.rawtcp)
+    raw_tcp: bool = False
     target_loss: float = 2.0  # lm: held-out loss (nats per byte) whose reaching is timed
     # with --train: the runs, in order (one per scheme with ``training``, or --configs)
     train_runs: tuple[TrainRun, ...] = ()

@@ -37,6 +37,8 @@ class SchemeResults(TypedDict):
     plan_ms: NotRequired[list[float | None]]  # per op: planning its Assign waited for ([])
     plan_ms_median: NotRequired[float | None]  # (None)
     planned_ahead: NotRequired[int]  # ops planned while the op before ran (0)
+    raw_s: NotRequired[float | None]  # --raw-tcp: one op's planned bytes over plain TCP, s
+    raw_cpu_s_per_gb: NotRequired[float | None]  # --raw-tcp: that move's CPU s per GB
     error: str | None  # why the scheme is not correct; None when it is
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -129,8 +129,16 @@ def pool_results(results: Sequence[SchemeResults]) -> SchemeResults:
         "plan_ms": plan_ms,
         "plan_ms_median": percentile([m for m in plan_ms if m is not None], 50),
         "planned_ahead": sum(r.get("planned_ahead", 0) for r in results),
+        "raw_s": _median_of(r.get("raw_s") for r in results),
+        "raw_cpu_s_per_gb": _median_of(r.get("raw_cpu_s_per_gb") for r in results),
         "error": "; ".join(errors) or None,
     }
+
+
+def _median_of(values: Iterable[float | None]) -> float | None:
+    """The median of the values present (the rounds' raw references), None without any."""
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
 
 
 def _spread(values: Sequence[float | None]) -> Spread:

@@ -46,6 +46,7 @@ def test_bench_small(tmp_path: Path) -> None:
             str(out),
             "--timeout-per-op",
             "30",
+            "--raw-tcp",
         ]
     )
     results = json.loads((out / "results.json").read_text())
@@ -76,6 +77,8 @@ def test_bench_small(tmp_path: Path) -> None:
             # Measured bytes cover what the plans sent (headers only add).
             for link, planned in r["planned_link_bytes"].items():
                 assert r["link_bytes"][link] >= planned, (name, link)
+            # --raw-tcp moved one op's planned bytes over plain TCP on the same links.
+            assert r["raw_s"] > 0 and r["raw_cpu_s_per_gb"] > 0, name
     assert (out / "plots.html").stat().st_size > 0
     for name in schemes:
         assert (out / name / "lab.db").exists()
