@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,8 @@ SHIPPED = {
     "bench-fast2.yaml": (2, True, frozenset()),
     "bench-fast4.yaml": (4, True, frozenset()),
     "clouds-4x2.yaml": (8, False, frozenset()),
+    "paper-20.yaml": (20, False, frozenset()),
+    "paper-32.yaml": (32, False, frozenset()),
 }
 
 
@@ -325,6 +328,22 @@ def test_to_dict_refuses_a_spec_the_format_cannot_express() -> None:
     odd = dataclasses.replace(spec, links=tuple(links))
     with pytest.raises(ValueError, match="cannot express"):
         odd.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [("2@0.6:0.4", "below low"), ("2@0.4:x", "0.4:x"), ("2@1:90", "at most 60"), ("9@0:1", "9")],
+)
+def test_a_straggler_range_is_checked_by_the_profiles_own_rules(spec: str, named: str) -> None:
+    ok = {
+        "name": "t",
+        "defaults": {"mbit": 10},
+        "clouds": [{"name": "a", "straggler": "2@0.4:0.6"}, {"name": "b"}],
+    }
+    assert parse_topology(ok).workers[0].straggler == "2@0.4:0.6"
+    bad = ok | {"clouds": [{"name": "a", "straggler": spec}, {"name": "b"}]}
+    with pytest.raises(TopologyError, match=re.escape(named)):
+        parse_topology(bad)
 
 
 def test_split_straggler() -> None:

@@ -64,6 +64,13 @@ DEFAULT_CLOUDS = (
 )
 DEFAULT_STRAGGLERS = {"gcp-taiwan": "2@0.4", "azure-westus": "2@0.2"}
 GENERIC_CLOUDS = tuple(f"cloud-{k}" for k in range(8))
+SEED_PAPER = 2020
+# The paper's scale on one host: n(n-1) shaped links and n workers on two cores. The measured
+# rates are scaled down until the data path's CPU cannot bind (lab.run reports the CPU share).
+PAPER_SCALE = 0.1
+PAPER_RATE_MIN = 2.0
+# crew.sim.topogen's "mixed" stragglers: worker i takes the i-th (mod 6) of these.
+PAPER_STRAGGLERS = ("2", "2@0.2:0.4", "2@0.4:0.6", "2@0.6:0.8", "2@0.8:1.0", "2@1.0:1.2")
 
 
 @dataclass(frozen=True)
@@ -371,6 +378,63 @@ def make_bench_fast4(_: dict[str, Any]) -> Generated:
     return _make_fast(4)
 
 
+def _draw_with_replacement(values: Sequence[float], k: int, seed: int) -> list[float]:
+    """k values drawn with replacement, each index from one Random.random() call."""
+    rng = random.Random(seed)
+    return [values[int(rng.random() * len(values))] for _ in range(k)]
+
+
+def _make_paper(n: int, data: dict[str, Any]) -> Generated:
+    """The CREW paper's bwd = 2 setting at n clouds of one worker, scaled for one host."""
+    samples = data["inter-cloud-bandwidth-samples"]["values"]
+    names = [f"c{k:02d}" for k in range(n)]
+    pairs = _pairs(names)
+    drawn = [
+        round(max(PAPER_RATE_MIN, x * PAPER_SCALE), 1)
+        for x in _draw_with_replacement(samples, 2 * len(pairs), SEED_PAPER + n)
+    ]
+    filename = f"paper-{n}.yaml"
+    header = (
+        _banner(filename)
+        + f"The CREW paper's bandwidth-diversity setting bwd = 2 at n = {n}: {n} clouds of one\n"
+        + "worker, every directed link its own rate, drawn with replacement (seed"
+        + f" {SEED_PAPER + n}) from the 110\nsamples in"
+        + " crew/data/inter-cloud-bandwidth-samples.json (HotCloud 2018, 20-398 Mbit/s),\n"
+        + f"multiplied by the scale factor {PAPER_SCALE} (so that {n * (n - 1)} shaped links and"
+        + f" {n} workers fit two\ncores; lab.run reports the CPU share), at least"
+        + f" {PAPER_RATE_MIN:g} Mbit/s, rounded to 0.1.\n"
+        + "Draw order: cloud pairs in file order, forward then reverse. Stragglers as the\n"
+        + "simulator's 'mixed' profile: worker i takes the i-th (mod 6) of "
+        + ", ".join(PAPER_STRAGGLERS)
+        + "."
+    )
+    return Generated(
+        filename,
+        header,
+        {
+            "name": f"paper-{n}",
+            "description": f"{n} clouds, the paper's bwd = 2 x{PAPER_SCALE}, mixed stragglers",
+            "intra_cloud_mbit": 1000,
+            "clouds": [
+                {"name": c, "straggler": PAPER_STRAGGLERS[k % len(PAPER_STRAGGLERS)]}
+                for k, c in enumerate(names)
+            ],
+            "links": [
+                {"between": [a, b], "mbit": _rate(drawn[2 * k], drawn[2 * k + 1])}
+                for k, (a, b) in enumerate(pairs)
+            ],
+        },
+    )
+
+
+def make_paper_20(data: dict[str, Any]) -> Generated:
+    return _make_paper(20, data)
+
+
+def make_paper_32(data: dict[str, Any]) -> Generated:
+    return _make_paper(32, data)
+
+
 MAKERS: tuple[Callable[[dict[str, Any]], Generated], ...] = (
     make_default,
     make_aws,
@@ -383,6 +447,8 @@ MAKERS: tuple[Callable[[dict[str, Any]], Generated], ...] = (
     make_bench_uniform4,
     make_bench_fast2,
     make_bench_fast4,
+    make_paper_20,
+    make_paper_32,
 )
 
 

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
+from crew.train.stragglers import StragglerError, get_profile
 from lab.spec.fields import FieldError, FieldReader, describe, read_yaml, suggest
 
 if TYPE_CHECKING:
@@ -400,6 +401,16 @@ class _Checker(FieldReader):
         if isinstance(value, int) and not isinstance(value, bool):
             value = str(value)  # `straggler: 2` is an obvious shorthand for "2"
         text = self.string(value, field)
+        if ":" in text.partition("@")[2]:  # "2@0.4:0.6": the profile mapped onto a range
+            try:
+                high = max(get_profile(text).values)
+            except StragglerError as e:
+                raise self.fail(field, str(e)) from None
+            if high > MAX_STRAGGLER_SHIFT_S:
+                raise self.fail(
+                    field, f"{text!r} reaches {high:g} s (at most {MAX_STRAGGLER_SHIFT_S:g})"
+                )
+            return text
         try:
             profile, shift = split_straggler(text)
         except ValueError as e:
@@ -410,7 +421,8 @@ class _Checker(FieldReader):
                 field,
                 f"unknown straggler profile {profile!r} "
                 f"(known: {', '.join(sorted(known, key=_natural_key))}; "
-                "optionally with '@SECONDS' to shift it, e.g. '2@0.4')",
+                "optionally with '@SECONDS' to shift it, e.g. '2@0.4', or '@LOW:HIGH' to map"
+                " it onto a range, e.g. '2@0.4:0.6')",
             )
         if shift is None:
             return profile
