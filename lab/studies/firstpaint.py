@@ -57,6 +57,7 @@ PANELS = (
     "groups",
     "plans",
     "training",
+    "compute utilisation",
     "events",
     "controls",
 )
@@ -84,6 +85,7 @@ _SEEN = """() => {
     "groups": svg("group_timeline") && svg("rounds_staleness"),
     "plans": svg("plan_times") || caption("no plans recorded yet"),
     "training": svg("training_curves") && svg("rounds_per_minute"),
+    "compute utilisation": svg("compute_shares"),
     "events": !!q(".st-key-event_log [data-testid='stTable']") || caption("no events yet"),
     "controls": !!q(".st-key-cut_link_submit button"),
     "first plan": svg("plan_times"),

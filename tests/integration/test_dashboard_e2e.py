@@ -138,6 +138,16 @@ def event_log_text(page: Any) -> str:
     return (box.first.text_content() or "") if box.count() else ""
 
 
+def compute_share(page: Any) -> str | None:
+    """The compute-utilisation metric's value once its panel has drawn its chart."""
+    if not page.locator(".st-key-compute_shares .main-svg").count():
+        return None
+    metric = page.locator("[data-testid='stMetric']", has_text="compute utilisation")
+    text = metric.first.inner_text() if metric.count() else ""
+    value = text.strip().splitlines()[-1] if text.strip() else ""
+    return value if value.endswith("%") else None
+
+
 def set_number(page: Any, key: str, value: int) -> None:
     box = page.locator(f".st-key-{key} input")
     box.fill(str(value))
@@ -196,6 +206,9 @@ def test_cutting_the_busiest_link_from_the_page(tmp_path: Path) -> None:
                     f"'{wanted}' in the event log",
                     page,
                 )
+                share = wait_until(
+                    lambda: compute_share(page), CUT_WAIT_S, "the compute utilisation panel", page
+                )
             except Exception as exc:
                 browser.screenshot(page, ARTIFACT)
                 raise AssertionError(f"{exc}\nlab logs:\n{lab_logs(lab)}") from exc
@@ -208,4 +221,5 @@ def test_cutting_the_busiest_link_from_the_page(tmp_path: Path) -> None:
     assert row["state"] == "DOWN" and util_pct(row) is not None
     assert util_pct(row) < IDLE_UTIL_PCT, row
     assert f"cut link {src}→{dst} (command #1)" in events, events
+    assert 0 < float(share.rstrip("%")) <= 100, share  # the workers' reported time split
     assert ARTIFACT.stat().st_size > 10_000, "the screenshot is empty"
