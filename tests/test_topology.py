@@ -31,6 +31,7 @@ BAD = Path(__file__).resolve().parent / "data" / "bad_topologies"
 SHIPPED = {
     # file: (n, symmetric, impairments)
     "default.yaml": (8, False, frozenset()),
+    "default-slow.yaml": (8, False, frozenset()),
     "aws-8-regions.yaml": (8, True, frozenset({Impairment.DELAY})),
     "uniform.yaml": (8, True, frozenset()),
     "small.yaml": (3, False, frozenset()),
@@ -82,6 +83,13 @@ def test_hetero_rates_are_scaled_into_lab_range(filename: str) -> None:
     rates = [lk.rate_mbit for lk in spec.links]
     assert min(rates) >= 10 and max(rates) <= 120
     assert len(set(rates)) > 20  # drawn, not constant
+
+
+def test_the_slow_default_is_the_default_ten_times_slower() -> None:
+    fast, slow = (load_topology(TOPOLOGIES / f) for f in ("default.yaml", "default-slow.yaml"))
+    assert [c.straggler for c in slow.clouds] == [c.straggler for c in fast.clouds]
+    ratios = [f.rate_mbit / s.rate_mbit for f, s in zip(fast.links, slow.links, strict=True)]
+    assert ratios and all(abs(r - 10) < 0.1 for r in ratios)
 
 
 def test_default_has_one_or_two_straggling_clouds_and_distinct_names() -> None:

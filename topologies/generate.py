@@ -165,6 +165,36 @@ def make_default(data: dict[str, Any]) -> Generated:
     )
 
 
+SLOW_FACTOR = 10
+
+
+def _slower(mbit: float | dict[str, float]) -> float | dict[str, float]:
+    if isinstance(mbit, dict):
+        return {k: round(v / SLOW_FACTOR, 2) for k, v in mbit.items()}
+    return round(mbit / SLOW_FACTOR, 2)
+
+
+def make_default_slow(data: dict[str, Any]) -> Generated:
+    """default.yaml with every WAN rate divided by SLOW_FACTOR: a network that training waits
+    for, where overlapping the reduce with compute should pay."""
+    base = make_default(data)
+    header = (
+        _banner("default-slow.yaml")
+        + f"default.yaml with every inter-cloud rate divided by {SLOW_FACTOR} (1-12 Mbit/s),\n"
+        + "the same clouds and stragglers: the network the workers wait for."
+    )
+    return Generated(
+        "default-slow.yaml",
+        header,
+        base.data
+        | {
+            "name": "default-slow",
+            "description": f"default.yaml with every WAN rate / {SLOW_FACTOR}",
+            "links": [lk | {"mbit": _slower(lk["mbit"])} for lk in base.data["links"]],
+        },
+    )
+
+
 def make_aws(data: dict[str, Any]) -> Generated:
     aws = data["aws-10-regions"]
     measured = {frozenset((p["a"], p["b"])): p for p in aws["pairs"]}
@@ -437,6 +467,7 @@ def make_paper_32(data: dict[str, Any]) -> Generated:
 
 MAKERS: tuple[Callable[[dict[str, Any]], Generated], ...] = (
     make_default,
+    make_default_slow,
     make_aws,
     make_uniform,
     make_small,
