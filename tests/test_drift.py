@@ -8,23 +8,30 @@ import pytest
 
 from crew.ratetrace import DriftParams, RateTrace, generate
 from crew.runtime.rundb import RunDB
-from lab.orchestrate.drift import DriftApplier, DriftSchedule, RateChange
+from lab.orchestrate.drift import DriftApplier, DriftSchedule, RateChange, lab_schedule
 
 
 def test_links_change_when_their_trace_moves_beyond_the_threshold() -> None:
-    schedule = DriftSchedule(
+    schedule = lab_schedule(
         {
             (0, 1): RateTrace((0.0, 5.0, 6.0), (100.0, 101.0, 50.0), "a"),
             (1, 0): RateTrace((0.0,), (20_000.0,), "b"),
         }
     )
     first = schedule.due(0.0)
-    assert first == [RateChange(0, 1, 100.0), RateChange(1, 0, 10_000.0)]  # clamped
+    assert first == [RateChange(0, 1, 100.0), RateChange(1, 0, 10_000.0)]  # the lab's most
     for c in first:
         schedule.done(c)
     assert schedule.due(5.5) == []  # 1% is below the 2% threshold
     assert schedule.due(6.0) == [RateChange(0, 1, 50.0)]
     assert schedule.due(6.0) == [RateChange(0, 1, 50.0)]  # not confirmed: due again
+
+
+def test_the_steps_of_a_run_are_what_a_lab_applies_each_second() -> None:
+    trace = RateTrace((0.0, 2.5, 4.0), (10.0, 20.0, 20.1), "t")
+    steps = DriftSchedule({(0, 1): trace}).steps(6.0)
+    # At 0 s the first rate, at 3 s (the first tick after 2.5) the second; 20.1 is within 2%.
+    assert steps == [(0.0, RateChange(0, 1, 10.0)), (3.0, RateChange(0, 1, 20.0))]
 
 
 def test_a_drifting_trace_costs_a_change_only_when_it_moves(tmp_path: Path) -> None:

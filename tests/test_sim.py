@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import sqlite3
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -124,6 +125,35 @@ def test_measured_plan_delay_starts_the_routes_after_the_plan() -> None:
     assert res.plan_seconds[:2] == [0.25, 0.25]
 
 
+def test_a_rate_step_times_later_jobs_at_the_new_rate_and_counts_each_at_its_own() -> None:
+    links = LinkQueues(np.array([[0, 8.0], [8.0, 0]]))  # 1 MB/s
+    assert links.queue(0, 1, MB, 0.0) == pytest.approx(1.0)
+    links.set_rate(0, 1, 16.0)  # 2 MB/s from now on; the queued job keeps its end
+    assert links.queue(0, 1, MB, 1.0) == pytest.approx(1.5)
+    assert links.sent_by(1.5)[1] == pytest.approx(2 * MB)
+    links.cut(0, 1, 2.0)
+    links.set_rate(0, 1, 8.0)  # a cut link stays cut
+    assert links.rate(0, 1) == 0.0
+    with pytest.raises(NetworkError, match="rate must be finite"):
+        links.set_rate(1, 0, float("nan"))
+
+
+def test_a_slower_link_slows_the_ops_and_only_the_oracle_plans_for_it() -> None:
+    # preduce on two workers: 4 s per op at 1 MB/s. At 5.5 s both directions drop to 0.25 MB/s.
+    steps = [Fault(5.5, FaultKind.SET_RATE, a, b, mbit=2.0) for a, b in ((0, 1), (1, 0))]
+    cfg = SimConfig(scheme="preduce", p=2, size_bytes=4 * MB, duration_s=40.0, goodput=1.0)
+    steady = Simulation(_uniform(2), cfg).run()
+    slow = Simulation(_uniform(2), cfg, steps).run()
+    told = Simulation(_uniform(2), replace(cfg, oracle=True), steps)
+    told_res = told.run()
+    assert len(slow.group_times) < len(steady.group_times)
+    durations = [b - a for _, a, b in slow.group_times]
+    assert durations[0] == pytest.approx(4.0) and durations[1] == pytest.approx(16.0)
+    # The oracle's planner holds the new rate; without it, the configured one.
+    assert told.life.life.capacity.planning[0, 1] == pytest.approx(2.0)
+    assert len(told_res.group_times) == len(slow.group_times)  # two workers: no other route
+
+
 def test_host_cpu_is_one_fcfs_queue_for_every_link() -> None:
     # Two links of 1 MB/s on a host whose cores handle 0.5 MB of link bytes per second: the
     # first job ends at 2 s, the second (another link) waits for the CPU: 4 s. Its link's
@@ -132,7 +162,7 @@ def test_host_cpu_is_one_fcfs_queue_for_every_link() -> None:
     links = LinkQueues(np.array([[0, 8.0], [8.0, 0]]), executor=ex)
     assert links.queue(0, 1, MB, 0.0) == pytest.approx(2.0)
     assert links.queue(1, 0, MB, 0.0) == pytest.approx(4.0)
-    assert links.sent_by(1.0, np.asarray(links.cap))[2] == pytest.approx(MB)
+    assert links.sent_by(1.0)[2] == pytest.approx(MB)
     with pytest.raises(NetworkError, match="host_cores"):
         ExecutorModel(host_cores=-1.0)
 
@@ -181,7 +211,7 @@ def test_fcfs_link_serves_in_arrival_order_at_full_rate() -> None:
     assert links.queue(0, 1, MB, 0.0) == pytest.approx(1.0)
     assert links.queue(0, 1, MB, 0.5) == pytest.approx(2.0)  # waits for the first
     assert links.queue(0, 1, MB, 5.0) == pytest.approx(6.0)  # idle link: starts at once
-    sent = links.sent_by(1.5, np.asarray(links.cap))
+    sent = links.sent_by(1.5)
     assert sent[1] == pytest.approx(1.5 * MB)
 
 

@@ -12,6 +12,8 @@ from crew.sim.engine import FaultKind
 from lab.net.shaping import QUEUE_EXTRA_S
 from lab.report.simagree import lab_executor, simulate_op
 from lab.simrun import main as simrun_main
+from lab.simrun import trace_faults
+from lab.spec.ratetraces import load_link_traces
 from lab.spec.scenario import load_scenario
 from lab.spec.simulated import scenario_faults, sim_topology
 from lab.spec.topology import load_topology
@@ -50,6 +52,32 @@ def test_simrun_on_a_lab_topology_writes_a_run(tmp_path: Path) -> None:
     argv += ["--duration", "10", "--size-mb", "4", "--out", str(run)]
     assert simrun_main(argv) == 0
     assert (run / "lab.db").is_file()
+
+
+DRIFTING = """
+name: drifting
+defaults: {mbit: 40}
+rate_trace: {generate: {spread: 0.3, tau_s: 5, duration_s: 30, seed: 4}}
+clouds: [{name: a}, {name: b}, {name: c}]
+"""
+
+
+def test_a_drifting_topology_steps_its_links_in_the_simulator_as_in_the_lab(
+    tmp_path: Path,
+) -> None:
+    topo = tmp_path / "drifting.yaml"
+    topo.write_text(DRIFTING, encoding="utf-8")
+    _, traces = load_link_traces(topo)
+    faults = trace_faults(traces, 20.0)
+    assert {(f.a, f.b) for f in faults} == set(traces) and len(traces) == 6
+    assert all(f.kind is FaultKind.SET_RATE and 0 <= f.at <= 20 for f in faults)
+    for f in faults:  # each step is the trace's rate at the second it is applied
+        assert f.mbit == traces[(f.a, f.b)].rate_at(f.at)
+    for capacity in ("configured", "oracle"):
+        run = tmp_path / capacity
+        argv = ["--topology", str(topo), "--p", "2", "--duration", "20", "--size-mb", "1"]
+        assert simrun_main([*argv, "--capacity", capacity, "--out", str(run)]) == 0
+        assert (run / "lab.db").is_file()
 
 
 def test_a_bench_op_alone_takes_the_planners_time() -> None:

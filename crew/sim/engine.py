@@ -12,7 +12,9 @@ One :class:`Simulation` is one run in simulated time. It owns
   fed with events and obeyed;
 * the network (``crew.sim.network``): each assigned revision's routes are timed on FCFS
   link queues (``RouteTimer`` on ``LinkQueues``);
-* faults: link cuts (permanent) and worker crashes at given times.
+* faults: link cuts (permanent) and worker crashes at given times, and rate steps of links
+  that follow a trace (``crew.drift.DriftSchedule.steps``: what the lab applies each second),
+  told to the planner only with ``SimConfig.oracle``.
 
 Time only jumps from event to event: a compute finishing, a node holding a whole range
 (store-and-forward), a revision's data all delivered, a fault, a deadline or isolation-guard
@@ -56,6 +58,7 @@ class SimInvariantError(AssertionError):
 class FaultKind(enum.Enum):
     CUT_LINK = "cut_link"
     KILL_WORKER = "kill_worker"
+    SET_RATE = "set_rate"  # a rate trace's step (crew.ratetrace); not a failure
 
 
 @dataclass(frozen=True)
@@ -64,10 +67,13 @@ class Fault:
     kind: FaultKind
     a: int  # src of the link, or the worker
     b: int = -1  # dst of the link
+    mbit: float = 0.0  # SET_RATE: the link's new rate
 
     def describe(self) -> str:
         if self.kind is FaultKind.CUT_LINK:
             return f"cut link {self.a}->{self.b}"
+        if self.kind is FaultKind.SET_RATE:
+            return f"link {self.a}->{self.b} at {self.mbit:g} Mbit/s"
         return f"kill worker {self.a}"
 
 
@@ -111,6 +117,9 @@ class SimConfig:
     helpers: int | None = None
     """Plan each group over its members and this many best-connected others
     (``crew.sim.candidates``); None: over every worker."""
+    oracle: bool = False
+    """Tell the planner each ``SET_RATE`` step as it happens (the lab's ``--capacity oracle``);
+    False: it plans on the configured rates throughout."""
 
     def __post_init__(self) -> None:
         if self.size_bytes <= 0 or self.size_bytes % 4:
@@ -184,13 +193,13 @@ class Simulation:
         if not 1 <= cfg.p <= n:
             raise ValueError(f"p must be in [1, {n}], got {cfg.p}")
         for f in faults:
-            if not 0 <= f.a < n or (f.kind is FaultKind.CUT_LINK and not 0 <= f.b < n):
+            link = f.kind in (FaultKind.CUT_LINK, FaultKind.SET_RATE)
+            if not 0 <= f.a < n or (link and not (0 <= f.b < n and f.a != f.b)):
                 raise ValueError(f"fault {f.describe()}: not a worker/link of {n} workers")
         self.topo = topo
         self.cfg = cfg
         self.n = n
         self.net = LinkQueues(topo.rate_mbit, cfg.goodput, topo.delay_ms / 1000.0, cfg.executor)
-        self.cap = np.asarray(self.net.cap)  # as configured: byte counters of cut links stop
         self.part = part_bytes(cfg.size_bytes, n)
         self.transfers: dict[int, tuple[int, RouteTimer]] = {}  # gid -> (rev, timer)
         self.plans: dict[int, object] = {}  # gid -> current GroupPlan
@@ -334,6 +343,10 @@ class Simulation:
         if f.kind is FaultKind.CUT_LINK:
             self.net.cut(f.a, f.b, self.now)
             self._apply(self.life.link_failed(f.a, f.b, self.now))
+        elif f.kind is FaultKind.SET_RATE:
+            self.net.set_rate(f.a, f.b, f.mbit)
+            if self.cfg.oracle:
+                self._apply(self.life.set_link(f.a, f.b, f.mbit, self.now))
         elif self.alive[f.a]:
             self.alive[f.a] = False
             self.token[f.a] += 1
@@ -342,7 +355,7 @@ class Simulation:
                 self.rec.worker_dead(f.a)
 
     def _sample(self) -> None:
-        sent = self.net.sent_by(self.now, self.cap)
+        sent = self.net.sent_by(self.now)
         if self.rec:
             self.rec.link_sample(self.now, sent, self.last_sent, self.cfg)
         self.last_sent = sent

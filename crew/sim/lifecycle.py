@@ -205,6 +205,11 @@ class SimLifecycle:
         msg = proto.LinkFailed(src, src, dst, "cut (simulated)")
         return self._drive(lambda: self.life.handle(msg, now))
 
+    def set_link(self, src: int, dst: int, mbit: float, now: float) -> list[Decision]:
+        """The planner learns link src -> dst's new rate (the lab's oracle, an admin request)."""
+        msg = proto.Admin("set_link", {"src": src, "dst": dst, "rate_mbit": mbit})
+        return self._drive(lambda: self.life.handle(msg, now))
+
     def worker_lost(self, worker: int, now: float) -> list[Decision]:
         ev = lc.WorkerDisconnected(worker, "crashed (simulated)")
         return self._drive(lambda: self.life.handle(ev, now))

@@ -65,6 +65,7 @@ Cost: O(1) per job; a revision is O(edges of its routes).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -147,12 +148,13 @@ class LinkQueues:
         self.cpu_rate = ex.cpu_bytes_per_s
         self.cpu_free = 0.0
         self.free: list[float] = [0.0] * (n * n)
-        # Jobs for the byte counters: link, start, end (bytes = cap * (end - start)).
+        # Jobs for the byte counters: link, start, end, rate (bytes = rate * (end - start)).
         self._jl: list[int] = []
         self._js: list[float] = []
         self._je: list[float] = []
+        self._jr: list[float] = []
         self._done = np.zeros(n * n)  # bytes of jobs ended by the last count
-        self._pending = (np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+        self._pending = (np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0))
         self.jobs = 0
 
     def rate(self, src: int, dst: int) -> float:
@@ -171,6 +173,7 @@ class LinkQueues:
             self._jl.append(k)
             self._js.append(start)
             self._je.append(end)
+            self._jr.append(c)
         self.jobs += 1
         if self.cpu_rate < float("inf"):  # the host's cores, one FCFS queue for every job
             self.cpu_free = max(at, self.cpu_free) + nbytes / self.cpu_rate
@@ -186,37 +189,50 @@ class LinkQueues:
         self.cap[k] = 0.0
         self.free[k] = at
         self._flush()
-        links, starts, ends = self._pending
+        links, starts, ends, rates = self._pending
         on = links == k
         ends = np.where(on, np.minimum(ends, at), ends)
         starts = np.where(on, np.minimum(starts, at), starts)
-        self._pending = (links, starts, ends)
+        self._pending = (links, starts, ends, rates)
 
-    def sent_by(self, t: float, cap: np.ndarray) -> np.ndarray:
-        """Bytes each link (flat index) has carried by time ``t`` (non-decreasing calls)."""
+    def set_rate(self, src: int, dst: int, mbit: float) -> None:
+        """Link src -> dst runs at ``mbit`` from now on (a rate trace's step). Jobs already
+        queued keep the end they were given: a trace moves over seconds, a job lasts a part's
+        transfer, so only the jobs queued after the step see the new rate."""
+        if not (math.isfinite(mbit) and mbit > 0):
+            raise NetworkError(f"link {src}->{dst}: rate must be finite and > 0, got {mbit!r}")
+        k = src * self.n + dst
+        if self.cap[k] > 0:  # a cut link stays cut
+            self.cap[k] = mbit * BYTES_PER_S_PER_MBIT * self.goodput
+
+    def sent_by(self, t: float) -> np.ndarray:
+        """Bytes each link (flat index) has carried by time ``t`` (non-decreasing calls), each
+        job at the rate it was queued with."""
         self._flush()
-        links, starts, ends = self._pending
+        links, starts, ends, rates = self._pending
         done = ends <= t
         if done.any():
-            np.add.at(self._done, links[done], (ends[done] - starts[done]) * cap[links[done]])
-            links, starts, ends = links[~done], starts[~done], ends[~done]
-            self._pending = (links, starts, ends)
+            np.add.at(self._done, links[done], (ends[done] - starts[done]) * rates[done])
+            keep = ~done
+            links, starts, ends, rates = links[keep], starts[keep], ends[keep], rates[keep]
+            self._pending = (links, starts, ends, rates)
         out = self._done.copy()
         running = starts < t
         if running.any():
-            np.add.at(out, links[running], (t - starts[running]) * cap[links[running]])
+            np.add.at(out, links[running], (t - starts[running]) * rates[running])
         return out
 
     def _flush(self) -> None:
         if not self._jl:
             return
-        links, starts, ends = self._pending
+        links, starts, ends, rates = self._pending
         self._pending = (
             np.concatenate([links, np.asarray(self._jl, dtype=np.int64)]),
             np.concatenate([starts, np.asarray(self._js)]),
             np.concatenate([ends, np.asarray(self._je)]),
+            np.concatenate([rates, np.asarray(self._jr)]),
         )
-        self._jl, self._js, self._je = [], [], []
+        self._jl, self._js, self._je, self._jr = [], [], [], []
 
 
 @dataclass

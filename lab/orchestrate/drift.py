@@ -1,11 +1,10 @@
 """Links that drift: replay each link's rate trace (``crew.ratetrace``) on the running lab.
 
-:class:`DriftSchedule` is the pure part: given the time since the run started, which links
-must change rate now. A link changes when its trace's rate differs from the one last applied
-by more than ``min_change`` (relative, default 2%), so a slowly moving trace costs few shaping
-calls; every change is a ``tc class change`` on one HTB class (``LabNetwork.set_link``, the
-same call a rate fault makes), about 5 ms of CPU each. Rates are clamped to the lab's range
-``(0, MAX_RATE_MBIT]``.
+``crew.drift.DriftSchedule`` is the pure part, shared with the simulator: given the time since
+the run started, which links must change rate now (more than 2% from the rate last applied).
+Every change is a ``tc class change`` on one HTB class (``LabNetwork.set_link``, the same call
+a rate fault makes), about 5 ms of CPU each. Rates are clamped to the lab's range
+``(0, MAX_RATE_MBIT]`` (:func:`lab_schedule`).
 
 :class:`DriftApplier` runs a schedule against the lab: every ``period_s`` (1 s: at least the
 1 Hz a trace sampled each second needs) it sets the due links' rates through
@@ -21,9 +20,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from crew.drift import DriftSchedule, RateChange
 from crew.ratetrace import RateTrace
 from crew.runtime.rundb import LinkStateRow, RunDB
 from lab.spec.topology import MAX_RATE_MBIT
@@ -34,41 +33,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_PERIOD_S = 1.0
-DEFAULT_MIN_CHANGE = 0.02
 TRACE_REASON = "trace"
 
-
-@dataclass(frozen=True)
-class RateChange:
-    src: int
-    dst: int
-    mbit: float
+__all__ = ["DriftApplier", "DriftSchedule", "RateChange", "lab_schedule"]
 
 
-class DriftSchedule:
-    """Which links' rates are due at a time (seconds since the run started)."""
-
-    def __init__(
-        self, traces: Mapping[tuple[int, int], RateTrace], min_change: float = DEFAULT_MIN_CHANGE
-    ) -> None:
-        if not 0 <= min_change < 1:
-            raise ValueError(f"min_change: a fraction in [0, 1), got {min_change}")
-        self.traces = dict(traces)
-        self.min_change = min_change
-        self.applied: dict[tuple[int, int], float] = {}
-
-    def due(self, elapsed_s: float) -> list[RateChange]:
-        """The changes to make at ``elapsed_s``; the caller confirms each with :meth:`done`."""
-        out = []
-        for (i, j), trace in sorted(self.traces.items()):
-            rate = min(trace.rate_at(elapsed_s), MAX_RATE_MBIT)
-            last = self.applied.get((i, j))
-            if last is None or abs(rate - last) > self.min_change * last:
-                out.append(RateChange(i, j, rate))
-        return out
-
-    def done(self, change: RateChange) -> None:
-        self.applied[(change.src, change.dst)] = change.mbit
+def lab_schedule(traces: Mapping[tuple[int, int], RateTrace]) -> DriftSchedule:
+    """The schedule of ``traces`` with rates clamped to what the lab can shape."""
+    return DriftSchedule(traces, max_mbit=MAX_RATE_MBIT)
 
 
 class DriftApplier:

@@ -50,7 +50,7 @@ from lab.net.mesh import LabError, LabNetwork
 from lab.net.monitor import LinkMonitor
 from lab.net.preflight import Capabilities, ImpairmentMode, describe
 from lab.orchestrate import commands as cmds
-from lab.orchestrate.drift import DriftApplier, DriftSchedule, RateChange
+from lab.orchestrate.drift import DriftApplier, RateChange, lab_schedule
 from lab.orchestrate.faults import FaultInjector
 from lab.spec.scenario import Scenario, ScenarioPlayer
 from lab.spec.topology import Impairment, TopologySpec, planner_shared_links
@@ -309,7 +309,7 @@ class LabRun:
         if self.opts.rate_traces:
             # The oracle planner hears every true rate as it is set; the others must measure.
             tell = self._tell_rate if self.opts.capacity == "oracle" else None
-            schedule = DriftSchedule(self.opts.rate_traces)
+            schedule = lab_schedule(self.opts.rate_traces)
             self.drift = DriftApplier(self.net, self.db, schedule, on_change=tell)
             self.drift.start()
         if self.scenario is not None:
