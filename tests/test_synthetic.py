@@ -123,29 +123,24 @@ def test_sizes_and_bad_parameters_get_clear_errors() -> None:
     with pytest.raises(SyntheticError, match="worker"):
         SyntheticRule(0, 4, 100).vector(4, 0)
     assert "float32" in SyntheticRule(0, 4, 100).verify(np.zeros(100)).reason
-    with pytest.raises(ConfigError, match="sync"):
-        check_training(
-            compress="none",
-            nonblocking=False,
-            scheme="crew",
-            sync="diloco",
-            workload="synthetic",
-            local_steps=4,
-            outer_lr=0.7,
-            outer_momentum=0.9,
-        )
-    with pytest.raises(ConfigError, match="overlap: the synthetic workload"):
-        check_training(
-            compress="none",
-            nonblocking=False,
-            scheme="crew",
-            sync="every-step",
-            workload="synthetic",
-            local_steps=1,
-            outer_lr=0.7,
-            outer_momentum=0.9,
-            overlap=True,
-        )
+    for changed, named in (
+        ({"sync": "diloco", "local_steps": 4}, "sync"),
+        ({"overlap": True}, "overlap: the synthetic workload"),
+    ):
+        with pytest.raises(ConfigError, match=named):
+            check_training(**(SYNTHETIC_TRAINING | changed))
+
+
+SYNTHETIC_TRAINING = {
+    "compress": "none",
+    "nonblocking": False,
+    "scheme": "crew",
+    "sync": "every-step",
+    "workload": "synthetic",
+    "local_steps": 1,
+    "outer_lr": 0.7,
+    "outer_momentum": 0.9,
+}
 
 
 def test_the_trainer_counts_verdicts_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
