@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import signal
+import sqlite3
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -164,6 +165,7 @@ class LabState:
         self.bridges: list[str] = []
         self.root_rules: list[list[str]] = []
         self.ns_rules: list[dict[str, Any]] = []
+        self.run_dbs: list[str] = []  # run databases this lab writes (closed if it is killed)
 
     # -- recording ---------------------------------------------------------------------------
 
@@ -191,6 +193,10 @@ class LabState:
         self.bridges = [n for n in self.bridges if n != name]
         self.save()
 
+    def add_run_db(self, path: str) -> None:
+        self.run_dbs.append(path)
+        self.save()
+
     def add_ns_rule(self, host: int, argv: list[str]) -> None:
         self.ns_rules.append({"host": host, "argv": list(argv)})
         self.save()
@@ -214,6 +220,7 @@ class LabState:
             "bridges": self.bridges,
             "root_rules": self.root_rules,
             "ns_rules": self.ns_rules,
+            "run_dbs": self.run_dbs,
         }
 
     def save(self) -> None:
@@ -247,6 +254,7 @@ class LabState:
         st.bridges = list(data["bridges"])
         st.root_rules = [list(r) for r in data["root_rules"]]
         st.ns_rules = list(data["ns_rules"])
+        st.run_dbs = [str(p) for p in data.get("run_dbs", [])]
         for name in st.root_links + st.bridges:
             # Only names this module could have made are deleted: a corrupted or foreign file
             # must not make us delete eth0.
@@ -270,12 +278,14 @@ class CleanupReport:
     skipped: list[str] = field(default_factory=list)
     killed: list[int] = field(default_factory=list)
     deleted_links: list[str] = field(default_factory=list)
+    closed_groups: list[int] = field(default_factory=list)  # open groups of killed labs' runs
     errors: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         return (
             f"cleaned {len(self.cleaned)} lab(s) {self.cleaned}, skipped live {self.skipped}, "
             f"killed pids {self.killed}, deleted interfaces {self.deleted_links}"
+            + (f", closed groups {self.closed_groups}" if self.closed_groups else "")
             + (f", errors {self.errors}" if self.errors else "")
         )
 
@@ -295,6 +305,39 @@ def remove_recorded(state: LabState, report: CleanupReport) -> None:
     for name in state.root_links + state.bridges:
         if delete_link(name):
             report.deleted_links.append(name)
+    for path in state.run_dbs:
+        try:
+            report.closed_groups += close_killed_run(Path(path))
+        except (OSError, sqlite3.Error) as exc:
+            report.errors.append(f"run database {path}: {exc}")
+
+
+KILLED_REASON = "the lab was killed before the group ended"
+
+
+def close_killed_run(path: Path) -> list[int]:
+    """A killed lab's run database: its open groups become abandoned and the run gets an end
+    (the last time anything was recorded), so the dashboard and the audit read a finished run.
+    Returns the groups closed; a missing file or an ended run is left alone."""
+    from crew.runtime.rundb import RunDB
+
+    if not path.is_file():
+        return []
+    db = RunDB(path)
+    try:
+        if db.query("SELECT value FROM meta WHERE key = 'ended_at'"):
+            return []
+        last = db.query(
+            "SELECT MAX(t) AS t FROM (SELECT MAX(t) AS t FROM events UNION ALL"
+            " SELECT MAX(formed_at) FROM groups UNION ALL SELECT MAX(t) FROM link_samples)"
+        )
+        ended = float(last[0]["t"] or time.time())
+        closed = db.abandon_open_groups(ended_at=ended, reason=KILLED_REASON)
+        db.set_meta({"ended_at": str(ended)})
+        db.event("stop", f"lab killed; {len(closed)} open group(s) closed as abandoned", t=ended)
+        return closed
+    finally:
+        db.close()
 
 
 def cleanup_leftovers(state_dir: Path | str = DEFAULT_STATE_DIR) -> CleanupReport:

@@ -284,7 +284,9 @@ class LabRun:
                 net_kw["mgmt_subnet"] = free_mgmt_subnet()
                 self.net = LabNetwork(self.topo, **net_kw)
                 self.net.__enter__()
-        assert self.net is not None
+        assert self.net is not None and self.net.state is not None
+        # If this lab is killed, the next lab's clean-up closes the run it leaves open.
+        self.net.state.add_run_db(str(self.db_path))
         if self.dashboard is not None:
             self._record_root(self.dashboard, "dashboard")
         self.cfg = self._write_config()
