@@ -60,6 +60,7 @@ from lab.net.cleanup import (
     is_same_process,
     terminate_recorded,
 )
+from lab.net.lifeline import lifeline
 from lab.net.preflight import Capabilities, ImpairmentMode
 from lab.net.shaping import ShapingError
 from lab.spec.topology import Impairment, TopologySpec, Uplinks
@@ -557,6 +558,8 @@ class LabNetwork:
                 "popen runs argv lists in a new session; shell/start_new_session cannot be set"
             )
         assert self.state is not None, "lab not started"
+        # It ends with the lab even when the lab is killed with -9 (lab.net.lifeline).
+        kw["preexec_fn"] = lifeline(kw.get("preexec_fn"))
         proc = subprocess.Popen(
             ["mnexec", "-a", str(self.host_pid(i)), *argv], start_new_session=True, **kw
         )

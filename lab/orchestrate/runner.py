@@ -46,6 +46,7 @@ from crew.wire import protocol as proto
 from crew.wire.frames import COORDINATOR, FrameCodec, control_frame
 from crew.wire.transport import FrameStream
 from lab.net.cleanup import ProcRecord, cleanup_leftovers, end_group
+from lab.net.lifeline import lifeline
 from lab.net.mesh import LabError, LabNetwork
 from lab.net.monitor import LinkMonitor
 from lab.net.preflight import Capabilities, ImpairmentMode, describe
@@ -271,6 +272,7 @@ class LabRun:
                 stdout=subprocess.DEVNULL,
                 stderr=self._log_file("data-split"),
                 cwd=REPO,
+                preexec_fn=lifeline(),
             )
         net_kw: dict[str, Any] = {"tag": self.tag, "capabilities": self.caps}
         if self.state_dir:
@@ -442,6 +444,7 @@ class LabRun:
             stderr=subprocess.STDOUT,
             cwd=REPO,
             start_new_session=True,
+            preexec_fn=lifeline(),
         )
         self._record_root(self.coordinator, "coordinator")
 
@@ -502,6 +505,7 @@ class LabRun:
             stderr=subprocess.STDOUT,
             cwd=REPO,
             start_new_session=True,
+            preexec_fn=lifeline(),
         )
 
     def _record_root(self, proc: subprocess.Popen[bytes], kind: str) -> None:
