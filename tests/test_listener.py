@@ -7,8 +7,11 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
-from crew.wire.listener import accept_loop
+import pytest
+
+from crew.wire.listener import REFUSED_SOURCES_KEPT, ConnectionLimit, accept_loop
 
 # A child process with a small descriptor limit: a flood of connections exhausts it, so
 # accept() fails with EMFILE. Once the flood's sockets close, a new client must still be
@@ -76,3 +79,66 @@ def test_the_loop_ends_when_the_listener_is_closed() -> None:
     listener.close()
     t.join(5)
     assert not t.is_alive()
+
+
+def _serve(
+    limit: ConnectionLimit,
+) -> tuple[int, list[socket.socket], threading.Event, threading.Thread]:
+    listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+    t = threading.Thread(
+        target=lambda: accept_loop(
+            listener, stop.is_set, lambda s, a: accepted.append(s), name="t", limit=limit
+        ),
+        daemon=True,
+    )
+    t.start()
+    return listener.getsockname()[1], accepted, stop, t
+
+
+def _refused(client: socket.socket) -> bool:
+    """The server closed this connection at once (read returns EOF or a reset)."""
+    client.settimeout(5.0)
+    try:
+        return client.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_connections_over_the_per_source_cap_are_closed_at_once_and_a_slot_frees() -> None:
+    limit = ConnectionLimit(max_total=10, max_per_source=2)
+    port, accepted, stop, t = _serve(limit)
+    try:
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+        assert all(_refused(c) for c in clients[2:])
+        deadline = time.monotonic() + 5
+        while len(accepted) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(accepted) == 2 and limit.refused == {"127.0.0.1": 2}
+        accepted[0].close()  # its owner closed it: the source has a free slot again
+        late = socket.create_connection(("127.0.0.1", port))
+        deadline = time.monotonic() + 5
+        while len(accepted) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(accepted) == 3
+        for c in [*clients, late]:
+            c.close()
+    finally:
+        stop.set()
+        t.join(5)
+
+
+def test_the_total_cap_counts_every_source_and_refusals_are_kept_bounded() -> None:
+    limit = ConnectionLimit(max_total=1, max_per_source=5)
+    a, b = socket.socket(), socket.socket()
+    assert limit.admit(a, "10.0.0.1")
+    assert not limit.admit(b, "10.0.0.2")  # another source, but the listener is full
+    for k in range(REFUSED_SOURCES_KEPT + 10):
+        limit.admit(socket.socket(), f"10.1.0.{k}")
+    assert len(limit.refused) == REFUSED_SOURCES_KEPT
+    a.close()
+    assert limit.admit(b, "10.0.0.2")
+    b.close()
+    with pytest.raises(ValueError, match="limits must be >= 1"):
+        ConnectionLimit(max_total=0)
