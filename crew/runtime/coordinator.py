@@ -30,8 +30,9 @@ from crew.plan.schemes import GROUP_SCHEMES, GroupPlanner
 from crew.runtime.planahead import PLAN_COSTS_META, AheadPlanner, CostRecord, costs_json
 from crew.runtime.rundb import GroupMemberRow, GroupStatus, IterationRow, RunDB, UtilisationRow
 from crew.wire import protocol as proto
-from crew.wire.frames import COORDINATOR, FrameCodec, FrameError, control_body
+from crew.wire.frames import COORDINATOR, FrameCodec, FrameError, control_body, control_frame
 from crew.wire.listener import Address, accept_loop
+from crew.wire.outbox import FLUSH_TIMEOUT_S, Outbox
 from crew.wire.transport import FrameStream
 
 log = logging.getLogger("crew.runtime.coordinator")
@@ -190,6 +191,9 @@ class Coordinator:
         self.plan_costs = CostRecord()  # group id -> its first plan's cost, newest groups
         self.events: queue.Queue[_Event] = queue.Queue()
         self.streams: dict[int, FrameStream] = {}  # conn id -> stream
+        # conn id -> its outbox: the loop only enqueues, a peer that stops reading never
+        # holds it up (crew.wire.outbox)
+        self.outboxes: dict[int, Outbox] = {}
         self.worker_conn: dict[int, int] = {}  # worker -> conn id
         self.stop_event = threading.Event()
         self.errors = Throttle()
@@ -208,7 +212,8 @@ class Coordinator:
         with self._conn_lock:
             conn = self._next_conn
             self._next_conn += 1
-            self.streams[conn] = FrameStream(sock, self.codec)
+            stream = self.streams[conn] = FrameStream(sock, self.codec)
+            self.outboxes[conn] = Outbox(stream, f"connection {conn}")
         threading.Thread(target=self._reader, args=(conn,), name=f"conn{conn}", daemon=True).start()
 
     def _reader(self, conn: int) -> None:
@@ -232,9 +237,20 @@ class Coordinator:
 
     def _send(self, worker: int, msg: proto.Message) -> None:
         conn = self.worker_conn.get(worker)
-        stream = self.streams.get(conn) if conn is not None else None
-        if stream is not None:
-            stream.send_control(COORDINATOR, self.cfg.run_num, msg.to_dict(), f"worker {worker}")
+        outbox = self.outboxes.get(conn) if conn is not None else None
+        if outbox is not None:
+            frame = control_frame(COORDINATOR, self.cfg.run_num, msg.to_dict())
+            if (
+                not outbox.put(frame)
+                and outbox.overflowed
+                and self.errors.due("outbox", time.time())
+            ):
+                self.db.event(
+                    "security",
+                    f"worker {worker} stopped reading its messages; its connection was dropped",
+                    level="warning",
+                    worker=worker,
+                )
 
     def _apply(self, outputs: list[lc.Output]) -> None:
         # Messages first: a group's Assign must not wait for its rows (several SQLite
@@ -281,6 +297,9 @@ class Coordinator:
             # waiting for a coordinator that no longer answers.
             self.stop_event.set()
             self.listener.close()
+            for outbox in list(self.outboxes.values()):  # the Stop messages go out first
+                outbox.flush()
+                outbox.close(wait_s=FLUSH_TIMEOUT_S)
             for stream in list(self.streams.values()):
                 stream.close()
 
@@ -302,7 +321,12 @@ class Coordinator:
 
     def _handle(self, ev: _Event, now: float) -> None:
         if ev.kind == "closed":
-            self.streams.pop(ev.conn, None)
+            stream = self.streams.pop(ev.conn, None)
+            outbox = self.outboxes.pop(ev.conn, None)
+            if outbox is not None:
+                outbox.close()
+            if stream is not None:
+                stream.shutdown()  # its reader has ended; the outbox's sender gets an error
             for worker, conn in list(self.worker_conn.items()):
                 if conn == ev.conn:
                     del self.worker_conn[worker]
