@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hmac
 import logging
 import os
 import sqlite3
@@ -492,14 +493,18 @@ class Page:
             c = st.columns(2)
             kill = c[0].form_submit_button("Kill", key="kill_worker_submit")
             restart = c[1].form_submit_button("Restart", key="restart_worker_submit")
-        if kill:
+            st.checkbox("confirm (Kill)", key="kill_worker_confirm")
+        if kill and confirmed("kill_worker_confirm", f"kill worker {worker}"):
             self.send(K.KILL_WORKER, {"worker": worker})
         if restart:
             self.send(K.RESTART_WORKER, {"worker": worker})
         if slow:
             self.send(K.SLOW_WORKER, {"worker": worker, "factor": factor})
         # The lab restarts a killed coordinator, which resumes the run from the database.
-        if st.button("Kill coordinator", key="kill_coordinator_submit"):
+        c = st.columns(2)
+        kill_coord = c[0].button("Kill coordinator", key="kill_coordinator_submit")
+        c[1].checkbox("confirm", key="kill_coordinator_confirm")
+        if kill_coord and confirmed("kill_coordinator_confirm", "kill the coordinator"):
             self.send(K.KILL_COORDINATOR, {})
 
         with st.form("cut_link_form"):
@@ -511,7 +516,8 @@ class Page:
             c = st.columns(2)
             cut = c[0].form_submit_button("Cut", key="cut_link_submit")
             restore = c[1].form_submit_button("Restore", key="restore_link_submit")
-        if cut:
+            st.checkbox("confirm (Cut)", key="cut_link_confirm")
+        if cut and confirmed("cut_link_confirm", f"cut link {src}→{dst}"):
             self.send(K.CUT_LINK, {"src": src, "dst": dst, "both": both})
         if restore:
             self.send(K.RESTORE_LINK, {"src": src, "dst": dst, "both": both})
@@ -622,6 +628,24 @@ class Page:
         self.replay_at = self.t0 + offset
 
 
+def controls_allowed() -> bool:
+    """True unless the dashboard was started with a token (it listens beyond loopback) and
+    the page's address does not carry it."""
+    token = os.environ.get(lc.DASHBOARD_TOKEN_ENV)
+    if not token:
+        return True
+    given = st.query_params.get("token", "")
+    return hmac.compare_digest(str(given).encode(), token.encode())
+
+
+def confirmed(key: str, what: str) -> bool:
+    """The tick-box that a destructive control needs; unticked, the page says so."""
+    if st.session_state.get(key):
+        return True
+    st.warning(f"Tick 'confirm' to {what}.")
+    return False
+
+
 def main() -> None:
     st.set_page_config(page_title="CREW Lab", layout="wide")
     st.title("CREW Lab")
@@ -636,8 +660,13 @@ def main() -> None:
     page = Page(db, _connection(db))
     with st.sidebar:
         st.caption(f"run database: {db}")
-        if page.live:
+        if page.live and controls_allowed():
             page.controls()
+        elif page.live:
+            st.warning(
+                "Controls are off: this dashboard is reachable beyond loopback, and its address"
+                " lacks the token lab.run printed (…/?token=…)."
+            )
         else:
             st.info("This run has finished: replaying it. Controls are off.")
             page.replay_slider()

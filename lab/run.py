@@ -127,8 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("CREW_LAB_DASHBOARD_HOST", d.dashboard_host),
         help=f"address the dashboard binds (default {d.dashboard_host}, or "
         "$CREW_LAB_DASHBOARD_HOST, which the Vagrant VM sets to 0.0.0.0 for its "
-        "port forward; anything beyond loopback exposes controls that change "
-        "the network)",
+        "port forward; beyond loopback the page's controls need the token in the address "
+        "lab.run prints, ...?token=...)",
     )
     lab.add_argument(
         "--dashboard-port",

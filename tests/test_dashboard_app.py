@@ -106,7 +106,12 @@ GOOD_CONTROLS = [
     # widget values, button, expected kind, expected args
     ({"set_p_value": 3}, "set_p_submit", "set_p", {"p": 3}),
     ({"set_scheme_value": "preduce"}, "set_scheme_submit", "set_scheme", {"scheme": "preduce"}),
-    ({"worker_id": 2}, "kill_worker_submit", "kill_worker", {"worker": 2}),
+    (
+        {"worker_id": 2, "kill_worker_confirm": True},
+        "kill_worker_submit",
+        "kill_worker",
+        {"worker": 2},
+    ),
     ({"worker_id": 1}, "restart_worker_submit", "restart_worker", {"worker": 1}),
     (
         {"worker_id": 1, "slow_factor": 3.0},
@@ -115,7 +120,7 @@ GOOD_CONTROLS = [
         {"worker": 1, "factor": 3.0},
     ),
     (
-        {"cut_link_src": 0, "cut_link_dst": 2, "cut_link_both": True},
+        {"cut_link_src": 0, "cut_link_dst": 2, "cut_link_both": True, "cut_link_confirm": True},
         "cut_link_submit",
         "cut_link",
         {"src": 0, "dst": 2, "both": True},
@@ -175,7 +180,11 @@ def test_each_control_writes_its_command(live_db, values, button, kind, args):
 
 
 BAD_CONTROLS = [
-    ({"cut_link_src": 1, "cut_link_dst": 1}, "cut_link_submit", "two workers"),
+    (
+        {"cut_link_src": 1, "cut_link_dst": 1, "cut_link_confirm": True},
+        "cut_link_submit",
+        "two workers",
+    ),
     (
         {"set_link_src": 0, "set_link_dst": 1, "set_link_rate": -5.0},
         "set_link_submit",
@@ -187,7 +196,7 @@ BAD_CONTROLS = [
         "must be > 0",
     ),
     ({"set_link_src": 0, "set_link_dst": 1}, "set_link_submit", "at least one"),
-    ({"worker_id": 7}, "kill_worker_submit", "unknown worker 7"),
+    ({"worker_id": 7, "kill_worker_confirm": True}, "kill_worker_submit", "unknown worker 7"),
     ({"worker_id": 1, "slow_factor": 0.0}, "slow_worker_submit", "factor"),
     ({"set_p_value": 4}, "set_p_submit", "1..3"),
     ({"set_p_value": 0}, "set_p_submit", "1..3"),
@@ -204,6 +213,44 @@ def test_invalid_input_is_refused_and_writes_nothing(live_db, values, button, re
     assert len(errors) == 1 and reason in errors[0], errors
     assert not at.sidebar.success
     assert command_rows(live_db) == []
+
+
+@pytest.mark.parametrize(
+    ("values", "button", "said"),
+    [
+        ({"worker_id": 2}, "kill_worker_submit", "kill worker 2"),
+        ({"cut_link_src": 0, "cut_link_dst": 2}, "cut_link_submit", "cut link 0→2"),
+        ({}, "kill_coordinator_submit", "kill the coordinator"),
+    ],
+)
+def test_destructive_controls_need_their_confirm_box(live_db, values, button, said):
+    at = run_app()
+    _set(at, values)
+    at.button(key=button).click().run()
+    assert not at.exception
+    assert any(said in w.value for w in at.sidebar.warning)
+    assert command_rows(live_db) == []
+
+
+def test_the_coordinator_is_killed_once_confirmed(live_db):
+    at = run_app()
+    at.checkbox(key="kill_coordinator_confirm").check().run()
+    at.button(key="kill_coordinator_submit").click().run()
+    assert command_rows(live_db) == [("kill_coordinator", {}, "pending")]
+
+
+def test_beyond_loopback_the_controls_need_the_token_in_the_address(live_db, monkeypatch):
+    monkeypatch.setenv("CREW_DASHBOARD_TOKEN", "s3cret")
+    at = run_app()
+    assert not at.sidebar.button and any("token" in w.value for w in at.sidebar.warning)
+    at = AppTest.from_file(APP, default_timeout=30)
+    at.query_params["token"] = "wrong"
+    at.run()
+    assert not at.sidebar.button
+    at = AppTest.from_file(APP, default_timeout=30)
+    at.query_params["token"] = "s3cret"
+    at.run()
+    assert at.button(key="kill_coordinator_submit") is not None and not at.sidebar.warning
 
 
 def test_command_status_and_reason_are_shown(live_db):
@@ -274,6 +321,14 @@ def test_module_entry_builds_streamlit_argv(tmp_path, monkeypatch):
         entry.main([str(tmp_path / "missing")])
     assert refused.value.code == 2  # argparse's usage error, not a clean exit
     assert len(seen) == 1
+    # Beyond loopback the controls need a token, handed to Streamlit in its environment.
+    monkeypatch.delenv("CREW_DASHBOARD_TOKEN", raising=False)
+    with pytest.raises(SystemExit) as refused:
+        entry.main([str(tmp_path), "--host", "0.0.0.0"])
+    assert refused.value.code == 2 and len(seen) == 1
+    entry.main([str(tmp_path), "--host", "0.0.0.0", "--token", "t0k"])
+    assert len(seen) == 2 and entry.os.environ["CREW_DASHBOARD_TOKEN"] == "t0k"
+    monkeypatch.delenv("CREW_DASHBOARD_TOKEN")
 
 
 def test_every_table_has_a_csv_download_that_matches_lab_export(live_db, tmp_path):

@@ -34,6 +34,10 @@ DEFAULT_SCHEMES: tuple[Scheme, ...] = (Scheme.PREDUCE, Scheme.CREW)
 ALWAYS_AVAILABLE: frozenset[str] = frozenset({"rate"})
 # Bounds that catch typos (an extra zero) rather than physics: HTB handles far more.
 MAX_RATE_MBIT = 100_000.0
+# The dashboard's controls submit these commands; bound beyond loopback, the page needs the
+# token in this variable in its address (dashboard/__main__.py), which lab.run makes and prints.
+DASHBOARD_TOKEN_ENV = "CREW_DASHBOARD_TOKEN"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 MAX_DELAY_MS = 60_000.0
 MAX_SLOW_FACTOR = 1_000.0
 

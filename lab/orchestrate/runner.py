@@ -218,6 +218,8 @@ class LabRun:
         self.faults: FaultInjector | None = None
         self.drift: DriftApplier | None = None
         self._admin: FrameStream | None = None
+        # Beyond loopback, the dashboard's controls need this (dashboard/__main__.py).
+        self._dashboard_token: str | None = None
         self._admin_lock = threading.Lock()  # the command applier and the drift applier share it
         self._logs: list[IO[bytes]] = []
         self.started_at = 0.0
@@ -483,10 +485,16 @@ class LabRun:
         self.exit_codes[i] = proc.returncode if proc.returncode is not None else -9
 
     def _start_dashboard(self) -> None:
-        if self.opts.dashboard_host not in ("127.0.0.1", "localhost", "::1"):
+        env = dict(os.environ)
+        env.pop(cmds.DASHBOARD_TOKEN_ENV, None)
+        if self.opts.dashboard_host not in cmds.LOOPBACK_HOSTS:
+            # Whoever reaches the page could cut links and kill workers: its controls need a
+            # token, which only the address lab.run prints carries.
+            self._dashboard_token = secrets.token_urlsafe(16)
+            env[cmds.DASHBOARD_TOKEN_ENV] = self._dashboard_token
             log.warning(
-                "the dashboard listens on %s, beyond loopback: anyone who reaches it can cut "
-                "links and kill workers of this lab",
+                "the dashboard listens on %s, beyond loopback: its controls need the token in"
+                " the address printed below",
                 self.opts.dashboard_host,
             )
         out = self._log_file("dashboard")
@@ -504,6 +512,7 @@ class LabRun:
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=REPO,
+            env=env,
             start_new_session=True,
             preexec_fn=lifeline(),
         )
@@ -519,7 +528,9 @@ class LabRun:
 
     @property
     def dashboard_url(self) -> str:
-        return f"http://{self.opts.dashboard_host}:{self.opts.dashboard_port}"
+        """The dashboard's address; beyond loopback it carries the controls' token."""
+        base = f"http://{self.opts.dashboard_host}:{self.opts.dashboard_port}"
+        return base if self._dashboard_token is None else f"{base}/?token={self._dashboard_token}"
 
     def _tell_rate(self, change: RateChange) -> None:
         try:

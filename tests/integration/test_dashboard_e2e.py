@@ -191,6 +191,7 @@ def test_cutting_the_busiest_link_from_the_page(tmp_path: Path) -> None:
 
                 set_number(page, "cut_link_src", src)
                 set_number(page, "cut_link_dst", dst)
+                page.locator(".st-key-cut_link_confirm label").click()  # a destructive control
                 page.locator(".st-key-cut_link_submit button").click(no_wait_after=True)
                 sent = page.locator("[data-testid='stAlertContentSuccess']")
                 sent.wait_for(timeout=CUT_WAIT_S * 1000)
