@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from crew.cli_options import command_parser
+from crew.cli_options import add_config_flags, command_parser
 from crew.ratetrace import RateTrace
 from crew.sim.__main__ import (
     add_run_options,
@@ -74,14 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="a lab scenario YAML: its link cuts and worker kills become simulator faults",
     )
-    parser.add_argument(
-        "--capacity",
-        choices=("configured", "oracle"),
-        default="configured",
-        help="links that follow a rate trace (the topology's rate_trace) change rate as the lab"
-        " replays them; oracle tells the planner each new rate, as lab.run --capacity oracle"
-        " does; configured plans on the topology's rates throughout (default)",
-    )
+    # configured, or oracle: the planner told each traced link's step; the simulator does not
+    # model measuring rates.
+    add_config_flags(parser, ("capacity",))
     add_run_options(parser)
     return parser
 
@@ -97,6 +92,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     topo = sim_topology(spec)
     check_run_options(parser, args, topo.n)
+    if args.capacity == "measured":
+        parser.error(
+            "--capacity measured: the simulator does not model measuring rates; traced links"
+            " step as the lab steps them, and oracle tells the planner each step"
+        )
     faults = faults_from(args) + trace_faults(traces, args.duration)
     if args.scenario is not None:
         extra, skipped = scenario_faults(

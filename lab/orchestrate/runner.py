@@ -341,8 +341,17 @@ class LabRun:
                 "impairments": json.dumps(sorted(self._impairments())),
                 "capabilities": describe(self.caps, self.topo),
                 "options": json.dumps(
-                    {k: v for k, v in o.__dict__.items() if k != "allow_missing"}
+                    {
+                        k: v
+                        for k, v in o.__dict__.items()
+                        if k not in ("allow_missing", "rate_traces")
+                    }
                     | {"allow_missing": sorted(i.value for i in o.allow_missing)}
+                    | {
+                        "rate_traces": {
+                            f"{i}->{j}": t.source for (i, j), t in o.rate_traces.items()
+                        }
+                    }
                 ),
             }
         )

@@ -328,13 +328,20 @@ def test_teardown_runs_on_exceptions(tmp_path: Path) -> None:
 
 
 CRASHING_LAB = textwrap.dedent("""
-    import sys
+    import subprocess, sys
     from lab.net.mesh import LabNetwork
     from lab.spec.topology import load_topology
     net = LabNetwork(load_topology(sys.argv[1]), tag=sys.argv[2], state_dir=sys.argv[3],
                      mgmt_subnet=sys.argv[4])
     net.start()
-    net.popen(0, ["sleep", "120"])
+    # A child that ignores the SIGTERM its lab's death sends it (lab.net.lifeline), as one stuck
+    # in its teardown would: the next lab's clean-up must end it.
+    ignore = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+        " print('armed', flush=True); time.sleep(120)"
+    )
+    stuck = net.popen(0, [sys.executable, "-c", ignore], stdout=subprocess.PIPE, text=True)
+    assert stuck.stdout.readline().strip() == "armed"  # it ignores SIGTERM from here on
     print("ready", flush=True)
     sys.stdin.read()  # until killed
 """)
