@@ -424,8 +424,8 @@ class Averager:
             return Round(False, None, (), staleness, 0.0, "stopped", stopped=True)
         started = time.perf_counter()
         snapshot = self.vector()
-        ticket = None if blocking else self._delayed.offer(snapshot)
         offered = snapshot if self._outer is None else self._outer.before_reduce(snapshot)
+        ticket = None if blocking else self._delayed.offer(snapshot)  # once the offer is made
         self._node.offer(offered, self.iteration, blocking=blocking)
         return staleness, started, ticket
 
