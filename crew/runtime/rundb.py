@@ -61,6 +61,7 @@ from typing import Any, NamedTuple
 from crew.config import Scheme
 from crew.control.grouping import GroupStatus as GroupStatus
 from crew.control.grouping import WorkerState as WorkerState
+from crew.control.utilisation import TimeSplit
 from crew.runtime import retention
 from crew.runtime.retention import RetentionPolicy
 
@@ -188,6 +189,10 @@ class UtilisationRow(NamedTuple):
     group_s: float
     stalled_s: float
     wan_bytes: int
+
+    @property
+    def split(self) -> TimeSplit:
+        return TimeSplit(self.compute_s, self.ready_s, self.group_s, self.stalled_s)
 
 
 class EventRow(NamedTuple):

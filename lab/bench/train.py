@@ -14,7 +14,6 @@ from typing import Any
 from rich.progress import Progress
 
 from crew.config import Scheme
-from crew.control.utilisation import TimeSplit
 from crew.runtime.rundb import GroupStatus, connect, latest_utilisation
 from lab.bench.procs import (
     POLL_S,
@@ -131,10 +130,7 @@ def train_results(
             ).fetchone()
             to_target = int(row["total"]) if row and row["total"] is not None else None
         worker_rounds = sum(rounds.values())
-        shares = [
-            TimeSplit(r.compute_s, r.ready_s, r.group_s, r.stalled_s).utilisation
-            for r in latest_utilisation(conn, end).values()
-        ]
+        shares = [r.split.utilisation for r in latest_utilisation(conn, end).values()]
         return TrainResult(
             training_s=end - t0,
             rounds_per_worker_per_min=sum(rounds.values()) / n / minutes,

@@ -31,7 +31,6 @@ from crew.config import (
     Scheme,
     run_data_dir,
 )
-from crew.control.utilisation import TimeSplit
 from crew.ratetrace import RateTrace
 from crew.runtime.rundb import (
     GroupStatus,
@@ -690,7 +689,7 @@ def utilisation_summary(shares: Mapping[int, UtilisationRow]) -> dict[str, Any]:
     worker's split (``crew.control.utilisation``) and its WAN bytes per second of compute."""
     per_worker = {}
     for w, r in shares.items():
-        split = TimeSplit(r.compute_s, r.ready_s, r.group_s, r.stalled_s)
+        split = r.split
         per_worker[str(w)] = {
             "utilisation": round(split.utilisation, 4),
             "compute_s": round(r.compute_s, 3),
