@@ -80,7 +80,7 @@ class Mover:
                 time.sleep(0.1)
         raise TimeoutError(f"{addr[0]}:{addr[1]} refused {CONNECT_ATTEMPTS} connections")
 
-    def receive_all(self, start: float) -> list[threading.Thread]:
+    def receive_all(self) -> list[threading.Thread]:
         """Accept the expected connections; one reading thread each."""
         threads = []
         assert self.server is not None or self.expect == 0
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         t.start()
     time.sleep(max(0.0, args.start_at - time.time()))
     cpu0 = _cpu_s()
-    readers = mover.receive_all(args.start_at)
+    readers = mover.receive_all()
     for t in (*senders, *readers):
         t.join(timeout=mover._left())
     cpu = _cpu_s() - cpu0
