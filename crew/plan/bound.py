@@ -28,8 +28,9 @@ from crew.plan.memo import Memo, key_part
 # are scaled so that the sum over all links stays below this.
 _FLOW_UNITS = 2**30
 
-BOUNDS = Memo(512)
-"""Bounds already computed, by exact inputs (the coordinator bounds every group it plans)."""
+BOUNDS = Memo(512, 2 << 20)
+"""Bounds already computed, by exact inputs (the coordinator bounds every group it plans), in
+2 MiB at most: at n = 60 a key holds 29 KB of rates."""
 
 
 def lower_bound(

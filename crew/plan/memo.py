@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from crew.plan.footprint import deep_size
+
 
 def key_part(value: Any) -> Hashable:
     """A hashable, exact stand-in for one input (arrays and nested sequences included)."""
@@ -35,24 +37,48 @@ def key_part(value: Any) -> Hashable:
 
 
 class Memo:
-    """Least recently used results of one function, at most ``size`` of them."""
+    """Least recently used results of one function: at most ``size`` of them, and, given a
+    ``budget_bytes``, at most that many bytes of keys and values together
+    (:func:`crew.plan.footprint.deep_size`). A result larger than the whole budget is returned
+    but not kept."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, budget_bytes: int | None = None) -> None:
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        if budget_bytes is not None and budget_bytes < 1:
+            raise ValueError(f"budget_bytes must be >= 1, got {budget_bytes}")
         self.size = size
-        self._items: OrderedDict[Hashable, Any] = OrderedDict()
+        self.budget_bytes = budget_bytes
+        self._items: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def get(self, key: Hashable, compute: Callable[[], Any]) -> Any:
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
-                return self._items[key]
+                return self._items[key][0]
         value = compute()  # an exception is not remembered: the next call raises it again
+        # Sized outside the lock: it walks the value, and the key and value are this call's.
+        cost = 0 if self.budget_bytes is None else deep_size((key, value))
+        if self.budget_bytes is not None and cost > self.budget_bytes:
+            return value
         with self._lock:
-            self._items[key] = value
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+            self._items[key] = (value, cost)
+            self._bytes += cost
+            while len(self._items) > self.size or (
+                self.budget_bytes is not None and self._bytes > self.budget_bytes
+            ):
+                self._bytes -= self._items.popitem(last=False)[1][1]
         return value
+
+    @property
+    def bytes(self) -> int:
+        """Bytes the kept keys and values hold (0 when the memo has no budget: not measured)."""
+        return self._bytes
 
     def __len__(self) -> int:
         return len(self._items)
@@ -60,3 +86,4 @@ class Memo:
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._bytes = 0

@@ -246,6 +246,12 @@ def star_on_tie(
     return None
 
 
+CREW_PLANS_BUDGET_BYTES = 4 << 20
+"""Bytes of ``crew`` plans (with their canonical keys) a planner keeps at most."""
+STAR_TIES_BUDGET_BYTES = 2 << 20
+"""Bytes of star tie checks (exact keys: rates and delays included) a planner keeps at most."""
+
+
 class GroupPlanner:
     """:func:`plan_group` with caches that last as long as this object. Thread-safe: the
     coordinator may plan ahead on a second thread (``crew.runtime.planahead``).
@@ -256,15 +262,16 @@ class GroupPlanner:
     tie checks by exact inputs (``star_ties``). Warm columns make later plans faster and can
     change a plan where the route LP's result depends on where its search starts (a latency
     term, a capped search: :mod:`crew.plan.routelp.cache`). ``settings`` bound every route LP
-    it solves."""
+    it solves. Every cache is bounded by count and by bytes (``CREW_PLANS_BUDGET_BYTES``,
+    ``STAR_TIES_BUDGET_BYTES`` and the route LP's own), about 18 MiB in all."""
 
     def __init__(self, settings: RouteLPSettings = DEFAULT_SETTINGS) -> None:
         if not isinstance(settings, RouteLPSettings):
             raise PlanError("settings", f"must be RouteLPSettings, got {settings!r}")
         self._settings = settings
         self.route_cache = RouteLPCache()
-        self.crew_plans = Memo(512)
-        self.star_ties = Memo(256)
+        self.crew_plans = Memo(512, CREW_PLANS_BUDGET_BYTES)
+        self.star_ties = Memo(256, STAR_TIES_BUDGET_BYTES)
 
     @property
     def settings(self) -> RouteLPSettings:

@@ -137,7 +137,7 @@ def _plan(
     if n >= settings.cut_check_min_n and settings.relay_seeds:
         for col in relay_star_columns(w, ms, act):
             master.add(col)
-    pool_key = (n, ms, act.tobytes())
+    pool_key = RouteLPCache.group_key(n, ms, act.tobytes())
     if cache is not None:
         for shape in cache.warm_shapes(pool_key):
             if all(usable[e] for e in (*shape.up, *shape.down)):
