@@ -33,7 +33,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -117,6 +117,12 @@ class SimConfig:
     helpers: int | None = None
     """Plan each group over its members and this many best-connected others
     (``crew.sim.candidates``); None: over every worker."""
+    history: bool = True
+    """Keep every group's times and the life cycle's records (for ``SimResult.group_times`` and
+    a run database); False keeps only open groups and the last ``PLAN_TIMES_KEPT`` planner
+    times, so that memory does not grow with the groups (a run of a million groups)."""
+    stop_after_groups: int | None = None
+    """End the run once this many groups have completed (None: run for ``duration_s``)."""
     oracle: bool = False
     """Tell the planner each ``SET_RATE`` step as it happens (the lab's ``--capacity oracle``);
     False: it plans on the configured rates throughout."""
@@ -134,6 +140,8 @@ class SimConfig:
             raise ValueError(f"plan_level_tol must be in [0, 1), got {self.plan_level_tol}")
         if self.helpers is not None and self.helpers < 0:
             raise ValueError(f"helpers must be >= 0, got {self.helpers}")
+        if self.stop_after_groups is not None and self.stop_after_groups < 1:
+            raise ValueError(f"stop_after_groups must be >= 1, got {self.stop_after_groups}")
 
 
 PROGRESS_EVERY_S = 5  # simulated seconds between progress lines (logged at INFO)
@@ -202,7 +210,6 @@ class Simulation:
         self.net = LinkQueues(topo.rate_mbit, cfg.goodput, topo.delay_ms / 1000.0, cfg.executor)
         self.part = part_bytes(cfg.size_bytes, n)
         self.transfers: dict[int, tuple[int, RouteTimer]] = {}  # gid -> (rev, timer)
-        self.plans: dict[int, object] = {}  # gid -> current GroupPlan
         self.life = SimLifecycle(
             n,
             cfg.p,
@@ -217,6 +224,7 @@ class Simulation:
             plan_level_tol=cfg.plan_level_tol,
             helpers=cfg.helpers,
             goodput=cfg.goodput,  # plans count the payload rate the network delivers
+            history=cfg.history,
         )
         self.rec = recorder
         self.delays = [
@@ -231,12 +239,14 @@ class Simulation:
         self.seq = itertools.count()
         self.now = 0.0
         self.faults = sorted(faults, key=lambda f: f.at)
-        self.group_start: dict[int, float] = {}
+        self.group_start: dict[int, float] = {}  # open groups only
         self.result_times: list[tuple[int, float, float]] = []
         self.completed = self.abandoned = self.revisions = 0
         self.last_sent = np.zeros(n * n)
         self.tick_pending = False
         self.planner_free = 0.0  # PlanDelay.MEASURED: when the coordinator's planner is free
+        self.on_commit: Callable[[Simulation], None] | None = None
+        """Called after each event that completed one or more groups (a long run's meter)."""
 
     # ---- scheduling -----------------------------------------------------------------------
 
@@ -260,13 +270,15 @@ class Simulation:
             self._compute(w)
         for f in self.faults:
             self._push(f.at, _Ev.FAULT, f)
-        for k in range(1, int(self.cfg.duration_s / self.cfg.sample_s) + 1):
-            self._push(k * self.cfg.sample_s, _Ev.SAMPLE, None)
+        if self.cfg.sample_s <= self.cfg.duration_s:  # each sample schedules the next
+            self._push(self.cfg.sample_s, _Ev.SAMPLE, None)
         self._push(self.cfg.duration_s, _Ev.END, None)
         # Bounded: every iteration of the loop consumes a heap event or a stage end, and both
         # are finite before the END event (stages end at most once per revision).
         # Bounded: every pass pops one event; events are finite before END (computes and
         # releases only follow from earlier events, each revision's wakeups are its edges).
+        stop = self.cfg.stop_after_groups
+        done_before = 0
         while self.heap:
             t, kind, _, payload = heapq.heappop(self.heap)
             self.now = t
@@ -294,6 +306,9 @@ class Simulation:
                 self._apply(self.life.tick(self.now))
             elif kind == _Ev.SAMPLE:
                 self._sample()
+                later = self.now + self.cfg.sample_s
+                if later <= self.cfg.duration_s:
+                    self._push(later, _Ev.SAMPLE, None)
                 if log.isEnabledFor(logging.INFO) and round(self.now) % PROGRESS_EVERY_S == 0:
                     log.info(
                         "t=%.0f s simulated, wall %.1f s, planner %.1f s in %d calls",
@@ -302,6 +317,12 @@ class Simulation:
                         sum(self.life.plan_seconds),
                         len(self.life.plan_seconds),
                     )
+            if self.completed != done_before:
+                done_before = self.completed
+                if self.on_commit is not None:
+                    self.on_commit(self)
+                if stop is not None and self.completed >= stop:
+                    break
         self._apply(self.life.stop(self.now))
         wall = time.perf_counter() - wall0
         if self.rec:
@@ -394,7 +415,6 @@ class Simulation:
                         self._compute(m)
         timer = RouteTimer(self.net, d.plan.routes, d.plan.pipelined, self.part)
         self.transfers[gid] = (d.rev, timer)
-        self.plans[gid] = d.plan
         start = self.now
         if self.cfg.plan_delay is PlanDelay.MEASURED:  # plans are made one after another
             start = self.planner_free = max(self.now, self.planner_free) + d.plan_s
@@ -403,7 +423,9 @@ class Simulation:
         self._push(d.deadline + 1e-9, _Ev.TICK, None)
 
     def _end(self, gid: int, members: Sequence[int], dropped: Sequence[int]) -> None:
-        self.result_times.append((gid, self.group_start.get(gid, self.now), self.now))
+        start = self.group_start.pop(gid, self.now)
+        if self.cfg.history:
+            self.result_times.append((gid, start, self.now))
         for m in (*members, *dropped):
             if self.in_group.get(m) == gid:
                 del self.in_group[m]

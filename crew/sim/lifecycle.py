@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +41,7 @@ from crew.plan.schemes import GroupPlan, GroupPlanner
 from crew.sim.candidates import plan_on_candidates
 from crew.wire import protocol as proto
 
+PLAN_TIMES_KEPT = 10_000  # planner times a run without history keeps (the latest)
 NEVER_SILENT_S = 1e9  # the former's heartbeat timeout: simulated workers never go silent
 
 
@@ -124,7 +126,9 @@ class SimLifecycle:
         helpers: int | None = None,
         plan_level_tol: float = 0.0,
         goodput: float = RunConfig.default("goodput"),
+        history: bool = True,
     ) -> None:
+        self.history = history  # False: keep no records and only the last planner times
         self.plan_rounds = plan_rounds
         self.plan_level_tol = plan_level_tol
         # One planner per simulated run: its caches (warm columns) shape capped plans, so a run
@@ -157,7 +161,8 @@ class SimLifecycle:
             staleness=staleness,
             isolation_max_wait=isolation_max_wait,
         )
-        self.plan_seconds: list[float] = []  # wall time of each planner call (for scale)
+        # Wall time of each planner call (for scale); without history, of the latest ones.
+        self.plan_seconds: deque[float] = deque(maxlen=None if history else PLAN_TIMES_KEPT)
         self._made: list[float] = []  # this call's successful plans' times, in planning order
         self.clock = time.perf_counter  # what times a planner call (a test may set its own)
         self.life = lc.GroupLifecycle(self.cfg, former=self.former, plan=self._timed_plan)
@@ -240,7 +245,7 @@ class SimLifecycle:
         decided: list[Decision] = []
         seen: set[tuple[str, int, int]] = set()
         for o in outs:
-            if not isinstance(o, lc.SendTo):
+            if self.history and not isinstance(o, lc.SendTo):
                 self.records.append(o)
             if isinstance(o, lc.GroupOpenedRecord):
                 self._bound[o.group.id] = o.bound_s
