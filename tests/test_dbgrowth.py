@@ -16,6 +16,7 @@ T0 = 1_699_999_200.0
 
 def _source(tmp_path: Path) -> Path:
     db = RunDB(tmp_path / "src" / "lab.db")
+    db.set_meta({"run_id": "src-run"})
     db.add_link_samples(
         [LinkSampleRow(T0 + s, src, 1 - src, 100 * s, 1.0) for s in range(120) for src in (0, 1)]
     )
@@ -50,6 +51,14 @@ def test_replayed_cycles_shift_times_and_group_ids(tmp_path: Path) -> None:
     assert formed == [T0 + 10, T0 + 20, T0 + 130, T0 + 140]
     assert conn.execute("SELECT COUNT(*) FROM link_samples").fetchone()[0] == 30 * 240
     assert conn.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 30
+    # It opens like the run it came from, ended where the replay did (the dashboard reads it).
+    meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    assert meta["run_id"] == "src-run" and float(meta["ended_at"]) == T0 + 3600.0
+
+
+def test_hours_below_one_are_refused(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    assert dbgrowth.main([str(_source(tmp_path).parent), "--hours", "0.5"]) == 2
+    assert "--hours must be in [1, 672]" in capsys.readouterr().err
 
 
 def test_the_policy_folds_the_replayed_rows_as_they_age(tmp_path: Path) -> None:

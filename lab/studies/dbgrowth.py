@@ -35,8 +35,15 @@ _TIMES = {
     "group_members": (),
     "worker_states": ("t",),
     "events": ("t",),
+    "utilisation": ("t",),
+    "link_state": ("t",),
+    "commands": ("t", "applied_at"),
 }
+# Tables written once at the start, copied as they are so that the grown database opens in the
+# dashboard like the run it came from.
+_STATIC = ("meta", "workers", "links", "worker_status")
 _GROUP_ID = {"groups": "id", "group_members": "group_id", "worker_states": "group_id"}
+_OWN_ID = ("events", "link_state", "commands")
 CHUNK_S = 60.0  # one retention pass per simulated minute, as the link monitor does
 
 
@@ -46,6 +53,7 @@ class Source:
     period: float
     max_group: int
     rows: dict[str, tuple[tuple[str, ...], list[tuple[object, ...]]]]
+    static: dict[str, tuple[tuple[str, ...], list[tuple[object, ...]]]]
 
 
 def read_source(path: Path) -> Source:
@@ -55,15 +63,18 @@ def read_source(path: Path) -> Source:
         t0, t1 = conn.execute("SELECT MIN(t), MAX(t) FROM link_samples").fetchone()
         if t0 is None or t1 - t0 < CHUNK_S:
             raise SystemExit(f"error: {path} holds under a minute of link samples to replay")
-        rows = {}
-        for table in _TIMES:
+        rows, static = {}, {}
+        for table in (*_TIMES, *_STATIC):
             cur = conn.execute(f"SELECT * FROM {table}")
             cols = tuple(d[0] for d in cur.description)
-            rows[table] = (cols, [tuple(r) for r in cur.fetchall()])
+            (rows if table in _TIMES else static)[table] = (
+                cols,
+                [tuple(r) for r in cur.fetchall()],
+            )
         max_group = conn.execute("SELECT COALESCE(MAX(id), 0) FROM groups").fetchone()[0]
     finally:
         conn.close()
-    return Source(float(t0), float(t1 - t0) + 1.0, int(max_group), rows)
+    return Source(float(t0), float(t1 - t0) + 1.0, int(max_group), rows, static)
 
 
 def _shifted(src: Source, table: str, cycle: int) -> tuple[list[str], list[tuple[object, ...]]]:
@@ -72,7 +83,8 @@ def _shifted(src: Source, table: str, cycle: int) -> tuple[list[str], list[tuple
     dg = cycle * src.max_group
     time_at = [cols.index(c) for c in _TIMES[table]]
     gid_at = cols.index(_GROUP_ID[table]) if table in _GROUP_ID else -1
-    skip_id = cols.index("id") if table == "events" else -1  # let SQLite number the events
+    # Let SQLite number the rows of tables whose id is their own (not a group's).
+    skip_id = cols.index("id") if table in _OWN_ID else -1
     out = []
     for r in rows:
         v = list(r)
@@ -84,7 +96,7 @@ def _shifted(src: Source, table: str, cycle: int) -> tuple[list[str], list[tuple
         if skip_id >= 0:
             v.pop(skip_id)
         out.append(tuple(v))
-    return [c for c in cols if not (table == "events" and c == "id")], out
+    return [c for c in cols if not (table in _OWN_ID and c == "id")], out
 
 
 def _size_mb(path: Path, conn: sqlite3.Connection) -> float:
@@ -100,6 +112,10 @@ def grow(src: Source, out: Path, hours: float, policy: RetentionPolicy | None) -
     end = src.start + hours * 3600.0
     cycles = math.ceil(hours * 3600.0 / src.period)
     next_hour = src.start + 3600.0
+    with conn:
+        for table, (columns, rows) in src.static.items():
+            conn.execute(f"DELETE FROM {table}")  # a new database may hold defaults
+            rundb.insert_rows(conn, table, list(columns), rows)
     for cycle in range(cycles):
         with conn:
             for table in _TIMES:
@@ -112,6 +128,8 @@ def grow(src: Source, out: Path, hours: float, policy: RetentionPolicy | None) -
             sizes.append(_size_mb(out, conn))
             print(f"  {len(sizes):4d} h: {sizes[-1]:8.1f} MB", flush=True)
             next_hour += 3600.0
+    with conn:  # the run ended where the replay did
+        conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('ended_at', ?)", (str(end),))
     conn.close()
     return sizes
 
@@ -132,8 +150,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if not 0 < args.hours <= 24 * 28:
-        print(f"error: --hours must be in (0, 672], got {args.hours}", file=sys.stderr)
+    if not 1 <= args.hours <= 24 * 28:
+        print(
+            f"error: --hours must be in [1, 672] (sizes are per hour), got {args.hours}",
+            file=sys.stderr,
+        )
         return 2
     src = read_source(args.run / "lab.db")
     n_rows = {t: len(r) for t, (_, r) in src.rows.items()}
