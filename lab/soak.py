@@ -139,6 +139,8 @@ class SoakReport:
     state_file_left: bool = False
     ns_rules_left: list[str] = field(default_factory=list)
     rss_mb: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Per process, (seconds since the lab started, RSS MB) at every sample.
+    rss_series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     audit_ok: bool | None = None
     audit_violations: list[str] = field(default_factory=list)
     pace: str = ""  # lab.report.pace: groups per 10 s against the pre-fault rate
@@ -197,6 +199,31 @@ def open_fds() -> dict[int, str]:
         except OSError:
             pass  # the descriptor listdir itself used, closed meanwhile
     return out
+
+
+TIMELINE_COLUMNS = 7
+
+
+def rss_timeline(
+    series: dict[str, list[tuple[float, float]]], columns: int = TIMELINE_COLUMNS
+) -> list[str]:
+    """RSS over time as text: one row per process, its sample nearest to each of ``columns``
+    times spread evenly over the run ("-" where the process did not exist then)."""
+    points = [t for pts in series.values() for t, _ in pts]
+    if not points:
+        return []
+    t0, t1 = min(points), max(points)
+    at = [t0 + (t1 - t0) * k / (columns - 1) for k in range(columns)]
+    step = (t1 - t0) / (columns - 1) if columns > 1 else 0.0
+    head = "".join(f"{t / 60:>8.0f}" for t in at)
+    lines = ["RSS MB over time, at minute:", f"  {'':<22}{head}"]
+    for key, pts in series.items():
+        cells = []
+        for t in at:
+            near = min(pts, key=lambda p: abs(p[0] - t))
+            cells.append(f"{near[1]:>8.1f}" if abs(near[0] - t) <= step / 2 + 1 else f"{'-':>8}")
+        lines.append(f"  {key:<22}{''.join(cells)}")
+    return lines
 
 
 def rss_mb(pid: int | str) -> float | None:
@@ -479,6 +506,10 @@ def run_soak(opts: SoakOptions) -> SoakReport:
             if is_same_process(r.pid, r.start_time)
         ]
         report.rss_mb = sampler.growth()
+        report.rss_series = {
+            key: [(round(t - lab.started_at, 1), round(mb, 1)) for t, mb in pts]
+            for key, pts in sorted(sampler.series.items())
+        }
     report.procs_alive += processes_naming(str(run_dir))
     report.interfaces_left = root_interfaces(f"crw{lab.tag}")
     report.state_file_left = state_path is not None and state_path.exists()
@@ -544,6 +575,7 @@ def print_report(r: SoakReport) -> None:
             f"  ({m['growth_mb']:+.1f} over {m['span_s']:.0f} s, second half"
             f" {m['second_half_growth_mb']:+.1f}, {m['samples']} samples)"
         )
+    lines += rss_timeline(r.rss_series)
     lines.append(f"audit: {'ok' if r.audit_ok else 'VIOLATIONS' if r.audit_ok is False else 'n/a'}")
     lines += [f"  {v}" for v in r.audit_violations]
     for title, items in (

@@ -94,6 +94,15 @@ _SEEN = """() => {
 }"""
 
 
+def drawn_on(page: Any) -> dict[str, bool]:
+    """Which of ``PANELS`` and ``DATA`` the page shows now."""
+    table = browser.link_table(page)
+    return dict(page.evaluate(_SEEN)) | {
+        "link table": table is not None,
+        "traffic": any((browser.util_pct(r) or 0) > 0 for r in (table or {}).values()),
+    }
+
+
 class FirstPaintError(RuntimeError):
     """The lab did not start, or did not print its dashboard's address."""
 
@@ -220,12 +229,7 @@ def measure_once(
         wanted = (*PANELS, *DATA)
         for _ in range(int(timeout / POLL_S) + 1):
             now = time.monotonic() - t0
-            table = browser.link_table(page)
-            drawn_now = page.evaluate(_SEEN) | {
-                "link table": table is not None,
-                "traffic": any((browser.util_pct(r) or 0) > 0 for r in (table or {}).values()),
-            }
-            for name, drawn in drawn_now.items():
+            for name, drawn in drawn_on(page).items():
                 if drawn and name not in times.seen:
                     times.seen[name] = round(now, 1)
             if all(w in times.seen for w in wanted) or now > timeout:
