@@ -257,13 +257,20 @@ def _json(value: Any) -> str | None:
 
 
 def insert_rows(
-    conn: sqlite3.Connection, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]
+    conn: sqlite3.Connection,
+    table: str,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    replace: bool = False,
 ) -> None:
-    """Insert raw rows of ``columns`` into ``table`` (a replay of another run's rows)."""
+    """Insert raw rows of ``columns`` into ``table`` (a replay of another run's rows);
+    ``replace``: a row whose key is taken replaces the one there."""
     if table not in TABLES or not all(c.isidentifier() for c in columns):
         raise ValueError(f"not a run database table and columns: {table} {list(columns)}")
     marks = ", ".join("?" * len(columns))
-    conn.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
+    verb = "INSERT OR REPLACE" if replace else "INSERT"
+    conn.executemany(f"{verb} INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
 
 
 def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:

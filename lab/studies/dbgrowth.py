@@ -114,8 +114,7 @@ def grow(src: Source, out: Path, hours: float, policy: RetentionPolicy | None) -
     next_hour = src.start + 3600.0
     with conn:
         for table, (columns, rows) in src.static.items():
-            conn.execute(f"DELETE FROM {table}")  # a new database may hold defaults
-            rundb.insert_rows(conn, table, list(columns), rows)
+            rundb.insert_rows(conn, table, list(columns), rows, replace=True)
     for cycle in range(cycles):
         with conn:
             for table in _TIMES:
@@ -129,7 +128,7 @@ def grow(src: Source, out: Path, hours: float, policy: RetentionPolicy | None) -
             print(f"  {len(sizes):4d} h: {sizes[-1]:8.1f} MB", flush=True)
             next_hour += 3600.0
     with conn:  # the run ended where the replay did
-        conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('ended_at', ?)", (str(end),))
+        rundb.insert_rows(conn, "meta", ("key", "value"), [("ended_at", str(end))], replace=True)
     conn.close()
     return sizes
 
