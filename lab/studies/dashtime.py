@@ -31,13 +31,21 @@ from pathlib import Path
 from typing import Any
 
 from crew.cli_options import add_json_flag, command_parser, write_json
-from dashboard.__main__ import find_db, streamlit_argv
 from lab.orchestrate import browser
+from lab.orchestrate.runner import REPO
 from lab.studies.firstpaint import PANELS, VIEWPORT, drawn_on
 
 FINISHED_PANELS = tuple(p for p in PANELS if p != "controls")
 POLL_S = 0.05
 SERVER_WAIT_S = 60.0
+DB_NAMES = ("lab.db", "run.db")  # a lab run's database, or a launched job's
+
+
+def find_db(run: Path) -> Path | None:
+    """The run database ``run`` names: the file itself, or one of ``DB_NAMES`` in it."""
+    if run.is_dir():
+        return next((run / name for name in DB_NAMES if (run / name).is_file()), None)
+    return run if run.is_file() else None
 
 
 @dataclass
@@ -72,7 +80,8 @@ def time_load(page: Any, url: str, timeout: float) -> tuple[float, list[str]]:
 def measure_run(pw_browser: Any, db: Path, loads: int, timeout: float) -> RunPaint:
     port = browser.free_port()
     server = subprocess.Popen(
-        streamlit_argv(db, port, "127.0.0.1"),
+        [sys.executable, "-m", "dashboard", str(db), "--port", str(port)],
+        cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
