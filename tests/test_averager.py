@@ -20,6 +20,7 @@ import crew
 from crew.runtime.launch import LaunchEnv, read_secret, run_number
 from crew.wire import protocol as proto
 from crew.wire.frames import FrameCodec, control_body, control_frame
+from crew.wire.session import open_session
 from crew.wire.transport import FrameStream
 
 SECRET = "test-secret-0123456789"
@@ -183,6 +184,7 @@ def die_during_start_up(env: dict[str, str], world: int, shapes, stage: str) -> 
             assert time.monotonic() < deadline, "no rendezvous host"
             time.sleep(0.1)
     if stage == "roster":
+        open_session(stream, launch.rank, 10.0)
         join = proto.Join(launch.rank, world, "127.0.0.1", 9, shapes, 0)
         stream.send(control_frame(launch.rank, codec.run, join.to_dict()))
         while not isinstance(proto.decode(control_body(stream.recv())), proto.Roster):

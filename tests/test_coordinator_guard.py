@@ -19,7 +19,8 @@ from crew.runtime import rundb
 from crew.runtime.coordinator import Coordinator
 from crew.runtime.rundb import RunDB
 from crew.wire import protocol as proto
-from crew.wire.frames import FrameCodec, control_frame
+from crew.wire.frames import COORDINATOR, FrameCodec, FrameError, control_frame
+from crew.wire.session import open_session
 from crew.wire.transport import FrameStream
 
 SECRET = b"k" * 32
@@ -113,6 +114,7 @@ def test_a_flood_of_bad_frames_is_recorded_once_and_the_coordinator_serves_on(
         # An honest worker still registers.
         with socket.create_connection(("127.0.0.1", coord.port), timeout=5) as sock:
             stream = FrameStream(sock, FrameCodec(SECRET, cfg.run_num))
+            open_session(stream, 0, 5.0)
             stream.send(control_frame(0, cfg.run_num, proto.Register(0, 1, 0, 64).to_dict()))
             deadline = time.monotonic() + 10
             while 0 not in coord.life.connected and time.monotonic() < deadline:
@@ -127,3 +129,66 @@ def test_a_flood_of_bad_frames_is_recorded_once_and_the_coordinator_serves_on(
             "SELECT COUNT(*) FROM events WHERE kind='security' AND message LIKE '%failed checks%'"
         ).fetchone()[0]
     assert 1 <= rows <= 2  # 40 bad connections in well under 10 s: one row (two at a boundary)
+
+
+def _session(port: int, codec: FrameCodec, sender: int) -> FrameStream:
+    stream = FrameStream(socket.create_connection(("127.0.0.1", port), timeout=5), codec)
+    open_session(stream, sender, 5.0)
+    return stream
+
+
+def _wait(condition, what: str) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_only_the_lab_administers_and_no_worker_speaks_for_another(tmp_path: Path) -> None:
+    cfg = make_cfg(n=2, p=2)
+    db = RunDB(tmp_path / "run.db")
+    admin = b"A" * 32
+    coord = Coordinator(cfg, db, "127.0.0.1", 0, secret=SECRET, admin_secret=admin)
+    loop = threading.Thread(target=coord.run, daemon=True)
+    loop.start()
+    run_key = FrameCodec(SECRET, cfg.run_num)
+    try:
+        worker = _session(coord.port, run_key, 0)
+        worker.send(control_frame(0, cfg.run_num, proto.Register(0, 1, 0, 64).to_dict()))
+        _wait(lambda: 0 in coord.life.connected, "worker 0 registers")
+        # A worker, with the run's key, asks to stop the run and speaks in worker 1's name.
+        stop = proto.Admin(op="stop", args={})
+        worker.send(control_frame(0, cfg.run_num, stop.to_dict()))
+        worker.send(control_frame(0, cfg.run_num, proto.Register(1, 1, 0, 64).to_dict()))
+        time.sleep(0.5)
+        assert loop.is_alive() and not coord.stop_event.is_set()
+        assert 1 not in coord.life.connected
+        # The lab, with its own key, may.
+        lab = _session(coord.port, FrameCodec(admin, cfg.run_num), COORDINATOR)
+        lab.send(control_frame(COORDINATOR, cfg.run_num, stop.to_dict()))
+        loop.join(10)
+        assert not loop.is_alive()
+        worker.close()
+        lab.close()
+    finally:
+        coord.stop_event.set()
+        loop.join(10)
+    with rundb.connect(tmp_path / "run.db", readonly=True) as conn:
+        security = [r[0] for r in conn.execute("SELECT message FROM events WHERE kind='security'")]
+    assert any("Admin 'stop' from worker 0 refused" in m for m in security), security
+    assert any("in worker 1's name" in m for m in security), security
+
+
+def test_without_an_admin_key_nobody_administers(tmp_path: Path) -> None:
+    cfg = make_cfg(n=2, p=2)
+    coord = Coordinator(cfg, RunDB(tmp_path / "run.db"), "127.0.0.1", 0, secret=SECRET)
+    loop = threading.Thread(target=coord.run, daemon=True)
+    loop.start()
+    try:
+        # A launched job's coordinator holds the run's key alone: the lab's id is unknown.
+        with pytest.raises((FrameError, OSError)):
+            _session(coord.port, FrameCodec(SECRET, cfg.run_num), COORDINATOR)
+        assert loop.is_alive()
+    finally:
+        coord.stop_event.set()
+        loop.join(10)

@@ -117,7 +117,7 @@ def test_header_layout_is_network_order(codec: FrameCodec) -> None:
     header = bytes(codec.encode(frame)[0])
     assert HEADER_SIZE == 40
     assert header[:4] == b"CRW1"
-    assert header[4] == VERSION == 2 and header[5] == FrameKind.RESULT
+    assert header[4] == VERSION == 3 and header[5] == FrameKind.RESULT
     assert header[6:8] == b"\x01\x02"
     assert struct.unpack("!Q", header[28:36])[0] == 1 << 40
     assert struct.unpack("!I", header[36:40])[0] == 1
@@ -201,8 +201,10 @@ def test_bad_magic(codec: FrameCodec) -> None:
 
 
 def test_bad_version(codec: FrameCodec) -> None:
-    with pytest.raises(wf.BadVersion, match="version 3"):
-        codec.decode(_raw(SECRET, version=3))
+    with pytest.raises(wf.BadVersion, match="version 4"):
+        codec.decode(_raw(SECRET, version=4))
+    with pytest.raises(wf.BadVersion, match="version 2"):  # before connections had sessions
+        codec.decode(_raw(SECRET, version=2))
 
 
 def test_a_version_1_frame_with_its_hmac_sha256_tag_is_refused_by_version(
@@ -210,7 +212,7 @@ def test_a_version_1_frame_with_its_hmac_sha256_tag_is_refused_by_version(
 ) -> None:
     header = HEADER.pack(MAGIC, 1, FrameKind.SCATTER, 3, RUN, 1, 2, 3, 4, 5, 3)
     old = header + b"abc" + hmac.new(SECRET, header + b"abc", hashlib.sha256).digest()
-    with pytest.raises(wf.BadVersion, match="version 1 is not 2"):
+    with pytest.raises(wf.BadVersion, match="version 1 is not 3"):
         codec.decode(old)
 
 

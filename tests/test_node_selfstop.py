@@ -1,10 +1,13 @@
 """A worker whose coordinator dies: it waits for a restarted one, and stops by itself when none
 comes back within ``CONNECT_ATTEMPTS`` x 0.5 s (30 s). Real sockets on loopback, no root; the
-coordinator is a bare listening socket, since only its presence matters here."""
+coordinator is a listening socket that only answers the handshake, since only its presence
+matters here."""
 
 from __future__ import annotations
 
+import queue
 import socket
+import threading
 import time
 
 import pytest
@@ -12,6 +15,9 @@ import pytest
 from crew.config import RunConfig
 from crew.runtime import node as node_mod
 from crew.runtime.node import Node
+from crew.wire.frames import COORDINATOR, FrameCodec
+from crew.wire.session import accept_session
+from crew.wire.transport import FrameStream
 
 SECRET = b"selfstop-secret-0123456789abcdef"
 ATTEMPTS = 4  # x 0.5 s: the test's stand-in for the 30 s window
@@ -41,11 +47,50 @@ def _cfg(coordinator_port: int) -> RunConfig:
     )
 
 
+class BareCoordinator:
+    """Accepts connections and answers their handshakes, in a thread; nothing else."""
+
+    def __init__(self) -> None:
+        self.srv = socket.create_server(("127.0.0.1", 0))
+        self.srv.settimeout(0.2)
+        self.accepted: queue.Queue[FrameStream] = queue.Queue()
+        self.closed = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        codec = FrameCodec(SECRET, 3)
+        while not self.closed.is_set():  # bounded by the test's close()
+            try:
+                sock, _ = self.srv.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            stream = FrameStream(sock, codec)
+            try:
+                accept_session(stream, COORDINATOR, 5.0, [codec], lambda *_: True)
+            except OSError:
+                stream.close()
+                continue
+            self.accepted.put(stream)
+
+    def port(self) -> int:
+        return int(self.srv.getsockname()[1])
+
+    def next(self) -> FrameStream:
+        return self.accepted.get(timeout=10.0)
+
+    def close(self) -> None:
+        self.closed.set()
+        self.srv.close()
+        self.thread.join(5.0)
+
+
 @pytest.fixture
 def coordinator(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(node_mod, "CONNECT_ATTEMPTS", ATTEMPTS)
-    srv = socket.create_server(("127.0.0.1", 0))
-    srv.settimeout(10.0)
+    srv = BareCoordinator()
     yield srv
     srv.close()
 
@@ -56,13 +101,13 @@ def test_the_default_window_is_thirty_seconds() -> None:
 
 
 def test_a_worker_stops_by_itself_when_the_coordinator_stays_away(
-    coordinator: socket.socket,
+    coordinator: BareCoordinator,
 ) -> None:
     assert node_mod.CONNECT_ATTEMPTS == ATTEMPTS
-    node = Node(_cfg(coordinator.getsockname()[1]), 0, 16, secret=SECRET)
+    node = Node(_cfg(coordinator.port()), 0, 16, secret=SECRET)
     try:
         assert node.start()
-        conn, _ = coordinator.accept()  # its registration
+        conn = coordinator.next()  # its registration
         coordinator.close()  # the coordinator dies and nothing listens any more
         conn.close()
         lost = time.monotonic()
@@ -75,16 +120,15 @@ def test_a_worker_stops_by_itself_when_the_coordinator_stays_away(
 
 
 def test_a_worker_registers_again_with_a_coordinator_that_comes_back(
-    coordinator: socket.socket,
+    coordinator: BareCoordinator,
 ) -> None:
-    node = Node(_cfg(coordinator.getsockname()[1]), 0, 16, secret=SECRET)
+    node = Node(_cfg(coordinator.port()), 0, 16, secret=SECRET)
     try:
         assert node.start()
-        first, _ = coordinator.accept()
+        first = coordinator.next()
         first.close()  # the connection breaks; the listener (a restarted coordinator) is there
-        again, _ = coordinator.accept()
-        again.settimeout(5.0)
-        assert again.recv(4096), "no registration on the new connection"
+        again = coordinator.next()
+        assert again.recv(idle_timeout=5.0).kind.name == "CONTROL", "no registration"
         again.close()
         assert not node.stop_event.is_set()
     finally:

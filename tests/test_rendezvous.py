@@ -11,6 +11,7 @@ from crew.control.capacity import TCP_GOODPUT
 from crew.runtime.rendezvous import RendezvousHost, capacity_matrix, describe_shapes
 from crew.wire import protocol as proto
 from crew.wire.frames import FrameCodec, control_body, control_frame
+from crew.wire.session import open_session
 from crew.wire.transport import FrameStream
 
 
@@ -52,6 +53,7 @@ def test_describe_shapes_is_short_and_counts():
 
 def _joined_client(host: RendezvousHost, codec: FrameCodec, rank: int, world: int) -> FrameStream:
     stream = FrameStream.connect(("127.0.0.1", host.port), codec, timeout=5.0)
+    open_session(stream, rank, 5.0)
     join = proto.Join(rank, world, "127.0.0.1", 1, [[3]], 0)
     stream.send(control_frame(rank, codec.run, join.to_dict()))
     return stream

@@ -14,6 +14,7 @@ import pytest
 
 import crew.wire.frames as wf
 from crew.wire.frames import Frame, FrameCodec, FrameKind, control_body, control_frame, wire_size
+from crew.wire.session import NONCE_BYTES, accept_session, open_session
 from crew.wire.transport import (
     TCP_CONGESTION,
     FlowOrder,
@@ -28,6 +29,7 @@ from crew.wire.transport import (
 
 SECRET = b"s" * 32
 RUN = 9
+NONCE = b"n" * NONCE_BYTES  # a HELLO's payload
 WAIT = 10.0  # generous upper bound for events; never a timing assertion
 LOOPBACK = "127.0.0.1"
 
@@ -93,6 +95,29 @@ def black_hole() -> Iterator[tuple[str, int]]:
         s.bind((LOOPBACK, 0))
         s.listen(1)
         yield s.getsockname()
+
+
+@pytest.fixture
+def stalled_peer(codec: FrameCodec) -> Iterator[tuple[str, int]]:
+    """A peer that answers the handshake, then never reads: senders fill the buffers and
+    stall."""
+    done = threading.Event()
+    with closing(socket.socket()) as s:
+        s.bind((LOOPBACK, 0))
+        s.listen(1)
+
+        def serve() -> None:
+            conn, _ = s.accept()
+            stream = FrameStream(conn, codec)
+            accept_session(stream, 5, WAIT, [codec], lambda *_: True)
+            done.wait(WAIT)  # bounded: the test ends first
+            stream.close()
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        yield s.getsockname()
+        done.set()
+        thread.join(WAIT)
 
 
 def dead_port() -> tuple[str, int]:
@@ -188,13 +213,11 @@ def test_unauthenticated_client_is_rejected_while_good_peer_works(make, codec) -
 
     forger = FrameStream.connect((LOOPBACK, ts[2].port), FrameCodec(b"w" * 32, RUN))
     try:
-        forger.send(Frame(FrameKind.HELLO, 1, RUN))  # claims to be worker 1
-        forger.send(frame(1, payload=b"forged"))
+        with pytest.raises((StreamClosed, ConnectionError, wf.FrameError)):
+            open_session(forger, 1, WAIT)  # claims to be worker 1; the server closes on it
         assert rejects.wait_for(1)
         addr, err = rejects.items[0]
         assert isinstance(err, wf.BadMac) and addr[0] == LOOPBACK
-        with pytest.raises((StreamClosed, ConnectionError, wf.FrameError)):
-            forger.recv(idle_timeout=WAIT)  # the server closed this connection
     finally:
         forger.close()
 
@@ -221,11 +244,11 @@ def test_garbage_client_is_rejected(make, codec: FrameCodec) -> None:
 @pytest.mark.parametrize(
     ("first", "error", "reason"),
     [
-        (Frame(FrameKind.SCATTER, 1, RUN), HandshakeError, "first frame is SCATTER"),
-        (Frame(FrameKind.HELLO, 77, RUN), HandshakeError, "unknown peer id 77"),
-        # Before the HELLO, a frame larger than a HELLO is refused from its header alone: its
-        # payload is never read into memory, nor its MAC computed.
-        (Frame(FrameKind.SCATTER, 1, RUN, payload=b"no hello"), wf.Oversized, "maximum 1"),
+        (Frame(FrameKind.SCATTER, 1, RUN, payload=NONCE), HandshakeError, "first frame is SCATTER"),
+        (Frame(FrameKind.HELLO, 77, RUN, payload=NONCE), HandshakeError, "unknown peer id 77"),
+        # Before the HELLO, only a HELLO's bytes are read: a frame of another size is refused
+        # from those alone, the rest of its payload never read into memory.
+        (Frame(FrameKind.SCATTER, 1, RUN, payload=b"x" * 4000), HandshakeError, "not a HELLO"),
     ],
 )
 def test_connection_must_start_with_hello_from_known_peer(
@@ -253,7 +276,7 @@ def test_a_frame_in_another_peers_name_is_refused(make, codec) -> None:
     t.start()
     client = FrameStream.connect((LOOPBACK, t.port), codec)
     try:
-        client.send(Frame(FrameKind.HELLO, 1, RUN))  # peer 1 says who it is ...
+        open_session(client, 1, WAIT)  # peer 1 says who it is ...
         client.send(frame(3, payload=b"as 3"))  # ... then speaks for peer 3
         assert rejects.wait_for(1)
     finally:
@@ -266,7 +289,7 @@ def test_a_handshake_dribbled_byte_by_byte_is_cut_at_its_deadline(make, codec) -
     inbox, rejects = Inbox(), Events()
     t = make(2, codec, inbox, peers={1: dead_port()}, on_reject=rejects, connect_timeout=1.0)
     t.start()
-    hello = b"".join(bytes(p) for p in codec.encode(Frame(FrameKind.HELLO, 1, RUN)))
+    hello = codec.encode_bytes(Frame(FrameKind.HELLO, 1, RUN, payload=NONCE))
     started = time.monotonic()
     with socket.create_connection((LOOPBACK, t.port)) as sock:
         sock.settimeout(10.0)
@@ -415,9 +438,9 @@ def test_fail_peer_reports_the_frames_not_yet_sent(make, codec, black_hole) -> N
     assert t.queued_bytes(5) == 0
 
 
-def test_stalled_send_fails_the_link(make, codec, black_hole) -> None:
+def test_stalled_send_fails_the_link(make, codec, stalled_peer) -> None:
     errors = Events()
-    t = make(1, codec, Inbox(), peers={5: black_hole}, on_send_error=errors)
+    t = make(1, codec, Inbox(), peers={5: stalled_peer}, on_send_error=errors)
     t.set_stall_timeout(0.3)
     t.start()
     big = b"\xcd" * (4 << 20)
@@ -469,7 +492,7 @@ def test_inbound_frame_that_stalls_drops_the_connection(make, codec: FrameCodec)
     t = make(2, codec, inbox, peers={1: dead_port()}, stall_timeout=0.2)
     t.start()
     with closing(socket.create_connection((LOOPBACK, t.port), timeout=WAIT)) as s:
-        s.sendall(codec.encode_bytes(Frame(FrameKind.HELLO, 1, RUN))[:10])  # then silence
+        s.sendall(codec.encode_bytes(Frame(FrameKind.HELLO, 1, RUN, payload=NONCE))[:10])
         assert s.recv(1) == b""  # the server gave up on the half frame and closed
     assert inbox.frames == [] and t.stats().frames_received == 0
 

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from crew.config import RunConfig, Scheme
 from crew.control import lifecycle as lc
@@ -33,11 +34,14 @@ from crew.wire import protocol as proto
 from crew.wire.frames import COORDINATOR, FrameCodec, FrameError, control_body, control_frame
 from crew.wire.listener import Address, accept_loop
 from crew.wire.outbox import FLUSH_TIMEOUT_S, Outbox
-from crew.wire.transport import FrameStream
+from crew.wire.session import Peer, accept_session
+from crew.wire.transport import FrameStream, ImpersonationError
 
 log = logging.getLogger("crew.runtime.coordinator")
 
 TICK_S = 0.25
+HANDSHAKE_S = 10.0  # a connection's HELLO and CHALLENGE, whole (crew.wire.session)
+ADMIN_KEY = 1  # the index in Coordinator.keys of the lab's admin key
 
 
 @dataclass(frozen=True)
@@ -175,12 +179,25 @@ class Coordinator:
     """One run's coordinator; ``run()`` serves until stopped (admin "stop", SIGTERM)."""
 
     def __init__(
-        self, cfg: RunConfig, db: RunDB, host: str, port: int, *, secret: bytes | None = None
+        self,
+        cfg: RunConfig,
+        db: RunDB,
+        host: str,
+        port: int,
+        *,
+        secret: bytes | None = None,
+        admin_secret: bytes | None = None,
     ):
         self.cfg = cfg
         self.db = db
         key = cfg.secret() if secret is None else secret
         self.codec = FrameCodec(key, cfg.run_num, max_payload=cfg.max_payload)
+        # A connection's identity is the key its HELLO was made with: the run's (a worker) or
+        # the lab's admin key (the lab), which no worker holds. Without one, nobody may Admin.
+        self.keys = [self.codec]
+        if admin_secret is not None:
+            self.keys.append(FrameCodec(admin_secret, cfg.run_num))
+        self.peers: dict[int, Peer] = {}  # conn id -> who opened it
         # Plans the life cycle announces ahead (a bench trace's next group) are made on a
         # background thread while the current group runs (crew.runtime.planahead), unless
         # cfg.plan_ahead is off; either way it records what each plan cost the event loop. One
@@ -216,11 +233,30 @@ class Coordinator:
             self.outboxes[conn] = Outbox(stream, f"connection {conn}")
         threading.Thread(target=self._reader, args=(conn,), name=f"conn{conn}", daemon=True).start()
 
+    def _known(self, sender: int, key: int) -> bool:
+        """Whether ``sender`` may open a connection under key ``key`` (see ``self.keys``)."""
+        return sender == COORDINATOR if key == ADMIN_KEY else 0 <= sender < self.cfg.n
+
     def _reader(self, conn: int) -> None:
         stream = self.streams[conn]
+        try:
+            peer = accept_session(stream, COORDINATOR, HANDSHAKE_S, self.keys, self._known)
+        except FrameError as exc:
+            log.warning("connection %d: refused at its handshake: %s", conn, exc)
+            self.events.put(_Event("rejected", conn, None))
+            self.events.put(_Event("closed", conn))
+            return
+        except OSError:
+            self.events.put(_Event("closed", conn))
+            return
+        self.peers[conn] = peer
         while not self.stop_event.is_set():
             try:
                 frame = stream.recv()
+                if frame.sender != peer.id:
+                    raise ImpersonationError(
+                        f"frame claims sender {frame.sender} on {peer.id}'s connection"
+                    )
             except FrameError as exc:
                 log.warning("connection %d: bad frame, closing: %s", conn, exc)
                 self.events.put(_Event("rejected", conn, None))
@@ -322,6 +358,7 @@ class Coordinator:
     def _handle(self, ev: _Event, now: float) -> None:
         if ev.kind == "closed":
             stream = self.streams.pop(ev.conn, None)
+            self.peers.pop(ev.conn, None)
             outbox = self.outboxes.pop(ev.conn, None)
             if outbox is not None:
                 outbox.close()
@@ -346,6 +383,27 @@ class Coordinator:
             return
         msg = ev.msg
         assert msg is not None
+        peer = self.peers.get(ev.conn)
+        if isinstance(msg, proto.Admin) and (peer is None or peer.key != ADMIN_KEY):
+            if self.errors.due("admin refused", now):
+                who = "an unknown peer" if peer is None else f"worker {peer.id}"
+                self.db.event(
+                    "security",
+                    f"Admin {msg.op!r} from {who} refused: only the lab administers a run",
+                    level="warning",
+                    t=now,
+                )
+            return
+        claimed = getattr(msg, "worker", None)
+        if peer is not None and peer.key != ADMIN_KEY and claimed not in (None, peer.id):
+            if self.errors.due("impersonation", now):
+                self.db.event(
+                    "security",
+                    f"worker {peer.id} sent a message in worker {claimed}'s name; refused",
+                    level="warning",
+                    t=now,
+                )
+            return
         worker = getattr(msg, "worker", None)
         if not isinstance(worker, int) or not 0 <= worker < self.cfg.n:
             self._apply(self.life.handle(msg, now))  # refused there, or an Admin request
@@ -411,6 +469,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--config", help="the run's config.json (a lab run)")
     parser.add_argument("--db", help="the run database (SQLite; a lab run)")
+    parser.add_argument(
+        "--admin-secret",
+        help="a lab run: the file of the lab's own key, the only one Admin requests may use",
+    )
     parser.add_argument("--world", type=int, help="a launched job: its number of ranks")
     parser.add_argument("--port", type=int, default=29501, help="a launched job: listen port")
     parser.add_argument(
@@ -433,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--config and --db (a lab run), or --world (a launched job)")
     cfg = RunConfig.load(args.config)
     db = RunDB(args.db)
-    coord = Coordinator(cfg, db, cfg.coordinator_host, cfg.coordinator_port)
+    admin = Path(args.admin_secret).read_bytes() if args.admin_secret else None
+    coord = Coordinator(cfg, db, cfg.coordinator_host, cfg.coordinator_port, admin_secret=admin)
     signal.signal(signal.SIGTERM, lambda *_: coord.stop_event.set())
     signal.signal(signal.SIGINT, lambda *_: coord.stop_event.set())
     coord.run()

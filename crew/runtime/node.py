@@ -57,6 +57,7 @@ from crew.train.partcodec import PartCodec
 from crew.wire import protocol as proto
 from crew.wire.frames import Frame, FrameCodec, FrameError, FrameKind, control_body, control_frame
 from crew.wire.probes import LinkStateChange, Prober
+from crew.wire.session import open_session
 from crew.wire.transport import FlowOrder, FrameStream, Transport
 
 log = logging.getLogger("crew.runtime.node")
@@ -261,14 +262,22 @@ class Node:
         ``CONNECT_ATTEMPTS``, read at the call) x 0.5 s without success."""
         attempts = CONNECT_ATTEMPTS if attempts is None else attempts
         addr = (self.cfg.coordinator_host, self.cfg.coordinator_port)
-        last: OSError | None = None
+        last: Exception | None = None
         for _ in range(attempts):
             if self.stop_event.is_set():
                 return False
             try:
-                self.control = FrameStream.connect(addr, self.codec, timeout=5.0)
-                break
+                stream = FrameStream.connect(addr, self.codec, timeout=5.0)
             except OSError as exc:
+                last = exc
+                self.stop_event.wait(0.5)
+                continue
+            try:
+                open_session(stream, self.me, 5.0)
+                self.control = stream
+                break
+            except (FrameError, OSError) as exc:  # another key or run, or a coordinator restart
+                stream.close()
                 last = exc
                 self.stop_event.wait(0.5)
         else:

@@ -56,10 +56,12 @@ from crew.runtime.capacity_probe import (
 from crew.wire import protocol as proto
 from crew.wire.frames import FrameCodec, FrameError, control_body, control_frame
 from crew.wire.listener import accept_loop
+from crew.wire.session import accept_session, open_session
 from crew.wire.transport import Address, FrameStream, StreamClosed, Transport
 
 log = logging.getLogger("crew.runtime.rendezvous")
 
+HANDSHAKE_S = 10.0  # a connection's HELLO and CHALLENGE, whole (crew.wire.session)
 HOST_ID = 0xFFFF  # sender id of the host's frames (as crew.wire.frames.COORDINATOR)
 COLLECT_TIMEOUT_S = 10.0  # beyond a round's own bound, before the host gives up on a rank
 HOST_SLACK_S = 5.0  # a worker waits this much longer than the host's own timeouts
@@ -165,6 +167,15 @@ class RendezvousHost:
         accept_loop(self.listener, self._stop.is_set, accepted, name="rendezvous", poll_s=0.25)
 
     def _reader(self, conn: int, stream: FrameStream) -> None:
+        try:
+            accept_session(
+                stream, HOST_ID, HANDSHAKE_S, [self.codec], lambda rank, _: 0 <= rank < self.world
+            )
+        except (FrameError, OSError) as exc:  # another secret, another run, garbage
+            log.warning("rendezvous: connection %d refused at its handshake: %s", conn, exc)
+            stream.close()
+            self.events.put((conn, None))
+            return
         while not self._stop.is_set():
             try:
                 msg = proto.decode(control_body(stream.recv()))
@@ -434,6 +445,19 @@ def join_job(
     world = 0
     probe_params = (0, 0.0)
     try:
+        try:
+            open_session(stream, join.worker, timeout)
+        except FrameError as exc:
+            raise SecretError(
+                f"rank {join.worker}: the coordinator's answer failed authentication ({exc}):"
+                f" this rank's secret (CREW_SECRET / CREW_SECRET_FILE) differs"
+            ) from exc
+        except OSError as exc:
+            raise SecretError(
+                f"rank {join.worker}: the coordinator at {where} closed the connection"
+                f" without answering: this rank's secret (CREW_SECRET / CREW_SECRET_FILE)"
+                f" most likely differs from the coordinator's"
+            ) from exc
         stream.send(control_frame(join.worker, codec.run, join.to_dict()))
         while True:
             remaining = deadline - time.monotonic()

@@ -4,7 +4,7 @@ Wire format (network byte order, no padding)::
 
     offset size field
          0    4 magic    b"CRW1"
-         4    1 version  2
+         4    1 version  3
          5    1 kind     FrameKind
          6    2 sender   worker id, 0xFFFF for the coordinator / lab
          8    4 run      run number; frames of another run are refused
@@ -15,8 +15,15 @@ Wire format (network byte order, no padding)::
         28    8 offset   element offset of this part in the model vector
         36    4 length   payload bytes
         40    L payload
-      40+L   32 tag      BLAKE3 keyed with K, over payload || header
+      40+L   32 tag      BLAKE3 keyed with K, over payload || header [|| seq]
                          (K = BLAKE3 derive_key(MAC_CONTEXT, secret))
+
+Connections open with a handshake (:mod:`crew.wire.session`): a HELLO and a CHALLENGE, each
+carrying fresh random nonces under K. From then on each direction of the connection has a key of
+its own, derived from K and both nonces, and every frame's tag also covers its sequence number
+on the connection (``seq``, 8 bytes, counted by both ends, never sent). So a frame recorded on
+one connection fails its tag on any other, and a frame repeated, dropped or reordered within a
+connection fails its tag too: replays are refused as ``BadMac``.
 
 Design notes:
 
@@ -54,8 +61,8 @@ import blake3
 log = logging.getLogger(__name__)
 
 MAGIC = b"CRW1"
-VERSION = 2
-MAC_CONTEXT = "crew-lab 2026-12 frame MAC v2"  # BLAKE3 key derivation: one key per use
+VERSION = 3
+MAC_CONTEXT = "crew-lab 2026-12 frame MAC v3"  # BLAKE3 key derivation: one key per use
 COORDINATOR = 0xFFFF  # sender id of the coordinator and the lab
 HEADER = struct.Struct("!4sBBHIIIIIQI")
 HEADER_SIZE = HEADER.size  # 40
@@ -80,10 +87,11 @@ class FrameKind(enum.IntEnum):
     SCATTER = 2  # a member's copy of a block part, to its aggregator
     RESULT = 3  # an aggregated block part, back to a member
     RELAY = 4  # a part forwarded on behalf of another worker (outage handling)
-    HELLO = 5  # first frame on every data-plane connection: names the sender
+    HELLO = 5  # first frame on every connection: names the sender, carries its nonce
     PAYLOAD = 6  # opaque bulk data (baselines, benchmarks)
     PRESCATTER = 7  # non-blocking mode: an unweighted part sent before its group exists
     PROBE = 8  # a link probe (crew.wire.probes), UDP: names its receiver in ``block``
+    CHALLENGE = 9  # the answer to a HELLO: both nonces (crew.wire.session)
 
 
 class FrameError(Exception):
@@ -236,8 +244,32 @@ class FrameCodec:
         mac.update(header)
         return mac.digest()
 
+    def _tag_out(self, header: bytes, payload: bytes | bytearray | memoryview) -> bytes:
+        return self.tag(header, payload)
+
+    def _tag_in(
+        self, header: bytes | bytearray | memoryview, payload: bytes | bytearray | memoryview
+    ) -> bytes:
+        return self.tag(header, payload)
+
+    def _accepted(self) -> None:
+        """A frame's tag checked out (a session counts it)."""
+
+    def derive(self, label: bytes, *parts: bytes) -> bytes:
+        """A 32-byte key for one use, from this codec's key and ``parts`` (a session's
+        nonces): BLAKE3 keyed with K over the label and the parts."""
+        mac = blake3.blake3(label, key=self._key)
+        for part in parts:
+            mac.update(part)
+        return mac.digest()
+
+    def session(self, send_key: bytes, recv_key: bytes) -> SessionCodec:
+        """This run's codec for one connection after its handshake (``crew.wire.session``)."""
+        return SessionCodec(self, send_key, recv_key)
+
     def encode(self, frame: Frame) -> list[bytes | memoryview]:
-        """``[header, payload, tag]``; the payload is not copied. Raises Oversized, BadField."""
+        """``[header, payload, tag]``; the payload is not copied. Raises Oversized, BadField.
+        A session's encode counts the frame: call it in the order the frames are sent."""
         n = frame.nbytes
         if n > self.max_payload:
             raise Oversized(f"frame length {n} exceeds the maximum {self.max_payload}")
@@ -254,7 +286,7 @@ class FrameCodec:
             frame.offset,
             n,
         )
-        return [header, frame.payload, self.tag(header, frame.payload)]
+        return [header, frame.payload, self._tag_out(header, frame.payload)]
 
     def encode_bytes(self, frame: Frame) -> bytes:
         """The whole frame as one bytes object (copies; for tests and small frames)."""
@@ -305,14 +337,55 @@ class FrameCodec:
         tag = recv_exact(TAG_SIZE)
         if len(tag) != TAG_SIZE:
             raise Truncated(f"frame tag: got {len(tag)} of {TAG_SIZE} bytes")
-        if not hmac.compare_digest(self.tag(header, payload), bytes(tag)):
+        if not hmac.compare_digest(self._tag_in(header, payload), bytes(tag)):
             raise BadMac(f"frame tag does not match (kind {kind.name}, sender {sender})")
+        self._accepted()
         if run != self.run:
             raise WrongRun(f"frame run {run} is not this run {self.run}")
         if not isinstance(payload, bytes):
             # Received buffers are handed out read-only: several consumers may look at them.
             payload = memoryview(payload).toreadonly()
         return Frame(kind, sender, run, group, rev, block, part, offset, payload)
+
+
+class SessionCodec(FrameCodec):
+    """One connection's codec after its handshake: a key per direction, and each frame's
+    sequence number in that direction under its tag (see the module doc).
+
+    Not thread-safe: a connection's sends must be encoded one at a time, in the order they go
+    out (``FrameStream.send`` encodes under its send lock), and its reads come from one thread.
+    """
+
+    def __init__(self, base: FrameCodec, send_key: bytes, recv_key: bytes) -> None:
+        self.run = base.run
+        self.max_payload = base.max_payload
+        self._key = base._key  # the run's key, for limited() copies and derive()
+        self._send_key = send_key
+        self._recv_key = recv_key
+        self._send_seq = 0
+        self._recv_seq = 0
+
+    def _sealed(self, key: bytes, seq: int, header: Any, payload: Any) -> bytes:
+        mac = blake3.blake3(payload, key=key)
+        mac.update(header)
+        mac.update(seq.to_bytes(8, "big"))
+        return mac.digest()
+
+    def _tag_out(self, header: bytes, payload: bytes | bytearray | memoryview) -> bytes:
+        tag = self._sealed(self._send_key, self._send_seq, header, payload)
+        self._send_seq += 1
+        return tag
+
+    def _tag_in(
+        self, header: bytes | bytearray | memoryview, payload: bytes | bytearray | memoryview
+    ) -> bytes:
+        return self._sealed(self._recv_key, self._recv_seq, header, payload)
+
+    def _accepted(self) -> None:
+        self._recv_seq += 1
+
+    def limited(self, max_payload: int) -> FrameCodec:
+        raise TypeError("a session's codec is not limited: its counters belong to one stream")
 
 
 # -- control-plane payloads ----------------------------------------------------------------

@@ -7,8 +7,10 @@ large buffers (blake3) release the GIL.
 Topology of one ``Transport``:
 
 * one listening socket and an accept thread;
-* one reader thread per inbound connection. The first frame must be a HELLO from a known peer
-  id; every later frame goes to ``on_frame`` in that thread, in arrival order;
+* one reader thread per inbound connection. It opens with the handshake of
+  :mod:`crew.wire.session` (a HELLO from a known peer id, answered with a CHALLENGE; then keys
+  of the connection's own); every later frame goes to ``on_frame`` in that thread, in arrival
+  order;
 * one sender thread per destination, which owns the outbound connection to that peer (connected
   lazily, with bounded retries) and a queue served in ``FlowOrder``.
 
@@ -56,6 +58,7 @@ from crew.wire.frames import (
     wire_size,
 )
 from crew.wire.listener import Address, accept_loop
+from crew.wire.session import HELLO_BYTES, HandshakeError, accept_session, open_session
 
 log = logging.getLogger(__name__)
 
@@ -120,15 +123,8 @@ class StreamStalled(TimeoutError):
     """A send or a partly received frame made no progress within the stall timeout."""
 
 
-class HandshakeError(FrameError):
-    """An inbound connection did not start with a HELLO from a known peer."""
-
-
 class ImpersonationError(FrameError):
     """A frame named another sender than the peer whose connection carried it."""
-
-
-HELLO_MAX_PAYLOAD = 1  # a HELLO carries no payload; the codec's smallest limit
 
 
 class PeerUnreachable(ConnectionError):
@@ -326,8 +322,9 @@ class FrameStream:
 
     def send(self, frame: Frame) -> int:
         """Send one frame; returns its wire size. Raises StreamStalled or OSError."""
-        parts = self.codec.encode(frame)
         with self._send_lock:
+            # Encoded under the lock: a session numbers its frames in the order they go out.
+            parts = self.codec.encode(frame)
             try:
                 _sendmsg_all(self.sock, parts)
             except TimeoutError:
@@ -367,7 +364,20 @@ class FrameStream:
 
         return self.codec.read_frame(recv_exact)
 
+    def recv_raw(self, n: int, idle_timeout: float | None = None) -> bytes:
+        """Up to ``n`` bytes as they come (fewer only if the stream ended): a handshake's
+        fixed-size first frame, read before it is known which key verifies it. Raises
+        StreamClosed, TimeoutError, StreamStalled or OSError like ``recv``."""
+        if idle_timeout is not None and not self._wait_readable(idle_timeout):
+            raise TimeoutError(f"no frame within {idle_timeout} s")
+        data = self._read(n, True)
+        if not data:
+            raise StreamClosed("peer closed the connection")
+        return bytes(data)
+
     def _wait_readable(self, timeout: float) -> bool:
+        if self.sock.fileno() < 0:  # closed by its owner under this reader
+            raise OSError(errno.EBADF, "the stream was closed")
         poller = select.poll()
         poller.register(self.sock, select.POLLIN)
         return bool(poller.poll(max(0, int(timeout * 1000))))
@@ -993,7 +1003,8 @@ class Transport:
                 link.stream = stream
                 if link.failure is not None:
                     stream.shutdown()  # fail_peer() came while we connected: fail the HELLO
-            n = stream.send(Frame(FrameKind.HELLO, self.me, self.codec.run))
+            # A failed handshake raises: the sender fails the link, which closes the stream.
+            n = open_session(stream, self.me, max(0.1, deadline - time.monotonic()))
             with self._lock:
                 self._bytes_sent[link.dst] += n
             log.debug("transport %d: connected to peer %d at %s", self.me, link.dst, addr)
@@ -1060,18 +1071,11 @@ class Transport:
     def _reader_loop(self, sock: socket.socket, addr: Address) -> None:
         with self._lock:
             stall = self._stall_timeout
-        # Until the HELLO checks out, read at most a HELLO's size, and give the whole handshake
-        # connect_timeout: a peer dribbling bytes cannot hold the connection (or memory) longer.
-        stream = FrameStream(sock, self.codec.limited(HELLO_MAX_PAYLOAD), stall)
-        deadline = threading.Timer(self.connect_timeout, stream.shutdown)
-        deadline.daemon = True
+        stream = FrameStream(sock, self.codec, stall)
         try:
-            deadline.start()
-            try:
-                peer = self._handshake(stream)
-            finally:
-                deadline.cancel()
-            stream.codec = self.codec
+            # Until the HELLO checks out, the session reads one HELLO's bytes, and the whole
+            # handshake has connect_timeout: a peer without the key holds nothing longer.
+            peer = self._handshake(stream)
             for frame in self._frames(stream, peer):
                 try:
                     self._on_frame(frame)
@@ -1094,21 +1098,17 @@ class Transport:
                 self._inbound.pop(sock, None)
 
     def _handshake(self, stream: FrameStream) -> int:
+        def known(sender: int, _key: int) -> bool:
+            with self._lock:
+                return sender in self._peers and sender != self.me
+
         try:
-            hello = stream.recv(idle_timeout=self.connect_timeout)
+            peer = accept_session(stream, self.me, self.connect_timeout, [self.codec], known)
         except StreamClosed:
             raise HandshakeError("connection closed before HELLO") from None
-        except TimeoutError:
-            raise HandshakeError(f"no HELLO within {self.connect_timeout} s") from None
-        if hello.kind is not FrameKind.HELLO:
-            raise HandshakeError(f"first frame is {hello.kind.name}, expected HELLO")
         with self._lock:
-            known = hello.sender in self._peers and hello.sender != self.me
-        if not known:
-            raise HandshakeError(f"HELLO from unknown peer id {hello.sender}")
-        with self._lock:
-            self._bytes_received[hello.sender] += wire_size(hello)
-        return hello.sender
+            self._bytes_received[peer.id] += HELLO_BYTES
+        return peer.id
 
     def _frames(self, stream: FrameStream, peer: int) -> Iterator[Frame]:
         """Frames after the handshake, until the connection ends (exceptions propagate)."""
@@ -1118,16 +1118,16 @@ class Transport:
                 raise ImpersonationError(
                     f"frame claims sender {frame.sender} on peer {peer}'s connection"
                 )
+            if frame.kind in (FrameKind.HELLO, FrameKind.CHALLENGE):
+                raise HandshakeError(f"{frame.kind.name} after the handshake")
             now = time.monotonic()
             with self._lock:
                 self._bytes_received[peer] += wire_size(frame)
                 self._arrivals.setdefault(peer, ArrivalRate()).add(now, wire_size(frame))
-                if frame.kind is not FrameKind.HELLO:
-                    self._frames_received += 1
-            if frame.kind is not FrameKind.HELLO:  # a repeated HELLO carries nothing
-                if self._trace is not None:
-                    self._trace.event("r", peer, frame)
-                yield frame
+                self._frames_received += 1
+            if self._trace is not None:
+                self._trace.event("r", peer, frame)
+            yield frame
 
     def _reject(self, addr: Address, err: FrameError) -> None:
         reason = type(err).__name__

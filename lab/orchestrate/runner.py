@@ -19,7 +19,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,15 +40,13 @@ from crew.runtime.rundb import (
     latest_utilisation,
 )
 from crew.train.workloads import DEFAULTS, Workload
-from crew.wire import protocol as proto
-from crew.wire.frames import COORDINATOR, FrameCodec, control_frame
-from crew.wire.transport import FrameStream
 from lab.net.cleanup import ProcRecord, cleanup_leftovers, end_group
 from lab.net.lifeline import lifeline
 from lab.net.mesh import LabError, LabNetwork
 from lab.net.monitor import LinkMonitor
 from lab.net.preflight import Capabilities, ImpairmentMode, describe
 from lab.orchestrate import commands as cmds
+from lab.orchestrate.admin import AdminChannel
 from lab.orchestrate.drift import DriftApplier, RateChange, lab_schedule
 from lab.orchestrate.faults import FaultInjector
 from lab.spec.scenario import Scenario, ScenarioPlayer
@@ -199,6 +196,7 @@ class LabRun:
         self.state_dir = state_dir
         self.db_path = self.run_dir / "lab.db"
         self.config_path = self.run_dir / "config.json"
+        self.admin_secret_path = self.run_dir / "admin-secret"
         if self.db_path.exists():
             # Two runs in one database would read as one (and the older one as finished).
             raise LabError(f"{self.run_dir} already holds a run ({self.db_path}); use a new one")
@@ -216,10 +214,9 @@ class LabRun:
         self.monitor: LinkMonitor | None = None
         self.faults: FaultInjector | None = None
         self.drift: DriftApplier | None = None
-        self._admin: FrameStream | None = None
+        self._admin: AdminChannel | None = None
         # Beyond loopback, the dashboard's controls need this (dashboard/__main__.py).
         self._dashboard_token: str | None = None
-        self._admin_lock = threading.Lock()  # the command applier and the drift applier share it
         self._logs: list[IO[bytes]] = []
         self.started_at = 0.0
         self.exit_codes: dict[int, int] = {}
@@ -365,9 +362,12 @@ class LabRun:
     def _write_config(self) -> RunConfig:
         assert self.net is not None
         secret_path = self.run_dir / "secret"
-        fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(secrets.token_bytes(32))
+        # The run's key, which every worker holds, and the lab's own, which only the lab and
+        # the coordinator read: Admin requests are accepted under the latter alone.
+        for path in (secret_path, self.admin_secret_path):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(secrets.token_bytes(32))
         bw = self.topo.bw_matrix().copy()
         for i in range(self.topo.n):
             bw[i, i] = 0.0  # JSON has no infinity; the coordinator restores the diagonal
@@ -446,10 +446,19 @@ class LabRun:
         ]
 
     def _start_coordinator(self) -> None:
-        assert self.net is not None
+        assert self.net is not None and self.cfg is not None
+        if self._admin is None:
+            address = (self.cfg.coordinator_host, self.cfg.coordinator_port)
+            self._admin = AdminChannel(address, self.admin_secret_path, self.cfg.run_num)
         out = self._log_file("coordinator")
         self.coordinator = subprocess.Popen(
-            self._crew_argv("crew.runtime.coordinator", "--db", str(self.db_path)),
+            self._crew_argv(
+                "crew.runtime.coordinator",
+                "--db",
+                str(self.db_path),
+                "--admin-secret",
+                str(self.admin_secret_path),
+            ),
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=REPO,
@@ -548,26 +557,9 @@ class LabRun:
 
     def admin(self, op: str, **args: Any) -> None:
         """Send a request to the coordinator over the management network."""
-        with self._admin_lock:
-            self._admin_send(op, args)
-
-    def _admin_send(self, op: str, args: dict[str, Any]) -> None:
-        assert self.cfg is not None
-        msg = proto.Admin(op=op, args=args)
-        for attempt in range(2):
-            if self._admin is None:
-                codec = FrameCodec(self.cfg.secret(), self.cfg.run_num)
-                self._admin = FrameStream.connect(
-                    (self.cfg.coordinator_host, self.cfg.coordinator_port), codec, timeout=5.0
-                )
-            try:
-                self._admin.send(control_frame(COORDINATOR, self.cfg.run_num, msg.to_dict()))
-                return
-            except OSError:
-                self._admin.close()
-                self._admin = None
-                if attempt:
-                    raise
+        if self._admin is None:
+            raise ConnectionError("the run has no coordinator yet")
+        self._admin.send(op, args)
 
     def poll(self) -> None:
         """Apply pending commands and notice processes that ended; call about twice a second."""
