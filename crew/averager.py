@@ -60,6 +60,7 @@ from crew.runtime.launch import (
     LaunchEnv,
     control_port,
     data_port_range,
+    encryption,
     read_secret,
     run_number,
 )
@@ -234,7 +235,8 @@ class Averager:
         self.rank = launch.rank
         self.world_size = launch.world
         self.host: JobHost | None = None
-        codec = FrameCodec(secret, run_num)
+        encrypt = encryption(environ)
+        codec = FrameCodec(secret, run_num, encrypt=encrypt)
         deferred = _Deferred()
         try:
             transport = Transport(
@@ -260,6 +262,7 @@ class Averager:
                     ("", launch.coordinator[1]),
                     launch.coordinator[0],
                     run_num=run_num,
+                    encrypt=encrypt,
                     group_size=p,
                     capacities=capacities,
                     run_dir=run_dir or environ.get("CREW_RUN_DIR"),

@@ -356,6 +356,16 @@ class RunConfig:
             flag="--no-plan-ahead",
         ),
     )
+    # Frames are authenticated always; encrypted too when this is on (crew.wire.session).
+    encrypt: bool = field(
+        default=False,
+        metadata=opt(
+            "encrypt every connection's frames, data and control, with AES-256-GCM under keys"
+            " of the connection's own (crew.wire.session); a launched job (crew.Averager,"
+            " torchrun) encrypts unless CREW_ENCRYPT=0",
+            flag="--encrypt",
+        ),
+    )
     capacity: str = field(
         default="configured",
         metadata=opt(

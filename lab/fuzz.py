@@ -70,7 +70,7 @@ from crew.wire.frames import (
     UnknownKind,
     WrongRun,
 )
-from crew.wire.session import NONCE_BYTES
+from crew.wire.session import HELLO_PAYLOAD
 
 log = logging.getLogger(__name__)
 
@@ -611,7 +611,7 @@ def hostile_message(mode: AttackMode, rng: random.Random, max_payload: int) -> b
         codec = FrameCodec(rng.randbytes(32), rng.randrange(_U32 + 1))
         kind = rng.choice([FrameKind.HELLO, FrameKind.SCATTER, FrameKind.CONTROL])
         size = rng.randrange(1, min(4096, max_payload) + 1)  # within the limit: must fail the MAC
-        payload = rng.randbytes(NONCE_BYTES if kind is FrameKind.HELLO else size)
+        payload = rng.randbytes(HELLO_PAYLOAD if kind is FrameKind.HELLO else size)
         return codec.encode_bytes(Frame(kind, 0, codec.run, payload=payload))
     if mode is AttackMode.GARBAGE:
         return rng.randbytes(rng.randrange(1, 2048))

@@ -59,6 +59,7 @@ RUN_FIELDS = (
     "quorum_min",
     "quorum_max",
     "capacity",
+    "encrypt",
     "host_cpu_s_per_gb",
     "committed_capacity",
     "flow_order",

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import crew
-from crew.runtime.launch import LaunchEnv, read_secret, run_number
+from crew.runtime.launch import LaunchEnv, encryption, read_secret, run_number
 from crew.wire import protocol as proto
 from crew.wire.frames import FrameCodec, control_body, control_frame
 from crew.wire.session import open_session
@@ -174,7 +174,8 @@ def die_during_start_up(env: dict[str, str], world: int, shapes, stage: str) -> 
     and, at ``stage`` ("connected": before its Join; "roster": after joining), drops the
     connection as a killed process's kernel would."""
     launch = LaunchEnv.from_environ(env)
-    codec = FrameCodec(read_secret(env), run_number(read_secret(env), launch.run_id))
+    secret = read_secret(env)
+    codec = FrameCodec(secret, run_number(secret, launch.run_id), encrypt=encryption(env))
     deadline = time.monotonic() + 10
     while True:
         try:

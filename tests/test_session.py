@@ -13,6 +13,7 @@ import pytest
 import crew.wire.frames as wf
 from crew.wire.frames import Frame, FrameCodec, FrameKind
 from crew.wire.session import (
+    HELLO_BYTES,
     NONCE_BYTES,
     HandshakeError,
     Peer,
@@ -100,7 +101,7 @@ def test_a_recorded_session_replayed_on_a_new_connection_is_refused() -> None:
     client.send(data(3, b'{"type": "register"}'))
     assert server.stream.recv(idle_timeout=WAIT).payload == b'{"type": "register"}'
     recorded = bytes(client_sock.sent)
-    assert len(recorded) > 88  # the HELLO and the frame after it
+    assert len(recorded) > HELLO_BYTES  # the HELLO and the frame after it
 
     # The attacker replays every recorded byte on a connection of its own.
     attacker, victim = socket.socketpair()
@@ -136,7 +137,7 @@ def test_a_challenge_for_another_hello_is_refused() -> None:
     server = FrameStream(b, RUN_KEY)
 
     def answer_with_a_recorded_challenge() -> None:
-        server.recv_raw(88, idle_timeout=WAIT)
+        server.recv_raw(HELLO_BYTES, idle_timeout=WAIT)
         stale = b"o" * NONCE_BYTES + b"s" * NONCE_BYTES  # answers another client's nonce
         server.send(Frame(FrameKind.CHALLENGE, 0xFFFF, RUN, payload=stale))
 
@@ -182,3 +183,85 @@ def test_a_silent_client_is_cut_at_the_handshake_deadline() -> None:
         accept_session(stream, 0, 0.3, [RUN_KEY], lambda *_: True)
     a.close()
     stream.close()
+
+
+# -- encryption --------------------------------------------------------------------------------
+
+SEALED = FrameCodec(b"r" * 32, RUN, encrypt=True)
+
+
+def test_an_encrypted_session_carries_frames_and_refuses_tampering() -> None:
+    a, b = socket.socketpair()
+    server_stream = FrameStream(b, SEALED)
+    got: list[Frame] = []
+
+    def serve() -> None:
+        accept_session(server_stream, 0, WAIT, [SEALED], lambda *_: True)
+        got.append(server_stream.recv(idle_timeout=WAIT))
+        server_stream.send(data(0, b"sealed answer"))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = FrameStream(a, SEALED)
+    open_session(client, 2, WAIT)
+    client.send(data(2, b"sealed question"))
+    assert client.recv(idle_timeout=WAIT).payload == b"sealed answer"
+    thread.join(WAIT)
+    assert bytes(got[0].payload) == b"sealed question"
+    client.close()
+    server_stream.close()
+    # A flipped ciphertext bit fails the tag.
+    sender = SEALED.session(b"k" * 32, b"q" * 32)
+    receiver = SEALED.session(b"q" * 32, b"k" * 32)
+    wire = bytearray(sender.encode_bytes(data(1, b"x" * 100)))
+    wire[60] ^= 1
+    with pytest.raises(wf.BadMac):
+        receiver.decode(bytes(wire))
+
+
+def test_ends_that_disagree_on_encryption_are_told_so() -> None:
+    a, b = socket.socketpair()
+    server = Server(b, [RUN_KEY])  # this end does not encrypt
+    with pytest.raises((wf.FrameError, OSError)):
+        open_session(FrameStream(a, SEALED), 2, WAIT)
+    server.join()
+    assert isinstance(server.error, HandshakeError)
+    assert "encryption on, this end has it off" in str(server.error)
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("encrypt", [False, True])
+def test_a_capture_of_the_wire_holds_the_model_only_without_encryption(encrypt: bool) -> None:
+    import numpy as np
+
+    codec = FrameCodec(b"r" * 32, RUN, encrypt=encrypt)
+    model = np.arange(50_000, dtype=np.float32) * np.float32(0.001)  # a recognisable vector
+    client_sock, server_sock = tapped_pair()
+    server = Server(server_sock, [codec])
+    client = FrameStream(client_sock, codec)
+    open_session(client, 1, WAIT)
+    server.join()
+    client.send(Frame(FrameKind.SCATTER, 1, RUN, payload=memoryview(model)))
+    assert bytes(server.stream.recv(idle_timeout=WAIT).payload) == model.tobytes()
+    captured = bytes(client_sock.sent)
+    plain = model.tobytes()
+    windows = [plain[k : k + 32] for k in range(0, len(plain) - 32, 4096)]
+    found = sum(w in captured for w in windows)
+    if encrypt:
+        assert found == 0  # not one 32-byte stretch of the model is on the wire
+    else:
+        assert found == len(windows)  # the capture does see a model sent in the clear
+    client.close()
+    server.stream.close()
+
+
+def test_launched_jobs_encrypt_unless_told_not_to() -> None:
+    from crew.errors import LaunchError
+    from crew.runtime.launch import encryption
+
+    assert encryption({}) is True
+    assert encryption({"CREW_ENCRYPT": "0"}) is False
+    assert encryption({"CREW_ENCRYPT": "off"}) is False
+    with pytest.raises(LaunchError, match="CREW_ENCRYPT"):
+        encryption({"CREW_ENCRYPT": "maybe"})

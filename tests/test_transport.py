@@ -14,7 +14,7 @@ import pytest
 
 import crew.wire.frames as wf
 from crew.wire.frames import Frame, FrameCodec, FrameKind, control_body, control_frame, wire_size
-from crew.wire.session import NONCE_BYTES, accept_session, open_session
+from crew.wire.session import HELLO_PAYLOAD, accept_session, open_session
 from crew.wire.transport import (
     TCP_CONGESTION,
     FlowOrder,
@@ -29,7 +29,7 @@ from crew.wire.transport import (
 
 SECRET = b"s" * 32
 RUN = 9
-NONCE = b"n" * NONCE_BYTES  # a HELLO's payload
+NONCE = b"n" * (HELLO_PAYLOAD - 1) + b"\x00"  # a HELLO's payload: nonce, mode
 WAIT = 10.0  # generous upper bound for events; never a timing assertion
 LOOPBACK = "127.0.0.1"
 

@@ -191,12 +191,12 @@ class Coordinator:
         self.cfg = cfg
         self.db = db
         key = cfg.secret() if secret is None else secret
-        self.codec = FrameCodec(key, cfg.run_num, max_payload=cfg.max_payload)
+        self.codec = FrameCodec(key, cfg.run_num, max_payload=cfg.max_payload, encrypt=cfg.encrypt)
         # A connection's identity is the key its HELLO was made with: the run's (a worker) or
         # the lab's admin key (the lab), which no worker holds. Without one, nobody may Admin.
         self.keys = [self.codec]
         if admin_secret is not None:
-            self.keys.append(FrameCodec(admin_secret, cfg.run_num))
+            self.keys.append(FrameCodec(admin_secret, cfg.run_num, encrypt=cfg.encrypt))
         self.peers: dict[int, Peer] = {}  # conn id -> who opened it
         # Plans the life cycle announces ahead (a bench trace's next group) are made on a
         # background thread while the current group runs (crew.runtime.planahead), unless
@@ -433,7 +433,7 @@ class Coordinator:
 def _serve_launched_job(args: argparse.Namespace) -> int:
     """A coordinator for a job started by torchrun (CREW_COORDINATOR=host:port on its ranks)."""
     from crew.errors import LaunchError
-    from crew.runtime.launch import JobHost, control_port, read_secret, run_number
+    from crew.runtime.launch import JobHost, control_port, encryption, read_secret, run_number
 
     try:
         secret = read_secret()
@@ -443,6 +443,7 @@ def _serve_launched_job(args: argparse.Namespace) -> int:
             ("", args.port),
             args.advertise,
             run_num=run_number(secret, args.run_id),
+            encrypt=encryption(),
             group_size=args.group_size or max(1, args.world // 2),
             run_dir=args.run_dir,
             join_timeout=args.join_timeout,

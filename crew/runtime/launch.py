@@ -185,6 +185,22 @@ def control_port(env: Mapping[str, str] | None = None) -> int:
     return ports.first
 
 
+ENCRYPT_ENV = "CREW_ENCRYPT"
+
+
+def encryption(env: Mapping[str, str] | None = None) -> bool:
+    """Whether a launched job encrypts its connections: yes unless ``CREW_ENCRYPT`` is 0 (or
+    false, no, off). Every rank must agree; a rank that does not is refused at its handshake,
+    with a message that says so. :class:`LaunchError` for any other value."""
+    env = os.environ if env is None else env
+    value = env.get(ENCRYPT_ENV, "1").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise LaunchError(f"{ENCRYPT_ENV}={value!r}: use 1 (encrypt, the default) or 0")
+
+
 def read_secret(env: Mapping[str, str] | None = None) -> bytes:
     """The run's secret from ``CREW_SECRET_FILE`` (its bytes, a trailing newline dropped) or
     ``CREW_SECRET``; :class:`SecretError` if neither is set or it is shorter than 16 bytes."""
@@ -227,6 +243,7 @@ def job_config(
     scheme: str = "crew",
     measured: bool = True,
     compress: str = "none",
+    encrypt: bool = True,
 ) -> RunConfig:
     """The RunConfig of a launched job (one data-plane port per worker)."""
     n = len(addresses)
@@ -247,6 +264,7 @@ def job_config(
             bw_mbit=tuple(tuple(float(x) for x in row) for row in bw_mbit),
             capacity="measured" if measured else "configured",
             compress=compress,
+            encrypt=encrypt,
         )
     except ConfigError as exc:
         raise JoinRefused(f"the job's configuration is invalid: {exc}") from exc
@@ -277,6 +295,7 @@ class JobHost:
         probe_seconds: float = DEFAULT_PROBE_SECONDS,
         control_port: int = 0,
         compress: str = "none",
+        encrypt: bool = True,
     ) -> None:
         if capacities is not None and (
             len(capacities) != world or any(len(row) != world for row in capacities)
@@ -286,6 +305,7 @@ class JobHost:
             _check_free(bind[0], control_port, CONTROL_PORT_ENV)
         self.control_port = control_port
         self.compress = compress
+        self.encrypt = encrypt
         self.secret = secret
         self.world = world
         self.bind = bind
@@ -301,7 +321,7 @@ class JobHost:
         self._db = None
         self._thread: threading.Thread | None = None
         self.rendezvous = RendezvousHost(
-            FrameCodec(secret, run_num),
+            FrameCodec(secret, run_num, encrypt=encrypt),
             world,
             bind,
             self._make_config,
@@ -333,6 +353,7 @@ class JobHost:
             scheme=self.scheme,
             measured=measured,
             compress=self.compress,
+            encrypt=self.encrypt,
         )
         self._db = RunDB(self.run_dir / "run.db")
         try:

@@ -132,7 +132,10 @@ class Node:
         self.me = me
         self.vector_len = vector_len
         self.codec = FrameCodec(
-            cfg.secret() if secret is None else secret, cfg.run_num, max_payload=cfg.max_payload
+            cfg.secret() if secret is None else secret,
+            cfg.run_num,
+            max_payload=cfg.max_payload,
+            encrypt=cfg.encrypt,
         )
         self._iteration = iteration
         self._on_slowdown = on_slowdown

@@ -57,6 +57,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import blake3
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,8 @@ COORDINATOR = 0xFFFF  # sender id of the coordinator and the lab
 HEADER = struct.Struct("!4sBBHIIIIIQI")
 HEADER_SIZE = HEADER.size  # 40
 TAG_SIZE = 32  # BLAKE3's default output
+GCM_TAG_SIZE = 16  # an encrypted session's tag; the rest of the tag field is zero
+_TAG_PAD = bytes(TAG_SIZE - GCM_TAG_SIZE)
 DEFAULT_MAX_PAYLOAD = 4 << 20
 MIN_SECRET_BYTES = 16
 SEND_BACKLOG_BYTES = 64 << 10
@@ -216,7 +220,14 @@ class FrameCodec:
     Thread-safe: it keeps no per-frame state (each MAC is a fresh keyed hasher).
     """
 
-    def __init__(self, secret: bytes, run: int, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+    def __init__(
+        self,
+        secret: bytes,
+        run: int,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        *,
+        encrypt: bool = False,
+    ) -> None:
         if not isinstance(secret, bytes | bytearray) or len(secret) < MIN_SECRET_BYTES:
             raise ValueError(f"secret must be at least {MIN_SECRET_BYTES} bytes")
         _check_uint("run", run, _U32)
@@ -226,6 +237,7 @@ class FrameCodec:
             raise ValueError(f"max_payload={max_payload} is outside 1..{_U32}")
         self.run = run
         self.max_payload = max_payload
+        self.encrypt = bool(encrypt)  # sessions of this codec encrypt (see SessionCodec)
         self._key = blake3.blake3(bytes(secret), derive_key_context=MAC_CONTEXT).digest()
 
     def limited(self, max_payload: int) -> FrameCodec:
@@ -244,16 +256,21 @@ class FrameCodec:
         mac.update(header)
         return mac.digest()
 
-    def _tag_out(self, header: bytes, payload: bytes | bytearray | memoryview) -> bytes:
-        return self.tag(header, payload)
+    def _seal(self, header: bytes, payload: bytes | memoryview) -> tuple[bytes | memoryview, bytes]:
+        """What goes on the wire after ``header``: the payload and the tag."""
+        return payload, self.tag(header, payload)
 
-    def _tag_in(
-        self, header: bytes | bytearray | memoryview, payload: bytes | bytearray | memoryview
-    ) -> bytes:
-        return self.tag(header, payload)
-
-    def _accepted(self) -> None:
-        """A frame's tag checked out (a session counts it)."""
+    def _open(
+        self,
+        header: bytes | bytearray | memoryview,
+        payload: bytes | bytearray | memoryview,
+        tag: bytes | bytearray | memoryview,
+    ) -> bytes | bytearray | memoryview:
+        """The payload that ``header``, the wire payload and ``tag`` carry; BadMac if the tag
+        does not check out."""
+        if not hmac.compare_digest(self.tag(header, payload), bytes(tag)):
+            raise BadMac("frame tag does not match")
+        return payload
 
     def derive(self, label: bytes, *parts: bytes) -> bytes:
         """A 32-byte key for one use, from this codec's key and ``parts`` (a session's
@@ -286,7 +303,7 @@ class FrameCodec:
             frame.offset,
             n,
         )
-        return [header, frame.payload, self._tag_out(header, frame.payload)]
+        return [header, *self._seal(header, frame.payload)]
 
     def encode_bytes(self, frame: Frame) -> bytes:
         """The whole frame as one bytes object (copies; for tests and small frames)."""
@@ -337,9 +354,10 @@ class FrameCodec:
         tag = recv_exact(TAG_SIZE)
         if len(tag) != TAG_SIZE:
             raise Truncated(f"frame tag: got {len(tag)} of {TAG_SIZE} bytes")
-        if not hmac.compare_digest(self._tag_in(header, payload), bytes(tag)):
-            raise BadMac(f"frame tag does not match (kind {kind.name}, sender {sender})")
-        self._accepted()
+        try:
+            payload = self._open(header, payload, tag)
+        except BadMac as exc:
+            raise BadMac(f"{exc} (kind {kind.name}, sender {sender})") from None
         if run != self.run:
             raise WrongRun(f"frame run {run} is not this run {self.run}")
         if not isinstance(payload, bytes):
@@ -352,6 +370,13 @@ class SessionCodec(FrameCodec):
     """One connection's codec after its handshake: a key per direction, and each frame's
     sequence number in that direction under its tag (see the module doc).
 
+    With ``encrypt`` (the base codec's), every payload is also encrypted: AES-256-GCM under
+    the direction's key, with the sequence number as the 96-bit nonce (never repeated under
+    one key) and the header as associated data. The wire format stays the same: the payload
+    field holds the ciphertext (as long as the plaintext) and the tag field the GCM tag
+    followed by 16 zero bytes. AES-GCM runs on the CPU's AES and carry-less multiply
+    instructions through OpenSSL (the ``cryptography`` package).
+
     Not thread-safe: a connection's sends must be encoded one at a time, in the order they go
     out (``FrameStream.send`` encodes under its send lock), and its reads come from one thread.
     """
@@ -359,30 +384,54 @@ class SessionCodec(FrameCodec):
     def __init__(self, base: FrameCodec, send_key: bytes, recv_key: bytes) -> None:
         self.run = base.run
         self.max_payload = base.max_payload
-        self._key = base._key  # the run's key, for limited() copies and derive()
+        self.encrypt = base.encrypt
+        self._key = base._key  # the run's key, for derive()
         self._send_key = send_key
         self._recv_key = recv_key
         self._send_seq = 0
         self._recv_seq = 0
+        if self.encrypt:
+            self._sealer = AESGCM(send_key)
+            self._opener = AESGCM(recv_key)
 
-    def _sealed(self, key: bytes, seq: int, header: Any, payload: Any) -> bytes:
+    @staticmethod
+    def _mac(key: bytes, seq: int, header: Any, payload: Any) -> bytes:
         mac = blake3.blake3(payload, key=key)
         mac.update(header)
         mac.update(seq.to_bytes(8, "big"))
         return mac.digest()
 
-    def _tag_out(self, header: bytes, payload: bytes | bytearray | memoryview) -> bytes:
-        tag = self._sealed(self._send_key, self._send_seq, header, payload)
-        self._send_seq += 1
-        return tag
+    def _seal(self, header: bytes, payload: bytes | memoryview) -> tuple[bytes | memoryview, bytes]:
+        seq, self._send_seq = self._send_seq, self._send_seq + 1
+        if not self.encrypt:
+            return payload, self._mac(self._send_key, seq, header, payload)
+        sealed = self._sealer.encrypt(seq.to_bytes(12, "big"), payload, header)
+        cut = len(sealed) - GCM_TAG_SIZE
+        return memoryview(sealed)[:cut], sealed[cut:] + _TAG_PAD
 
-    def _tag_in(
-        self, header: bytes | bytearray | memoryview, payload: bytes | bytearray | memoryview
-    ) -> bytes:
-        return self._sealed(self._recv_key, self._recv_seq, header, payload)
-
-    def _accepted(self) -> None:
+    def _open(
+        self,
+        header: bytes | bytearray | memoryview,
+        payload: bytes | bytearray | memoryview,
+        tag: bytes | bytearray | memoryview,
+    ) -> bytes | bytearray | memoryview:
+        seq = self._recv_seq
+        if not self.encrypt:
+            if not hmac.compare_digest(self._mac(self._recv_key, seq, header, payload), bytes(tag)):
+                raise BadMac("frame tag does not match")
+            self._recv_seq += 1
+            return payload
+        tag = bytes(tag)
+        if tag[GCM_TAG_SIZE:] != _TAG_PAD:
+            raise BadMac("frame tag is not a GCM tag")
+        try:
+            plain = self._opener.decrypt(
+                seq.to_bytes(12, "big"), bytes(payload) + tag[:GCM_TAG_SIZE], bytes(header)
+            )
+        except InvalidTag:
+            raise BadMac("frame does not decrypt under this connection's key") from None
         self._recv_seq += 1
+        return plain
 
     def limited(self, max_payload: int) -> FrameCodec:
         raise TypeError("a session's codec is not limited: its counters belong to one stream")

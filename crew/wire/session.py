@@ -4,12 +4,14 @@ connection's own.
 ::
 
     client                                          server
-      HELLO     sender = me, payload = Nc      ->   verified under one of the server's keys K
+      HELLO     sender = me, payload = Nc || m ->   verified under one of the server's keys K
                                                <-   CHALLENGE  sender = server, payload = Nc || Ns
     both ends:  client -> server key = derive(K, "c2s", Nc, Ns)
                 server -> client key = derive(K, "s2c", Nc, Ns)
 
-Nc and Ns are 16 random bytes each. After the handshake every frame's tag is keyed with its
+Nc and Ns are 16 random bytes each; m is one byte, 1 if the client's codec encrypts, and the
+server refuses a HELLO whose m differs from its own key's (a clear error, not garbage later).
+After the handshake every frame's tag is keyed with its
 direction's key and covers its sequence number (``crew.wire.frames.SessionCodec``). What that
 refuses:
 
@@ -22,7 +24,7 @@ workers never hold). The key that verifies the HELLO is the peer's identity for 
 connection (:class:`Peer`); ``known(sender, key index)`` says whether that sender may speak with
 that key. Before the HELLO checks out the server reads exactly one HELLO's bytes
 (``HELLO_BYTES``), and the whole handshake has a deadline, so a peer without the key costs a
-thread for at most ``timeout`` seconds and 88 bytes.
+thread for at most ``timeout`` seconds and 89 bytes.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ from crew.wire.frames import (
 )
 
 NONCE_BYTES = 16
-HELLO_BYTES = HEADER_SIZE + NONCE_BYTES + TAG_SIZE  # 88: what a server reads before any key
+HELLO_PAYLOAD = NONCE_BYTES + 1  # the nonce and the encryption mode
+HELLO_BYTES = HEADER_SIZE + HELLO_PAYLOAD + TAG_SIZE  # 89: what a server reads before any key
 CHALLENGE_PAYLOAD = 2 * NONCE_BYTES
 _CLIENT_TO_SERVER = b"crew session c2s"
 _SERVER_TO_CLIENT = b"crew session s2c"
@@ -108,7 +111,8 @@ def open_session(stream: Stream, me: int, timeout: float) -> int:
     base = stream.codec
     nonce_c = secrets.token_bytes(NONCE_BYTES)
     with _deadline(stream, timeout):
-        sent = stream.send(Frame(FrameKind.HELLO, me, base.run, payload=nonce_c))
+        mode = bytes([int(base.encrypt)])
+        sent = stream.send(Frame(FrameKind.HELLO, me, base.run, payload=nonce_c + mode))
         stream.codec = base.limited(CHALLENGE_PAYLOAD)
         try:
             answer = stream.recv(idle_timeout=timeout)
@@ -160,12 +164,19 @@ def accept_session(
         if len(raw) != HELLO_BYTES:
             raise HandshakeError(f"connection closed {len(raw)} bytes into its HELLO")
         index, hello = _verify(raw, keys)
-        if hello.kind is not FrameKind.HELLO or len(hello.payload) != NONCE_BYTES:
+        if hello.kind is not FrameKind.HELLO or len(hello.payload) != HELLO_PAYLOAD:
             raise HandshakeError(f"first frame is {hello.kind.name}, expected HELLO")
         if not known(hello.sender, index):
             raise HandshakeError(f"HELLO from unknown peer id {hello.sender}")
-        nonce_c, nonce_s = bytes(hello.payload), secrets.token_bytes(NONCE_BYTES)
         codec = keys[index]
+        hello_payload = bytes(hello.payload)
+        if hello_payload[NONCE_BYTES] != int(codec.encrypt):
+            wants, has = ("on", "off") if hello_payload[NONCE_BYTES] else ("off", "on")
+            raise HandshakeError(
+                f"peer {hello.sender} has encryption {wants}, this end has it {has}:"
+                " both ends of a run must agree"
+            )
+        nonce_c, nonce_s = hello_payload[:NONCE_BYTES], secrets.token_bytes(NONCE_BYTES)
         stream.codec = codec
         stream.send(Frame(FrameKind.CHALLENGE, me, codec.run, payload=nonce_c + nonce_s))
     to_server, to_client = _keys(codec, nonce_c, nonce_s)

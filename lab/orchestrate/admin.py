@@ -27,15 +27,18 @@ class AdminChannel:
     """Admin requests to one coordinator; thread-safe (the command applier and the drift
     applier share it)."""
 
-    def __init__(self, address: Address, secret_path: Path, run_num: int) -> None:
+    def __init__(
+        self, address: Address, secret_path: Path, run_num: int, *, encrypt: bool = False
+    ) -> None:
         self.address = address
+        self.encrypt = encrypt
         self.secret_path = secret_path
         self.run_num = run_num
         self._stream: FrameStream | None = None
         self._lock = threading.Lock()
 
     def _connect(self) -> FrameStream:
-        codec = FrameCodec(self.secret_path.read_bytes(), self.run_num)
+        codec = FrameCodec(self.secret_path.read_bytes(), self.run_num, encrypt=self.encrypt)
         stream = FrameStream.connect(self.address, codec, timeout=5.0)
         try:
             open_session(stream, COORDINATOR, HANDSHAKE_S)

@@ -89,6 +89,7 @@ class RunOptions:
     # bytes crew's route LP counts a part to wait behind at each hop (RunConfig)
     hop_backlog_bytes: int = RunConfig.default("hop_backlog_bytes")
     capacity: str = RunConfig.default("capacity")
+    encrypt: bool = RunConfig.default("encrypt")
     # The host's CPU s per GB of link bytes as a planner capacity (crew.plan.hostcpu) on all
     # of this machine's cores; 0: none.
     host_cpu_s_per_gb: float = RunConfig.default("host_cpu_s_per_gb")
@@ -413,6 +414,7 @@ class LabRun:
             plan_ahead=o.plan_ahead,
             hop_backlog_bytes=o.hop_backlog_bytes,
             capacity=o.capacity,
+            encrypt=o.encrypt,
             host_cpu_s_per_gb=o.host_cpu_s_per_gb,
             host_cores=(
                 (o.host_cores or float(os.cpu_count() or 1)) if o.host_cpu_s_per_gb > 0 else 0.0
@@ -449,7 +451,9 @@ class LabRun:
         assert self.net is not None and self.cfg is not None
         if self._admin is None:
             address = (self.cfg.coordinator_host, self.cfg.coordinator_port)
-            self._admin = AdminChannel(address, self.admin_secret_path, self.cfg.run_num)
+            self._admin = AdminChannel(
+                address, self.admin_secret_path, self.cfg.run_num, encrypt=self.cfg.encrypt
+            )
         out = self._log_file("coordinator")
         self.coordinator = subprocess.Popen(
             self._crew_argv(

@@ -43,7 +43,7 @@ import numpy as np
 from crew.cli_options import add_json_flag, command_parser, write_json
 from crew.plan.routes import Route, link_load, star_routes
 from crew.runtime.reduce import DTYPE, ReduceEngine
-from crew.wire.frames import HEADER_SIZE, FrameCodec
+from crew.wire.frames import HEADER_SIZE, BadMac, Frame, FrameCodec, FrameKind
 from crew.wire.protocol import Assign
 from crew.wire.transport import Transport
 
@@ -121,11 +121,17 @@ class ThreadProfiles:
 
 
 def end_to_end(
-    workers: int, mb: float, ops: int, profiles: ThreadProfiles | None = None
+    workers: int,
+    mb: float,
+    ops: int,
+    profiles: ThreadProfiles | None = None,
+    *,
+    encrypt: bool = False,
 ) -> EndToEnd:
-    """``ops`` groups of all ``workers`` over real transports on loopback; CPU of this process."""
+    """``ops`` groups of all ``workers`` over real transports on loopback; CPU of this process.
+    ``encrypt``: every connection encrypted (AES-256-GCM), as a launched job's are."""
     total = int(mb * 1e6) // DTYPE.itemsize
-    codec = FrameCodec(os.urandom(32), RUN)
+    codec = FrameCodec(os.urandom(32), RUN, encrypt=encrypt)
     done: dict[tuple[int, int], threading.Event] = {}
     lock = threading.Lock()
 
@@ -219,8 +225,11 @@ def _cpu_per_gb(fn: Any, nbytes: int, min_s: float = 0.3) -> float:
             return used / (calls * nbytes / 1e9)
 
 
-def stages(part_elems: int = PART_ELEMS, min_s: float = 0.3) -> list[Stage]:
-    """Each per-byte stage of the engine's data path, alone, at ``part_elems`` per part."""
+def stages(
+    part_elems: int = PART_ELEMS, min_s: float = 0.3, *, encrypt: bool = False
+) -> list[Stage]:
+    """Each per-byte stage of the engine's data path, alone, at ``part_elems`` per part;
+    ``encrypt``: an encrypted session's seal and open in place of the frame MAC."""
     nbytes = part_elems * DTYPE.itemsize
     rng = np.random.default_rng(2)
     part = rng.standard_normal(part_elems).astype(DTYPE)
@@ -245,8 +254,30 @@ def stages(part_elems: int = PART_ELEMS, min_s: float = 0.3) -> list[Stage]:
     def alloc() -> None:
         bytearray(nbytes)
 
+    sealed = FrameCodec(os.urandom(32), 1, encrypt=True).session(os.urandom(32), os.urandom(32))
+    wire = bytes(sealed.encode_bytes(Frame(FrameKind.SCATTER, 0, 1, payload=payload)))
+    opener = FrameCodec(os.urandom(32), 1, encrypt=True).session(os.urandom(32), os.urandom(32))
+
+    def seal() -> None:
+        sealed._send_seq = 0  # the same nonce each time: timing only, nothing is sent
+        sealed.encode(Frame(FrameKind.SCATTER, 0, 1, payload=payload))
+
+    def open_() -> None:
+        try:
+            opener.decode(wire)
+        except BadMac:
+            pass  # another key: the whole decryption and tag check ran all the same
+
+    protect = (
+        [
+            Stage("seal (AES-256-GCM)", 1, _cpu_per_gb(seal, nbytes, min_s), "SessionCodec, send"),
+            Stage("open (AES-256-GCM)", 1, _cpu_per_gb(open_, nbytes, min_s), "SessionCodec, recv"),
+        ]
+        if encrypt
+        else [Stage("frame MAC", 2, _cpu_per_gb(tag, nbytes, min_s), "FrameCodec.tag, both ends")]
+    )
     return [
-        Stage("frame MAC", 2, _cpu_per_gb(tag, nbytes, min_s), "FrameCodec.tag, send and receive"),
+        *protect,
         Stage("finite check", 1, _cpu_per_gb(finite, nbytes, min_s), "reduce._values, every part"),
         Stage("add", 0.5, _cpu_per_gb(add, nbytes, min_s), "reduce._add, up phase"),
         Stage("copy to result", 0.5, _cpu_per_gb(place, nbytes, min_s), "reduce._deliver, down"),
@@ -281,6 +312,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--in-lab-mtu", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--no-stages", action="store_true", help="skip the per-stage timings")
     ap.add_argument(
+        "--encrypt",
+        action="store_true",
+        help="encrypt every connection (AES-256-GCM, as launched jobs do); default: MAC only",
+    )
+    ap.add_argument(
         "--profile",
         type=int,
         default=0,
@@ -301,11 +337,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit("--lab-mtu needs root (a new network namespace)")
         return _lab_mtu_reexec(argv)
     profiles = ThreadProfiles() if args.profile else None
-    e2e = end_to_end(args.workers, args.mb, args.ops, profiles)
-    st = [] if args.no_stages else stages()
+    e2e = end_to_end(args.workers, args.mb, args.ops, profiles, encrypt=args.encrypt)
+    st = [] if args.no_stages else stages(encrypt=args.encrypt)
     explained = sum(s.s_per_link_gb for s in st)
     out = {
         "network": "lab-mtu loopback (1500, no offloads)" if args.in_lab_mtu else "loopback",
+        "encrypted": args.encrypt,
         "end_to_end": {
             **asdict(e2e),
             "cpu_s_per_gb": e2e.cpu_s_per_gb,
@@ -320,7 +357,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json == "-":
         return 0
     print(
-        f"{out['network']}: {e2e.workers} workers, {e2e.ops} ops, {e2e.link_gb:.3f} GB over links"
+        f"{out['network']}{', encrypted' if args.encrypt else ''}: {e2e.workers} workers,"
+        f" {e2e.ops} ops, {e2e.link_gb:.3f} GB over links"
         f" in {e2e.wall_s:.2f} s ({e2e.gbit_s:.2f} Gbit/s)"
     )
     print(
