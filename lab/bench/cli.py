@@ -75,7 +75,7 @@ EXIT_PREFLIGHT = 3
 
 # The RunConfig fields every scheme's run takes from the command line (crew.cli_options),
 # besides the group size, the seed and the training ones.
-BENCH_FIELDS = ("host_cpu_s_per_gb", "plan_ahead", "hop_backlog_bytes", "part_bytes")
+BENCH_FIELDS = ("host_cpu_s_per_gb", "plan_ahead", "hop_backlog_bytes", "part_bytes", "encrypt")
 
 
 def build_parser() -> argparse.ArgumentParser:

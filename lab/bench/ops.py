@@ -246,6 +246,7 @@ def run_ops(
         host_cores=spec.host_cores,
         plan_ahead=spec.plan_ahead,
         hop_backlog_bytes=spec.hop_backlog_bytes,
+        encrypt=spec.encrypt,
         extra={
             "bench": True,
             "size_elems": spec.size_elems,

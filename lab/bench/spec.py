@@ -138,6 +138,7 @@ class BenchSpec:
     plan_ahead: bool = True
     # bytes crew's route LP counts a part to wait behind at each hop (RunConfig)
     hop_backlog_bytes: int = RunConfig.default("hop_backlog_bytes")
+    encrypt: bool = False  # every connection encrypted (RunConfig.encrypt)
     training: dict[str, Any] = field(default_factory=dict)  # RunOptions training fields
     # after each scheme, move its plans' bytes per op over plain TCP (lab.bench.rawtcp)
     raw_tcp: bool = False

@@ -179,6 +179,7 @@ def run_training(
         seed=spec.seed,
         dashboard=False,
         log_level="WARNING",
+        encrypt=spec.encrypt,
         **run.training,
     )
     error: str | None = None
