@@ -19,6 +19,7 @@ from crew.control.assignment import (
 from crew.plan import planner
 from crew.plan.routes import Route, relayed_star_routes, star_routes
 from crew.runtime.reduce import (
+    FINISHED_KEPT,
     ReduceEngine,
     ReduceError,
     covered_parts,
@@ -26,7 +27,7 @@ from crew.runtime.reduce import (
     validate_assign,
 )
 from crew.wire.frames import Frame, FrameCodec, FrameKind
-from crew.wire.protocol import Assign
+from crew.wire.protocol import Assign, Split
 from crew.wire.transport import FlowOrder, Transport, _FlowQueue
 
 RUN = 7
@@ -368,6 +369,8 @@ def test_nonblocking_reuses_prescattered_parts_and_stays_exact(
     vectors = {m: rng.standard_normal(total).astype(np.float32) for g in groups.values() for m in g}
     iteration = {m: 10 + m for m in vectors}
     scatter_counts = {m: 0 for m in vectors}
+    for e in cluster.engines:
+        e.set_split(Split(3, split, part))
     for m, v in vectors.items():
         for dst, frame in prescatter_frames(m, RUN, v, split, 3, iteration[m], part):
             cluster.transports[m].send(dst, frame)
@@ -418,6 +421,8 @@ def test_a_short_prescattered_part_is_never_stretched_over_a_whole_part(
     rng = np.random.default_rng(3)
     vectors = {m: rng.standard_normal(total).astype(np.float32) for m in members}
     poisoned = False
+    for e in cluster.engines:
+        e.set_split(Split(3, split, part))
     for m, v in vectors.items():
         for dst, frame in prescatter_frames(m, RUN, v, split, 3, 10 + m, part):
             if m == 0 and dst != 0 and not poisoned:
@@ -434,6 +439,47 @@ def test_a_short_prescattered_part_is_never_stretched_over_a_whole_part(
         if cluster.event(m, 51).wait(3.0):  # done only with the honest sum
             np.testing.assert_allclose(cluster.engines[m].finish(51), expected, rtol=1e-5)
     assert sum(e.dropped_frames for e in cluster.engines) >= 1
+
+
+def _engine(me: int = 1) -> ReduceEngine:
+    return ReduceEngine(me, 4, RUN, lambda *a: None, lambda *a: None)
+
+
+def _pre(sender: int, offset: int, values: int, epoch: int = 3) -> Frame:
+    payload = np.ones(values, dtype=np.float32).tobytes()
+    return Frame(FrameKind.PRESCATTER, sender, RUN, rev=epoch, block=1, part=9, offset=offset,
+                 payload=payload)  # fmt: skip
+
+
+def test_prescattered_parts_are_held_to_the_split_exactly() -> None:
+    engine = _engine()
+    engine.on_frame(_pre(0, 1000, 500))
+    assert engine.dropped_frames == 1 and not engine._pre  # no split: blocking mode refuses
+    engine.set_split(Split(3, [[0, 0, 1000], [1, 1000, 2200]], 500))
+    for bad in (
+        _pre(0, 1000, 499),  # a value short
+        _pre(0, 1000, 501),  # a value long
+        _pre(0, 1100, 500),  # not a part boundary
+        _pre(0, 0, 500),  # another aggregator's segment
+        _pre(0, 1000, 500, epoch=2),  # an older split
+    ):
+        engine.on_frame(bad)
+    assert engine.dropped_frames == 6 and not engine._pre
+    engine.on_frame(_pre(0, 1000, 500))
+    engine.on_frame(_pre(0, 2000, 200))  # the segment's last, shorter part
+    assert sorted(engine._pre[0].parts) == [1000, 2000] and engine.dropped_frames == 6
+    engine.set_split(Split(4, [[1, 0, 2200]], 500))  # a new split: the old offer is dropped
+    assert not engine._pre
+
+
+def test_an_engine_remembers_a_bounded_number_of_ended_groups() -> None:
+    engine = _engine()
+    for gid in range(1, 3 * FINISHED_KEPT):
+        engine.finish(gid)
+    assert len(engine._finished) == FINISHED_KEPT == len(engine._finished_order)
+    late = Frame(FrameKind.SCATTER, 0, RUN, group=5, payload=np.ones(4, np.float32).tobytes())
+    engine.on_frame(late)  # long ended, forgotten by id: still not parked
+    assert not engine._early and engine.superseded()(late)
 
 
 def test_relayed_stars_compute_the_average(cluster: Cluster) -> None:

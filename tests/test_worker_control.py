@@ -101,11 +101,12 @@ def test_split_is_used_for_prescatter_only_in_nonblocking_mode() -> None:
     split = proto.Split(2, [[0, 0, 32], [2, 32, 64]], 16)
     ctl = WorkerControl(ME, nonblocking=True)
     assert ctl.prescatter_split() is None
-    assert ctl.on_message(split) == []
+    assert ctl.on_message(split) == [wc.UseSplit(split)]  # the engine accepts parts by it
     assert ctl.prescatter_split() == split
-    assert ctl.on_message(proto.Split(3, [], 16)) == [] and ctl.prescatter_split() is None
+    empty = proto.Split(3, [], 16)
+    assert ctl.on_message(empty) == [wc.UseSplit(empty)] and ctl.prescatter_split() is None
     blocking = WorkerControl(ME)
-    blocking.on_message(split)
+    assert blocking.on_message(split) == []  # no split, so its engine accepts no pre-scatter
     assert blocking.prescatter_split() is None
 
 

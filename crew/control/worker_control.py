@@ -59,6 +59,14 @@ class CancelPrescatter:
 
 
 @dataclass(frozen=True)
+class UseSplit:
+    """Non-blocking mode: the coordinator's a2a split, which says what pre-scattered parts
+    this worker, as an aggregator, may accept."""
+
+    split: proto.Split
+
+
+@dataclass(frozen=True)
 class DeliverOutcome:
     """The training loop's group ended: wake it with the outcome."""
 
@@ -82,7 +90,15 @@ class StopWorker:
     reason: str
 
 
-Action = JoinGroup | CancelPrescatter | DeliverOutcome | FinishCarried | SetSlowdown | StopWorker
+Action = (
+    JoinGroup
+    | CancelPrescatter
+    | UseSplit
+    | DeliverOutcome
+    | FinishCarried
+    | SetSlowdown
+    | StopWorker
+)
 
 
 NO_GROUP = -1  # the outcome of an offer that no group took
@@ -125,8 +141,10 @@ class WorkerControl:
             keep = covered_parts(msg) if msg.rev == 0 else frozenset()
             return [JoinGroup(msg, member=True), CancelPrescatter(keep)]
         if isinstance(msg, proto.Split):
+            if not self.nonblocking:
+                return []  # pre-scatter is a non-blocking mode's: none is accepted without it
             self.split = msg
-            return []
+            return [UseSplit(msg)]
         if isinstance(msg, proto.Commit | proto.Abandon):
             if (
                 isinstance(msg, proto.Abandon)

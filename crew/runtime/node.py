@@ -48,6 +48,7 @@ from crew.control.worker_control import (
     SetSlowdown,
     Settlement,
     StopWorker,
+    UseSplit,
     WorkerControl,
 )
 from crew.errors import CoordinatorUnreachable
@@ -430,6 +431,8 @@ class Node:
             self.engine.assign(action.assign, vector if action.member else None)
             if action.assign.rev > 0:  # queued frames of routes the revision dropped: unsend
                 self.transport.cancel(self.engine.superseded())
+        elif isinstance(action, UseSplit):
+            self.engine.set_split(action.split)
         elif isinstance(action, CancelPrescatter):
             keep = action.keep
             self.transport.cancel(

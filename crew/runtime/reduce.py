@@ -62,6 +62,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -79,12 +81,20 @@ from crew.plan.routes import Route
 from crew.train.compress import CompressError
 from crew.train.partcodec import PartCodec
 from crew.wire.frames import Frame, FrameKind
-from crew.wire.protocol import Assign
+from crew.wire.protocol import Assign, Split
 
 log = logging.getLogger(__name__)
 
 DTYPE = np.dtype("<f4")
 EARLY_FRAME_BUDGET = 512 << 20  # bytes of frames parked before their assignment arrives
+PRESCATTER_TTL_S = 600.0
+"""A pre-scattered offer no group has used for this long is dropped: a backstop only, since a
+new offer from the same sender, or a new split, replaces it first (a group that counts on the
+parts forms within seconds of its members' offers, or the coordinator abandons it)."""
+FINISHED_KEPT = 4096
+"""Ended groups the engine remembers by id; an older one is known ended by its id alone (ids
+grow, and a group is long over when 4,096 after it have ended), so a week-long run holds 4,096
+ids, not millions."""
 
 
 def prescatter_frames(
@@ -184,6 +194,7 @@ class _Pre:
 
     epoch: int
     iteration: int
+    since: float  # monotonic time of its first part (PRESCATTER_TTL_S)
     parts: dict[int, np.ndarray] = field(default_factory=dict)  # offset -> unweighted values
 
 
@@ -236,8 +247,11 @@ class ReduceEngine:
         self._vectors: dict[int, np.ndarray] = {}  # group -> this member's unweighted vector
         self._early: dict[tuple[int, int], list[Frame]] = {}
         self._early_bytes = 0
-        self._finished: set[int] = set()
+        self._finished: set[int] = set()  # the newest FINISHED_KEPT ended groups
+        self._finished_order: deque[int] = deque()
+        self._finished_floor = -1  # every group up to this id that is not open has ended
         self._pre: dict[int, _Pre] = {}  # sender -> its latest pre-scattered offer
+        self._split: Split | None = None  # the coordinator's a2a split (non-blocking mode)
         self.dropped_frames = 0
 
     # -- control ---------------------------------------------------------------------------
@@ -248,7 +262,7 @@ class ReduceEngine:
         steps = route_part_sizes(assign, routes)
         member = self.me in assign.members
         with self._lock:
-            if assign.group in self._finished:
+            if self._ended(assign.group):
                 return
             current = self._groups.get(assign.group)
             if current is not None and current.assign.rev >= assign.rev:
@@ -353,12 +367,13 @@ class ReduceEngine:
         its lock (``_send``)."""
         with self._lock:
             finished = set(self._finished)
+            floor = self._finished_floor
             current = {gid: (g.assign.rev, frozenset(g.alias)) for gid, g in self._groups.items()}
 
         def useless(frame: Frame) -> bool:
             if frame.kind not in (FrameKind.SCATTER, FrameKind.RESULT):
                 return False
-            if frame.group in finished:
+            if frame.group in finished or (frame.group <= floor and frame.group not in current):
                 return True
             rev, kept = current.get(frame.group, (-1, frozenset()))
             return frame.rev < rev and (frame.rev, frame.block) not in kept
@@ -375,7 +390,7 @@ class ReduceEngine:
                     pre = self._pre.get(m)
                     if pre is not None and pre.iteration == it:
                         del self._pre[m]
-            self._finished.add(group)
+            self._end(group)
             for key in [k for k in self._early if k[0] == group]:
                 self._early_bytes -= sum(len(f.payload) for f in self._early.pop(key))
             if g is not None and g.done:
@@ -426,7 +441,7 @@ class ReduceEngine:
                     "worker %d: dropped pre-scattered part from %d: %s", self.me, frame.sender, exc
                 )
             return
-        if frame.group in self._finished:
+        if self._ended(frame.group):
             return
         g = self._groups.get(frame.group)
         if g is None or frame.rev > g.assign.rev:
@@ -451,6 +466,22 @@ class ReduceEngine:
             self.dropped_frames += 1
             log.warning("worker %d: dropped frame from %d: %s", self.me, frame.sender, exc)
 
+    def _end(self, group: int) -> None:
+        """Remember that ``group`` ended, within FINISHED_KEPT ids."""
+        if group in self._finished:
+            return
+        self._finished.add(group)
+        self._finished_order.append(group)
+        while len(self._finished_order) > FINISHED_KEPT:
+            old = self._finished_order.popleft()
+            self._finished.discard(old)
+            self._finished_floor = max(self._finished_floor, old)
+
+    def _ended(self, group: int) -> bool:
+        return group in self._finished or (
+            group <= self._finished_floor and group not in self._groups
+        )
+
     def _park(self, frame: Frame) -> None:
         size = len(frame.payload)
         if self._early_bytes + size > EARLY_FRAME_BUDGET:
@@ -464,17 +495,40 @@ class ReduceEngine:
 
     # non-blocking mode
 
+    def set_split(self, split: Split) -> None:
+        """Non-blocking mode: the split that says which pre-scattered parts this aggregator
+        accepts (``Split``); offers made under another split are dropped."""
+        with self._lock:
+            self._split = split
+            for sender in [s for s, p in self._pre.items() if p.epoch != split.epoch]:
+                del self._pre[sender]
+
+    def _prescatter_len(self, frame: Frame) -> int:
+        """The exact number of values a pre-scattered part must hold: the split's part at
+        ``frame.offset`` of this aggregator's segment. ReduceError if there is none."""
+        split = self._split
+        if split is None:
+            raise ReduceError("pre-scattered part outside non-blocking mode (no split known)")
+        if frame.rev != split.epoch:
+            raise ReduceError(f"pre-scattered part of split {frame.rev}, not {split.epoch}")
+        step = split.part_elems
+        for agg, start, stop in split.segments:
+            if agg == self.me and frame.offset in range(start, stop, step):
+                return min(frame.offset + step, stop) - frame.offset
+        raise ReduceError(f"offset {frame.offset} is no part of worker {self.me}'s segment")
+
     def _on_prescatter(self, frame: Frame) -> None:
         if not 0 <= frame.sender < self.n or frame.sender == self.me:
             raise ReduceError(f"pre-scattered part from invalid sender {frame.sender}")
         if frame.block != self.me:
             raise ReduceError(f"pre-scattered part for aggregator {frame.block} reached {self.me}")
-        if len(frame.payload) % DTYPE.itemsize:
-            raise ReduceError("pre-scattered part is not whole float32 values")
-        values = self._values(frame, len(frame.payload) // DTYPE.itemsize)
+        values = self._values(frame, self._prescatter_len(frame))
+        now = time.monotonic()
+        for sender in [s for s, p in self._pre.items() if now - p.since > PRESCATTER_TTL_S]:
+            del self._pre[sender]
         pre = self._pre.get(frame.sender)
         if pre is None or (pre.epoch, pre.iteration) != (frame.rev, frame.part):
-            pre = self._pre[frame.sender] = _Pre(frame.rev, frame.part)  # a newer offer
+            pre = self._pre[frame.sender] = _Pre(frame.rev, frame.part, now)  # a newer offer
         # One offer is one vector at most: a sender cannot make this worker hold more.
         held = sum(v.nbytes for o, v in pre.parts.items() if o != frame.offset) + values.nbytes
         if held > self._prescatter_budget():
