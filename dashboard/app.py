@@ -315,7 +315,9 @@ class Page:
                 )
                 st.plotly_chart(
                     figures.rounds_and_staleness(
-                        queries.completed_memberships(self.conn, t), self.workers
+                        queries.completed_memberships(self.conn, t),
+                        self.workers,
+                        self.rounds_title(t),
                     ),
                     key="rounds_staleness",
                 )
@@ -367,6 +369,12 @@ class Page:
 
     # -- training -----------------------------------------------------------------------------
 
+    def rounds_title(self, t: float) -> str:
+        """The rounds chart's title: a run longer than the panels' window shows its last hour."""
+        if t - self.t0 > queries.MEMBERSHIP_WINDOW_S:
+            return f"rounds in the last {queries.MEMBERSHIP_WINDOW_S / 60:.0f} min"
+        return "rounds (completed groups)"
+
     def training(self) -> None:
         @_fragment(self.live, SLOW_PANEL_REFRESH_S)
         def training_panel() -> None:
@@ -382,7 +390,8 @@ class Page:
                 figures.training_curves(iters, self.workers, self.t0, workload=workload),
                 key="training_curves",
             )
-            st.markdown("**Rounds per worker per minute**")
+            last = " (the last hour)" if t - self.t0 > queries.MEMBERSHIP_WINDOW_S else ""
+            st.markdown(f"**Rounds per worker per minute**{last}")
             st.plotly_chart(
                 figures.rounds_per_minute(
                     queries.completed_memberships(self.conn, t), self.workers, self.t0, now=t

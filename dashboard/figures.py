@@ -511,7 +511,9 @@ def group_timeline(groups: pd.DataFrame, t0: float, asof: float) -> go.Figure:
     return fig
 
 
-def rounds_and_staleness(memberships: pd.DataFrame, workers: pd.DataFrame) -> go.Figure:
+def rounds_and_staleness(
+    memberships: pd.DataFrame, workers: pd.DataFrame, title: str = "rounds (completed groups)"
+) -> go.Figure:
     """Completed rounds per worker (left) and mean / max staleness of its updates (right)."""
     ids = [int(w) for w in workers.sort_values("id")["id"]]
     names = worker_names(workers)
@@ -520,7 +522,7 @@ def rounds_and_staleness(memberships: pd.DataFrame, workers: pd.DataFrame) -> go
     rounds = per.size().reindex(ids, fill_value=0)
     mean_s = per["staleness"].mean().reindex(ids)
     max_s = per["staleness"].max().reindex(ids)
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("rounds (completed groups)", "staleness"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(title, "staleness"))
     fig.add_trace(go.Bar(x=x, y=rounds.values, name="rounds", marker_color="#1f77b4"), 1, 1)
     fig.add_trace(go.Bar(x=x, y=mean_s.values, name="mean staleness", marker_color="#ff7f0e"), 1, 2)
     fig.add_trace(go.Bar(x=x, y=max_s.values, name="max staleness", marker_color="#d62728"), 1, 2)

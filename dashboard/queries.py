@@ -27,6 +27,8 @@ from crew.runtime.rundb import GroupStatus, WorkerState, latest_utilisation
 
 log = logging.getLogger(__name__)
 
+MEMBERSHIP_WINDOW_S = 3600.0  # rounds and staleness panels: the last hour of the run
+GROUP_LOOKBACK_S = 3600.0  # no group stays open longer (its deadline abandons it first)
 LINK_SAMPLE_COLUMNS = ["t", "src", "dst", "mbit"]
 ITERATION_COLUMNS = ["t", "worker", "iteration", "loss", "accuracy"]
 GROUP_COLUMNS = [
@@ -267,12 +269,17 @@ def groups(conn: sqlite3.Connection, start: float, asof: float) -> pd.DataFrame:
     Status and end are rewound to ``asof``: a group that ended later shows as ``open``.
     ``members`` is decoded to a list of worker ids.
     """
+    cols = ", ".join(GROUP_COLUMNS)
+    # Each part reads an index range, not the whole table (a week-long run holds millions of
+    # groups): those formed in the window; those still open (by status); and those formed up
+    # to GROUP_LOOKBACK_S before it that ended after ``asof`` (a replay's past).
     df = _frame(
         conn,
-        f"SELECT {', '.join(GROUP_COLUMNS)} FROM groups WHERE formed_at > ? AND formed_at <= ?"
-        f" UNION SELECT {', '.join(GROUP_COLUMNS)} FROM groups WHERE formed_at <= ?"
-        " AND (ended_at IS NULL OR ended_at > ?) ORDER BY id",
-        (start, asof, start, asof),
+        f"SELECT {cols} FROM groups WHERE formed_at > ? AND formed_at <= ?"
+        f" UNION SELECT {cols} FROM groups WHERE status = ? AND formed_at <= ?"
+        f" UNION SELECT {cols} FROM groups WHERE formed_at > ? AND formed_at <= ?"
+        " AND ended_at > ? ORDER BY id",
+        (start, asof, GroupStatus.OPEN.value, start, start - GROUP_LOOKBACK_S, start, asof),
         GROUP_COLUMNS,
     )
     return rewind_groups(df, asof)
@@ -300,14 +307,21 @@ def latest_plans(conn: sqlite3.Connection, asof: float, limit: int) -> pd.DataFr
     return rewind_groups(df, asof)
 
 
-def completed_memberships(conn: sqlite3.Connection, asof: float) -> pd.DataFrame:
-    """One row per (completed group, member) ended by ``asof``: rounds and staleness."""
+def completed_memberships(
+    conn: sqlite3.Connection, asof: float, window_s: float = MEMBERSHIP_WINDOW_S
+) -> pd.DataFrame:
+    """One row per (completed group, member) that ended in the ``window_s`` before ``asof``:
+    rounds and staleness. Read through the groups' formation index, so a week-long run costs
+    what its last window holds."""
+    since = asof - window_s
+    # "+g.status": not through the status index, which would read every completed group.
     return _frame(
         conn,
         "SELECT m.worker, m.group_id, g.ended_at, m.staleness, m.iteration"
         " FROM groups g JOIN group_members m ON m.group_id = g.id"
-        " WHERE g.status = ? AND g.ended_at <= ? ORDER BY g.ended_at",
-        (GroupStatus.COMPLETED.value, asof),
+        " WHERE g.formed_at > ? AND g.formed_at <= ? AND +g.status = ?"
+        " AND g.ended_at > ? AND g.ended_at <= ? ORDER BY g.ended_at",
+        (since - GROUP_LOOKBACK_S, asof, GroupStatus.COMPLETED.value, since, asof),
         ["worker", "group_id", "ended_at", "staleness", "iteration"],
     )
 
@@ -332,11 +346,14 @@ def worker_status(conn: sqlite3.Connection, asof: float | None = None) -> pd.Dat
     """
     cols = ["worker", "state", "iteration", "group_id", "updated_at"]
     if _has_table(conn, "worker_states"):
+        # One index seek per worker (worker, t), not a scan of every state a run recorded.
         return _frame(
             conn,
-            "SELECT s.worker, s.state, s.iteration, s.group_id, s.t FROM worker_states s"
-            " JOIN (SELECT worker, MAX(rowid) AS last FROM worker_states WHERE t <= ?"
-            " GROUP BY worker) m ON s.rowid = m.last ORDER BY s.worker",
+            "SELECT s.worker, s.state, s.iteration, s.group_id, s.t FROM"
+            " (SELECT id AS worker FROM workers UNION SELECT worker FROM worker_status) w"
+            " JOIN worker_states s ON s.rowid = (SELECT rowid FROM worker_states"
+            " WHERE worker = w.worker AND t <= ? ORDER BY t DESC, rowid DESC LIMIT 1)"
+            " ORDER BY s.worker",
             (float("inf") if asof is None else asof,),
             cols,
         )

@@ -375,11 +375,11 @@ def _worker_table(at: AppTest) -> dict[str, str]:
 def test_ready_workers_are_listed_in_queue_order_not_id_order(live_db):
     import time as _time
 
-    now = _time.time()
+    now = _time.time()  # after the run's own states
     # w1 became ready first, then w2, then w0: the queue forms groups in that order.
     _add_states(
         live_db,
-        [(now - 3, 1, "ready", None), (now - 2, 2, "ready", None), (now - 1, 0, "ready", None)],
+        [(now + 1, 1, "ready", None), (now + 2, 2, "ready", None), (now + 3, 0, "ready", None)],
     )
     at = run_app()
     assert "ready now (in queue order): w1, w2, w0" in [c.value for c in at.caption]
