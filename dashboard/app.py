@@ -418,18 +418,21 @@ class Page:
         @_fragment(self.live, SLOW_PANEL_REFRESH_S)
         def pace_panel() -> None:
             t = self.asof()
-            inputs = lab_pace.read_pace_inputs(self.conn, t)
+            # A long run's pace over its last hour: a week holds millions of groups and
+            # thousands of faults, more than a chart can show or a page can wait for.
+            since = max(self.t0, t - queries.MEMBERSHIP_WINDOW_S)
+            inputs = lab_pace.read_pace_inputs(self.conn, t, since if since > self.t0 else None)
             pace = lab_pace.pace_of(
                 inputs.ends,
                 [f for f, _ in inputs.faults],
                 [r for r, _ in inputs.repairs],
-                self.t0,
+                since,
                 t,
             )
             st.caption(pace.describe())
             st.plotly_chart(
                 figures.pace_chart(
-                    inputs.ends, inputs.faults, inputs.repairs, pace.baseline, self.t0, t
+                    inputs.ends, inputs.faults, inputs.repairs, pace.baseline, since, t
                 ),
                 key="pace_chart",
             )

@@ -54,3 +54,24 @@ def test_describe_while_a_fault_is_still_in_force() -> None:
     assert "no repair yet" in text and "no full window yet" in text
     partial = Pace(5.0, (3,), 30.0, None, 3, 30.0, None)
     assert "worst 3 (60%) at t=30 s" in partial.describe()
+
+
+def test_a_window_reads_only_the_groups_and_commands_after_its_start(tmp_path) -> None:  # noqa: ANN001
+    import time
+
+    from test_dashboard_figures import make_run
+
+    from crew.runtime import rundb
+    from lab.report.pace import read_pace_inputs
+
+    now = time.time()
+    conn = rundb.connect(make_run(tmp_path, now=now), readonly=True)
+    try:
+        whole = read_pace_inputs(conn, now)
+        since = sorted(whole.ends)[len(whole.ends) // 2]
+        window = read_pace_inputs(conn, now, since)
+    finally:
+        conn.close()
+    assert whole.ends and window.ends
+    assert window.ends == tuple(e for e in whole.ends if e > since)
+    assert all(t > since for t, _ in (*window.faults, *window.repairs))

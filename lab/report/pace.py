@@ -145,28 +145,39 @@ class PaceInputs:
     repairs: tuple[tuple[float, str], ...]
 
 
-def read_pace_inputs(conn: sqlite3.Connection, end: float | None = None) -> PaceInputs:
-    """Completed groups and applied commands (split into faults and repairs) up to ``end``."""
+GROUP_LOOKBACK_S = 3600.0  # no group stays open longer (its deadline abandons it first)
+
+
+def read_pace_inputs(
+    conn: sqlite3.Connection, end: float | None = None, since: float | None = None
+) -> PaceInputs:
+    """Completed groups and applied commands (split into faults and repairs) up to ``end``;
+    with ``since``, only those after it (the dashboard's window on a long run, read through
+    the groups' formation index instead of every group the run completed)."""
     upto = float("inf") if end is None else end
     rates = {
         (int(r[0]), int(r[1])): float(r[2])
         for r in conn.execute("SELECT src, dst, rate_mbit FROM links")
     }
-    ends = [
-        float(r[0])
-        for r in conn.execute(
+    if since is None:
+        rows = conn.execute(
             "SELECT ended_at FROM groups WHERE status=? AND ended_at IS NOT NULL",
             (GroupStatus.COMPLETED.value,),
         )
-        if float(r[0]) <= upto
-    ]
+    else:
+        rows = conn.execute(
+            "SELECT ended_at FROM groups WHERE formed_at > ? AND formed_at <= ?"
+            " AND +status = ? AND ended_at > ?",
+            (since - GROUP_LOOKBACK_S, upto, GroupStatus.COMPLETED.value, since),
+        )
+    ends = [float(r[0]) for r in rows if float(r[0]) <= upto]
     faults: list[tuple[float, str]] = []
     repairs: list[tuple[float, str]] = []
     for kind, args, applied in conn.execute(
         "SELECT kind, args, applied_at FROM commands WHERE status=? ORDER BY applied_at",
         (CommandStatus.APPLIED.value,),
     ):
-        if applied is None or float(applied) > upto:
+        if applied is None or float(applied) > upto or (since is not None and applied <= since):
             continue
         try:
             parsed = json.loads(args) if args else {}
