@@ -611,6 +611,9 @@ def plan_times(plans: pd.DataFrame) -> go.Figure:
 # -- training --------------------------------------------------------------------------------------
 
 
+MAX_CURVE_POINTS = 2000  # per worker and overall, in the training curves
+
+
 def training_curves(
     iters: pd.DataFrame,
     workers: pd.DataFrame,
@@ -637,6 +640,15 @@ def training_curves(
             loss=iters["loss"].where(~evaluated), accuracy=iters["loss"].where(evaluated)
         )
         titles = ("training loss (nats/byte)", "held-out loss (nats/byte)")
+    # A long run's curves are drawn from bin means: a week holds about 200k rows even after
+    # retention, more points than a browser draws quickly or a chart can show.
+    bin_s = max(bin_s, float(iters["t"].max() - iters["t"].min()) / MAX_CURVE_POINTS)
+    if len(iters) > MAX_CURVE_POINTS * max(1, iters["worker"].nunique()):
+        iters = (
+            iters.assign(b=(iters["t"] - t0) // bin_s)
+            .groupby(["worker", "b"], as_index=False)[["t", "loss", "accuracy"]]
+            .mean()
+        )
     names = worker_names(workers)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, subplot_titles=titles)
 

@@ -472,3 +472,30 @@ def test_network_map_shows_each_links_delay(conn, run_db):
     assert "one-way delay 40 ms" in t["0→2"].hovertext[0] and t["0→2"].meta["delay_ms"] == 40.0
     assert "40 ms" in "".join(t["0→2"].text)
     assert "delay" not in t["2→0"].hovertext[0]  # no delay, no clutter
+
+
+def test_a_long_runs_training_curves_are_drawn_from_bin_means() -> None:
+    from dashboard.figures import MAX_CURVE_POINTS, training_curves
+
+    rows = 20_000  # per worker: a week's worth after retention
+    t = np.linspace(0.0, 7 * 86400.0, rows)
+    iters = pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "t": t,
+                    "worker": w,
+                    "iteration": np.arange(rows),
+                    "loss": 2.0 + w,
+                    "accuracy": 0.5,
+                }  # fmt: skip
+            )
+            for w in (0, 1)
+        ],
+        ignore_index=True,
+    )
+    workers = pd.DataFrame({"id": [0, 1], "name": ["w0", "w1"]})
+    fig = training_curves(iters, workers, 0.0)
+    assert all(len(trace.x) <= MAX_CURVE_POINTS + 1 for trace in fig.data)
+    w1 = next(tr for tr in fig.data if tr.name == "w1" and tr.yaxis in (None, "y"))
+    assert set(np.round(w1.y, 6)) == {3.0}  # means of a constant loss are that loss
