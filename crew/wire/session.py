@@ -11,9 +11,8 @@ connection's own.
 
 Nc and Ns are 16 random bytes each; m is one byte, 1 if the client's codec encrypts, and the
 server refuses a HELLO whose m differs from its own key's (a clear error, not garbage later).
-After the handshake every frame's tag is keyed with its
-direction's key and covers its sequence number (``crew.wire.frames.SessionCodec``). What that
-refuses:
+After the handshake every frame's tag is keyed with its direction's key and covers its
+sequence number (``crew.wire.frames.SessionCodec``). What that refuses:
 
 * **a replayed HELLO** gets a fresh Ns, so the frames recorded after it fail their tags;
 * **a replayed or reordered frame**, on its own connection or another, fails its tag;
