@@ -47,7 +47,7 @@ class Cluster:
         self.engines: list[ReduceEngine] = []
         self.transports: list[Transport] = []
         for i in range(n):
-            eng = ReduceEngine(i, n, RUN, self._sender(i), self._reporter(i))
+            eng = ReduceEngine(i, n, RUN, self._sender(i), self._reporter(i), prescatter=True)
             tr = Transport(i, ("127.0.0.1", 0), {}, codec, on_frame=eng.on_frame)
             self.engines.append(eng)
             self.transports.append(tr)
@@ -441,8 +441,8 @@ def test_a_short_prescattered_part_is_never_stretched_over_a_whole_part(
     assert sum(e.dropped_frames for e in cluster.engines) >= 1
 
 
-def _engine(me: int = 1) -> ReduceEngine:
-    return ReduceEngine(me, 4, RUN, lambda *a: None, lambda *a: None)
+def _engine(me: int = 1, *, prescatter: bool = False) -> ReduceEngine:
+    return ReduceEngine(me, 4, RUN, lambda *a: None, lambda *a: None, prescatter=prescatter)
 
 
 def _pre(sender: int, offset: int, values: int, epoch: int = 3) -> Frame:
@@ -452,10 +452,14 @@ def _pre(sender: int, offset: int, values: int, epoch: int = 3) -> Frame:
 
 
 def test_prescattered_parts_are_held_to_the_split_exactly() -> None:
-    engine = _engine()
-    engine.on_frame(_pre(0, 1000, 500))
-    assert engine.dropped_frames == 1 and not engine._pre  # no split: blocking mode refuses
+    blocking = _engine()
+    blocking.on_frame(_pre(0, 1000, 500))
+    assert blocking.dropped_frames == 1 and not blocking._pre  # blocking mode refuses all
+    engine = _engine(prescatter=True)
+    engine.on_frame(_pre(0, 1000, 500))  # before its split (the data plane overtook it) ...
+    assert engine.dropped_frames == 0 and not engine._pre
     engine.set_split(Split(3, [[0, 0, 1000], [1, 1000, 2200]], 500))
+    assert sorted(engine._pre[0].parts) == [1000]  # ... kept, and counted once it came
     for bad in (
         _pre(0, 1000, 499),  # a value short
         _pre(0, 1000, 501),  # a value long
@@ -464,10 +468,9 @@ def test_prescattered_parts_are_held_to_the_split_exactly() -> None:
         _pre(0, 1000, 500, epoch=2),  # an older split
     ):
         engine.on_frame(bad)
-    assert engine.dropped_frames == 6 and not engine._pre
-    engine.on_frame(_pre(0, 1000, 500))
+    assert engine.dropped_frames == 5 and sorted(engine._pre[0].parts) == [1000]
     engine.on_frame(_pre(0, 2000, 200))  # the segment's last, shorter part
-    assert sorted(engine._pre[0].parts) == [1000, 2000] and engine.dropped_frames == 6
+    assert sorted(engine._pre[0].parts) == [1000, 2000] and engine.dropped_frames == 5
     engine.set_split(Split(4, [[1, 0, 2200]], 500))  # a new split: the old offer is dropped
     assert not engine._pre
 

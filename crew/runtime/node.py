@@ -160,6 +160,7 @@ class Node:
             self._have_all,
             codec=None if codec is Codec.NONE else PartCodec(codec, self.check),
             check=self.check,
+            prescatter=cfg.nonblocking,
         )
         if transport is None:
             transport = Transport(

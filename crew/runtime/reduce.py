@@ -234,8 +234,15 @@ class ReduceEngine:
         on_have_all: Callable[[int, int, int], None],
         codec: PartCodec | None = None,
         check: np.ndarray | None = None,
+        *,
+        prescatter: bool = False,
     ):
         self.me = me
+        # Non-blocking mode: pre-scattered parts are accepted (held to the split); otherwise
+        # every one is refused.
+        self.prescatter = prescatter
+        self._pre_early: list[Frame] = []  # parts that came before their split
+        self._pre_early_bytes = 0
         self._codec = codec  # None: float32 payloads
         self._check = check  # the run's check vector (crew.control.verify), or None: no projections
         self.n = n
@@ -497,18 +504,40 @@ class ReduceEngine:
 
     def set_split(self, split: Split) -> None:
         """Non-blocking mode: the split that says which pre-scattered parts this aggregator
-        accepts (``Split``); offers made under another split are dropped."""
+        accepts (``Split``); offers made under another split are dropped, and parts that
+        arrived before their split (the data plane can overtake the control plane) are
+        handled now."""
         with self._lock:
             self._split = split
             for sender in [s for s, p in self._pre.items() if p.epoch != split.epoch]:
                 del self._pre[sender]
+            early, self._pre_early = self._pre_early, []
+            self._pre_early_bytes = 0
+            for frame in early:
+                if frame.rev >= split.epoch:
+                    self._handle(frame)
+
+    def _park_prescatter(self, frame: Frame) -> bool:
+        """Keep a part whose split has not arrived yet, within a share of the early-frame
+        budget; False if it is not such a part, or there is no room."""
+        known = -1 if self._split is None else self._split.epoch
+        if not self.prescatter or frame.rev <= known:
+            return False
+        size = len(frame.payload)
+        if self._pre_early_bytes + size > EARLY_FRAME_BUDGET // 4:
+            return False
+        self._pre_early.append(frame)
+        self._pre_early_bytes += size
+        return True
 
     def _prescatter_len(self, frame: Frame) -> int:
         """The exact number of values a pre-scattered part must hold: the split's part at
         ``frame.offset`` of this aggregator's segment. ReduceError if there is none."""
         split = self._split
+        if not self.prescatter:
+            raise ReduceError("pre-scattered part outside non-blocking mode")
         if split is None:
-            raise ReduceError("pre-scattered part outside non-blocking mode (no split known)")
+            raise ReduceError("pre-scattered part before any split, and no room to keep it")
         if frame.rev != split.epoch:
             raise ReduceError(f"pre-scattered part of split {frame.rev}, not {split.epoch}")
         step = split.part_elems
@@ -522,6 +551,8 @@ class ReduceEngine:
             raise ReduceError(f"pre-scattered part from invalid sender {frame.sender}")
         if frame.block != self.me:
             raise ReduceError(f"pre-scattered part for aggregator {frame.block} reached {self.me}")
+        if self._park_prescatter(frame):
+            return
         values = self._values(frame, self._prescatter_len(frame))
         now = time.monotonic()
         for sender in [s for s, p in self._pre.items() if now - p.since > PRESCATTER_TTL_S]:
