@@ -43,7 +43,7 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from crew.runtime import rundb  # noqa: E402
-from dashboard import compute_share, figures, queries  # noqa: E402
+from dashboard import compute_share, figures, pace_figure, queries  # noqa: E402
 from lab import export  # noqa: E402
 from lab.orchestrate import commands as lc  # noqa: E402
 from lab.report import pace as lab_pace  # noqa: E402
@@ -431,7 +431,7 @@ class Page:
             )
             st.caption(pace.describe())
             st.plotly_chart(
-                figures.pace_chart(
+                pace_figure.pace_chart(
                     inputs.ends, inputs.faults, inputs.repairs, pace.baseline, since, t
                 ),
                 key="pace_chart",

@@ -36,6 +36,7 @@ CREW_IMPORTS = {
     "scipy": "scipy",
     "highspy": "highspy",
     "blake3": "blake3",
+    "cryptography": "cryptography",
     "torch": "torch",
     "sklearn": "scikit-learn",
 }

@@ -18,12 +18,12 @@ from crew.control.assignment import (
 )
 from crew.plan import planner
 from crew.plan.routes import Route, relayed_star_routes, star_routes
+from crew.runtime.prescatter import prescatter_frames
 from crew.runtime.reduce import (
     FINISHED_KEPT,
     ReduceEngine,
     ReduceError,
     covered_parts,
-    prescatter_frames,
     validate_assign,
 )
 from crew.wire.frames import Frame, FrameCodec, FrameKind

@@ -52,7 +52,8 @@ from crew.control.worker_control import (
     WorkerControl,
 )
 from crew.errors import CoordinatorUnreachable
-from crew.runtime.reduce import ReduceEngine, prescatter_frames
+from crew.runtime.prescatter import prescatter_frames
+from crew.runtime.reduce import ReduceEngine
 from crew.train.compress import Codec
 from crew.train.partcodec import PartCodec
 from crew.wire import protocol as proto

@@ -52,7 +52,6 @@ add decoded parts in float32, the root encodes the sum once for the broadcast an
 decoded values itself, and broadcast relays forward the payload bytes unchanged. Each payload
 carries the projection of its encode errors, which members subtract from their result's
 projection (:meth:`ReduceEngine.codec_error`; the derivation is in ``crew.train.partcodec``).
-Without a codec, frames carry float32 exactly as before.
 
 Frames can arrive before the assignment that explains them (the control and data planes are
 separate networks), so early frames are parked, within a byte budget, until it arrives.
@@ -87,51 +86,12 @@ log = logging.getLogger(__name__)
 
 DTYPE = np.dtype("<f4")
 EARLY_FRAME_BUDGET = 512 << 20  # bytes of frames parked before their assignment arrives
+# An unused pre-scattered offer expires after this: a backstop, as a new offer or split
+# replaces it first (a group that counts on its parts forms within seconds, or is abandoned).
 PRESCATTER_TTL_S = 600.0
-"""A pre-scattered offer no group has used for this long is dropped: a backstop only, since a
-new offer from the same sender, or a new split, replaces it first (a group that counts on the
-parts forms within seconds of its members' offers, or the coordinator abandons it)."""
+# Ended group ids kept (a week would hold millions); older ones are known ended by a floor,
+# since ids only grow and a group is long over when 4,096 after it have ended.
 FINISHED_KEPT = 4096
-"""Ended groups the engine remembers by id; an older one is known ended by its id alone (ids
-grow, and a group is long over when 4,096 after it have ended), so a week-long run holds 4,096
-ids, not millions."""
-
-
-def prescatter_frames(
-    me: int,
-    run: int,
-    vector: np.ndarray,
-    segments: list[list[int]],
-    epoch: int,
-    iteration: int,
-    part_elems: int,
-) -> list[tuple[int, Frame]]:
-    """Non-blocking mode: the unweighted parts a ready member sends along the a2a split.
-
-    ``part`` carries the offered iteration and ``rev`` the split's epoch, so an aggregator can
-    match them to the group that later forms."""
-    out = []
-    for agg, start, stop in segments:
-        if agg == me:
-            continue
-        for s in range(start, stop, part_elems):
-            e = min(s + part_elems, stop)
-            out.append(
-                (
-                    agg,
-                    Frame(
-                        kind=FrameKind.PRESCATTER,
-                        sender=me,
-                        run=run,
-                        rev=epoch,
-                        block=agg,
-                        part=iteration,
-                        offset=s,
-                        payload=np.ascontiguousarray(vector[s:e]).tobytes(),
-                    ),
-                )
-            )
-    return out
 
 
 @dataclass
@@ -238,9 +198,7 @@ class ReduceEngine:
         prescatter: bool = False,
     ):
         self.me = me
-        # Non-blocking mode: pre-scattered parts are accepted (held to the split); otherwise
-        # every one is refused.
-        self.prescatter = prescatter
+        self.prescatter = prescatter  # non-blocking mode: pre-scattered parts are accepted
         self._pre_early: list[Frame] = []  # parts that came before their split
         self._pre_early_bytes = 0
         self._codec = codec  # None: float32 payloads
@@ -500,13 +458,9 @@ class ReduceEngine:
         self._early.setdefault((frame.group, frame.rev), []).append(frame)
         self._early_bytes += size
 
-    # non-blocking mode
-
     def set_split(self, split: Split) -> None:
-        """Non-blocking mode: the split that says which pre-scattered parts this aggregator
-        accepts (``Split``); offers made under another split are dropped, and parts that
-        arrived before their split (the data plane can overtake the control plane) are
-        handled now."""
+        """Non-blocking mode: the split pre-scattered parts are held to. Offers under another
+        split are dropped; parts that came before it (data overtook control) are handled."""
         with self._lock:
             self._split = split
             for sender in [s for s, p in self._pre.items() if p.epoch != split.epoch]:
@@ -518,8 +472,7 @@ class ReduceEngine:
                     self._handle(frame)
 
     def _park_prescatter(self, frame: Frame) -> bool:
-        """Keep a part whose split has not arrived yet, within a share of the early-frame
-        budget; False if it is not such a part, or there is no room."""
+        """Keep a part whose split has not come yet, within a quarter of the early budget."""
         known = -1 if self._split is None else self._split.epoch
         if not self.prescatter or frame.rev <= known:
             return False

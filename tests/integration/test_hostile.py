@@ -129,11 +129,11 @@ def test_peer_without_the_secret_is_rejected_and_counted(lab: LabRun) -> None:
         "the rejections to reach the run database",
     )
     reasons = _security(lab, since)
-    # Exactly one rejection per hostile connection. Before its HELLO a peer may send only a
-    # HELLO's size: a forgery with a payload is refused for its size, before its MAC is even
-    # computed; one without a payload fails the MAC, whatever it claims.
+    # Exactly one rejection per hostile connection. Before its HELLO a server reads only a
+    # HELLO's bytes: a forgery of another size is refused for it (HandshakeError), before its
+    # MAC is even computed; a forged HELLO fails the MAC, whatever it claims.
     assert sum(reasons.values()) == 2 * K, reasons
-    assert reasons["BadMac"] + reasons["Oversized"] == K, reasons
+    assert reasons["BadMac"] + reasons["HandshakeError"] == K, reasons
     _assert_training_goes_on(lab, since)
 
 
