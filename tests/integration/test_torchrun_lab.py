@@ -37,7 +37,8 @@ def test_the_example_runs_through_torchrun_in_the_lab(tmp_path: Path) -> None:
     # the last ranks to finish may average alone once the others have left
     done = [g for g in groups if g["status"] == "completed" and len(json.loads(g["members"])) == 2]
     assert len(done) >= 20, groups
-    assert all(g["verify_err"] is not None and g["verify_err"] < 1e-5 for g in done)
+    unchecked = [dict(g) for g in done if g["verify_err"] is None or g["verify_err"] >= 1e-5]
+    assert not unchecked, unchecked
 
     probe = probe_result(run.db, topo)
     print("probe:", probe.message, {k: f"{v:.3f}" for k, v in probe.ratio.items()})
