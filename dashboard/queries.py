@@ -23,12 +23,11 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from crew.runtime.rundb import GroupStatus, WorkerState, latest_utilisation
+from crew.runtime.rundb import GROUP_LOOKBACK_S, GroupStatus, WorkerState, latest_utilisation
 
 log = logging.getLogger(__name__)
 
 MEMBERSHIP_WINDOW_S = 3600.0  # rounds and staleness panels: the last hour of the run
-GROUP_LOOKBACK_S = 3600.0  # no group stays open longer (its deadline abandons it first)
 LINK_SAMPLE_COLUMNS = ["t", "src", "dst", "mbit"]
 ITERATION_COLUMNS = ["t", "worker", "iteration", "loss", "accuracy"]
 GROUP_COLUMNS = [

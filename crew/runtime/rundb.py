@@ -133,6 +133,9 @@ CREATE INDEX IF NOT EXISTS commands_status ON commands (status, id);
 
 TABLES = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", SCHEMA))
 BUSY_TIMEOUT_S = 10.0
+GROUP_LOOKBACK_S = 3600.0
+"""No group stays open longer (its deadline abandons it first): readers of a window of groups
+find them through the formation index from this far before the window."""
 
 
 # -- typed rows: what the writes below take, one per table, fields in the table's column order.

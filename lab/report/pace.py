@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from crew.runtime.rundb import CommandStatus, GroupStatus
+from crew.runtime.rundb import GROUP_LOOKBACK_S, CommandStatus, GroupStatus
 
 WINDOW_S = 10.0
 STEP_S = 0.5
@@ -143,9 +143,6 @@ class PaceInputs:
     ends: tuple[float, ...]  # completed groups' end times
     faults: tuple[tuple[float, str], ...]
     repairs: tuple[tuple[float, str], ...]
-
-
-GROUP_LOOKBACK_S = 3600.0  # no group stays open longer (its deadline abandons it first)
 
 
 def read_pace_inputs(
