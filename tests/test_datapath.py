@@ -10,8 +10,9 @@ import pytest
 from lab.studies import datapath
 
 
-def test_end_to_end_moves_the_planned_bytes_and_counts_cpu() -> None:
-    e2e = datapath.end_to_end(workers=3, mb=1.2, ops=2)
+@pytest.mark.parametrize("processes", [True, False], ids=["process-each", "one-process"])
+def test_end_to_end_moves_the_planned_bytes_and_counts_cpu(processes: bool) -> None:
+    e2e = datapath.end_to_end(workers=3, mb=1.2, ops=2, processes=processes)
     # Stars of 3 members: every member sends 2 thirds up and gets 2 thirds back, per op.
     assert e2e.link_gb == pytest.approx(2 * 3 * 2 * (2 / 3) * 1.2e-3, rel=1e-3)
     assert e2e.user_s + e2e.sys_s > 0

@@ -2,11 +2,12 @@
 
     python -m lab.studies.datapath [--workers 4] [--mb 16]
 
-Runs the real thing in one process: ``--workers`` ReduceEngines, each with its own Transport
-(framed, MAC-authenticated TCP) on loopback, all members of one group planned as CREW's
-direct stars (one equal segment per worker). ``--ops`` groups run back to back; the process's
-user and system CPU seconds over them are divided by the bytes the plan moves across links
-(``crew.plan.routes.link_load``), the figure ``lab.bench`` prints as CPU s/GB.
+Runs the real thing: ``--workers`` ReduceEngines, each with its own Transport (framed,
+MAC-authenticated TCP) on loopback and, as in the lab, in its own process (``--one-process``:
+all in this one), all members of one group planned as CREW's direct stars (one equal segment
+per worker). ``--ops`` groups run back to back; the processes' user and system CPU seconds
+over them are divided by the bytes the plan moves across links (``crew.plan.routes.link_load``),
+the figure ``lab.bench`` prints as CPU s/GB.
 
 Then every per-byte stage the engine and codec run is timed alone at the same part size, in
 CPU seconds per GB of link bytes (how many times it touches each link byte is in the table):
@@ -25,7 +26,9 @@ figures as JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
+import multiprocessing as mp
 import io
 import os
 import pstats
@@ -120,6 +123,176 @@ class ThreadProfiles:
         return out.getvalue()
 
 
+def _vectors(workers: int, total: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """Every worker's vector (the same seed in every process) and their average."""
+    rng = np.random.default_rng(1)
+    vectors = [rng.standard_normal(total).astype(DTYPE) for _ in range(workers)]
+    return vectors, np.mean(vectors, axis=0)
+
+
+class _Member:
+    """One worker's reduce engine on its own transport, as a worker process holds them."""
+
+    def __init__(self, me: int, workers: int, codec: FrameCodec) -> None:
+        self._done: dict[int, threading.Event] = {}
+        self._lock = threading.Lock()
+        self.engine = ReduceEngine(me, workers, RUN, self._send, self._have_all)
+        self.transport = Transport(
+            me, ("127.0.0.1", 0), {}, codec, on_frame=self.engine.on_frame
+        )
+
+    def _event(self, group: int) -> threading.Event:
+        with self._lock:
+            return self._done.setdefault(group, threading.Event())
+
+    def _send(self, dst: int, frame: Any, priority: int) -> None:
+        self.transport.send(dst, frame, priority)
+
+    def _have_all(self, group: int, rev: int, nbytes: int) -> None:
+        self._event(group).set()
+
+    def start(self, peers: dict[int, Any]) -> None:
+        for j, addr in peers.items():
+            self.transport.set_peer(j, addr)
+        self.transport.start()
+
+    def wait(self, group: int) -> np.ndarray | None:
+        """This member's result of ``group`` once it has all of it."""
+        if not self._event(group).wait(WAIT_S):
+            raise TimeoutError(f"worker {self.engine.me} never completed group {group}")
+        with self._lock:
+            del self._done[group]
+        return self.engine.finish(group)
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+def _is_average(result: np.ndarray | None, expected: np.ndarray) -> bool:
+    return result is not None and bool(np.allclose(result, expected, atol=1e-5))
+
+
+def _member_process(
+    me: int, workers: int, total: int, secret: bytes, encrypt: bool, conn: Any
+) -> None:
+    """A worker process: its engine and transport, driven group by group through ``conn``.
+
+    Per group: ``("assign", Assign)`` -> clock starts, ``"done"`` when its result is whole;
+    ``"stop"`` (sent once every member is done, so nothing of the group is still being sent)
+    -> clock stops, the result is checked off the clock, and ``(user_s, sys_s, exact)``
+    goes back. ``None`` ends it."""
+    member = _Member(me, workers, FrameCodec(secret, RUN, encrypt=encrypt))
+    try:
+        conn.send(member.transport.address)
+        member.start(conn.recv())
+        vectors, expected = _vectors(workers, total)
+        while (msg := conn.recv()) is not None:
+            r0 = resource.getrusage(resource.RUSAGE_SELF)
+            member.engine.assign(msg, vectors[me])
+            result = member.wait(msg.group)
+            conn.send("done")
+            conn.recv()  # "stop"
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            used = (r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime)
+            conn.send((*used, _is_average(result, expected)))
+            del result
+    finally:
+        member.close()
+        conn.close()
+
+
+def _run_in_processes(workers: int, total: int, ops: int, encrypt: bool) -> list[tuple]:
+    """Per group: (link bytes, wall s, user s, sys s) summed over ``workers`` processes."""
+    ctx = mp.get_context("fork")  # nothing runs threads yet in this process
+    secret = os.urandom(32)
+    pipes = [ctx.Pipe() for _ in range(workers)]
+    procs = [
+        ctx.Process(
+            target=_member_process, args=(w, workers, total, secret, encrypt, pipes[w][1])
+        )
+        for w in range(workers)
+    ]
+    for proc in procs:
+        proc.start()
+    conns = [parent for parent, _ in pipes]
+    rows = []
+    try:
+        addrs = {w: _recv(c, w) for w, c in enumerate(conns)}
+        for w, c in enumerate(conns):
+            c.send({j: a for j, a in addrs.items() if j != w})
+        for group in range(ops + 1):
+            assign = _star_assign(group, workers, total)
+            w0 = time.perf_counter()
+            for c in conns:
+                c.send(assign)
+            for w, c in enumerate(conns):
+                _recv(c, w)  # "done"
+            wall = time.perf_counter() - w0
+            for c in conns:
+                c.send("stop")
+            used = [_recv(c, w) for w, c in enumerate(conns)]
+            for w, (_, _, exact) in enumerate(used):
+                if not exact:
+                    raise AssertionError(f"worker {w}: group {group} is not the average")
+            routes = [Route.from_list(r) for r in assign.routes]
+            nbytes = float(link_load(routes, workers).sum())
+            rows.append((nbytes, wall, sum(u[0] for u in used), sum(u[1] for u in used)))
+    finally:
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.send(None)
+        for proc in procs:
+            proc.join(10.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5.0)
+    return rows
+
+
+def _recv(conn: Any, who: int) -> Any:
+    if not conn.poll(WAIT_S):
+        raise TimeoutError(f"worker process {who} did not answer within {WAIT_S:.0f} s")
+    return conn.recv()
+
+
+def _run_in_one_process(
+    workers: int, total: int, ops: int, encrypt: bool, profiles: ThreadProfiles | None
+) -> list[tuple]:
+    """Per group: (link bytes, wall s, user s, sys s), every member a thread group here."""
+    codec = FrameCodec(os.urandom(32), RUN, encrypt=encrypt)
+    if profiles is not None:
+        profiles.install()  # before the transports start their threads
+    members: list[_Member] = []
+    rows = []
+    try:
+        members.extend(_Member(i, workers, codec) for i in range(workers))
+        for i, m in enumerate(members):
+            m.start({j: o.transport.address for j, o in enumerate(members) if j != i})
+        vectors, expected = _vectors(workers, total)
+        for group in range(ops + 1):
+            assign = _star_assign(group, workers, total)
+            r0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            for w, m in enumerate(members):
+                m.engine.assign(assign, vectors[w])
+            results = [m.wait(group) for m in members]
+            w1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+            for w, result in enumerate(results):
+                if not _is_average(result, expected):
+                    raise AssertionError(f"worker {w}: group {group} is not the average")
+            del results
+            routes = [Route.from_list(r) for r in assign.routes]
+            nbytes = float(link_load(routes, workers).sum())
+            rows.append(
+                (nbytes, w1 - w0, r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime)
+            )
+    finally:
+        for m in members:
+            m.close()
+        if profiles is not None:
+            profiles.uninstall()
+    return rows
+
+
 def end_to_end(
     workers: int,
     mb: float,
@@ -127,80 +300,32 @@ def end_to_end(
     profiles: ThreadProfiles | None = None,
     *,
     encrypt: bool = False,
+    processes: bool = True,
 ) -> EndToEnd:
-    """``ops`` groups of all ``workers`` over real transports on loopback; CPU of this process.
-    ``encrypt``: every connection encrypted (AES-256-GCM), as a launched job's are."""
+    """``ops`` groups of all ``workers`` over real transports on loopback, and their CPU.
+
+    ``processes``: each worker in its own process, as in the lab, the CPU summed over them;
+    otherwise all in this one (their threads then contend for one GIL: a cost no worker
+    pays). ``encrypt``: every connection encrypted (AES-256-GCM), as a launched job's are.
+    Group 0 warms up connections and allocators and is not counted. Each group is checked,
+    and its results dropped, off the clock: keeping every result would put each group's
+    receive into freshly faulted pages, a cost that a worker (which consumes its result)
+    never pays."""
     total = int(mb * 1e6) // DTYPE.itemsize
-    codec = FrameCodec(os.urandom(32), RUN, encrypt=encrypt)
-    done: dict[tuple[int, int], threading.Event] = {}
-    lock = threading.Lock()
-
-    def event(w: int, group: int) -> threading.Event:
-        with lock:
-            return done.setdefault((w, group), threading.Event())
-
-    if profiles is not None:
-        profiles.install()  # before the transports start their threads
-    transports: list[Transport] = []
-    engines: list[ReduceEngine] = []
-    for i in range(workers):
-
-        def send(dst: int, frame: Any, priority: int, i: int = i) -> None:
-            transports[i].send(dst, frame, priority)
-
-        def have_all(group: int, rev: int, nbytes: int, i: int = i) -> None:
-            event(i, group).set()
-
-        eng = ReduceEngine(i, workers, RUN, send, have_all)
-        engines.append(eng)
-        transports.append(Transport(i, ("127.0.0.1", 0), {}, codec, on_frame=eng.on_frame))
-    try:
-        for i, t in enumerate(transports):
-            for j, other in enumerate(transports):
-                if j != i:
-                    t.set_peer(j, other.address)
-            t.start()
-        rng = np.random.default_rng(1)
-        vectors = [rng.standard_normal(total).astype(DTYPE) for _ in range(workers)]
-        expected = np.mean(vectors, axis=0)
-        link_bytes = 0.0
-        user_s = sys_s = wall_s = 0.0
-        # Group 0 warms up connections and allocators; it is not counted. Each group is
-        # checked, and its results dropped, off the clock: keeping every result until the end
-        # would put each group's receive into freshly faulted pages, a cost of this study's
-        # bookkeeping that a worker (which consumes its result) never pays.
-        for group in range(ops + 1):
-            assign = _star_assign(group, workers, total)
-            r0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-            for w in range(workers):
-                engines[w].assign(assign, vectors[w])
-            for w in range(workers):
-                if not event(w, group).wait(WAIT_S):
-                    raise TimeoutError(f"worker {w} never completed group {group}")
-            results = [engines[w].finish(group) for w in range(workers)]
-            w1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-            if group >= 1:
-                routes = [Route.from_list(r) for r in assign.routes]
-                link_bytes += float(link_load(routes, workers).sum())
-                wall_s += w1 - w0
-                user_s += r1.ru_utime - r0.ru_utime
-                sys_s += r1.ru_stime - r0.ru_stime
-            for w, result in enumerate(results):
-                if result is None or not np.allclose(result, expected, atol=1e-5):
-                    raise AssertionError(f"worker {w}: group {group} is not the average")
-            del results
-    finally:
-        for t in transports:
-            t.close()
+    if processes:
         if profiles is not None:
-            profiles.uninstall()
+            raise ValueError("profiles cover threads of this process: use processes=False")
+        rows = _run_in_processes(workers, total, ops, encrypt)
+    else:
+        rows = _run_in_one_process(workers, total, ops, encrypt, profiles)
+    counted = rows[1:]
     return EndToEnd(
         workers=workers,
         ops=ops,
-        link_gb=link_bytes / 1e9,
-        wall_s=wall_s,
-        user_s=user_s,
-        sys_s=sys_s,
+        link_gb=sum(r[0] for r in counted) / 1e9,
+        wall_s=sum(r[1] for r in counted),
+        user_s=sum(r[2] for r in counted),
+        sys_s=sum(r[3] for r in counted),
     )
 
 
@@ -321,11 +446,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="encrypt every connection (AES-256-GCM, as launched jobs do); default: MAC only",
     )
     ap.add_argument(
+        "--one-process",
+        action="store_true",
+        help="every worker's engine and transport in this one process (default: a process"
+        " each, as in the lab; in one, their threads contend for one interpreter lock)",
+    )
+    ap.add_argument(
         "--profile",
         type=int,
         default=0,
         metavar="N",
-        help="cProfile every thread; print the N functions with the most own time",
+        help="cProfile every thread; print the N functions with the most own time"
+        " (implies --one-process)",
     )
     add_json_flag(ap, "the figures")
     return ap
@@ -341,12 +473,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit("--lab-mtu needs root (a new network namespace)")
         return _lab_mtu_reexec(argv)
     profiles = ThreadProfiles() if args.profile else None
-    e2e = end_to_end(args.workers, args.mb, args.ops, profiles, encrypt=args.encrypt)
+    processes = not (args.one_process or args.profile)
+    e2e = end_to_end(
+        args.workers, args.mb, args.ops, profiles, encrypt=args.encrypt, processes=processes
+    )
     st = [] if args.no_stages else stages(encrypt=args.encrypt)
     explained = sum(s.s_per_link_gb for s in st)
     out = {
         "network": "lab-mtu loopback (1500, no offloads)" if args.in_lab_mtu else "loopback",
         "encrypted": args.encrypt,
+        "process_per_worker": processes,
         "end_to_end": {
             **asdict(e2e),
             "cpu_s_per_gb": e2e.cpu_s_per_gb,
@@ -362,6 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print(
         f"{out['network']}{', encrypted' if args.encrypt else ''}: {e2e.workers} workers,"
+        f" {'a process each' if processes else 'one process'},"
         f" {e2e.ops} ops, {e2e.link_gb:.3f} GB over links"
         f" in {e2e.wall_s:.2f} s ({e2e.gbit_s:.2f} Gbit/s)"
     )
