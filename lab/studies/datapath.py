@@ -28,8 +28,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
-import multiprocessing as mp
 import io
+import multiprocessing as mp
 import os
 import pstats
 import resource
@@ -137,9 +137,7 @@ class _Member:
         self._done: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         self.engine = ReduceEngine(me, workers, RUN, self._send, self._have_all)
-        self.transport = Transport(
-            me, ("127.0.0.1", 0), {}, codec, on_frame=self.engine.on_frame
-        )
+        self.transport = Transport(me, ("127.0.0.1", 0), {}, codec, on_frame=self.engine.on_frame)
 
     def _event(self, group: int) -> threading.Event:
         with self._lock:
@@ -207,9 +205,7 @@ def _run_in_processes(workers: int, total: int, ops: int, encrypt: bool) -> list
     secret = os.urandom(32)
     pipes = [ctx.Pipe() for _ in range(workers)]
     procs = [
-        ctx.Process(
-            target=_member_process, args=(w, workers, total, secret, encrypt, pipes[w][1])
-        )
+        ctx.Process(target=_member_process, args=(w, workers, total, secret, encrypt, pipes[w][1]))
         for w in range(workers)
     ]
     for proc in procs:
@@ -282,9 +278,7 @@ def _run_in_one_process(
             del results
             routes = [Route.from_list(r) for r in assign.routes]
             nbytes = float(link_load(routes, workers).sum())
-            rows.append(
-                (nbytes, w1 - w0, r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime)
-            )
+            rows.append((nbytes, w1 - w0, r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime))
     finally:
         for m in members:
             m.close()
