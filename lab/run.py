@@ -29,7 +29,8 @@ from crew.cli_options import command_parser, write_json
 from crew.config import ConfigError
 from crew.runtime.rundb import GroupStatus
 from lab.net.preflight import PreflightError, add_allow_missing, allowed_missing, check, describe
-from lab.orchestrate.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id, summarize
+from lab.orchestrate.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id
+from lab.orchestrate.summary import summarize
 from lab.spec.ratetraces import TraceRefError, load_link_traces
 from lab.spec.scenario import ScenarioError, load_scenario
 from lab.spec.shipped import add_topology_flag
@@ -221,6 +222,8 @@ def print_summary(summary: dict) -> None:
         "final_heldout_loss",
         "max_verify_err",
         "compute_utilisation",
+        "startup_s",
+        "cpu_share",
         "link_bytes_total",
         "db",
     ):

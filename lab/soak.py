@@ -49,7 +49,8 @@ from lab.audit import audit
 from lab.net import shaping
 from lab.net.cleanup import ProcRecord, StateError, is_same_process
 from lab.net.preflight import PreflightError, check
-from lab.orchestrate.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id, summarize
+from lab.orchestrate.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id
+from lab.orchestrate.summary import summarize
 from lab.report.pace import is_fault_start, read_pace
 from lab.spec.scenario import Scenario, ScenarioError, parse_scenario
 from lab.spec.shipped import add_topology_flag, default_topology

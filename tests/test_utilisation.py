@@ -12,7 +12,7 @@ from crew.control.utilisation import TimeSplit, UtilisationMeter
 from crew.runtime import rundb
 from crew.runtime.retention import RetentionPolicy
 from crew.wire import protocol as proto
-from lab.orchestrate.runner import utilisation_summary
+from lab.orchestrate.summary import utilisation_summary
 
 
 def test_known_compute_and_wait_times_add_up_exactly():

@@ -24,7 +24,8 @@ from labkit import assert_nothing_left, completed_groups, lab_pids, rows, small_
 
 from lab.net.preflight import check
 from lab.orchestrate import commands as cmds
-from lab.orchestrate.runner import REPO, LabRun, RunOptions, summarize
+from lab.orchestrate.runner import REPO, LabRun, RunOptions
+from lab.orchestrate.summary import summarize
 from lab.spec.topology import TopologySpec, load_topology
 
 pytestmark = pytest.mark.root

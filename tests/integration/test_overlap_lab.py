@@ -13,7 +13,8 @@ import pytest
 from labkit import completed_groups, rows, small_opts, wait_until
 
 from lab.net.preflight import check
-from lab.orchestrate.runner import REPO, LabRun, summarize
+from lab.orchestrate.runner import REPO, LabRun
+from lab.orchestrate.summary import summarize
 from lab.spec.topology import load_topology
 
 pytestmark = pytest.mark.root
