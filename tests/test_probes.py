@@ -106,3 +106,34 @@ def test_udp_probes_on_loopback_find_a_stopped_peer_and_survive_garbage() -> Non
     finally:
         a.close()
         b.close()
+
+
+def test_a_receiver_that_did_not_run_for_a_while_reads_its_queued_probes_first() -> None:
+    """A busy host may not run a worker's probe thread for longer than ``dead_after``; the
+    probes that arrived meanwhile wait in its socket, and no link may be declared dead on
+    their account."""
+    codec = FrameCodec(SECRET, RUN)
+    changes: list[LinkStateChange] = []
+    a = Prober(0, ("127.0.0.1", 0), {}, codec, changes.append, interval=0.05, dead_after=0.4)
+    senders = [
+        Prober(k, ("127.0.0.1", 0), {0: a.address}, codec, lambda c: None, interval=0.05)
+        for k in (1, 2, 3)
+    ]
+    a.peers = {s.me: s.address for s in senders}
+    a.watch.last_heard = dict.fromkeys(a.peers, time.time())
+    a.watch.last_seq = dict.fromkeys(a.peers, -1)
+    a.start()
+    for s in senders:
+        s.start()
+    try:
+        _until(lambda: a.received >= 6, "a's first probes")
+        with a._lock:  # a's receiving thread stalls here, as a starved thread would
+            time.sleep(1.2)  # 3 x dead_after, every sender still probing
+        received = a.received
+        _until(lambda: a.received >= received + 6, "a to read on")
+        assert [c for c in changes if not c.alive] == []
+        assert a.down() == []
+    finally:
+        a.close()
+        for s in senders:
+            s.close()

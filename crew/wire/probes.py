@@ -45,6 +45,10 @@ DEAD_AFTER_S = 1.6  # > 6 probe intervals without a probe: the link is dead
 UDP_IP_ETH_BYTES = 8 + 20 + 14
 PROBE_WIRE_BYTES = HEADER_SIZE + TAG_SIZE + UDP_IP_ETH_BYTES  # 114
 _RECV_POLL_S = 0.1
+_DATAGRAM_BYTES = HEADER_SIZE + TAG_SIZE + 64  # a probe, with room to see an oversized one
+# Bounds one drain (a receiver behind by seconds holds a few probes per peer); the rest are
+# read at the next turn, after this one's expiry.
+_DRAIN_MAX_PER_PEER = 16
 
 
 class ProbeRefused(ValueError):
@@ -186,18 +190,24 @@ class Prober:
 
     def _recv_loop(self) -> None:
         while not self._stop.is_set():
-            changes: list[LinkStateChange] = []
             try:
-                data, _ = self.sock.recvfrom(HEADER_SIZE + TAG_SIZE + 64)
+                first, _ = self.sock.recvfrom(_DATAGRAM_BYTES)
             except TimeoutError:
-                data = None
+                first = None
             except OSError:
                 if self._stop.is_set():
                     return
-                data = None
-            now = time.time()
+                first = None
             with self._lock:
-                if data is not None:
+                # Every probe already waiting is read before any link is expired: a receiver
+                # that did not run for a while (a busy host) finds its peers' probes queued in
+                # the socket, and expiring after only the first of them would declare every
+                # other link dead although its probes are right behind.
+                batch = [first] if first is not None else []
+                batch += self._queued(_DRAIN_MAX_PER_PEER * max(1, len(self.peers)))
+                now = time.time()
+                changes: list[LinkStateChange] = []
+                for data in batch:
                     try:
                         changes += self.watch.observe(self.codec.decode(data), now)
                         self.received += 1
@@ -207,3 +217,16 @@ class Prober:
                 changes += self.watch.expire(now)
             for change in changes:
                 self.on_change(change)
+
+    def _queued(self, limit: int) -> list[bytes]:
+        """Up to ``limit`` datagrams already in the socket, without waiting."""
+        out: list[bytes] = []
+        while len(out) < limit:
+            try:
+                data, _ = self.sock.recvfrom(_DATAGRAM_BYTES, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:  # closed under us: the loop ends at its next turn
+                break
+            out.append(data)
+        return out
