@@ -77,7 +77,9 @@ def time_load(page: Any, url: str, timeout: float) -> tuple[float, list[str]]:
     return float("inf"), [p for p in FINISHED_PANELS if p not in seen]
 
 
-def measure_run(pw_browser: Any, db: Path, loads: int, timeout: float) -> RunPaint:
+def measure_run(
+    pw_browser: Any, db: Path, loads: int, timeout: float, shot: Path | None = None
+) -> RunPaint:
     port = browser.free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "dashboard", str(db), "--port", str(port)],
@@ -92,6 +94,8 @@ def measure_run(pw_browser: Any, db: Path, loads: int, timeout: float) -> RunPai
             page = pw_browser.new_page(viewport=VIEWPORT)
             try:
                 seconds, missing = time_load(page, url, timeout if k else SERVER_WAIT_S + timeout)
+                if shot is not None and k == loads:
+                    browser.screenshot(page, shot)
             finally:
                 page.close()
             if k:
@@ -127,6 +131,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("runs", type=Path, nargs="+", help="finished runs (folders or databases)")
     parser.add_argument("--loads", type=int, default=5, help="timed page loads per run (5)")
     parser.add_argument("--timeout", type=float, default=60.0, help="per load, seconds (60)")
+    parser.add_argument(
+        "--screenshots",
+        type=Path,
+        metavar="DIR",
+        help="after the last load, save each run's whole page as DIR/<k>-<run>.png",
+    )
     add_json_flag(parser, "the figures")
     args = parser.parse_args(argv)
     dbs = []
@@ -141,8 +151,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with browser.sync_playwright() as pw:
         chromium = browser.launch(pw)
         try:
-            for db in dbs:
-                results.append(measure_run(chromium, db, args.loads, args.timeout))
+            for k, db in enumerate(dbs):
+                shot = None
+                if args.screenshots is not None:
+                    shot = args.screenshots / f"{k}-{db.parent.name or db.stem}.png"
+                results.append(measure_run(chromium, db, args.loads, args.timeout, shot))
         finally:
             chromium.close()
     if write_json(args.json, [asdict(r) | {"median_s": r.median} for r in results]):
