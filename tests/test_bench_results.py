@@ -84,3 +84,10 @@ def test_saved_results_files_fit_the_type(path: Path) -> None:
 def test_the_saved_files_are_found() -> None:
     oldest = REPO / "tests" / "data" / "bench-results" / "2026-11-30-bench-hetero-results.json"
     assert len(SAVED) >= 7 and oldest in SAVED
+
+
+def test_a_scheme_without_plans_is_measured_by_what_its_links_carried() -> None:
+    planned = SchemeResult(planned_link_bytes={"0->1": 10}, link_bytes={"0->1": 12})
+    gloo = SchemeResult(link_bytes={"0->1": 12, "1->0": 12})
+    assert planned.moved_link_bytes == {"0->1": 10}
+    assert gloo.moved_link_bytes == {"0->1": 12, "1->0": 12}

@@ -91,6 +91,12 @@ class SchemeResult:
     def to_dict(self) -> SchemeResults:
         return cast(SchemeResults, asdict(self))
 
+    @property
+    def moved_link_bytes(self) -> dict[str, int]:
+        """The bytes the scheme put on each link over its ops: its plans', or, for Gloo, which
+        plans nothing, what the link counters saw while its ops ran."""
+        return self.planned_link_bytes or self.link_bytes
+
 
 def _counter(conn: Any, src: int, dst: int, t: float, *, at_or_before: bool) -> int:
     """The link's tx counter at the last sample <= t (or first >= t); falls back to the
@@ -326,7 +332,7 @@ def run_ops(
             wall_s=left - entered, error=f"no results: {type(exc).__name__}: {exc}"
         )
     if cpu_used is not None:
-        moved_gb = sum(result.planned_link_bytes.values()) / 1e9
+        moved_gb = sum(result.moved_link_bytes.values()) / 1e9
         result = replace(
             result,
             worker_cpu_s=cpu_used,
@@ -346,11 +352,11 @@ def run_ops(
                 f"check error {result.max_verify_err}"
             ),
         )
-    if spec.raw_tcp and result.planned_link_bytes and result.completed:
+    if spec.raw_tcp and result.moved_link_bytes and result.completed:
         progress.update(task, status="raw TCP")
         try:
             raw_s, raw_cpu = raw_reference(
-                net, per_op_link_bytes(result.planned_link_bytes, result.completed)
+                net, per_op_link_bytes(result.moved_link_bytes, result.completed)
             )
             result = replace(result, raw_s=raw_s, raw_cpu_s_per_gb=raw_cpu)
         except (RawMoveError, OSError, subprocess.TimeoutExpired) as exc:
