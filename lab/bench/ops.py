@@ -291,11 +291,7 @@ def run_ops(
                     or 0
                 )
                 progress.update(task, completed=max(0, ended - warm))
-                if (
-                    cpu_first is None
-                    and not gloo
-                    and db_scalar(lab, f"{FIRST_OP_STARTED_SQL} AND id > {warm}")
-                ):
+                if cpu_first is None and db_scalar(lab, f"{FIRST_OP_STARTED_SQL} AND id > {warm}"):
                     cpu_first = workers_cpu_s(lab)
                 if ended < k + warm:
                     time.sleep(POLL_S)
@@ -331,8 +327,12 @@ def run_ops(
         result = SchemeResult(
             wall_s=left - entered, error=f"no results: {type(exc).__name__}: {exc}"
         )
-    if cpu_used is not None:
+    if cpu_used is not None and result.completed > int(gloo):
         moved_gb = sum(result.moved_link_bytes.values()) / 1e9
+        if gloo:
+            # Gloo's rank 0 records an op when it ends, so its CPU is counted from the end of
+            # the first op (after torch's import): the bytes of the others.
+            moved_gb *= (result.completed - 1) / result.completed
         result = replace(
             result,
             worker_cpu_s=cpu_used,
