@@ -165,3 +165,17 @@ def test_torch_free_modules_do_not_import_torch() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
     assert result.returncode == 0, result.stderr.decode()
+
+
+def test_the_generated_heavy_profile_has_the_tail_it_states() -> None:
+    from crew.train import heavytail
+
+    profile = get_profile(heavytail.HEAVY)
+    values = sorted(profile.values)
+    median = values[len(values) // 2]
+    assert len(values) == heavytail.POINTS and set(profile.probs) == {1 / heavytail.POINTS}
+    assert min(values) >= heavytail.MINIMUM_S
+    assert max(values) / median > 10  # the slowest iteration is many times the usual one
+    # Its quantiles are those of a Pareto of the stated shape: P(X > x) = (min / x) ** alpha.
+    x = values[48]  # the 48.5 / 64 quantile
+    assert (heavytail.MINIMUM_S / x) ** heavytail.ALPHA == pytest.approx(1 - 48.5 / 64, rel=1e-2)

@@ -5,6 +5,8 @@ CREW authors): each is a discrete distribution ``[values, probabilities]`` of *s
 iteration*. The file's note says the authors obtained slower workers by moving profile 2 to
 ``[0.2, 0.4]``, ``[0.4, 0.6]``, ... ``[1.0, 1.2]`` s.
 
+One more profile, ``heavy``, is generated with a heavy tail (``crew.train.heavytail``).
+
 Profile specs (:func:`get_profile`):
 
 * ``"2"``: profile 2 as stored.
@@ -36,6 +38,8 @@ from importlib import resources
 from typing import Any
 
 import numpy as np
+
+from crew.train.heavytail import HEAVY, heavy_values
 
 log = logging.getLogger(__name__)
 
@@ -137,11 +141,14 @@ def _load_profiles() -> dict[str, StragglerProfile]:
         if not (isinstance(pair, list) and len(pair) == 2):
             raise StragglerError(f"{_DATA_FILE}: profile {name!r} is not [values, probabilities]")
         out[str(name)] = StragglerProfile(str(name), tuple(pair[0]), tuple(pair[1]))
+    values = heavy_values()  # generated, not measured (crew.train.heavytail)
+    out[HEAVY] = StragglerProfile(HEAVY, values, (1.0,) * len(values))
     return out
 
 
 def available_profiles() -> list[str]:
-    """Names of the bundled base profiles (shifted variants are built from these by spec)."""
+    """Names of the bundled base profiles and the generated ``heavy`` one (shifted variants
+    are built from these by spec)."""
     return sorted(_load_profiles())
 
 

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
+from crew.train.heavytail import GENERATED_PROFILE_IDS
 from crew.train.stragglers import StragglerError, get_profile
 from lab.spec.fields import FieldError, FieldReader, describe, read_yaml, suggest
 
@@ -331,8 +332,9 @@ def _profiles_text() -> str:
 
 @functools.cache
 def straggler_profile_ids() -> frozenset[str]:
-    """Profile ids in the bundled crew/data/straggler-profiles.json ("1", "2", ...)."""
-    return frozenset(json.loads(_profiles_text())["profiles"])
+    """Profile ids in the bundled crew/data/straggler-profiles.json ("1", "2", ...) and the
+    generated ones (``crew.train.heavytail``: "heavy")."""
+    return frozenset(json.loads(_profiles_text())["profiles"]) | GENERATED_PROFILE_IDS
 
 
 def split_straggler(value: str) -> tuple[str, float | None]:
