@@ -409,3 +409,17 @@ def test_link_figure_of_pooled_rounds_is_per_op(tmp_path: Path) -> None:
     (heat,) = bench_report.build_figures(pooled)["link-bytes"].data
     per_op = np.array(heat.customdata, dtype=float)
     assert per_op[0, 1] == 0.5 and per_op[1, 0] == 0.125
+
+
+def test_group_sizes_multiply_the_training_runs_and_quorum_gives_no_p() -> None:
+    from lab.bench.spec import BenchError, TrainRun, expand_group_sizes
+
+    runs = (TrainRun("crew", "crew", {"sync": "every-step"}),)
+    assert expand_group_sizes(runs, None, 8) == runs
+    out = expand_group_sizes(runs, "2,5,quorum", 8)
+    assert [(r.name, r.p) for r in out] == [("crew-p2", 2), ("crew-p5", 5), ("crew-quorum", 2)]
+    assert out[2].training == {"sync": "every-step", "quorum_min": 2, "quorum_max": 8}
+    assert "quorum_min" not in out[0].training
+    for bad, why in (("9", "between 1 and 8"), ("big", "neither"), ("3,3", "twice"), (",", "give")):
+        with pytest.raises(BenchError, match=why):
+            expand_group_sizes(runs, bad, 8)

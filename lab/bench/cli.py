@@ -51,6 +51,7 @@ from lab.bench.spec import (
     BenchError,
     BenchSpec,
     TrainRun,
+    expand_group_sizes,
     parse_schemes,
     parse_train_configs,
 )
@@ -214,6 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
         "e.g. crew,preduce:every-step,diloco:none,int8 (every combination, in order); "
         "repeat for more. local-sgd and diloco take --local-steps, every-step H = 1",
     )
+    p.add_argument(
+        "--groups",
+        metavar="SIZES",
+        help="with --train: run every training configuration once per entry, a comma list"
+        " of group sizes and 'quorum' (groups that size themselves between 2 and all"
+        " workers, crew.control.quorum), e.g. 2,3,4,5,quorum (default: --group-size alone)",
+    )
     add_training_flags(p.add_argument_group("training (with --train; docs/training.md)"))
     add_allow_missing(p)
     p.add_argument("--log-level", default="WARNING", help="log level of the benchmark itself")
@@ -277,6 +285,9 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
         runs = tuple(
             TrainRun(s, s, training_options(args, scheme=s, nonblocking=False)) for s in schemes
         )
+    if args.groups is not None and not args.train:
+        raise BenchError("--groups", "needs --train")
+    runs = expand_group_sizes(runs, args.groups, topo.n)
     return BenchSpec(
         topology=topo,
         schemes=schemes,

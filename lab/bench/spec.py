@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,7 @@ class TrainRun:
     name: str
     scheme: str
     training: dict[str, Any]
+    p: int | None = None  # the group size, when it is not the benchmark's --group-size
 
     @property
     def label(self) -> tuple[str, str, str]:
@@ -106,6 +107,38 @@ def parse_train_configs(items: Sequence[str], args: argparse.Namespace) -> tuple
 
 
 MODES = ("blocking", "overlap")
+QUORUM = "quorum"
+
+
+def expand_group_sizes(runs: Sequence[TrainRun], text: str | None, n: int) -> tuple[TrainRun, ...]:
+    """Each run once per entry of ``--groups`` (comma list of group sizes and ``quorum``, the
+    quorum rule between 2 and all ``n`` workers with no p given); None keeps the runs as they
+    are, at ``--group-size``. Raises BenchError naming a bad entry."""
+    if text is None:
+        return tuple(runs)
+    entries = [e.strip() for e in text.split(",") if e.strip()]
+    if not entries:
+        raise BenchError("--groups", "give group sizes and/or 'quorum', e.g. 2,3,4,5,quorum")
+    out: list[TrainRun] = []
+    for run in runs:
+        for entry in entries:
+            if entry == QUORUM:
+                training = run.training | {"quorum_min": 2, "quorum_max": n}
+                out.append(replace(run, name=f"{run.name}-{QUORUM}", training=training, p=2))
+                continue
+            try:
+                size = int(entry)
+            except ValueError:
+                raise BenchError(
+                    "--groups", f"{entry!r} is neither a group size nor 'quorum'"
+                ) from None
+            if not 1 <= size <= n:
+                raise BenchError("--groups", f"group size {size} is not between 1 and {n} workers")
+            out.append(replace(run, name=f"{run.name}-p{size}", p=size))
+    names = [r.name for r in out]
+    if len(set(names)) != len(names):
+        raise BenchError("--groups", f"{text!r} lists a group size twice")
+    return tuple(out)
 
 
 def _mode(overlap: bool) -> str:

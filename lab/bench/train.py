@@ -175,7 +175,7 @@ def run_training(
     )
     opts = RunOptions(
         scheme=Scheme(run.scheme),
-        p=spec.p,
+        p=spec.p if run.p is None else run.p,
         seed=spec.seed,
         dashboard=False,
         log_level="WARNING",
