@@ -423,3 +423,15 @@ def test_group_sizes_multiply_the_training_runs_and_quorum_gives_no_p() -> None:
     for bad, why in (("9", "between 1 and 8"), ("big", "neither"), ("3,3", "twice"), (",", "give")):
         with pytest.raises(BenchError, match=why):
             expand_group_sizes(runs, bad, 8)
+
+
+def test_the_bytes_ratio_compares_runs_of_the_same_group_size() -> None:
+    from lab.bench.report import _fp32_twin
+
+    def cfg(p: int, compress: str) -> dict:
+        config = {"scheme": "crew", "sync": "every-step", "local_steps": 1, "overlap": False}
+        return {"config": config | {"p": p, "compress": compress}}
+
+    results = {"crew-p3": cfg(3, "none"), "crew-p2": cfg(2, "none"), "crew-p2-int8": cfg(2, "int8")}
+    assert _fp32_twin("crew-p2-int8", results["crew-p2-int8"], results) == "crew-p2"
+    assert _fp32_twin("crew-p3", results["crew-p3"], results) is None

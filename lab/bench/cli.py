@@ -455,7 +455,9 @@ def run_benchmark(spec: BenchSpec) -> tuple[BenchResults, dict[str, Any] | None]
                     seen |= set(other_labs(tag))
                     sch, sync, codec = run.label
                     train["schemes"][run.name] = tr.to_dict() | {
-                        "config": {"scheme": sch, "sync_label": sync, "codec": codec} | run.training
+                        "config": {"scheme": sch, "sync_label": sync, "codec": codec}
+                        | run.training
+                        | {"p": spec.p if run.p is None else run.p}
                     }
                     train["other_labs_seen"] = sorted(seen)
                     write_atomic(spec.out / "train.json", train)

@@ -122,20 +122,20 @@ def error_lines(schemes: Mapping[str, Mapping[str, Any]], limit: int = 400) -> l
     return out
 
 
+def _same_run_but_codec(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    keys = ("scheme", "sync", "local_steps", "overlap", "p", "quorum_min", "quorum_max")
+    return all(a.get(k) == b.get(k) for k in keys)
+
+
 def _fp32_twin(name: str, r: dict[str, Any], results: dict[str, dict[str, Any]]) -> str | None:
-    """The run with the same scheme, sync and overlap in fp32, for the bytes ratio (None: not
-    run)."""
+    """The run with the same scheme, sync, overlap and group size in fp32, for the bytes ratio
+    (None: not run)."""
     c = r.get("config")
     if not c:
         return None
     for other, o in results.items():
         oc = o.get("config") or {}
-        if (
-            other != name
-            and oc.get("compress") == "none"
-            and (oc.get("scheme"), oc.get("sync"), oc.get("local_steps"), oc.get("overlap"))
-            == (c["scheme"], c["sync"], c["local_steps"], c.get("overlap"))
-        ):
+        if other != name and oc.get("compress") == "none" and _same_run_but_codec(oc, c):
             return other
     return None
 
