@@ -57,7 +57,6 @@ from crew.wire.frames import (
     control_frame,
     wire_size,
 )
-from crew.wire.kerneltimeout import kernel_timeout, recv_into_all, sendmsg_some, set_kernel_timeout
 from crew.wire.listener import Address, accept_loop
 from crew.wire.session import HELLO_BYTES, HandshakeError, accept_session, open_session
 
@@ -157,7 +156,7 @@ def _sendmsg_all(sock: socket.socket, parts: list[bytes | memoryview]) -> None:
     """Send every byte of ``parts`` with as few syscalls as the kernel allows (no joining copy)."""
     views = [memoryview(p) for p in parts if len(p)]
     while views:
-        sent = sendmsg_some(sock, views)
+        sent = sock.sendmsg(views)
         while sent and views:
             first = views[0].nbytes
             if sent >= first:
@@ -245,7 +244,7 @@ def _tune(sock: socket.socket, stall_timeout: float | None) -> None:
                 if not _cc_warned.is_set():
                     _cc_warned.set()
                     log.warning("transport: TCP congestion control %r unavailable: %s", cc, e)
-    set_kernel_timeout(sock, stall_timeout)
+    sock.settimeout(stall_timeout)
 
 
 # errno values that mean the peer's process, not the path to it, went away.
@@ -291,9 +290,8 @@ class FrameStream:
     """A connected socket that carries frames both ways.
 
     ``send`` is thread-safe (one ``sendmsg`` of header, payload and tag per frame, under a lock);
-    ``recv`` must be called from one thread at a time. The stall timeout is kept by the kernel
-    on a blocking socket (``crew.wire.kerneltimeout``), so one call moves a whole frame: a
-    send, or a frame whose first bytes arrived, that makes no progress for that long raises
+    ``recv`` must be called from one thread at a time. The socket timeout is the stall timeout:
+    a send, or a frame whose first bytes arrived, that makes no progress for that long raises
     StreamStalled. Waiting *between* frames is not a stall; ``recv(idle_timeout=...)`` bounds it.
     """
 
@@ -320,7 +318,7 @@ class FrameStream:
         return cls(sock, codec, stall_timeout)
 
     def set_stall_timeout(self, seconds: float | None) -> None:
-        set_kernel_timeout(self.sock, seconds)
+        self.sock.settimeout(seconds)
 
     def send(self, frame: Frame) -> int:
         """Send one frame; returns its wire size. Raises StreamStalled or OSError."""
@@ -331,7 +329,7 @@ class FrameStream:
                 _sendmsg_all(self.sock, parts)
             except TimeoutError:
                 raise StreamStalled(
-                    f"send made no progress for {kernel_timeout(self.sock)} s"
+                    f"send made no progress for {self.sock.gettimeout()} s"
                 ) from None
         return wire_size(frame)
 
@@ -392,12 +390,12 @@ class FrameStream:
         got = 0
         while got < n:
             try:
-                k = recv_into_all(self.sock, view[got:], n - got)
+                k = self.sock.recv_into(view[got:], n - got)
             except TimeoutError:
                 if at_boundary and got == 0:
                     continue
                 raise StreamStalled(
-                    f"frame stalled: no bytes for {kernel_timeout(self.sock)} s"
+                    f"frame stalled: no bytes for {self.sock.gettimeout()} s"
                 ) from None
             if k == 0:
                 break
@@ -835,7 +833,7 @@ class Transport:
                     link.stream.set_stall_timeout(seconds)
         for sock in inbound:
             try:
-                set_kernel_timeout(sock, seconds)
+                sock.settimeout(seconds)
             except OSError:
                 pass  # closed meanwhile
 
