@@ -32,6 +32,7 @@ SHIPPED = {
     # file: (n, symmetric, impairments)
     "default.yaml": (8, False, frozenset()),
     "default-slow.yaml": (8, False, frozenset()),
+    "default-heavy.yaml": (8, False, frozenset()),
     "aws-8-regions.yaml": (8, True, frozenset({Impairment.DELAY})),
     "uniform.yaml": (8, True, frozenset()),
     "small.yaml": (3, False, frozenset()),
