@@ -137,3 +137,35 @@ def test_a_receiver_that_did_not_run_for_a_while_reads_its_queued_probes_first()
         a.close()
         for s in senders:
             s.close()
+
+
+def test_a_stopped_peer_is_found_in_time_while_others_keep_probing() -> None:
+    """Reading the queued probes first must not postpone expiry: peers that probe more often
+    than the socket's poll interval keep the queue busy."""
+    codec = FrameCodec(SECRET, RUN)
+    changes: list[LinkStateChange] = []
+    a = Prober(0, ("127.0.0.1", 0), {}, codec, changes.append, interval=0.1, dead_after=0.4)
+    # Five peers every 0.1 s: a probe every 20 ms, sooner than the socket's 0.1 s poll.
+    senders = [
+        Prober(k, ("127.0.0.1", 0), {0: a.address}, codec, lambda c: None, interval=0.1)
+        for k in (1, 2, 3, 4, 5)
+    ]
+    a.peers = {s.me: s.address for s in senders}
+    a.watch.last_heard = dict.fromkeys(a.peers, time.time())
+    a.watch.last_seq = dict.fromkeys(a.peers, -1)
+    a.start()
+    for s in senders:
+        s.start()
+    try:
+        _until(lambda: a.received >= 30, "a's first probes")
+        for k, sender in enumerate(senders[:2], 1):  # 1, then 2, stop; the others go on
+            sender.close()
+            _until(lambda k=k: len([c for c in changes if not c.alive]) == k, f"{k} dead")
+        dead = [c for c in changes if not c.alive]
+        assert [c.src for c in dead] == [1, 2]
+        # dead_after, plus a poll and the thread's turn; each, so that luck cannot pass it
+        assert all(c.silent_s < 0.4 + 0.25 for c in dead), dead
+    finally:
+        a.close()
+        for s in senders:
+            s.close()

@@ -30,6 +30,7 @@ look alive.
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import threading
 import time
@@ -219,14 +220,17 @@ class Prober:
                 self.on_change(change)
 
     def _queued(self, limit: int) -> list[bytes]:
-        """Up to ``limit`` datagrams already in the socket, without waiting."""
+        """Up to ``limit`` datagrams already in the socket, without waiting: a socket with a
+        timeout polls for up to that timeout before every receive, even with MSG_DONTWAIT, and
+        with peers probing faster than that the drain would go on for seconds before any link
+        is expired."""
         out: list[bytes] = []
-        while len(out) < limit:
-            try:
-                data, _ = self.sock.recvfrom(_DATAGRAM_BYTES, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:  # closed under us: the loop ends at its next turn
-                break
-            out.append(data)
+        try:
+            poller = select.poll()
+            poller.register(self.sock, select.POLLIN)
+            while len(out) < limit and poller.poll(0):
+                data, _ = self.sock.recvfrom(_DATAGRAM_BYTES)
+                out.append(data)
+        except (OSError, ValueError):  # closed under us: the loop ends at its next turn
+            pass
         return out
