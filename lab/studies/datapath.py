@@ -175,7 +175,7 @@ def _member_process(
 ) -> None:
     """A worker process: its engine and transport, driven group by group through ``conn``.
 
-    Per group: ``("assign", Assign)`` -> clock starts, ``"done"`` when its result is whole;
+    Per group: an ``Assign`` -> clock starts, ``"done"`` when its result is whole;
     ``"stop"`` (sent once every member is done, so nothing of the group is still being sent)
     -> clock stops, the result is checked off the clock, and ``(user_s, sys_s, exact)``
     goes back. ``None`` ends it."""
