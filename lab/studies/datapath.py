@@ -166,6 +166,11 @@ class _Member:
         self.transport.close()
 
 
+def _link_bytes(assign: Assign, workers: int) -> float:
+    """The bytes ``assign``'s routes move across links."""
+    return float(link_load([Route.from_list(r) for r in assign.routes], workers).sum())
+
+
 def _is_average(result: np.ndarray | None, expected: np.ndarray) -> bool:
     return result is not None and bool(np.allclose(result, expected, atol=1e-5))
 
@@ -230,8 +235,7 @@ def _run_in_processes(workers: int, total: int, ops: int, encrypt: bool) -> list
             for w, (_, _, exact) in enumerate(used):
                 if not exact:
                     raise AssertionError(f"worker {w}: group {group} is not the average")
-            routes = [Route.from_list(r) for r in assign.routes]
-            nbytes = float(link_load(routes, workers).sum())
+            nbytes = _link_bytes(assign, workers)
             rows.append((nbytes, wall, sum(u[0] for u in used), sum(u[1] for u in used)))
     finally:
         for c in conns:
@@ -276,8 +280,7 @@ def _run_in_one_process(
                 if not _is_average(result, expected):
                     raise AssertionError(f"worker {w}: group {group} is not the average")
             del results
-            routes = [Route.from_list(r) for r in assign.routes]
-            nbytes = float(link_load(routes, workers).sum())
+            nbytes = _link_bytes(assign, workers)
             rows.append((nbytes, w1 - w0, r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime))
     finally:
         for m in members:
