@@ -84,15 +84,11 @@ def summarize(db_path: Path) -> dict[str, Any]:
         shares = latest_utilisation(conn)
         # The last worker's first "ready": the network built, every worker started, its data
         # loaded and its first step taken.
-        first_ready = conn.execute(
-            "SELECT MAX(t) FROM (SELECT MIN(t) AS t FROM worker_states WHERE state = ?"
-            " GROUP BY worker)",
+        ready_workers, first_ready = conn.execute(
+            "SELECT COUNT(*), MAX(t) FROM (SELECT MIN(t) AS t FROM worker_states"
+            " WHERE state = ? GROUP BY worker)",
             (WorkerState.READY.value,),
-        ).fetchone()[0]
-        ready_workers = conn.execute(
-            "SELECT COUNT(DISTINCT worker) FROM worker_states WHERE state = ?",
-            (WorkerState.READY.value,),
-        ).fetchone()[0]
+        ).fetchone()
         cpu_s = float(meta["lab_cpu_s"]) if "lab_cpu_s" in meta else None
         cores = int(meta.get("cores", "1"))
         formed_by: dict[str, int] = {}  # the quorum rule's reasons (crew.control.quorum)
