@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -108,16 +109,18 @@ def test_udp_probes_on_loopback_find_a_stopped_peer_and_survive_garbage() -> Non
         b.close()
 
 
-def test_a_receiver_that_did_not_run_for_a_while_reads_its_queued_probes_first() -> None:
-    """A busy host may not run a worker's probe thread for longer than ``dead_after``; the
-    probes that arrived meanwhile wait in its socket, and no link may be declared dead on
-    their account."""
+@contextlib.contextmanager
+def _watched_by_0(
+    peers: int, interval: float
+) -> Iterator[tuple[Prober, list[Prober], list[LinkStateChange]]]:
+    """Worker 0 (dead after 0.4 s) watching ``peers`` probers that probe it every
+    ``interval``; yields (0's prober, the peers' probers, 0's link changes), all running."""
     codec = FrameCodec(SECRET, RUN)
     changes: list[LinkStateChange] = []
-    a = Prober(0, ("127.0.0.1", 0), {}, codec, changes.append, interval=0.05, dead_after=0.4)
+    a = Prober(0, ("127.0.0.1", 0), {}, codec, changes.append, interval=interval, dead_after=0.4)
     senders = [
-        Prober(k, ("127.0.0.1", 0), {0: a.address}, codec, lambda c: None, interval=0.05)
-        for k in (1, 2, 3)
+        Prober(k, ("127.0.0.1", 0), {0: a.address}, codec, lambda c: None, interval=interval)
+        for k in range(1, peers + 1)
     ]
     a.peers = {s.me: s.address for s in senders}
     a.watch.last_heard = dict.fromkeys(a.peers, time.time())
@@ -126,6 +129,18 @@ def test_a_receiver_that_did_not_run_for_a_while_reads_its_queued_probes_first()
     for s in senders:
         s.start()
     try:
+        yield a, senders, changes
+    finally:
+        a.close()
+        for s in senders:
+            s.close()
+
+
+def test_a_receiver_that_did_not_run_for_a_while_reads_its_queued_probes_first() -> None:
+    """A busy host may not run a worker's probe thread for longer than ``dead_after``; the
+    probes that arrived meanwhile wait in its socket, and no link may be declared dead on
+    their account."""
+    with _watched_by_0(peers=3, interval=0.05) as (a, _, changes):
         _until(lambda: a.received >= 6, "a's first probes")
         with a._lock:  # a's receiving thread stalls here, as a starved thread would
             time.sleep(1.2)  # 3 x dead_after, every sender still probing
@@ -133,30 +148,13 @@ def test_a_receiver_that_did_not_run_for_a_while_reads_its_queued_probes_first()
         _until(lambda: a.received >= received + 6, "a to read on")
         assert [c for c in changes if not c.alive] == []
         assert a.down() == []
-    finally:
-        a.close()
-        for s in senders:
-            s.close()
 
 
 def test_a_stopped_peer_is_found_in_time_while_others_keep_probing() -> None:
     """Reading the queued probes first must not postpone expiry: peers that probe more often
     than the socket's poll interval keep the queue busy."""
-    codec = FrameCodec(SECRET, RUN)
-    changes: list[LinkStateChange] = []
-    a = Prober(0, ("127.0.0.1", 0), {}, codec, changes.append, interval=0.1, dead_after=0.4)
     # Five peers every 0.1 s: a probe every 20 ms, sooner than the socket's 0.1 s poll.
-    senders = [
-        Prober(k, ("127.0.0.1", 0), {0: a.address}, codec, lambda c: None, interval=0.1)
-        for k in (1, 2, 3, 4, 5)
-    ]
-    a.peers = {s.me: s.address for s in senders}
-    a.watch.last_heard = dict.fromkeys(a.peers, time.time())
-    a.watch.last_seq = dict.fromkeys(a.peers, -1)
-    a.start()
-    for s in senders:
-        s.start()
-    try:
+    with _watched_by_0(peers=5, interval=0.1) as (a, senders, changes):
         _until(lambda: a.received >= 30, "a's first probes")
         for k, sender in enumerate(senders[:2], 1):  # 1, then 2, stop; the others go on
             sender.close()
@@ -165,7 +163,3 @@ def test_a_stopped_peer_is_found_in_time_while_others_keep_probing() -> None:
         assert [c.src for c in dead] == [1, 2]
         # dead_after, plus a poll and the thread's turn; each, so that luck cannot pass it
         assert all(c.silent_s < 0.4 + 0.25 for c in dead), dead
-    finally:
-        a.close()
-        for s in senders:
-            s.close()
