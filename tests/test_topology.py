@@ -33,6 +33,7 @@ SHIPPED = {
     "default.yaml": (8, False, frozenset()),
     "default-slow.yaml": (8, False, frozenset()),
     "default-heavy.yaml": (8, False, frozenset()),
+    "default-drift.yaml": (8, False, frozenset()),
     "aws-8-regions.yaml": (8, True, frozenset({Impairment.DELAY})),
     "uniform.yaml": (8, True, frozenset()),
     "small.yaml": (3, False, frozenset()),

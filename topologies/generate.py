@@ -220,6 +220,34 @@ def make_default_heavy(data: dict[str, Any]) -> Generated:
     )
 
 
+DRIFT = {"spread": 0.3, "tau_s": 30, "duration_s": 900, "seed": 0}
+
+
+def make_default_drift(data: dict[str, Any]) -> Generated:
+    """default.yaml with every WAN link's rate following its own generated trace: the network
+    where the planner's estimates go stale, for crew's estimator against the oracle."""
+    base = make_default(data)
+    header = (
+        _banner("default-drift.yaml")
+        + "default.yaml's clouds, stragglers and mean rates; every inter-cloud link's rate\n"
+        + "follows its own generated trace (crew/ratetrace.py: log-rate Ornstein-Uhlenbeck,\n"
+        + f"sigma {DRIFT['spread']} of log rate, time constant {DRIFT['tau_s']} s, one sample a"
+        + f" second for {DRIFT['duration_s']} s,\n"
+        + f"seed {DRIFT['seed']}): rates moving by about +-30% over tens of seconds."
+        + " Generated, not measured."
+    )
+    return Generated(
+        "default-drift.yaml",
+        header,
+        base.data
+        | {
+            "name": "default-drift",
+            "description": "default.yaml with every WAN rate drifting around its mean (generated)",
+            "rate_trace": {"generate": dict(DRIFT)},
+        },
+    )
+
+
 def make_aws(data: dict[str, Any]) -> Generated:
     aws = data["aws-10-regions"]
     measured = {frozenset((p["a"], p["b"])): p for p in aws["pairs"]}
@@ -494,6 +522,7 @@ MAKERS: tuple[Callable[[dict[str, Any]], Generated], ...] = (
     make_default,
     make_default_slow,
     make_default_heavy,
+    make_default_drift,
     make_aws,
     make_uniform,
     make_small,
