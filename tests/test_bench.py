@@ -125,6 +125,30 @@ def test_parse_schemes() -> None:
         assert info.value.field == "--schemes"
 
 
+def test_encrypted_scheme_labels() -> None:
+    assert bench_spec.parse_schemes("crew,crew+enc") == ("crew", "crew+enc")
+    assert bench_spec.scheme_arm("crew+enc") == ("crew", True)
+    assert bench_spec.scheme_arm("preduce") == ("preduce", False)
+    for bad in ("gloo+enc", "nope+enc", "crew+enc,crew+enc"):
+        with pytest.raises(BenchError, match="--schemes"):
+            bench_spec.parse_schemes(bad)
+
+
+def test_encrypted_label_runs_its_scheme_encrypted() -> None:
+    small = str(REPO / "topologies" / "small.yaml")
+    args = ["--topology", small, "--out", "/nonexistent/x", "--p", "2", "--schemes"]
+    parser = bench_cli.build_parser()
+    spec = bench_cli.spec_from_args(parser.parse_args([*args, "crew,crew+enc"]))
+    trace = bench_ops.make_trace(3, 2, spec.ops, spec.seed)
+    plain = bench_ops.ops_options(spec, "crew", trace, 0)
+    enc = bench_ops.ops_options(spec, "crew+enc", trace, 0)
+    assert (plain.scheme, plain.encrypt) == ("crew", False)
+    assert (enc.scheme, enc.encrypt) == ("crew", True)
+    assert enc.extra["ops"] == spec.ops
+    with pytest.raises(BenchError, match="with --train use --encrypt"):
+        bench_cli.spec_from_args(parser.parse_args([*args, "crew+enc", "--train"]))
+
+
 def test_options_are_validated() -> None:
     small = str(REPO / "topologies" / "small.yaml")
     parser = bench_cli.build_parser()

@@ -47,6 +47,7 @@ from lab.bench.report import (
 from lab.bench.spec import (
     ALL_SCHEMES,
     BENCH_PACE,
+    ENCRYPTED,
     MB,
     BenchError,
     BenchSpec,
@@ -100,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--schemes",
         default="all",
         help=f"comma-separated schemes to run, in this order, or 'all' for every one "
-        f"including gloo (default all): {', '.join(ALL_SCHEMES)}",
+        f"including gloo (default all): {', '.join(ALL_SCHEMES)}; NAME{ENCRYPTED} runs a group "
+        "scheme with every connection encrypted, to compare the two in one run",
     )
     add_config_flags(p, ("p",))
     p.add_argument(
@@ -277,6 +279,12 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
             raise BenchError("--configs", "needs --train")
         runs = parse_train_configs(args.configs, args)
     else:
+        encrypted = [s for s in schemes if s.endswith(ENCRYPTED)]
+        if args.train and encrypted:
+            raise BenchError(
+                "--schemes",
+                f"{encrypted[0]}: {ENCRYPTED} is for op benchmarks; with --train use --encrypt",
+            )
         try:
             for scheme in schemes:
                 training = training_options(args, scheme=scheme, nonblocking=False)

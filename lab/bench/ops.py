@@ -17,7 +17,6 @@ import numpy as np
 from rich.progress import Progress
 
 from crew.cli_options import config_flag
-from crew.config import Scheme
 from crew.control.verify import CHECK_TOLERANCE
 from crew.plan import planner
 from crew.plan.routes import Route, link_load
@@ -34,7 +33,7 @@ from lab.bench.procs import (
     workers_cpu_s,
 )
 from lab.bench.rawtcp import RawMoveError, per_op_link_bytes, raw_reference
-from lab.bench.spec import GLOO, BenchError, BenchSpec
+from lab.bench.spec import GLOO, BenchError, BenchSpec, scheme_arm
 from lab.net.mesh import LabNetwork
 from lab.net.preflight import Capabilities
 from lab.orchestrate.runner import LabRun, RunOptions
@@ -220,6 +219,33 @@ def op_results(
         conn.close()
 
 
+def ops_options(spec: BenchSpec, label: str, replay: list[list[int]], warm: int) -> RunOptions:
+    """The lab run that replays ``replay`` (``warm`` untimed groups first) for the scheme
+    ``label`` names, encrypted when the label or the benchmark asks."""
+    base, encrypted = scheme_arm(label)
+    return RunOptions(
+        scheme=base,
+        p=spec.p,
+        seed=spec.seed,
+        dashboard=False,
+        log_level="WARNING",
+        part_bytes=spec.part_bytes,
+        host_cpu_s_per_gb=spec.host_cpu_s_per_gb,
+        host_cores=spec.host_cores,
+        plan_ahead=spec.plan_ahead,
+        hop_backlog_bytes=spec.hop_backlog_bytes,
+        encrypt=spec.encrypt or encrypted,
+        extra={
+            "bench": True,
+            "size_elems": spec.size_elems,
+            "trace": replay,
+            "ops": len(replay),
+            # groups 1..warm are untimed (lab.studies.planbench's replay skips them)
+            "warmup": warm,
+        },
+    )
+
+
 def run_ops(
     net: LabNetwork,
     caps: Capabilities,
@@ -232,7 +258,7 @@ def run_ops(
 ) -> SchemeResult:
     """Replay the trace (or K Gloo ops) with one scheme; never raises for a scheme's failure.
     ``round_no``: which of ``spec.rounds`` rounds this is (1-based; it names the run folder)."""
-    gloo = scheme == GLOO
+    gloo = scheme_arm(scheme)[0] == GLOO
     run_dir = run_folder(spec.out, scheme, round_no, spec.rounds)
     k = spec.ops
     warm = 0 if gloo else spec.warmup
@@ -241,27 +267,7 @@ def run_ops(
     if spec.rounds > 1:
         label = f"round {round_no}/{spec.rounds}: {label}"
     task = progress.add_task(label, total=k, status="starting")
-    opts = RunOptions(
-        scheme=Scheme(scheme),
-        p=spec.p,
-        seed=spec.seed,
-        dashboard=False,
-        log_level="WARNING",
-        part_bytes=spec.part_bytes,
-        host_cpu_s_per_gb=spec.host_cpu_s_per_gb,
-        host_cores=spec.host_cores,
-        plan_ahead=spec.plan_ahead,
-        hop_backlog_bytes=spec.hop_backlog_bytes,
-        encrypt=spec.encrypt,
-        extra={
-            "bench": True,
-            "size_elems": spec.size_elems,
-            "trace": replay,
-            "ops": k + warm,
-            # groups 1..warm are untimed (lab.studies.planbench's replay skips them)
-            "warmup": warm,
-        },
-    )
+    opts = ops_options(spec, scheme, replay, warm)
     startup = STARTUP_TORCH_S if gloo else STARTUP_NUMPY_S
     budget = startup + spec.timeout_per_op_s * (k + warm)
     error: str | None = None

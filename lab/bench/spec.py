@@ -33,18 +33,35 @@ class BenchError(ValueError):
         self.field = field
 
 
+ENCRYPTED = "+enc"
+"""A scheme label's suffix for the same scheme with every connection encrypted
+(``crew+enc``): one benchmark run then times a scheme with and without encryption on the same
+network and trace, which a second run on a machine whose speed drifts could not."""
+
+
+def scheme_arm(label: str) -> tuple[Scheme, bool]:
+    """A ``--schemes`` label's scheme and whether its connections are encrypted."""
+    base = label.removesuffix(ENCRYPTED)
+    return Scheme(base), base != label
+
+
 def parse_schemes(text: str) -> tuple[str, ...]:
-    """``"all"`` or a comma-separated list of scheme names, in the given order, no repeats."""
+    """``"all"`` or a comma-separated list of scheme labels (a scheme name, or a group scheme's
+    name + ``+enc``: see :data:`ENCRYPTED`), in the given order, no repeats."""
     if text.strip() == "all":
         return ALL_SCHEMES
     names = [s.strip() for s in text.split(",") if s.strip()]
     if not names:
         raise BenchError("--schemes", "empty; give scheme names or 'all'")
-    unknown = [s for s in names if s not in ALL_SCHEMES]
+    unknown = [s for s in names if s.removesuffix(ENCRYPTED) not in ALL_SCHEMES]
     if unknown:
         raise BenchError(
-            "--schemes", f"unknown {', '.join(unknown)}; known: {', '.join(ALL_SCHEMES)} or 'all'"
+            "--schemes",
+            f"unknown {', '.join(unknown)}; known: {', '.join(ALL_SCHEMES)} or 'all',"
+            f" and NAME{ENCRYPTED} for a scheme with encrypted connections",
         )
+    if GLOO + ENCRYPTED in names:
+        raise BenchError("--schemes", f"{GLOO}{ENCRYPTED}: Gloo's connections are not encrypted")
     dup = sorted({s for s in names if names.count(s) > 1})
     if dup:
         raise BenchError("--schemes", f"repeated {', '.join(dup)}")
