@@ -62,7 +62,7 @@ from crew.runtime.launch import (
     data_port_range,
     encryption,
     read_secret,
-    run_number,
+    rendezvous_number,
 )
 from crew.runtime.node import Node, Settled
 from crew.runtime.rendezvous import join_job
@@ -230,13 +230,15 @@ class Averager:
         environ = dict(os.environ) if env is None else env
         launch = LaunchEnv.from_environ(environ)
         secret = read_secret(environ)
-        run_num = run_number(secret, launch.run_id)
+        rendezvous_run = rendezvous_number(secret, launch.run_id)
         ports = data_port_range(data_port, environ)
         self.rank = launch.rank
         self.world_size = launch.world
         self.host: JobHost | None = None
         encrypt = encryption(environ)
-        codec = FrameCodec(secret, run_num, encrypt=encrypt)
+        # Until the job's own run number arrives in its RunConfig, the transport speaks the
+        # rendezvous' (the start-up probe's bursts); the Node then switches it to the job's.
+        codec = FrameCodec(secret, rendezvous_run, encrypt=encrypt)
         deferred = _Deferred()
         try:
             transport = Transport(
@@ -261,7 +263,7 @@ class Averager:
                     launch.world,
                     ("", launch.coordinator[1]),
                     launch.coordinator[0],
-                    run_num=run_num,
+                    rendezvous_run=rendezvous_run,
                     encrypt=encrypt,
                     group_size=p,
                     capacities=capacities,

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +18,9 @@ import pytest
 import torch
 
 import crew
-from crew.runtime.launch import LaunchEnv, encryption, read_secret, run_number
+from crew.runtime.launch import JobHost, LaunchEnv, encryption, read_secret, rendezvous_number
 from crew.wire import protocol as proto
-from crew.wire.frames import FrameCodec, control_body, control_frame
+from crew.wire.frames import FrameCodec, FrameError, control_body, control_frame
 from crew.wire.session import open_session
 from crew.wire.transport import FrameStream
 
@@ -169,13 +170,79 @@ def test_a_rank_that_leaves_after_joining_does_not_stop_the_others():
     assert probe.bytes_per_worker == 2 * ARGS["probe_bytes"]
 
 
+def test_every_job_host_draws_a_run_number_of_its_own(tmp_path):
+    """One secret, one launcher run id: the rendezvous' number is the same for both hosts
+    (their ranks must find them), the jobs' own numbers are not."""
+    secret = SECRET.encode()
+    shared = rendezvous_number(secret, "crew")
+    hosts = [
+        JobHost(secret, 2, ("127.0.0.1", 0), "127.0.0.1", rendezvous_run=shared, group_size=1,
+                run_dir=tmp_path / name)
+        for name in ("a", "b")
+    ]  # fmt: skip
+    try:
+        assert [h.rendezvous.codec.run for h in hosts] == [shared, shared]
+        assert len({shared, *(h.run_num for h in hosts)}) == 3
+    finally:
+        for h in hosts:
+            h.close()
+
+
+def test_a_jobs_data_plane_refuses_another_jobs_run_under_the_same_secret_and_run_id():
+    """Two jobs launched at once with one secret and the default run id: each runs under its
+    own number, a data-plane HELLO under job a's is refused by job b's rank 1, and each job's
+    ranks still average together."""
+    averagers: dict[str, dict[int, crew.Averager]] = {"a": {}, "b": {}}
+    all_up = threading.Barrier(5, timeout=60)  # the four ranks and this test
+    probed = threading.Event()
+    results: dict[str, dict] = {}
+
+    def job(name: str) -> None:
+        def body(rank, averager, tensors):
+            averagers[name][rank] = averager
+            all_up.wait()
+            probed.wait(60)
+            return averager.step()
+
+        results[name] = run_ranks(2, body, args=ARGS)
+
+    jobs = [threading.Thread(target=job, args=(name,), daemon=True) for name in averagers]
+    for t in jobs:
+        t.start()
+    try:
+        all_up.wait()
+        a, b = averagers["a"], averagers["b"]
+        run_a, run_b = a[0].config.run_num, b[0].config.run_num
+        assert (a[1].config.run_num, b[1].config.run_num) == (run_a, run_b)
+        assert len({run_a, run_b, rendezvous_number(SECRET.encode(), "crew")}) == 3
+        codec = FrameCodec(SECRET.encode(), run_a, encrypt=True)
+        with closing(FrameStream.connect(b[1].config.data_address(1), codec)) as stream:
+            with pytest.raises((FrameError, OSError)):
+                open_session(stream, 0, 10.0)  # as job a's rank 0 would open it
+        transport = b[1]._node.transport
+        for _ in range(100):  # the refusal is counted by the reader thread, at most 10 s
+            if transport.stats().rejected_by_reason.get("WrongRun"):
+                break
+            time.sleep(0.1)
+        assert transport.stats().rejected_by_reason.get("WrongRun", 0) >= 1
+    finally:
+        probed.set()
+        for t in jobs:
+            t.join(timeout=90)
+    for name in averagers:
+        for rank in (0, 1):
+            rnd = results[name][rank]
+            assert not isinstance(rnd, Exception), rnd
+            assert rnd.averaged and set(rnd.peers) == {0, 1}, rnd
+
+
 def die_during_start_up(env: dict[str, str], world: int, shapes, stage: str) -> None:
     """A rank's process that dies during start-up, speaking the protocol itself: it connects
     and, at ``stage`` ("connected": before its Join; "roster": after joining), drops the
     connection as a killed process's kernel would."""
     launch = LaunchEnv.from_environ(env)
     secret = read_secret(env)
-    codec = FrameCodec(secret, run_number(secret, launch.run_id), encrypt=encryption(env))
+    codec = FrameCodec(secret, rendezvous_number(secret, launch.run_id), encrypt=encryption(env))
     deadline = time.monotonic() + 10
     while True:
         try:

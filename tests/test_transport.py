@@ -560,3 +560,35 @@ def test_a_restarted_peer_gets_every_frame_sent_after_its_restart(make, codec) -
         assert again.wait_for(5), f"the restarted peer got {len(again.frames)} of 5 frames"
     finally:
         b2.close()
+
+
+def test_an_adopted_codec_closes_the_old_connections_and_refuses_the_old_run(make, codec) -> None:
+    """A launched job's transport starts under the rendezvous' run (the start-up probe) and
+    adopts the job's own: what was connected before is closed, a HELLO of the old run is
+    refused, and a peer of the new run gets through."""
+    job = FrameCodec(SECRET, RUN + 1)
+    inbox, rejects = Inbox(), Events()
+    t = make(2, codec, inbox, peers={1: dead_port()}, on_reject=rejects)
+    peer = make(1, job, Inbox(), peers={2: (LOOPBACK, t.port)})
+    t.start()
+    peer.start()
+    before = FrameStream.connect((LOOPBACK, t.port), codec)
+    try:
+        open_session(before, 1, WAIT)
+        before.send(frame(1, payload=b"probe"))
+        assert inbox.wait_for(1)  # the old run is spoken until the new one is adopted
+        t.adopt(job)
+        with pytest.raises((StreamClosed, ConnectionError)):
+            before.recv(idle_timeout=WAIT)  # closed by adopt, not left speaking the old run
+    finally:
+        before.close()
+    with closing(FrameStream.connect((LOOPBACK, t.port), codec)) as again:
+        with pytest.raises((StreamClosed, ConnectionError, wf.FrameError)):
+            open_session(again, 1, WAIT)
+        assert rejects.wait_for(1)
+    assert isinstance(rejects.items[0][1], wf.WrongRun)
+
+    peer.send(2, Frame(FrameKind.SCATTER, 1, job.run, payload=b"job"))
+    assert inbox.wait_for(2)
+    assert [bytes(f.payload) for f in inbox.frames] == [b"probe", b"job"]
+    assert t.stats().rejected_by_reason == {"WrongRun": 1}

@@ -433,7 +433,13 @@ class Coordinator:
 def _serve_launched_job(args: argparse.Namespace) -> int:
     """A coordinator for a job started by torchrun (CREW_COORDINATOR=host:port on its ranks)."""
     from crew.errors import LaunchError
-    from crew.runtime.launch import JobHost, control_port, encryption, read_secret, run_number
+    from crew.runtime.launch import (
+        JobHost,
+        control_port,
+        encryption,
+        read_secret,
+        rendezvous_number,
+    )
 
     try:
         secret = read_secret()
@@ -442,7 +448,7 @@ def _serve_launched_job(args: argparse.Namespace) -> int:
             args.world,
             ("", args.port),
             args.advertise,
-            run_num=run_number(secret, args.run_id),
+            rendezvous_run=rendezvous_number(secret, args.run_id),
             encrypt=encryption(),
             group_size=args.group_size or max(1, args.world // 2),
             run_dir=args.run_dir,
@@ -482,7 +488,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a launched job: this host's address as the ranks reach it",
     )
     parser.add_argument("--group-size", type=int, help="a launched job: p (default world/2)")
-    parser.add_argument("--run-id", default="crew", help="a launched job: TORCHELASTIC_RUN_ID")
+    parser.add_argument(
+        "--run-id",
+        default="crew",
+        help="a launched job: its ranks' TORCHELASTIC_RUN_ID (keys the rendezvous)",
+    )
     parser.add_argument("--run-dir", help="a launched job: where to keep run.db")
     parser.add_argument("--join-timeout", type=float, default=60.0)
     parser.add_argument("--log-level", default="INFO")

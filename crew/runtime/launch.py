@@ -18,7 +18,12 @@ Read from the environment (:meth:`LaunchEnv.from_environ`):
   workers' control connections once the job has started; by default any free port;
 * ``CREW_RUN_DIR`` (optional, host only): where the coordinator keeps its run database
   (``run.db``); a fresh temporary directory by default;
-* ``TORCHELASTIC_RUN_ID`` (set by ``torchrun``): makes frames of another job's run refused.
+* ``TORCHELASTIC_RUN_ID`` (set by ``torchrun``): keys the rendezvous with the secret, so a
+  rank of another launch is refused there.
+
+Every job runs under a run number of its own: rank 0 draws it at random and sends it to every
+rank in the job's RunConfig, and the data plane and the coordinator accept frames of that
+number only. So two jobs refuse each other's frames even under one secret and one run id.
 
 :class:`JobHost` is the host's side: the rendezvous (``crew.runtime.rendezvous``), then the
 coordinator (``crew.runtime.coordinator``) on its own thread, serving until every worker has left.
@@ -30,6 +35,7 @@ import hashlib
 import hmac
 import logging
 import os
+import secrets
 import socket
 import tempfile
 import threading
@@ -225,9 +231,10 @@ def read_secret(env: Mapping[str, str] | None = None) -> bytes:
     return secret
 
 
-def run_number(secret: bytes, run_id: str) -> int:
-    """The u32 every frame of this job carries, from the secret and the launcher's run id, so
-    frames of another job are refused even under the same secret."""
+def rendezvous_number(secret: bytes, run_id: str) -> int:
+    """The u32 the rendezvous' frames carry (and the start-up probe's), from the secret and the
+    launcher's run id: nothing is agreed yet, so every rank derives the same. The job then runs
+    under a fresh number of its own (:class:`JobHost`, ``RunConfig.run_num``)."""
     digest = hmac.new(secret, f"crew-run:{run_id}".encode(), hashlib.sha256).digest()
     return int.from_bytes(digest[:4], "big")
 
@@ -276,7 +283,10 @@ class JobHost:
     ``capacities`` (Mbit/s, ``[src][dst]``) replaces the start-up probe when given.
     ``control_port``: where the coordinator listens for the workers once the job has started
     (0: any free port); checked free here, so a taken port fails before the rendezvous.
-    ``compress``: the codec of group payloads (``crew.train.compress``), the same for all."""
+    ``compress``: the codec of group payloads (``crew.train.compress``), the same for all.
+    ``rendezvous_run``: the number of the rendezvous' frames (:func:`rendezvous_number`);
+    ``run_num``, the job's own, is drawn here at random, so that no other job has it, even one
+    under the same secret and run id."""
 
     def __init__(
         self,
@@ -285,7 +295,7 @@ class JobHost:
         bind: Address,
         advertised_host: str,
         *,
-        run_num: int,
+        rendezvous_run: int,
         group_size: int,
         capacities: Sequence[Sequence[float]] | None = None,
         scheme: str = Scheme.CREW.value,
@@ -310,7 +320,7 @@ class JobHost:
         self.world = world
         self.bind = bind
         self.advertised_host = advertised_host
-        self.run_num = run_num
+        self.run_num = secrets.randbits(32)
         self.group_size = group_size
         self.capacities = capacities
         self.scheme = scheme
@@ -321,7 +331,7 @@ class JobHost:
         self._db = None
         self._thread: threading.Thread | None = None
         self.rendezvous = RendezvousHost(
-            FrameCodec(secret, run_num, encrypt=encrypt),
+            FrameCodec(secret, rendezvous_run, encrypt=encrypt),
             world,
             bind,
             self._make_config,

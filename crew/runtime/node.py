@@ -116,7 +116,8 @@ class Node:
     ``data_address`` is where the transport listens (``cfg``'s address for ``me`` when None);
     ``secret`` is the run's key (``cfg.secret()`` when None). ``iteration`` reports the
     caller's local iteration in heartbeats; ``on_slowdown`` receives the coordinator's
-    straggler factor (lab experiments)."""
+    straggler factor (lab experiments). ``transport``: one the caller made (a launched job's,
+    which carried the start-up probe); it adopts this run's codec here (``Transport.adopt``)."""
 
     def __init__(
         self,
@@ -176,6 +177,10 @@ class Node:
                 stall_timeout=cfg.stall_timeout_s,
                 pacing=link_pacing(me, cfg.bw_mbit, pace_fraction()),
             )
+        else:
+            # A launched job's transport carried the start-up probe under the rendezvous'
+            # codec, before this run's number was agreed: from here it speaks this run's only.
+            transport.adopt(self.codec)
         self.transport = transport
         self.control: FrameStream | None = None
         self.rejected = 0

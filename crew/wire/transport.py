@@ -751,6 +751,40 @@ class Transport:
         with self._lock:
             return dict(self._peers)
 
+    def adopt(self, codec: FrameCodec) -> None:
+        """Speak ``codec`` from now on, and nothing else.
+
+        For a transport started before its run number was agreed (a launched job's, which
+        carries the start-up probe under the rendezvous' codec). A connection's keys and run
+        are fixed at its handshake, so every connection opened before is closed here, and
+        frames still queued (they carry the old run) are dropped: a frame in flight gets at
+        most ``connect_timeout`` to finish. Once this returns, a HELLO or frame of the old run
+        is refused (``WrongRun``); peers reconnect under ``codec`` on their next send. Call it
+        while nothing else sends on this transport."""
+        with self._lock:
+            links = list(self._links.values())
+        for link in links:
+            with link.cond:
+                link.queued_bytes -= sum(wire_size(f) for f in link.queue.drain())
+                link.cond.notify_all()
+        self.flush(self.connect_timeout)
+        with self._lock:
+            # Swapped with the inbound set read under one lock: a reader registered before
+            # the swap is shut down below, one registered after reads the new codec.
+            self.codec = codec
+            links = list(self._links.values())
+            inbound = list(self._inbound)
+        for link in links:
+            with link.cond:
+                stream = link.stream
+            if stream is not None:
+                stream.shutdown()  # its sender sees a closed peer and reconnects, as a restart
+        for sock in inbound:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # its reader ends and closes it
+            except OSError:
+                pass  # already disconnected
+
     def send(self, dst: int, frame: Frame, priority: int = 0) -> None:
         """Queue ``frame`` for ``dst``; never blocks on the network.
 
