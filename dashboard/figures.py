@@ -625,7 +625,10 @@ def plan_times(plans: pd.DataFrame) -> go.Figure:
 # -- training --------------------------------------------------------------------------------------
 
 
-MAX_CURVE_POINTS = 2000  # per worker and overall, in the training curves
+# Per worker and overall, in the training curves. The chart is half the page wide, under 800
+# pixels on the 1600-pixel page: a point per pixel shows every bend, and more only lengthen what
+# the browser draws (a week at 2000 a line was 900 kB of figure).
+MAX_CURVE_POINTS = 800
 
 
 def curve_bin_s(span_s: float, bin_s: float = 5.0) -> float:
@@ -661,11 +664,14 @@ def training_curves(
         )
         titles = ("training loss (nats/byte)", "held-out loss (nats/byte)")
     # A long run's curves are drawn from bin means: a week holds about 200k rows even after
-    # retention, more points than a browser draws quickly or a chart can show.
-    bin_s = curve_bin_s(float(iters["t"].max() - iters["t"].min()), bin_s)
+    # retention, more points than a browser draws quickly or a chart can show. Bins just wide
+    # enough to fit, so a run a little over the limit keeps its detail.
+    span = float(iters["t"].max() - iters["t"].min())
+    bin_s = curve_bin_s(span, bin_s)
     if len(iters) > MAX_CURVE_POINTS * max(1, iters["worker"].nunique()):
+        fit_s = span / MAX_CURVE_POINTS
         iters = (
-            iters.assign(b=(iters["t"] - t0) // bin_s)
+            iters.assign(b=(iters["t"] - t0) // fit_s)
             .groupby(["worker", "b"], as_index=False)[["t", "loss", "accuracy"]]
             .mean()
         )
