@@ -121,9 +121,15 @@ class Page:
         self.conn = conn
         self.info = queries.run_info(conn)
         self.limits = lc.load_limits(conn)
-        span = queries.data_span(conn)
+        # The samples' span only when meta lacks a time (a run recorded without them, or live).
+        span = (
+            queries.data_span(conn)
+            if self.info.started_at is None or self.info.ended_at is None
+            else None
+        )
         self.t0 = self.info.started_at or (span[0] if span else time.time())
         self.t_end = self.info.ended_at or (span[1] if span else self.t0)
+        self._rounds: tuple[float, pd.DataFrame] | None = None
         self.replay_at: float | None = None
         self.workers = queries.workers(conn)
         self.names = {
@@ -133,6 +139,13 @@ class Page:
     @property
     def live(self) -> bool:
         return self.info.live
+
+    def rounds(self, t: float) -> pd.DataFrame:
+        """Completed rounds per worker and minute up to ``t``, read once for the groups and
+        the training panels (``queries.completed_rounds``)."""
+        if self._rounds is None or self._rounds[0] != t:
+            self._rounds = (t, queries.completed_rounds(self.conn, self.t0, t))
+        return self._rounds[1]
 
     def asof(self) -> float:
         """Now for a live run; the replay slider's time for a finished one."""
@@ -315,7 +328,7 @@ class Page:
                 )
                 st.plotly_chart(
                     figures.rounds_and_staleness(
-                        queries.completed_memberships(self.conn, t),
+                        self.rounds(t),
                         self.workers,
                         self.rounds_title(t),
                     ),
@@ -379,9 +392,22 @@ class Page:
         @_fragment(self.live, SLOW_PANEL_REFRESH_S)
         def training_panel() -> None:
             t = self.asof()
-            iters = _cache("iterations", queries.iteration_cache).read(self.conn, self.t0 - 1.0, t)
             workload = queries.workload(self.conn)
-            quality = figures.lm_quality(iters) if workload == "lm" else None
+            bin_s = figures.curve_bin_s(t - self.t0)
+            if bin_s > figures.curve_bin_s(0.0):
+                # A long run: bin means from SQL, not every row it kept (a week: 200k rows).
+                iters = queries.iteration_bins(
+                    self.conn, self.t0, self.t0 - 1.0, t, bin_s, split_evaluations=workload == "lm"
+                )
+            else:
+                iters = _cache("iterations", queries.iteration_cache).read(
+                    self.conn, self.t0 - 1.0, t
+                )
+            quality = (
+                figures.lm_quality(queries.latest_evaluations(self.conn, t))
+                if workload == "lm"
+                else None
+            )
             if quality is not None:
                 cols = st.columns(2)
                 cols[0].metric("held-out loss (nats/byte)", f"{quality[0]:.3f}")
@@ -393,9 +419,7 @@ class Page:
             last = " (the last hour)" if t - self.t0 > queries.MEMBERSHIP_WINDOW_S else ""
             st.markdown(f"**Rounds per worker per minute**{last}")
             st.plotly_chart(
-                figures.rounds_per_minute(
-                    queries.completed_memberships(self.conn, t), self.workers, self.t0, now=t
-                ),
+                figures.rounds_per_minute(self.rounds(t), self.workers, self.t0, now=t),
                 key="rounds_per_minute",
             )
 

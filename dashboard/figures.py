@@ -511,19 +511,33 @@ def group_timeline(groups: pd.DataFrame, t0: float, asof: float) -> go.Figure:
     return fig
 
 
+def round_counts(memberships: pd.DataFrame, t0: float) -> pd.DataFrame:
+    """Completed memberships (worker, ended_at, staleness) counted per worker and minute since
+    ``t0``, as ``queries.completed_rounds`` reads them from the database."""
+    cols = ["worker", "minute", "rounds", "staleness_sum", "staleness_max"]
+    if memberships.empty:
+        return pd.DataFrame(columns=cols)
+    m = memberships.assign(minute=((memberships["ended_at"] - t0) // 60).astype(int))
+    if "staleness" not in m:
+        m["staleness"] = 1
+    per = m.groupby(["worker", "minute"], as_index=False)["staleness"]
+    return per.agg(rounds="size", staleness_sum="sum", staleness_max="max")[cols]
+
+
 def rounds_and_staleness(
-    memberships: pd.DataFrame, workers: pd.DataFrame, title: str = "rounds (completed groups)"
+    rounds: pd.DataFrame, workers: pd.DataFrame, title: str = "rounds (completed groups)"
 ) -> go.Figure:
-    """Completed rounds per worker (left) and mean / max staleness of its updates (right)."""
+    """Completed rounds per worker (left) and mean / max staleness of its updates (right);
+    ``rounds`` as ``round_counts`` gives them."""
     ids = [int(w) for w in workers.sort_values("id")["id"]]
     names = worker_names(workers)
     x = [names[w] for w in ids]
-    per = memberships.groupby("worker")
-    rounds = per.size().reindex(ids, fill_value=0)
-    mean_s = per["staleness"].mean().reindex(ids)
-    max_s = per["staleness"].max().reindex(ids)
+    per = rounds.groupby("worker")
+    count = per["rounds"].sum().reindex(ids, fill_value=0)
+    mean_s = (per["staleness_sum"].sum() / per["rounds"].sum()).reindex(ids)
+    max_s = per["staleness_max"].max().reindex(ids)
     fig = make_subplots(rows=1, cols=2, subplot_titles=(title, "staleness"))
-    fig.add_trace(go.Bar(x=x, y=rounds.values, name="rounds", marker_color="#1f77b4"), 1, 1)
+    fig.add_trace(go.Bar(x=x, y=count.values, name="rounds", marker_color="#1f77b4"), 1, 1)
     fig.add_trace(go.Bar(x=x, y=mean_s.values, name="mean staleness", marker_color="#ff7f0e"), 1, 2)
     fig.add_trace(go.Bar(x=x, y=max_s.values, name="max staleness", marker_color="#d62728"), 1, 2)
     fig.update_layout(height=300, margin=dict(l=10, r=10, t=30, b=10), barmode="group")
@@ -611,7 +625,16 @@ def plan_times(plans: pd.DataFrame) -> go.Figure:
 # -- training --------------------------------------------------------------------------------------
 
 
-MAX_CURVE_POINTS = 2000  # per worker and overall, in the training curves
+# Per worker and overall, in the training curves. The chart is half the page wide, under 800
+# pixels on the 1600-pixel page: a point per pixel shows every bend, and more only lengthen what
+# the browser draws (a week at 2000 a line was 900 kB of figure).
+MAX_CURVE_POINTS = 800
+
+
+def curve_bin_s(span_s: float, bin_s: float = 5.0) -> float:
+    """The training curves' bin over ``span_s`` seconds of run: ``bin_s``, or wider so that no
+    curve has more than ``MAX_CURVE_POINTS`` points."""
+    return max(bin_s, span_s / MAX_CURVE_POINTS)
 
 
 def training_curves(
@@ -641,11 +664,14 @@ def training_curves(
         )
         titles = ("training loss (nats/byte)", "held-out loss (nats/byte)")
     # A long run's curves are drawn from bin means: a week holds about 200k rows even after
-    # retention, more points than a browser draws quickly or a chart can show.
-    bin_s = max(bin_s, float(iters["t"].max() - iters["t"].min()) / MAX_CURVE_POINTS)
+    # retention, more points than a browser draws quickly or a chart can show. Bins just wide
+    # enough to fit, so a run a little over the limit keeps its detail.
+    span = float(iters["t"].max() - iters["t"].min())
+    bin_s = curve_bin_s(span, bin_s)
     if len(iters) > MAX_CURVE_POINTS * max(1, iters["worker"].nunique()):
+        fit_s = span / MAX_CURVE_POINTS
         iters = (
-            iters.assign(b=(iters["t"] - t0) // bin_s)
+            iters.assign(b=(iters["t"] - t0) // fit_s)
             .groupby(["worker", "b"], as_index=False)[["t", "loss", "accuracy"]]
             .mean()
         )
@@ -691,17 +717,21 @@ def lm_quality(iters: pd.DataFrame) -> tuple[float, float] | None:
 
 
 def rounds_per_minute(
-    memberships: pd.DataFrame, workers: pd.DataFrame, t0: float, now: float | None = None
+    rounds: pd.DataFrame, workers: pd.DataFrame, t0: float, now: float | None = None
 ) -> go.Figure:
-    """Completed rounds per worker in each minute of the run.
+    """Completed rounds per worker in each minute of the run; ``rounds`` as ``round_counts``
+    gives them (minutes since ``t0``).
 
     With ``now``, the minute still running is scaled to a full minute (a raw count would make
     every line drop at the right edge), or left out while less than 10 s of it has passed."""
-    if memberships.empty:
+    if rounds.empty:
         return empty_figure("no completed groups yet")
     names = worker_names(workers)
-    m = memberships.assign(minute=((memberships["ended_at"] - t0) // 60).astype(int))
-    counts = m.groupby(["worker", "minute"]).size().unstack(fill_value=0).astype(float)
+    counts = (
+        rounds.pivot_table(index="worker", columns="minute", values="rounds", aggfunc="sum")
+        .fillna(0)
+        .astype(float)
+    )
     if now is not None:
         current = int((now - t0) // 60)
         elapsed = (now - t0) - 60 * current

@@ -129,8 +129,13 @@ def run_info(conn: sqlite3.Connection) -> RunInfo:
 
 
 def data_span(conn: sqlite3.Connection) -> tuple[float, float] | None:
-    """First and last sample time, for runs whose meta lacks started_at/ended_at."""
-    row = conn.execute("SELECT MIN(t), MAX(t) FROM link_samples").fetchone()
+    """First and last sample time, for runs whose meta lacks started_at/ended_at.
+
+    Two scalar subqueries, each one seek at an end of the time index: ``MIN(t), MAX(t)`` in
+    one SELECT would read the whole index (a week-long run holds a million samples)."""
+    row = conn.execute(
+        "SELECT (SELECT MIN(t) FROM link_samples), (SELECT MAX(t) FROM link_samples)"
+    ).fetchone()
     if row is None or row[0] is None:
         return None
     return float(row[0]), float(row[1])
@@ -251,6 +256,45 @@ class WindowCache:
         return self._frame
 
 
+def iteration_bins(
+    conn: sqlite3.Connection,
+    t0: float,
+    start: float,
+    end: float,
+    bin_s: float,
+    *,
+    split_evaluations: bool = False,
+) -> pd.DataFrame:
+    """``iterations`` in ``(start, end]`` folded into one row per worker and ``bin_s`` bin
+    (bins counted from ``t0``): the mean ``t``, ``loss`` and ``accuracy`` and the last
+    ``iteration``. A long run's training curves are drawn from these, so the page reads a few
+    thousand rows instead of every row the run kept. ``split_evaluations``: evaluation rows
+    (``accuracy`` set) fold apart from training rows, for workloads whose evaluation rows carry
+    a different loss (``lm``)."""
+    split = ", accuracy IS NULL" if split_evaluations else ""
+    return _frame(
+        conn,
+        "SELECT AVG(t), worker, MAX(iteration), AVG(loss), AVG(accuracy) FROM iterations"
+        f" WHERE t > ? AND t <= ? GROUP BY worker, CAST((t - ?) / ? AS INTEGER){split}"
+        " ORDER BY 1",
+        (start, end, t0, bin_s),
+        ITERATION_COLUMNS,
+    )
+
+
+def latest_evaluations(conn: sqlite3.Connection, asof: float) -> pd.DataFrame:
+    """Each worker's newest ``iterations`` row with an evaluation (``accuracy`` set) at or
+    before ``asof``: one seek back from ``asof`` per worker through ``iterations_worker``."""
+    return _frame(
+        conn,
+        "SELECT i.t, i.worker, i.iteration, i.loss, i.accuracy FROM workers w"
+        " JOIN iterations i ON i.rowid = (SELECT rowid FROM iterations WHERE worker = w.id"
+        " AND t <= ? AND accuracy IS NOT NULL ORDER BY t DESC LIMIT 1) ORDER BY i.worker",
+        (asof,),
+        ITERATION_COLUMNS,
+    )
+
+
 def link_sample_cache() -> WindowCache:
     return WindowCache(link_samples, ["t", "src", "dst"])
 
@@ -322,6 +366,30 @@ def completed_memberships(
         " AND g.ended_at > ? AND g.ended_at <= ? ORDER BY g.ended_at",
         (since - GROUP_LOOKBACK_S, asof, GroupStatus.COMPLETED.value, since, asof),
         ["worker", "group_id", "ended_at", "staleness", "iteration"],
+    )
+
+
+ROUND_COLUMNS = ["worker", "minute", "rounds", "staleness_sum", "staleness_max"]
+
+
+def completed_rounds(
+    conn: sqlite3.Connection, t0: float, asof: float, window_s: float = MEMBERSHIP_WINDOW_S
+) -> pd.DataFrame:
+    """``completed_memberships`` counted in SQL: per worker and minute of the run (whole
+    minutes of ``ended_at`` since ``t0``), the rounds it completed and the sum and maximum of
+    their staleness. The rounds, staleness and rounds-per-minute charts need nothing more, and
+    an hour of a busy run holds tens of thousands of memberships."""
+    since = asof - window_s
+    return _frame(
+        conn,
+        "SELECT m.worker, CAST((g.ended_at - ?) / 60.0 AS INTEGER) AS minute, COUNT(*),"
+        " SUM(m.staleness), MAX(m.staleness)"
+        " FROM groups g JOIN group_members m ON m.group_id = g.id"
+        " WHERE g.formed_at > ? AND g.formed_at <= ? AND +g.status = ?"
+        " AND g.ended_at > ? AND g.ended_at <= ? GROUP BY m.worker, minute"
+        " ORDER BY m.worker, minute",
+        (t0, since - GROUP_LOOKBACK_S, asof, GroupStatus.COMPLETED.value, since, asof),
+        ROUND_COLUMNS,
     )
 
 

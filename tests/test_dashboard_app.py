@@ -451,3 +451,47 @@ def test_pace_panel_shows_windows_against_the_pre_fault_rate_with_faults_marked(
     if isinstance(y, dict):  # plotly's typed-array encoding
         y = np.frombuffer(base64.b64decode(y["bdata"]), dtype=y["dtype"]).tolist()
     assert y == [19, 6, 0]  # windows from t0; the last one (20-30 s) had none
+
+
+def test_a_long_lm_runs_training_panel_draws_bins_and_its_newest_evaluation(finished_db):
+    # The same rows, recorded as the last 30 s of a 3-hour lm run: the training curves come
+    # from bins folded in SQL and the held-out loss from each worker's newest evaluation.
+    conn = rundb.connect(finished_db, readonly=True)
+    try:
+        ended = float(conn.execute("SELECT value FROM meta WHERE key = 'ended_at'").fetchone()[0])
+    finally:
+        conn.close()
+    newest = _newest_evaluations(finished_db)
+    db = rundb.RunDB(finished_db)
+    try:
+        db.set_meta({"started_at": ended - 3 * 3600.0, "options": {"workload": "lm"}})
+        # An older evaluation in the newest one's bin: a bin mean would not be the newest.
+        db.add_iterations(rundb.IterationRow(t - 0.5, w, 0, 50.0, 0.1) for w, t, _ in newest)
+    finally:
+        db.close()
+    at = run_app()
+    metrics = {m.label: m.value for m in at.metric}
+    expected = sum(loss for _, _, loss in newest) / len(newest)
+    assert metrics["held-out loss (nats/byte)"] == f"{expected:.3f}"
+    figs = [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
+    (curves,) = [
+        f
+        for f in figs
+        if any(
+            a.get("text") == "held-out loss (nats/byte)" for a in f["layout"].get("annotations", [])
+        )
+    ]
+    # Evaluation rows fold apart from training rows: each worker has a held-out curve.
+    held_out = [t.get("name") for t in curves["data"] if t.get("yaxis") == "y2"]
+    assert {"w0", "w1", "w2"} <= set(held_out)
+
+
+def _newest_evaluations(db: Path) -> list[tuple[int, float, float]]:
+    conn = rundb.connect(db, readonly=True)
+    try:
+        rows = conn.execute(
+            "SELECT worker, MAX(t), loss FROM iterations WHERE accuracy IS NOT NULL GROUP BY worker"
+        ).fetchall()
+    finally:
+        conn.close()
+    return [(int(w), float(t), float(loss)) for w, t, loss in rows]

@@ -406,7 +406,8 @@ def test_group_timeline_has_one_bar_per_group(conn, run_db):
 
 
 def test_rounds_and_staleness_count_completed_groups_only(conn, run_db):
-    m = queries.completed_memberships(conn, run_db[1])
+    now = run_db[1]
+    m = queries.completed_rounds(conn, now - DURATION, now)
     fig = figures.rounds_and_staleness(m, queries.workers(conn))
     rounds = fig.data[0]
     assert list(rounds.x) == ["w0", "w1", "w2"]
@@ -446,14 +447,27 @@ def test_training_curves_per_worker_and_overall(conn, run_db):
     overall_loss = [t for t in fig.data if t.name == figures.OVERALL][0]
     assert overall_loss.y[0] > overall_loss.y[-1]  # loss goes down
     rpm = figures.rounds_per_minute(
-        queries.completed_memberships(conn, now), queries.workers(conn), now - DURATION
+        queries.completed_rounds(conn, now - DURATION, now), queries.workers(conn), now - DURATION
     )
     assert sorted(t.name for t in rpm.data) == ["w0", "w1", "w2"]
     assert sum(sum(t.y) for t in rpm.data) == 4
 
 
+def test_completed_rounds_count_in_sql_what_the_memberships_hold(conn, run_db):
+    now = run_db[1]
+    t0 = now - DURATION
+    counted = queries.completed_rounds(conn, t0, now)
+    assert counted.columns.tolist() == figures.round_counts(pd.DataFrame(), t0).columns.tolist()
+    expected = figures.round_counts(queries.completed_memberships(conn, now), t0)
+    assert counted.astype(float).values.tolist() == expected.astype(float).values.tolist()
+    # Only the window's groups: none ended in the last 5 s, so none are counted.
+    assert queries.completed_rounds(conn, t0, now, window_s=5.0).empty
+
+
 def test_rounds_per_minute_scales_the_running_minute() -> None:
-    members = pd.DataFrame({"worker": [0, 0, 0], "ended_at": [10.0, 70.0, 95.0]})
+    members = figures.round_counts(
+        pd.DataFrame({"worker": [0, 0, 0], "ended_at": [10.0, 70.0, 95.0]}), t0=0.0
+    )
     workers = pd.DataFrame({"id": [0], "name": ["w0"], "cloud": ["a"], "address": ["x"]})
     full = figures.rounds_per_minute(members, workers, t0=0.0)
     assert list(full.data[0].y) == [1, 2]  # raw counts: the running minute looks slow

@@ -170,12 +170,12 @@ def read_pace_inputs(
     ends = [float(r[0]) for r in rows if float(r[0]) <= upto]
     faults: list[tuple[float, str]] = []
     repairs: list[tuple[float, str]] = []
+    # Applied in (since, upto]: a week of faults is tens of thousands of commands.
     for kind, args, applied in conn.execute(
-        "SELECT kind, args, applied_at FROM commands WHERE status=? ORDER BY applied_at",
-        (CommandStatus.APPLIED.value,),
+        "SELECT kind, args, applied_at FROM commands WHERE status=? AND applied_at > ?"
+        " AND applied_at <= ? ORDER BY applied_at",
+        (CommandStatus.APPLIED.value, float("-inf") if since is None else since, upto),
     ):
-        if applied is None or float(applied) > upto or (since is not None and applied <= since):
-            continue
         try:
             parsed = json.loads(args) if args else {}
         except json.JSONDecodeError:
