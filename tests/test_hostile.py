@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -226,3 +227,38 @@ def test_a_genuine_frame_is_not_counted_as_refused(victim) -> None:
     frame = Frame(FrameKind.PAYLOAD, 2, RUN, payload=b"ok")
     assert replay._impersonate(target, keys.codec(), 2, frame, 1.0) is False
     assert [f.payload for f in got] == [b"ok"]
+
+
+def test_replays_impersonations_and_worker_admin_at_a_coordinator_are_refused(
+    tmp_path: Path,
+) -> None:
+    from lifecycle_kit import make_cfg
+
+    from crew.runtime.coordinator import Coordinator
+    from crew.runtime.rundb import RunDB
+
+    cfg = make_cfg(n=3, p=2)
+    admin = b"A" * 32
+    db = RunDB(tmp_path / "run.db")
+    coord = Coordinator(cfg, db, "127.0.0.1", 0, secret=SECRET, admin_secret=admin)
+    loop = threading.Thread(target=coord.run, daemon=True)
+    loop.start()
+    keys = Keys(cfg.run_num, 3, cfg.max_payload, False, SECRET, admin)
+    target = flood.Target("coordinator", "127.0.0.1", coord.port, None, 10.0)
+    try:
+        since = time.time()
+        counts = replay.attack_target(target, None, keys, tries=2, p=2, wait_s=1.0)
+        assert counts.errors == []
+        kinds = ("replay", "impersonate", "replay-admin", "lab-hello")
+        assert counts.attempts == {f"{k}@coordinator": 2 for k in kinds}
+        assert counts.refused == counts.attempts and not counts.kept
+        assert replay.admin_from_worker(target, keys, 2, new_p=3) == 2
+        time.sleep(0.5)
+        assert coord.life.former.p == 2  # the worker's set_p was refused
+        assert loop.is_alive() and not coord.stop_event.is_set()
+    finally:
+        coord.stop_event.set()
+        loop.join(10)
+        db.close()
+    _p, refusals = replay.admin_refused_in_db(tmp_path / "run.db", since)
+    assert refusals >= 1
