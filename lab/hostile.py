@@ -81,6 +81,7 @@ SLACK_S = 2.0  # beyond a handshake deadline, for the cut to arrive
 POLL_S = 0.5
 SAMPLE_S = 2.0
 FIRST_GROUPS = 3
+TABLE_WIDTH = 120  # columns of the tables when the output is not a terminal
 # The data plane's handshake deadline: a worker's Transport keeps its default connect_timeout.
 WORKER_HANDSHAKE_S = float(inspect.signature(Transport).parameters["connect_timeout"].default)
 
@@ -468,7 +469,10 @@ def _attack(lab: LabRun, run_dir: Path, opts: HostileOptions, report: HostileRep
 
 
 def print_report(r: HostileReport, console: Console | None = None) -> None:
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # a log file: wide enough for the flood table's columns
+            console = Console(width=TABLE_WIDTH)
     console.print(f"[bold]lab.hostile[/] on {r.topology} ({r.n} workers), run {r.run_dir}")
     t = Table(title="flood: pre-authentication connections per target")
     for col in (
@@ -477,7 +481,8 @@ def print_report(r: HostileReport, console: Console | None = None) -> None:
         "refused",
         "cut",
         "kept open",
-        "slowloris (cut)",
+        "slowloris",
+        "cut",
         "longest s",
         "deadline s",
         "frames",
@@ -492,7 +497,8 @@ def print_report(r: HostileReport, console: Console | None = None) -> None:
             str(idle["refused"]),
             str(idle["cut"]),
             str(idle["kept_open"] + slow["kept_open"]),
-            f"{sum(f['slowloris'].values())} ({slow['cut']})",
+            str(sum(f["slowloris"].values())),
+            str(slow["cut"]),
             f"{max(f['idle_longest_s'], f['slowloris_longest_s']):.1f}",
             f"{f['deadline_s']:g}",
             str(sum(fr.get("sent", {}).values())),
@@ -521,7 +527,10 @@ def print_report(r: HostileReport, console: Console | None = None) -> None:
         rp.add_column(col, justify="left" if col == "attack@target" else "right")
     for key, a in sorted(r.replay.get("attempts", {}).items()):
         rp.add_row(
-            key, str(a), str(r.replay["refused"].get(key, 0)), str(r.replay["kept"].get(key, 0))
+            key,
+            str(a),
+            str(r.replay.get("refused", {}).get(key, 0)),
+            str(r.replay.get("kept", {}).get(key, 0)),
         )
     rp.add_row(
         "admin-from-worker@coordinator",

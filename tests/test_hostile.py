@@ -262,3 +262,16 @@ def test_replays_impersonations_and_worker_admin_at_a_coordinator_are_refused(
         db.close()
     _p, refusals = replay.admin_refused_in_db(tmp_path / "run.db", since)
     assert refusals >= 1
+
+
+def test_the_printed_report_shows_the_counts_and_a_missed_target() -> None:
+    import io
+
+    from rich.console import Console
+
+    r = replace(_good_report(), pace_during=4.0)
+    out = io.StringIO()
+    hostile.print_report(r, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "│ w0 " in text and "│  103 │       3 │ 100 │" in text  # idle, refused, cut
+    assert "0.40" in text and "NO" in text  # the pace ratio, and its verdict missed
