@@ -45,6 +45,7 @@ COMMANDS: dict[str, Command] = {
     "vm": Command("lab.vm", "run a command in a throwaway VM with Debian's stock kernel"),
     "soak": Command("lab.soak", "a long run under random faults: recoveries and leaks"),
     "fuzz": Command("lab.fuzz", "fuzz the frame decoder"),
+    "hostile": Command("lab.hostile", "attack a running lab: floods, replays; did it keep going"),
     "simrun": Command("lab.simrun", "simulate a run on a topology YAML, with a scenario"),
     "torchrun": Command("lab.torchrun", "the example under torchrun in every emulated cloud"),
     "export": Command("lab.export", "a run's database as CSV files"),

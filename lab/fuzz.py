@@ -23,7 +23,8 @@ limit, so the benchmark exercises both the per-frame overhead and the large-fram
 default ``--max-payload`` (64 KiB) is smaller than a run's (4 MiB) to keep 100,000 inputs
 within seconds; the checks are relative to whatever limit the codec has.
 
-``python -m lab.fuzz attack --to ADDR:PORT --frames K [--mode M]`` is the attacker: a peer
+``python -m lab.fuzz attack --to ADDR:PORT --frames K [--mode M]`` is the attacker
+(``lab.orchestrate.attacker``, shared with ``lab.hostile``): a peer
 without the run's secret that opens K connections to a worker's data port and sends one hostile
 message on each (well-formed frames signed with the wrong key, random garbage, or a header that
 declares an oversized payload), then half-closes and waits for the worker to drop it. It prints
@@ -36,11 +37,9 @@ from __future__ import annotations
 import argparse
 import collections
 import enum
-import errno
 import json
 import logging
 import random
-import socket
 import struct
 import sys
 import time
@@ -52,7 +51,6 @@ from typing import TextIO
 from crew.cli_options import add_json_flag, command_parser, write_json
 from crew.wire.frames import (
     DEFAULT_MAX_PAYLOAD,
-    HEADER,
     HEADER_SIZE,
     MAGIC,
     TAG_SIZE,
@@ -70,7 +68,10 @@ from crew.wire.frames import (
     UnknownKind,
     WrongRun,
 )
-from crew.wire.session import HELLO_PAYLOAD
+from lab.orchestrate.attacker import (
+    AttackMode,
+    attack,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,6 @@ _LENGTH_AT = 36  # byte offset of the length field in the header
 _VERSION_AT = 4
 _KIND_AT = 5
 VALID = "valid"  # outcome name of an accepted frame
-_DROPPED_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN})
 
 
 class Mutation(enum.Enum):
@@ -191,11 +191,6 @@ def with_magic(wire: bytes, magic: bytes) -> bytes:
 
 def splice(a: bytes, b: bytes, cut_a: int, cut_b: int) -> bytes:
     return a[:cut_a] + b[cut_b:]
-
-
-def header_bytes(kind: int, length: int, *, run: int = 0, sender: int = 0) -> bytes:
-    """A syntactically valid header (magic, version) with any kind and declared length."""
-    return HEADER.pack(MAGIC, VERSION, kind, sender, run, 0, 0, 0, 0, 0, length)
 
 
 _UNKNOWN_KINDS = tuple(k for k in range(256) if k not in {int(x) for x in FrameKind})
@@ -566,124 +561,6 @@ def print_report(report: FuzzReport, out: TextIO | None = None) -> None:
     w(f"violations: {report.violations}\n")
     for e in report.examples:
         w(f"  {e}\n")
-
-
-# -- the attacker ------------------------------------------------------------------------------
-
-
-class AttackMode(enum.Enum):
-    WRONG_MAC = "wrong-mac"  # well-formed frames (HELLO as peer 0, or data) under another key
-    GARBAGE = "garbage"  # random bytes
-    OVERSIZED = "oversized"  # a valid header declaring more than the maximum payload
-    MIXED = "mixed"  # the three in turn
-
-
-@dataclass
-class AttackReport:
-    """How each hostile connection ended. Only ``closed``/``reset`` mean the worker dropped it."""
-
-    target: str
-    mode: str
-    sent: collections.Counter[str] = field(default_factory=collections.Counter)
-    ended: collections.Counter[str] = field(default_factory=collections.Counter)
-    bytes_sent: int = 0
-
-    @property
-    def dropped(self) -> int:
-        return self.ended["closed"] + self.ended["reset"]
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "target": self.target,
-            "mode": self.mode,
-            "sent": dict(self.sent),
-            "ended": dict(self.ended),
-            "dropped": self.dropped,
-            "bytes_sent": self.bytes_sent,
-        }
-
-
-def hostile_message(mode: AttackMode, rng: random.Random, max_payload: int) -> bytes:
-    """One hostile message for a fresh connection (``mode`` is not MIXED)."""
-    if mode is AttackMode.WRONG_MAC:
-        # We know the wire format but not the key: sign with a key of our own, for a guessed
-        # run, claiming to be worker 0 (an id the target accepts in a HELLO).
-        codec = FrameCodec(rng.randbytes(32), rng.randrange(_U32 + 1))
-        kind = rng.choice([FrameKind.HELLO, FrameKind.SCATTER, FrameKind.CONTROL])
-        size = rng.randrange(1, min(4096, max_payload) + 1)  # within the limit: must fail the MAC
-        payload = rng.randbytes(HELLO_PAYLOAD if kind is FrameKind.HELLO else size)
-        return codec.encode_bytes(Frame(kind, 0, codec.run, payload=payload))
-    if mode is AttackMode.GARBAGE:
-        return rng.randbytes(rng.randrange(1, 2048))
-    if mode is AttackMode.OVERSIZED:
-        length = rng.choice([max_payload + 1, _U32, rng.randrange(max_payload + 1, _U32 + 1)])
-        # Some bytes of the "payload" follow: the worker must not read them.
-        return header_bytes(rng.choice(list(FrameKind)), length) + rng.randbytes(4096)
-    raise ValueError(f"mode {mode} has no single message")
-
-
-def attack(
-    host: str,
-    port: int,
-    frames: int,
-    mode: AttackMode = AttackMode.MIXED,
-    *,
-    seed: int = 0,
-    max_payload: int = DEFAULT_MAX_PAYLOAD,
-    connect_timeout: float = 5.0,
-    wait_s: float = 10.0,
-) -> AttackReport:
-    """Open ``frames`` connections to ``host:port``, one hostile message each; see the module
-    docstring. Bounded: at most ``frames * (connect_timeout + wait_s)`` seconds."""
-    rng = random.Random(seed)
-    report = AttackReport(f"{host}:{port}", mode.value)
-    singles = [AttackMode.WRONG_MAC, AttackMode.GARBAGE, AttackMode.OVERSIZED]
-    for k in range(frames):
-        m = singles[k % len(singles)] if mode is AttackMode.MIXED else mode
-        msg = hostile_message(m, rng, max_payload)
-        try:
-            sock = socket.create_connection((host, port), timeout=connect_timeout)
-        except OSError as e:
-            report.ended["connect_failed"] += 1
-            log.warning("connect to %s:%d failed: %s", host, port, e)
-            continue
-        with sock:
-            report.sent[m.value] += 1
-            report.ended[_deliver(sock, msg, wait_s, report)] += 1
-    return report
-
-
-def _deliver(sock: socket.socket, msg: bytes, wait_s: float, report: AttackReport) -> str:
-    """Send ``msg``, half-close, and wait for the peer to end the connection."""
-    try:
-        sock.sendall(msg)
-        report.bytes_sent += len(msg)
-        sock.shutdown(socket.SHUT_WR)  # EOF: a short message is a truncation, not a stall
-    except OSError as e:
-        # The peer rejected the message before we finished writing it, and closing with
-        # unread data made its kernel reset the connection.
-        if e.errno in _DROPPED_ERRNOS:
-            return "reset"
-        log.warning("send failed: %s", e)
-        return "send_failed"
-    deadline = time.monotonic() + wait_s
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return "kept_open"
-        sock.settimeout(remaining)
-        try:
-            data = sock.recv(4096)
-        except TimeoutError:
-            return "kept_open"
-        except OSError as e:
-            if e.errno in _DROPPED_ERRNOS:
-                return "reset"
-            log.warning("receive failed: %s", e)
-            return "recv_failed"
-        if not data:
-            return "closed"
-        return "answered"  # a worker never writes on an inbound data connection
 
 
 # -- command line ------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from crew.wire.frames import HEADER, HEADER_SIZE, MAGIC, TAG_SIZE, Frame, FrameC
 from crew.wire.transport import Transport
 from lab import fuzz
 from lab.fuzz import Case, Mutation
+from lab.orchestrate import attacker
 
 SECRET = b"k" * 32
 RUN = 424242
@@ -267,12 +268,12 @@ def test_hostile_message_shapes() -> None:
     import random
 
     rng = random.Random(0)
-    forged = fuzz.hostile_message(fuzz.AttackMode.WRONG_MAC, rng, LIMIT)
+    forged = attacker.hostile_message(attacker.AttackMode.WRONG_MAC, rng, LIMIT)
     with pytest.raises(wf.BadMac):
         CODEC.decode(forged)
-    huge = fuzz.hostile_message(fuzz.AttackMode.OVERSIZED, rng, LIMIT)
+    huge = attacker.hostile_message(attacker.AttackMode.OVERSIZED, rng, LIMIT)
     assert struct.unpack("!I", huge[36:40])[0] > LIMIT
     with pytest.raises(wf.Oversized):
         CODEC.read_frame(fuzz.GuardedReader(huge, HEADER_SIZE))  # one header read, no more
     with pytest.raises(ValueError):
-        fuzz.hostile_message(fuzz.AttackMode.MIXED, rng, LIMIT)
+        attacker.hostile_message(attacker.AttackMode.MIXED, rng, LIMIT)

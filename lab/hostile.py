@@ -1,0 +1,656 @@
+"""Attacks on a running lab, with counts: does the run keep going?
+
+``sudo python -m lab.hostile`` starts a lab (``--topology``, default ``default``; the synthetic
+workload, no dashboard), waits for its first groups, measures its pace (completed groups per
+10 s, read from the run database) over ``--baseline`` seconds, then attacks it in two phases:
+
+**flood** (``lab.orchestrate.flood``): ``--connections`` pre-authentication connections in all,
+spread evenly over the coordinator's control port and every worker's data port (addresses from
+the run's ``config.json``), opened over the first half of ``--duration`` seconds and held
+without a byte until the target ends them; on every target at the same time, ``--slowloris``
+connections that send one byte of a HELLO every ``--drip`` seconds (renewed when cut), and
+``--frames`` connections each carrying one hostile message of ``lab.fuzz attack``'s kinds (wrong
+MAC, garbage, oversized header). The coordinator is attacked from the root namespace; a worker,
+which listens on its identity address inside its host's namespace, from a thread inside that
+namespace, over its loopback. During the phase the RSS of the coordinator and of every worker is
+sampled. Reported: connections attempted, refused (closed at once: a connection cap), cut
+(closed at the handshake deadline) and kept open; the pace during the phase over the baseline
+(target ``>= 0.8``); each process's RSS growth (target ``<= 50 MB``); and, after the phase, that
+groups still complete with every worker in one (``--recover`` seconds at most).
+
+**replay and impersonation** (``lab.orchestrate.replay``), with the run's keys from its folder
+(``secret``, ``admin-secret``): recorded HELLOs and frames replayed on fresh connections to the
+coordinator and every worker; frames naming another sender than the connection's authenticated
+peer; a recorded session of the lab's own Admin replayed; a HELLO naming the lab under the
+run's key; ``Admin`` sent on a genuine worker session (the coordinator must refuse it: p stays,
+a ``security`` event says so). ``--replays`` tries of each. Every attack runs against the live
+lab; none needs a loopback stand-in. Groups must complete after this phase too.
+
+It prints a table of what was tried and the counts, and exits 0 if every target was met, 1 if
+one was missed or groups stopped completing, 2 on bad options or without root, 3 when the
+machine lacks what the topology needs. ``--json PATH`` writes the figures. Everything it
+creates ends with it: its sockets are closed by each attacker, and the lab's teardown stops
+the processes it started and removes the network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import logging
+import os
+import resource
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from crew.cli_options import add_json_flag, add_out_flag, command_parser, write_json
+from crew.config import RunConfig
+from crew.runtime import rundb
+from crew.runtime.coordinator import HANDSHAKE_S as COORDINATOR_HANDSHAKE_S
+from crew.runtime.rundb import GroupStatus
+from crew.wire.transport import Transport
+from lab.net.preflight import PreflightError, check
+from lab.orchestrate.flood import FloodCounts, FloodPlan, Target, flood
+from lab.orchestrate.replay import (
+    Keys,
+    ReplayCounts,
+    admin_from_worker,
+    admin_refused_in_db,
+    replay_all,
+)
+from lab.orchestrate.runner import REPO, LabRun, RunOptions, new_run_id
+from lab.soak import rss_mb
+from lab.spec.shipped import add_topology_flag, default_topology
+from lab.spec.topology import TopologyError, load_topology
+
+log = logging.getLogger(__name__)
+
+WINDOW_S = 10.0  # pace is groups completed per this many seconds
+PACE_TARGET = 0.8  # pace during the flood over the pace before it
+RSS_TARGET_MB = 50.0
+SLACK_S = 2.0  # beyond a handshake deadline, for the cut to arrive
+POLL_S = 0.5
+SAMPLE_S = 2.0
+FIRST_GROUPS = 3
+TABLE_WIDTH = 120  # columns of the tables when the output is not a terminal
+# The data plane's handshake deadline: a worker's Transport keeps its default connect_timeout.
+WORKER_HANDSHAKE_S = float(inspect.signature(Transport).parameters["connect_timeout"].default)
+
+
+@dataclass(frozen=True)
+class HostileOptions:
+    topology: Path = field(default_factory=default_topology)
+    connections: int = 1000
+    slowloris: int = 4
+    frames: int = 30
+    drip_s: float = 2.0
+    duration_s: float = 60.0
+    baseline_s: float = 60.0
+    recover_s: float = 90.0
+    replays: int = 10
+    start_wait_s: float = 300.0
+    seed: int = 0
+    run_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("connections", "replays"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        for name in ("slowloris", "frames"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        for name in ("drip_s", "duration_s", "baseline_s", "recover_s", "start_wait_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be > 0")
+        if self.baseline_s < WINDOW_S or self.duration_s < WINDOW_S:
+            raise ValueError(f"baseline and duration must be at least one {WINDOW_S:g} s window")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options as JSON values (paths as text)."""
+        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+
+
+# -- pure: arithmetic and verdicts --------------------------------------------------------------
+
+
+def pace(ends: Iterable[float], start: float, end: float) -> float:
+    """Groups completed in ``(start, end]``, per ``WINDOW_S`` seconds."""
+    if end <= start:
+        raise ValueError(f"empty window {start}..{end}")
+    return sum(1 for e in ends if start < e <= end) * WINDOW_S / (end - start)
+
+
+def pace_ratio(before: float, during: float) -> float | None:
+    """The pace during an attack over the pace before it; None without a pace before."""
+    return during / before if before > 0 else None
+
+
+def split_evenly(total: int, parts: int) -> list[int]:
+    """``total`` as ``parts`` counts that differ by at most one, larger ones first."""
+    if parts < 1:
+        raise ValueError(f"parts={parts} must be >= 1")
+    q, r = divmod(total, parts)
+    return [q + (k < r) for k in range(parts)]
+
+
+def rss_growth(before: dict[str, float], samples: dict[str, list[float]]) -> dict[str, float]:
+    """Per process, its largest RSS sample (MB) minus its RSS before; a process with no sample
+    before (it started meanwhile) grows from its first sample."""
+    out = {}
+    for key, values in samples.items():
+        if values:
+            out[key] = round(max(values) - before.get(key, values[0]), 1)
+    return out
+
+
+@dataclass
+class HostileReport:
+    run_dir: str
+    topology: str
+    options: dict[str, Any]
+    n: int = 0
+    pace_before: float = 0.0  # groups per WINDOW_S over the baseline
+    pace_during: float = 0.0  # ... over the flood
+    flood_s: float = 0.0
+    flood: list[dict[str, Any]] = field(default_factory=list)  # FloodCounts.to_dict per target
+    rss_before_mb: dict[str, float] = field(default_factory=dict)
+    rss_growth_mb: dict[str, float] = field(default_factory=dict)
+    groups_after_flood: int = 0
+    workers_back: int = 0  # workers in a group completed after the flood
+    recovered_after_s: float | None = None  # flood end -> every worker in a completed group
+    replay: dict[str, Any] = field(default_factory=dict)  # ReplayCounts.to_dict
+    admin_sent: int = 0
+    admin_refusal_events: int = 0
+    p_before: str | None = None
+    p_after: str | None = None
+    groups_after_replay: int = 0
+    crashed: dict[int, int] = field(default_factory=dict)
+    coordinator_restarts: int = 0
+    error: str | None = None
+
+    @property
+    def pace_ratio(self) -> float | None:
+        return pace_ratio(self.pace_before, self.pace_during)
+
+    def verdicts(self) -> list[tuple[str, bool, str]]:
+        """(check, met, figures) for every target; the run passes if all are met."""
+        idle = _sum(f["idle"] for f in self.flood)
+        slow = _sum(f["slowloris"] for f in self.flood)
+        frames = [f["frames"] or {} for f in self.flood]
+        sent = sum(sum(f.get("sent", {}).values()) for f in frames)
+        dropped = sum(f.get("dropped", 0) for f in frames)
+        late = [
+            f["target"]
+            for f in self.flood
+            if f["slowloris_longest_s"] > f["deadline_s"] + SLACK_S + 2 * self.options["drip_s"]
+        ]
+        ratio = self.pace_ratio
+        worst = max(self.rss_growth_mb.values(), default=0.0)
+        attempts = sum(self.replay.get("attempts", {}).values())
+        refused = sum(self.replay.get("refused", {}).values())
+        errors = [f["error"] for f in self.flood if f["error"]] + self.replay.get("errors", [])
+        return [
+            ("no attacker failed", not errors and self.error is None, "; ".join(errors) or "none"),
+            (
+                "idle connections ended by the target",
+                idle["kept_open"] == 0 and idle["answered"] == 0,
+                f"{idle['kept_open']} kept open, {idle['answered']} answered",
+            ),
+            (
+                "slowloris cut by the handshake deadline",
+                slow["kept_open"] == 0 and not late,
+                f"{slow['kept_open']} kept open; over the deadline: {late or 'none'}",
+            ),
+            ("hostile frames dropped", sent == dropped, f"{dropped} of {sent}"),
+            (
+                f"pace during the flood >= {PACE_TARGET:.0%} of before",
+                ratio is not None and ratio >= PACE_TARGET,
+                "n/a" if ratio is None else f"{ratio:.2f}",
+            ),
+            (
+                f"RSS growth <= {RSS_TARGET_MB:g} MB per process",
+                bool(self.rss_growth_mb) and worst <= RSS_TARGET_MB,
+                f"largest {worst:+.1f} MB",
+            ),
+            (
+                "every worker in a completed group after the flood",
+                self.n > 0 and self.workers_back == self.n,
+                f"{self.workers_back} of {self.n}, {self.groups_after_flood} groups",
+            ),
+            (
+                "replays and impersonations refused",
+                attempts > 0 and refused == attempts,
+                f"{refused} of {attempts}",
+            ),
+            (
+                "Admin from a worker refused",
+                self.admin_sent > 0
+                and self.p_after == self.p_before
+                and self.admin_refusal_events > 0,
+                f"p {self.p_before} -> {self.p_after}, {self.admin_refusal_events} refusal events",
+            ),
+            (
+                "groups complete after the replays",
+                self.groups_after_replay > 0,
+                f"{self.groups_after_replay} groups",
+            ),
+            (
+                "no worker crashed, no coordinator restart",
+                not self.crashed and self.coordinator_restarts == 0,
+                f"crashed {self.crashed or 'none'}, restarts {self.coordinator_restarts}",
+            ),
+        ]
+
+    @property
+    def ok(self) -> bool:
+        return all(met for _, met, _ in self.verdicts())
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {
+            "pace_ratio": self.pace_ratio,
+            "verdicts": [{"check": c, "met": m, "figures": f} for c, m, f in self.verdicts()],
+            "ok": self.ok,
+        }
+
+
+def _sum(counters: Iterable[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {
+        k: 0 for k in ("refused", "cut", "kept_open", "answered", "connect_failed")
+    }
+    for c in counters:
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+def completed(db_path: Path, since: float = 0.0) -> list[tuple[float, list[int]]]:
+    """(end time, members) of the groups completed after ``since``, read-only."""
+    conn = rundb.connect(db_path, readonly=True)
+    try:
+        rows = conn.execute(
+            "SELECT ended_at, members FROM groups WHERE status=? AND ended_at > ?",
+            (GroupStatus.COMPLETED.value, since),
+        ).fetchall()
+    finally:
+        conn.close()
+    return [(float(r["ended_at"]), json.loads(r["members"])) for r in rows]
+
+
+def targets_of(run_dir: Path, lab: LabRun) -> list[tuple[Target, int | None]]:
+    """The coordinator's and every worker's listening port, from the run's ``config.json``."""
+    assert lab.net is not None
+    cfg = RunConfig.load(run_dir / "config.json")
+    out: list[tuple[Target, int | None]] = [
+        (
+            Target(
+                "coordinator",
+                cfg.coordinator_host,
+                cfg.coordinator_port,
+                None,
+                COORDINATOR_HANDSHAKE_S,
+            ),
+            None,
+        )
+    ]
+    for i in range(cfg.n):
+        host, port = cfg.data_address(i)
+        out.append((Target(f"w{i}", host, port, lab.net.host_pid(i), WORKER_HANDSHAKE_S), i))
+    return out
+
+
+class _Watch:
+    """Polls the lab and samples RSS while a phase runs in a thread of its own."""
+
+    def __init__(self, lab: LabRun) -> None:
+        self.lab = lab
+        self.samples: dict[str, list[float]] = {}
+
+    def processes(self) -> list[tuple[str, int]]:
+        procs = [] if self.lab.coordinator is None else [("coordinator", self.lab.coordinator.pid)]
+        return procs + [(f"w{i}", p.pid) for i, p in sorted(self.lab.workers.items())]
+
+    def rss(self) -> dict[str, float]:
+        out = {}
+        for name, pid in self.processes():
+            mb = rss_mb(pid)
+            if mb is not None:
+                out[name] = round(mb, 1)
+        return out
+
+    def wait(self, until: Callable[[], bool], timeout_s: float, *, sample: bool = False) -> bool:
+        """Poll until ``until()`` or ``timeout_s``; True if it held."""
+        deadline = time.monotonic() + timeout_s
+        next_sample = 0.0
+        for _ in range(int(timeout_s / POLL_S) + 2):
+            self.lab.poll()
+            if sample and time.monotonic() >= next_sample:
+                for k, v in self.rss().items():
+                    self.samples.setdefault(k, []).append(v)
+                next_sample = time.monotonic() + SAMPLE_S
+            if until():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_S)
+        return until()
+
+    def run(self, work: Callable[[], object], bound_s: float, *, sample: bool = False) -> object:
+        """``work()`` in a thread while this one polls the lab; its result or exception."""
+        box: dict[str, object] = {}
+
+        def body() -> None:
+            try:
+                box["value"] = work()
+            except BaseException as exc:
+                box["error"] = exc
+
+        thread = threading.Thread(target=body, name="hostile-phase", daemon=True)
+        thread.start()
+        self.wait(lambda: not thread.is_alive(), bound_s, sample=sample)
+        if thread.is_alive():
+            raise TimeoutError(f"an attack phase ran over its bound of {bound_s:.0f} s")
+        if "error" in box:
+            raise box["error"]  # type: ignore[misc]
+        return box.get("value")
+
+
+def _flood_all(
+    targets: list[tuple[Target, int | None]], plans: list[FloodPlan]
+) -> list[FloodCounts]:
+    results: list[FloodCounts | None] = [None] * len(targets)
+
+    def one(k: int) -> None:
+        results[k] = flood(targets[k][0], plans[k])
+
+    threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in range(len(targets))]
+    for t in threads:
+        t.start()
+    for t, (target, _), plan in zip(threads, targets, plans, strict=True):
+        t.join(plan.time_bound_s(target) + 15)
+    return [
+        r if r is not None else FloodCounts(t.name, t.deadline_s, error="did not finish")
+        for r, (t, _) in zip(results, targets, strict=True)
+    ]
+
+
+def run_hostile(opts: HostileOptions) -> HostileReport:
+    topo = load_topology(opts.topology)
+    caps = check(topo)
+    run_dir = opts.run_dir or (REPO / "runs" / f"hostile-{new_run_id()}")
+    ropts = RunOptions(workload="synthetic", seed=opts.seed, dashboard=False, log_level="WARNING")
+    report = HostileReport(str(run_dir), topo.name, opts.to_dict())
+    report.n = topo.n
+    lab = LabRun(topo, caps, ropts, run_dir)
+    try:
+        with lab:
+            _attack(lab, run_dir, opts, report)
+            lab.poll()
+            report.crashed = dict(lab.crashed)
+            report.coordinator_restarts = lab.coordinator_restarts
+    except KeyboardInterrupt:
+        report.error = "interrupted"
+    except Exception as exc:  # reported with what was measured so far
+        log.exception("the hostile run failed")
+        report.error = f"{type(exc).__name__}: {exc}"
+    return report
+
+
+def _attack(lab: LabRun, run_dir: Path, opts: HostileOptions, report: HostileReport) -> None:
+    watch = _Watch(lab)
+    db = lab.db_path
+    if not watch.wait(lambda: len(completed(db)) >= FIRST_GROUPS, opts.start_wait_s):
+        raise RuntimeError(f"fewer than {FIRST_GROUPS} groups within {opts.start_wait_s:g} s")
+    t0 = time.time()
+    watch.wait(lambda: time.time() >= t0 + opts.baseline_s, opts.baseline_s + 5)
+    report.pace_before = round(pace([e for e, _ in completed(db, t0)], t0, time.time()), 2)
+    targets = targets_of(run_dir, lab)
+    per = split_evenly(opts.connections, len(targets))
+    plans = [
+        FloodPlan(c, opts.slowloris, opts.frames, opts.duration_s, opts.drip_s, opts.seed + k)
+        for k, c in enumerate(per)
+    ]
+    report.rss_before_mb = watch.rss()
+    f0 = time.time()
+    bound = max(p.time_bound_s(t) for p, (t, _) in zip(plans, targets, strict=True)) + 30
+    counts = watch.run(lambda: _flood_all(targets, plans), bound, sample=True)
+    f1 = time.time()
+    report.flood_s = round(f1 - f0, 1)
+    report.flood = [c.to_dict() for c in counts]  # type: ignore[union-attr]
+    report.pace_during = round(pace([e for e, _ in completed(db, f0)], f0, f1), 2)
+    report.rss_growth_mb = rss_growth(report.rss_before_mb, watch.samples)
+
+    def back() -> bool:
+        groups = completed(db, f1)
+        report.groups_after_flood = len(groups)
+        report.workers_back = len({m for _, members in groups for m in members})
+        return report.workers_back == lab.topo.n
+
+    if watch.wait(back, opts.recover_s):
+        report.recovered_after_s = round(time.time() - f1, 1)
+
+    keys = Keys.of_run(run_dir)
+    report.p_before, _ = admin_refused_in_db(db, 0.0)
+    p = int(report.p_before or lab.opts.p)
+    r0 = time.time()
+    replays = watch.run(
+        lambda: replay_all(targets, keys, opts.replays, p, wait_s=3.0), 60 * opts.replays + 120
+    )
+    assert isinstance(replays, ReplayCounts)
+    report.replay = replays.to_dict()
+    coordinator = targets[0][0]
+    new_p = 2 if p != 2 else 3
+    report.admin_sent = int(
+        watch.run(lambda: admin_from_worker(coordinator, keys, opts.replays, new_p), 120)  # type: ignore[arg-type]
+    )
+    watch.wait(lambda: False, 2.0)  # the coordinator writes its events
+    report.p_after, report.admin_refusal_events = admin_refused_in_db(db, r0)
+    r1 = time.time()
+
+    def again() -> bool:
+        report.groups_after_replay = len(completed(db, r1))
+        return report.groups_after_replay >= FIRST_GROUPS
+
+    watch.wait(again, opts.recover_s)
+
+
+# -- output ------------------------------------------------------------------------------------
+
+
+def print_report(r: HostileReport, console: Console | None = None) -> None:
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # a log file: wide enough for the flood table's columns
+            console = Console(width=TABLE_WIDTH)
+    console.print(f"[bold]lab.hostile[/] on {r.topology} ({r.n} workers), run {r.run_dir}")
+    t = Table(title="flood: pre-authentication connections per target")
+    for col in (
+        "target",
+        "idle",
+        "refused",
+        "cut",
+        "kept open",
+        "slowloris",
+        "cut",
+        "longest s",
+        "deadline s",
+        "frames",
+        "dropped",
+    ):
+        t.add_column(col, justify="left" if col == "target" else "right")
+    for f in r.flood:
+        idle, slow, fr = _sum([f["idle"]]), _sum([f["slowloris"]]), f["frames"] or {}
+        t.add_row(
+            f["target"],
+            str(sum(f["idle"].values())),
+            str(idle["refused"]),
+            str(idle["cut"]),
+            str(idle["kept_open"] + slow["kept_open"]),
+            str(sum(f["slowloris"].values())),
+            str(slow["cut"]),
+            f"{max(f['idle_longest_s'], f['slowloris_longest_s']):.1f}",
+            f"{f['deadline_s']:g}",
+            str(sum(fr.get("sent", {}).values())),
+            str(fr.get("dropped", 0)),
+        )
+    console.print(t)
+    total = sum(sum(f["idle"].values()) + sum(f["slowloris"].values()) for f in r.flood) + sum(
+        sum((f["frames"] or {}).get("sent", {}).values()) for f in r.flood
+    )
+    ratio = r.pace_ratio
+    console.print(
+        f"{total} connections in {r.flood_s:g} s; pace {r.pace_before:g} groups/10 s before,"
+        f" {r.pace_during:g} during ({'n/a' if ratio is None else f'{ratio:.2f}'});"
+        f" {r.groups_after_flood} groups after, every worker back in"
+        f" {r.recovered_after_s if r.recovered_after_s is not None else 'never'} s"
+    )
+    m = Table(title="RSS (MB) before the flood, growth to its peak during it")
+    m.add_column("process")
+    m.add_column("before", justify="right")
+    m.add_column("growth", justify="right")
+    for key, g in sorted(r.rss_growth_mb.items()):
+        m.add_row(key, f"{r.rss_before_mb.get(key, float('nan')):.1f}", f"{g:+.1f}")
+    console.print(m)
+    rp = Table(title="replay and impersonation")
+    for col in ("attack@target", "attempts", "refused", "kept open"):
+        rp.add_column(col, justify="left" if col == "attack@target" else "right")
+    for key, a in sorted(r.replay.get("attempts", {}).items()):
+        rp.add_row(
+            key,
+            str(a),
+            str(r.replay.get("refused", {}).get(key, 0)),
+            str(r.replay.get("kept", {}).get(key, 0)),
+        )
+    rp.add_row(
+        "admin-from-worker@coordinator",
+        str(r.admin_sent),
+        f"{r.admin_refusal_events} events",
+        f"p {r.p_before} -> {r.p_after}",
+    )
+    console.print(rp)
+    v = Table(title="verdicts")
+    v.add_column("check")
+    v.add_column("met")
+    v.add_column("figures")
+    for check_, met, figures in r.verdicts():
+        v.add_row(check_, "[green]yes[/]" if met else "[red]NO[/]", figures)
+    console.print(v)
+    if r.error:
+        console.print(f"[red]error:[/] {r.error}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = HostileOptions()
+    p = command_parser(
+        "python -m lab.hostile",
+        __doc__,
+        epilog="exit status: 0 every target met; 1 a target missed or groups stopped; 2 bad"
+        " options or not root; 3 the machine lacks what the topology needs",
+    )
+    add_topology_flag(p, "a topology name under topologies/ or a YAML path (default: default)")
+    p.add_argument(
+        "--connections",
+        type=int,
+        default=d.connections,
+        help=f"idle pre-authentication connections in all targets ({d.connections})",
+    )
+    p.add_argument(
+        "--slowloris",
+        type=int,
+        default=d.slowloris,
+        help=f"slowloris connections at once per target ({d.slowloris})",
+    )
+    p.add_argument(
+        "--drip",
+        type=float,
+        default=d.drip_s,
+        help=f"seconds between a slowloris connection's bytes ({d.drip_s:g})",
+    )
+    p.add_argument(
+        "--frames",
+        type=int,
+        default=d.frames,
+        help=f"connections with one hostile message, per target ({d.frames})",
+    )
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=d.duration_s,
+        help=f"seconds of the flood phase ({d.duration_s:g})",
+    )
+    p.add_argument(
+        "--baseline",
+        type=float,
+        default=d.baseline_s,
+        help=f"seconds of pace measured before the flood ({d.baseline_s:g})",
+    )
+    p.add_argument(
+        "--recover",
+        type=float,
+        default=d.recover_s,
+        help=f"seconds allowed for groups to complete after a phase ({d.recover_s:g})",
+    )
+    p.add_argument(
+        "--replays",
+        type=int,
+        default=d.replays,
+        help=f"tries of each replay or impersonation per target ({d.replays})",
+    )
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the run and the attacks")
+    add_out_flag(p, "the run's folder (default runs/hostile-<run-id>)")
+    add_json_flag(p, "the figures and verdicts")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if os.geteuid() != 0:
+        print("error: lab.hostile builds a lab network: run it as root", file=sys.stderr)
+        return 2
+    try:
+        opts = HostileOptions(
+            topology=args.topology,
+            connections=args.connections,
+            slowloris=args.slowloris,
+            frames=args.frames,
+            drip_s=args.drip,
+            duration_s=args.duration,
+            baseline_s=args.baseline,
+            recover_s=args.recover,
+            replays=args.replays,
+            seed=args.seed,
+            run_dir=args.out,
+        )
+        load_topology(opts.topology)
+    except (ValueError, TopologyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard, max(soft, 2 * opts.connections + 1024))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    try:
+        report = run_hostile(opts)
+    except PreflightError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    if write_json(args.json, report.to_dict()):
+        print_report(report)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
