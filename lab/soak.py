@@ -78,6 +78,9 @@ class SoakOptions:
     p: int = 3
     width: int = 640
     run_dir: Path | None = None
+    faults: tuple[
+        str, ...
+    ] = ()  # chaos fault kinds to draw from (lab.spec.scenario.ChaosFault); (): all
 
     def __post_init__(self) -> None:
         if self.minutes <= 0:
@@ -182,7 +185,12 @@ def chaos_scenario(topo: TopologySpec, opts: SoakOptions, limits: Any) -> Scenar
         f"{opts.warmup_s:g} s to {until:g} s",
         "seed": opts.seed,
         "steps": [
-            {"at": opts.warmup_s, "do": "chaos", "args": {"until": until, "every": opts.every_s}}
+            {
+                "at": opts.warmup_s,
+                "do": "chaos",
+                "args": {"until": until, "every": opts.every_s}
+                | ({"kinds": list(opts.faults)} if opts.faults else {}),
+            }
         ],
     }
     return parse_scenario(doc, topo.n, limits=limits, rates=topo.bw_matrix())
@@ -611,6 +619,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="fault-free seconds at the end, all faults undone (60)",
     )
     p.add_argument("--sample-every", type=float, default=15.0, help="RSS sampling period (15)")
+    p.add_argument(
+        "--faults",
+        default="",
+        metavar="KINDS",
+        help="comma-separated fault kinds to draw from: kill, slow, cut, rate, contention"
+        " (default all); without kill, every worker lives through the run, so its memory"
+        " can be followed for the whole soak",
+    )
     add_config_flags(p, ("p", "width"))
     add_out_flag(p, "the run's folder (default runs/soak-<run-id>)", old=("--run-dir",))
     p.add_argument("--json", type=Path, default=None, help="also write the report here")
@@ -634,6 +650,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             p=args.p,
             width=args.width,
             run_dir=args.out,
+            faults=tuple(k.strip() for k in args.faults.split(",") if k.strip()),
         )
         report = run_soak(opts)
     except (ValueError, TopologyError, ScenarioError, PreflightError) as exc:

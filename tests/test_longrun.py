@@ -59,3 +59,19 @@ def test_rss_timeline_shows_each_process_at_evenly_spread_times() -> None:
     assert lines[2].split()[1:] == ["80.0", "120.0", "160.0", "200.0", "240.0", "280.0", "320.0"]
     assert lines[3].split()[1:] == ["-", "-", "-", "-", "-", "300.0", "300.0"]
     assert rss_timeline({}) == []
+
+
+def test_soak_draws_only_the_fault_kinds_asked_for() -> None:
+    from lab.net.preflight import Capabilities
+    from lab.orchestrate.runner import lab_limits
+    from lab.soak import SoakOptions, chaos_scenario
+    from lab.spec.topology import load_topology
+
+    caps = Capabilities(root=True, tools={}, htb=True, netem=False, iptables_statistic=True)
+    opts = SoakOptions(minutes=10, faults=("slow", "cut"))
+    topo = load_topology(opts.topology)
+    limits = lab_limits(topo, caps)
+    kinds = {s.command.KIND.value for s in chaos_scenario(topo, opts, limits).steps}
+    assert kinds and kinds <= {"slow_worker", "cut_link", "restore_link"}
+    every = chaos_scenario(topo, SoakOptions(minutes=10), limits)
+    assert "kill_worker" in {s.command.KIND.value for s in every.steps}
