@@ -2,7 +2,9 @@
 
 Pure: time is passed in. One event per rejected frame, up to ``REJECT_EVENTS`` per worker and
 reason in each ``REJECT_WINDOW_S``; beyond that they are counted and written as one summary
-when the window ends, so a flood of bad connections cannot become a flood of rows.
+when the window ends, so a flood of bad connections cannot become a flood of rows. A summary
+names at most ``SUMMARY_PEERS`` of the peers it counts, so that a flood from many addresses
+cannot grow the limiter's memory either; its count stays exact.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 
 REJECT_WINDOW_S = 5.0
 REJECT_EVENTS = 50
+SUMMARY_PEERS = 16
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,8 @@ class RejectionLimiter:
             notes.append(SecurityNote(worker, reason, 1, (peer,)))
         else:
             window.suppressed += 1
-            window.peers.add(peer)
+            if len(window.peers) < SUMMARY_PEERS:
+                window.peers.add(peer)
         return notes
 
     def expire(self, now: float) -> list[SecurityNote]:
