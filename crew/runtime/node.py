@@ -113,10 +113,11 @@ class Settled:
 class Node:
     """One worker's transport, reduce engine and control connection (see the module doc).
 
-    The transport listens at ``cfg``'s address for ``me``; ``secret`` is the run's key (``cfg.secret()`` when None). ``iteration`` reports the
-    caller's local iteration in heartbeats; ``on_slowdown`` receives the coordinator's
-    straggler factor (lab experiments). ``transport``: one the caller made (a launched job's,
-    which carried the start-up probe); it adopts this run's codec here (``Transport.adopt``)."""
+    The transport listens at ``cfg``'s address for ``me``; ``secret`` is the run's key
+    (``cfg.secret()`` when None). ``iteration`` reports the caller's local iteration in
+    heartbeats; ``on_slowdown`` receives the coordinator's straggler factor (lab experiments).
+    ``transport``: one the caller made (a launched job's, which carried the start-up probe);
+    it adopts this run's codec here (``Transport.adopt``)."""
 
     def __init__(
         self,
