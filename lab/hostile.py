@@ -559,54 +559,18 @@ def build_parser() -> argparse.ArgumentParser:
         " options or not root; 3 the machine lacks what the topology needs",
     )
     add_topology_flag(p, "a topology name under topologies/ or a YAML path (default: default)")
-    p.add_argument(
-        "--connections",
-        type=int,
-        default=d.connections,
-        help=f"idle pre-authentication connections in all targets ({d.connections})",
-    )
-    p.add_argument(
-        "--slowloris",
-        type=int,
-        default=d.slowloris,
-        help=f"slowloris connections at once per target ({d.slowloris})",
-    )
-    p.add_argument(
-        "--drip",
-        type=float,
-        default=d.drip_s,
-        help=f"seconds between a slowloris connection's bytes ({d.drip_s:g})",
-    )
-    p.add_argument(
-        "--frames",
-        type=int,
-        default=d.frames,
-        help=f"connections with one hostile message, per target ({d.frames})",
-    )
-    p.add_argument(
-        "--duration",
-        type=float,
-        default=d.duration_s,
-        help=f"seconds of the flood phase ({d.duration_s:g})",
-    )
-    p.add_argument(
-        "--baseline",
-        type=float,
-        default=d.baseline_s,
-        help=f"seconds of pace measured before the flood ({d.baseline_s:g})",
-    )
-    p.add_argument(
-        "--recover",
-        type=float,
-        default=d.recover_s,
-        help=f"seconds allowed for groups to complete after a phase ({d.recover_s:g})",
-    )
-    p.add_argument(
-        "--replays",
-        type=int,
-        default=d.replays,
-        help=f"tries of each replay or impersonation per target ({d.replays})",
-    )
+    for flag, name, kind, what in (
+        ("--connections", "connections", int, "idle pre-authentication connections in all targets"),
+        ("--slowloris", "slowloris", int, "slowloris connections at once per target"),
+        ("--drip", "drip_s", float, "seconds between a slowloris connection's bytes"),
+        ("--frames", "frames", int, "connections with one hostile message, per target"),
+        ("--duration", "duration_s", float, "seconds of the flood phase"),
+        ("--baseline", "baseline_s", float, "seconds of pace measured before the flood"),
+        ("--recover", "recover_s", float, "seconds allowed for groups to complete after a phase"),
+        ("--replays", "replays", int, "tries of each replay or impersonation per target"),
+    ):
+        default = getattr(d, name)
+        p.add_argument(flag, type=kind, default=default, help=f"{what} ({default:g})")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the run and the attacks")
     add_out_flag(p, "the run's folder (default runs/hostile-<run-id>)")
     add_json_flag(p, "the figures and verdicts")
