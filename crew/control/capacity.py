@@ -7,11 +7,8 @@ life cycle, and through it the coordinator or a simulator) turns the returned
 Three matrices, in Mbit/s, ``[src, dst]``, diagonal ``inf``:
 
 * ``configured``: what the topology says (changed only by an admin ``set_link``);
-* ``estimated``: an exponential average (weight ``EWMA``) of the measured rates, scaled up by
-  ``TCP_GOODPUT`` so it compares with the configured frame-level rate. Senders report the
-  kernel's delivery rate of each connection while it was full (:meth:`measure_sent`, where
-  the kernel keeps one: ``crew.wire.delivery``); elsewhere receivers report the rate frames
-  arrived at back to back (:meth:`measure`);
+* ``estimated``: an exponential average (weight ``EWMA``) of the rates the receivers measured,
+  scaled up by ``TCP_GOODPUT`` so it compares with the configured frame-level rate;
 * ``planning``: what plans are made on. The configured rate, or under ``measured=True`` the
   estimate once it drifts more than ``DRIFT`` (relative) from what is planned; 0 for a failed
   link until its retry.
@@ -212,28 +209,16 @@ class CapacityView:
             src = int(src_f)
             if not 0 <= src < self.n or src == dst or seconds <= 0 or nbytes <= 0:
                 continue
-            updates += self._fold(src, dst, nbytes * 8 / seconds / 1e6 / TCP_GOODPUT)
-        return updates
-
-    def measure_sent(self, src: int, samples: Iterable[Sequence[float]]) -> list[LinkUpdate]:
-        """Fold a sender's ``[dst, Mbit/s]`` delivery rates (TCP payload, measured by the
-        kernel while the link was full) into the estimates, as :meth:`measure` does."""
-        updates = []
-        for dst_f, mbit in samples:
-            dst = int(dst_f)
-            if not 0 <= dst < self.n or dst == src or not mbit > 0:
+            mbit = nbytes * 8 / seconds / 1e6 / TCP_GOODPUT
+            old = self.estimated[src, dst]
+            self.estimated[src, dst] = est = (1 - EWMA) * old + EWMA * mbit
+            planned = float(self.planning[src, dst])
+            if not self.measured or planned <= 0:
                 continue
-            updates += self._fold(src, dst, mbit / TCP_GOODPUT)
+            if abs(est - planned) > DRIFT * planned:
+                self.planning[src, dst] = est
+                updates.append(LinkUpdate(LinkChange.DRIFTED, src, dst, float(est), planned))
         return updates
-
-    def _fold(self, src: int, dst: int, mbit: float) -> list[LinkUpdate]:
-        old = self.estimated[src, dst]
-        self.estimated[src, dst] = est = (1 - EWMA) * old + EWMA * mbit
-        planned = float(self.planning[src, dst])
-        if not self.measured or planned <= 0 or abs(est - planned) <= DRIFT * planned:
-            return []
-        self.planning[src, dst] = est
-        return [LinkUpdate(LinkChange.DRIFTED, src, dst, float(est), planned)]
 
     def forget_worker(self, worker: int) -> None:
         """A (re)started worker is a new process: failures of links to or from its predecessor

@@ -390,8 +390,9 @@ class GroupLifecycle:
             self._have_all(msg, now)
         elif isinstance(msg, proto.LinkFailed):
             self._links(self.links.sender_failed(msg.src, msg.dst, msg.reason, now), now)
-        elif isinstance(msg, proto.LinkRates | proto.SendRates):
-            for drift in self.links.rates(msg).notes:  # "measured": each drift re-plans at once
+        elif isinstance(msg, proto.LinkRates):
+            # "measured" mode: each drift re-plans at once (a new split per link)
+            for drift in self.links.measured(worker, msg.samples).notes:
                 self._links(LinkReport((drift,)), now)
         elif isinstance(msg, proto.LinkHealth):
             # the probe states of the links into the worker, and its groups' progress

@@ -207,15 +207,10 @@ class LinkHealthTracker:
         if any(not 0 <= s < self.n for s in down):
             raise proto.ProtocolError(f"link_health.down: {down} names no worker of this run")
 
-    def rates(self, msg: proto.LinkRates | proto.SendRates) -> LinkReport:
-        """A receiver's ``[src, bytes, seconds]`` arrivals or a sender's ``[dst, Mbit/s]``
-        delivery rates: the links whose estimate drifted far enough to be planned on (only
-        when the run plans on measurements)."""
-        if isinstance(msg, proto.SendRates):
-            updates = self.capacity.measure_sent(msg.worker, msg.samples)
-        else:
-            updates = self.capacity.measure(msg.worker, msg.samples)
-        return LinkReport(tuple(self._note(u) for u in updates))
+    def measured(self, worker: int, samples: Iterable[Sequence[float]]) -> LinkReport:
+        """Receiver ``worker`` measured ``[src, bytes, seconds]`` arrivals: the links whose
+        estimate drifted far enough to be planned on (only when the run plans on measurements)."""
+        return LinkReport(tuple(self._note(u) for u in self.capacity.measure(worker, samples)))
 
     def retry_due(self, now: float) -> LinkReport:
         """Failed links whose probes passed and whose wait is over are back in plans."""

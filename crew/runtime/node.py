@@ -57,14 +57,12 @@ from crew.runtime.reduce import ReduceEngine
 from crew.train.compress import Codec
 from crew.train.partcodec import PartCodec
 from crew.wire import protocol as proto
-from crew.wire.delivery import TCP_INFO
 from crew.wire.frames import Frame, FrameCodec, FrameError, FrameKind, control_body, control_frame
 from crew.wire.probes import LinkStateChange, Prober
 from crew.wire.session import open_session
 from crew.wire.transport import FlowOrder, FrameStream, Transport
 
 log = logging.getLogger("crew.runtime.node")
-KERNEL_DELIVERY_RATES = TCP_INFO is not None
 
 CONNECT_ATTEMPTS = 60  # x 0.5 s: the coordinator may start a moment after the workers
 HEALTH_S = 0.5  # LinkHealth (probe states, group progress) period; changes go at once
@@ -364,23 +362,13 @@ class Node:
             self.tell(proto.Heartbeat(self.me, self._iteration()))
             if self.meter.rounds:  # a worker that offers rounds (not a bench or Gloo node)
                 self._report_utilisation()
-            self._report_rates()
-
-    def _report_rates(self) -> None:
-        """The links' measured rates for the capacity estimator: where the kernel measures
-        delivery rates (crew.wire.delivery), this worker's outgoing links as their sender saw
-        them; elsewhere its incoming links, timed from frame arrivals."""
-        if KERNEL_DELIVERY_RATES:
-            sent = [
-                [float(dst), bps * 8 / 1e6] for dst, bps in self.transport.delivery_rates().items()
+            samples = [
+                [float(src), float(b), s]
+                for src, (b, s) in self.transport.arrival_rates().items()
+                if s > 0
             ]
-            if sent:
-                self.tell(proto.SendRates(self.me, sent))
-            return
-        arrivals = self.transport.arrival_rates().items()
-        samples = [[float(src), float(b), s] for src, (b, s) in arrivals if s > 0]
-        if samples:
-            self.tell(proto.LinkRates(self.me, samples))
+            if samples:
+                self.tell(proto.LinkRates(self.me, samples))
 
     def _control_reader(self) -> None:
         assert self.control is not None

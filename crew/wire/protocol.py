@@ -69,7 +69,6 @@ Count = Annotated[int, AtLeast(0)]
 Positive = Annotated[int, AtLeast(1)]
 # [src, bytes, seconds] of one link's measured arrivals (LinkRates).
 RateSample = Annotated[list[Annotated[float, AtLeast(0)]], Length(3)]
-SentRate = Annotated[list[Annotated[float, AtLeast(0)]], Length(2)]
 
 
 @dataclass(frozen=True)
@@ -167,16 +166,6 @@ class LinkRates(Message):
     TYPE: ClassVar[str] = "link_rates"
     worker: int
     samples: list[RateSample]
-
-
-@dataclass(frozen=True)
-class SendRates(Message):
-    """The kernel's delivery rate of this worker's connections while they were not
-    application-limited: ``[dst, Mbit/s]`` per link it -> dst (``crew.wire.delivery``)."""
-
-    TYPE: ClassVar[str] = "send_rates"
-    worker: int
-    samples: list[SentRate]
 
 
 @dataclass(frozen=True)
@@ -366,7 +355,6 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Metrics,
         Utilisation,
         HaveAll,
-        SendRates,
         LinkFailed,
         LinkRates,
         LinkHealth,

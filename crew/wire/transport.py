@@ -47,7 +47,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from crew.wire.delivery import DeliveryMeter, read_delivery_rate
 from crew.wire.frames import (
     SEND_BACKLOG_BYTES,
     Frame,
@@ -554,7 +553,6 @@ class _Link:
         self.stream: FrameStream | None = None
         self.failure: BaseException | None = None  # set by fail_peer, consumed by the sender
         self.thread: threading.Thread | None = None
-        self.delivery = DeliveryMeter()  # the sender adds, delivery_rates() takes (transport lock)
 
 
 class ArrivalRate:
@@ -831,14 +829,6 @@ class Transport:
         with self._lock:
             return {peer: r.take() for peer, r in self._arrivals.items()}
 
-    def delivery_rates(self) -> dict[int, float]:
-        """Per peer, the median delivery rate (bytes/s) the kernel measured on the connection
-        to it since the last call, while this end was not application-limited: the capacity
-        of the link here -> peer when it was full (see crew.wire.delivery)."""
-        with self._lock:
-            rates = {dst: link.delivery.take() for dst, link in self._links.items()}
-        return {dst: r for dst, r in rates.items() if r is not None}
-
     def queued_bytes(self, dst: int) -> int:
         """Wire bytes queued for ``dst``, including the frame being sent."""
         with self._lock:
@@ -1014,11 +1004,9 @@ class Transport:
                 link.inflight = None
                 link.queued_bytes -= n
                 link.cond.notify_all()  # flush() waiters
-            rate = read_delivery_rate(stream.sock) if link.delivery.due(time.monotonic()) else None
             with self._lock:
                 self._bytes_sent[link.dst] += n
                 self._frames_sent += 1
-                link.delivery.add(rate)
 
     def _connect(self, link: _Link) -> FrameStream:
         """Connect with retries until connect_timeout and say HELLO. Raises PeerUnreachable."""

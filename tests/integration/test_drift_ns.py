@@ -4,7 +4,6 @@ given traces in its options replays them itself and tells an oracle planner each
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -68,30 +67,3 @@ def test_a_lab_given_traces_replays_them_and_its_oracle_planner_keeps_completing
     traced = rows(db, "SELECT src, dst, rate_mbit FROM link_state WHERE reason = 'trace'")
     assert [r["rate_mbit"] for r in traced if (r["src"], r["dst"]) == (1, 0)] == [20.0, 60.0, 25.0]
     assert not [g for g in completed_groups(db) if g["verify_err"] is None]
-
-
-def test_a_measuring_planner_finds_a_links_shaped_rate(tmp_path: Path) -> None:
-    """Link 0 -> 1 is configured at 60 Mbit/s but shaped at 15 from the start: the senders'
-    delivery rates bring the planned rate down to near 15 in steps of the estimator."""
-    topo = load_topology(SMALL)
-    assert topo.link(0, 1).rate_mbit == 60.0
-    shaped = RateTrace((0.0,), (15.0,), "15 Mbit/s")
-    opts = replace(
-        small_opts(workload="synthetic", model_mb=1.0, capacity="measured"),
-        rate_traces={(0, 1): shaped},
-    )
-
-    def planned_0_1() -> list[float]:
-        events = rows(db, "SELECT data FROM events WHERE kind = 'capacity' ORDER BY t")
-        out = []
-        for e in events:
-            d = json.loads(e["data"] or "{}")
-            if (d.get("src"), d.get("dst")) == (0, 1) and "mbit" in d:
-                out.append(float(d["mbit"]))
-        return out
-
-    with LabRun(topo, check(topo), opts, tmp_path / "run", state_dir=tmp_path / "state") as lab:
-        db = lab.db_path
-        wait_until(lab, lambda: any(m < 21.0 for m in planned_0_1()), 60.0, "0->1 near 15")
-    steps = planned_0_1()
-    assert steps[0] < 60.0 * 0.75 and 12.0 < steps[-1] < 21.0
