@@ -511,24 +511,11 @@ def group_timeline(groups: pd.DataFrame, t0: float, asof: float) -> go.Figure:
     return fig
 
 
-def round_counts(memberships: pd.DataFrame, t0: float) -> pd.DataFrame:
-    """Completed memberships (worker, ended_at, staleness) counted per worker and minute since
-    ``t0``, as ``queries.completed_rounds`` reads them from the database."""
-    cols = ["worker", "minute", "rounds", "staleness_sum", "staleness_max"]
-    if memberships.empty:
-        return pd.DataFrame(columns=cols)
-    m = memberships.assign(minute=((memberships["ended_at"] - t0) // 60).astype(int))
-    if "staleness" not in m:
-        m["staleness"] = 1
-    per = m.groupby(["worker", "minute"], as_index=False)["staleness"]
-    return per.agg(rounds="size", staleness_sum="sum", staleness_max="max")[cols]
-
-
 def rounds_and_staleness(
     rounds: pd.DataFrame, workers: pd.DataFrame, title: str = "rounds (completed groups)"
 ) -> go.Figure:
     """Completed rounds per worker (left) and mean / max staleness of its updates (right);
-    ``rounds`` as ``round_counts`` gives them."""
+    ``rounds`` as ``queries.completed_rounds`` reads them."""
     ids = [int(w) for w in workers.sort_values("id")["id"]]
     names = worker_names(workers)
     x = [names[w] for w in ids]
@@ -719,8 +706,8 @@ def lm_quality(iters: pd.DataFrame) -> tuple[float, float] | None:
 def rounds_per_minute(
     rounds: pd.DataFrame, workers: pd.DataFrame, t0: float, now: float | None = None
 ) -> go.Figure:
-    """Completed rounds per worker in each minute of the run; ``rounds`` as ``round_counts``
-    gives them (minutes since ``t0``).
+    """Completed rounds per worker in each minute of the run; ``rounds`` as
+    ``queries.completed_rounds`` reads them (minutes since ``t0``).
 
     With ``now``, the minute still running is scaled to a full minute (a raw count would make
     every line drop at the right edge), or left out while less than 10 s of it has passed."""

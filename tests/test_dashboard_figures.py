@@ -453,19 +453,38 @@ def test_training_curves_per_worker_and_overall(conn, run_db):
     assert sum(sum(t.y) for t in rpm.data) == 4
 
 
+def round_counts(memberships: pd.DataFrame, t0: float) -> pd.DataFrame:
+    """Completed memberships (worker, ended_at, staleness) counted per worker and minute since
+    ``t0`` in pandas: the reference ``queries.completed_rounds`` must agree with."""
+    cols = queries.ROUND_COLUMNS
+    if memberships.empty:
+        return pd.DataFrame(columns=cols)
+    m = memberships.assign(minute=((memberships["ended_at"] - t0) // 60).astype(int))
+    if "staleness" not in m:
+        m["staleness"] = 1
+    per = m.groupby(["worker", "minute"], as_index=False)["staleness"]
+    return per.agg(rounds="size", staleness_sum="sum", staleness_max="max")[cols]
+
+
 def test_completed_rounds_count_in_sql_what_the_memberships_hold(conn, run_db):
     now = run_db[1]
     t0 = now - DURATION
     counted = queries.completed_rounds(conn, t0, now)
-    assert counted.columns.tolist() == figures.round_counts(pd.DataFrame(), t0).columns.tolist()
-    expected = figures.round_counts(queries.completed_memberships(conn, now), t0)
+    assert counted.columns.tolist() == [
+        "worker",
+        "minute",
+        "rounds",
+        "staleness_sum",
+        "staleness_max",
+    ]
+    expected = round_counts(queries.completed_memberships(conn, now), t0)
     assert counted.astype(float).values.tolist() == expected.astype(float).values.tolist()
     # Only the window's groups: none ended in the last 5 s, so none are counted.
     assert queries.completed_rounds(conn, t0, now, window_s=5.0).empty
 
 
 def test_rounds_per_minute_scales_the_running_minute() -> None:
-    members = figures.round_counts(
+    members = round_counts(
         pd.DataFrame({"worker": [0, 0, 0], "ended_at": [10.0, 70.0, 95.0]}), t0=0.0
     )
     workers = pd.DataFrame({"id": [0], "name": ["w0"], "cloud": ["a"], "address": ["x"]})
