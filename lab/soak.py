@@ -78,9 +78,8 @@ class SoakOptions:
     p: int = 3
     width: int = 640
     run_dir: Path | None = None
-    faults: tuple[
-        str, ...
-    ] = ()  # chaos fault kinds to draw from (lab.spec.scenario.ChaosFault); (): all
+    # chaos fault kinds to draw from (lab.spec.scenario.ChaosFault values); (): every kind
+    faults: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.minutes <= 0:
