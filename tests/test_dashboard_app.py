@@ -385,12 +385,17 @@ def test_ready_workers_are_listed_in_queue_order_not_id_order(live_db):
     assert "ready now (in queue order): w1, w2, w0" in [c.value for c in at.caption]
 
 
-def test_replay_shows_the_worker_states_of_that_moment(finished_db):
-    conn = rundb.connect(finished_db, readonly=True)
+def _meta_time(db: Path, key: str) -> float:
+    """A time the run's meta table holds (``started_at``, ``ended_at``)."""
+    conn = rundb.connect(db, readonly=True)
     try:
-        t0 = float(conn.execute("SELECT value FROM meta WHERE key = 'started_at'").fetchone()[0])
+        return float(conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()[0])
     finally:
         conn.close()
+
+
+def test_replay_shows_the_worker_states_of_that_moment(finished_db):
+    t0 = _meta_time(finished_db, "started_at")
     _add_states(
         finished_db,
         [
@@ -414,9 +419,9 @@ def test_pace_panel_shows_windows_against_the_pre_fault_rate_with_faults_marked(
 ):
     db_path = make_run(tmp_path, live=False)
     monkeypatch.setenv("CREW_LAB_RUN", str(db_path))
+    t0 = _meta_time(db_path, "started_at")
     conn = sqlite3.connect(db_path)
     try:
-        t0 = float(conn.execute("SELECT value FROM meta WHERE key='started_at'").fetchone()[0])
         conn.execute("DELETE FROM groups")
         ends = [t0 + 0.5 * k for k in range(1, 24)]  # 2 a second until the cut at 12 s
         ends += [t0 + 14.0, t0 + 19.0]  # then 2 in 10 s
@@ -456,11 +461,7 @@ def test_pace_panel_shows_windows_against_the_pre_fault_rate_with_faults_marked(
 def test_a_long_lm_runs_training_panel_draws_bins_and_its_newest_evaluation(finished_db):
     # The same rows, recorded as the last 30 s of a 3-hour lm run: the training curves come
     # from bins folded in SQL and the held-out loss from each worker's newest evaluation.
-    conn = rundb.connect(finished_db, readonly=True)
-    try:
-        ended = float(conn.execute("SELECT value FROM meta WHERE key = 'ended_at'").fetchone()[0])
-    finally:
-        conn.close()
+    ended = _meta_time(finished_db, "ended_at")
     newest = _newest_evaluations(finished_db)
     db = rundb.RunDB(finished_db)
     try:
