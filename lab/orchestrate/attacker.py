@@ -102,13 +102,18 @@ def attack(
     max_payload: int = DEFAULT_MAX_PAYLOAD,
     connect_timeout: float = 5.0,
     wait_s: float = 10.0,
+    spread_s: float = 0.0,
 ) -> AttackReport:
     """Open ``frames`` connections to ``host:port``, one hostile message each; see the module
-    docstring. Bounded: at most ``frames * (connect_timeout + wait_s)`` seconds."""
+    docstring. ``spread_s``: the connections start evenly over that many seconds (0: one after
+    another). Bounded: at most ``spread_s + frames * (connect_timeout + wait_s)`` seconds."""
     rng = random.Random(seed)
     report = AttackReport(f"{host}:{port}", mode.value)
     singles = [AttackMode.WRONG_MAC, AttackMode.GARBAGE, AttackMode.OVERSIZED]
+    gap = spread_s / frames if frames else 0.0
+    start = time.monotonic()
     for k in range(frames):
+        time.sleep(max(0.0, start + k * gap - time.monotonic()))
         m = singles[k % len(singles)] if mode is AttackMode.MIXED else mode
         msg = hostile_message(m, rng, max_payload)
         try:

@@ -30,7 +30,6 @@ import collections
 import ctypes
 import errno
 import os
-import random
 import selectors
 import socket
 import threading
@@ -42,11 +41,9 @@ from typing import TypeVar
 from crew.wire.frames import DEFAULT_MAX_PAYLOAD, FrameKind
 from crew.wire.session import HELLO_PAYLOAD
 from lab.orchestrate.attacker import (
-    AttackMode,
     AttackReport,
-    deliver,
+    attack,
     header_bytes,
-    hostile_message,
 )
 
 T = TypeVar("T")
@@ -275,26 +272,18 @@ def hostile_frames(
     target: Target, frames: int, duration_s: float, seed: int, max_payload: int
 ) -> AttackReport:
     """``frames`` connections spread over ``duration_s``, one hostile message each, in turn
-    wrong-MAC, garbage and oversized. Bounded by ``duration_s`` plus
+    wrong-MAC, garbage and oversized (``attacker.attack``). Bounded by ``duration_s`` plus
     ``frames * (CONNECT_TIMEOUT_S + DELIVER_WAIT_S)``."""
-    rng = random.Random(seed)
-    report = AttackReport(f"{target.host}:{target.port}", AttackMode.MIXED.value)
-    singles = [AttackMode.WRONG_MAC, AttackMode.GARBAGE, AttackMode.OVERSIZED]
-    gap = duration_s / frames if frames else 0.0
-    start = time.monotonic()
-    for k in range(frames):
-        time.sleep(max(0.0, start + k * gap - time.monotonic()))
-        mode = singles[k % len(singles)]
-        msg = hostile_message(mode, rng, max_payload)
-        try:
-            sock = socket.create_connection((target.host, target.port), timeout=CONNECT_TIMEOUT_S)
-        except OSError:
-            report.ended["connect_failed"] += 1
-            continue
-        with sock:
-            report.sent[mode.value] += 1
-            report.ended[deliver(sock, msg, DELIVER_WAIT_S, report)] += 1
-    return report
+    return attack(
+        target.host,
+        target.port,
+        frames,
+        seed=seed,
+        max_payload=max_payload,
+        connect_timeout=CONNECT_TIMEOUT_S,
+        wait_s=DELIVER_WAIT_S,
+        spread_s=duration_s,
+    )
 
 
 @dataclass(frozen=True)
