@@ -59,7 +59,7 @@ from crew.runtime.coordinator import HANDSHAKE_S as COORDINATOR_HANDSHAKE_S
 from crew.runtime.rundb import GroupStatus
 from crew.wire.transport import Transport
 from lab.net.preflight import PreflightError, check
-from lab.orchestrate.flood import FloodCounts, FloodPlan, Target, flood
+from lab.orchestrate.flood import FloodCounts, FloodPlan, Target, flood, in_thread
 from lab.orchestrate.replay import (
     Keys,
     ReplayCounts,
@@ -348,22 +348,12 @@ class _Watch:
 
     def run(self, work: Callable[[], object], bound_s: float, *, sample: bool = False) -> object:
         """``work()`` in a thread while this one polls the lab; its result or exception."""
-        box: dict[str, object] = {}
-
-        def body() -> None:
-            try:
-                box["value"] = work()
-            except BaseException as exc:
-                box["error"] = exc
-
-        thread = threading.Thread(target=body, name="hostile-phase", daemon=True)
-        thread.start()
-        self.wait(lambda: not thread.is_alive(), bound_s, sample=sample)
-        if thread.is_alive():
-            raise TimeoutError(f"an attack phase ran over its bound of {bound_s:.0f} s")
-        if "error" in box:
-            raise box["error"]  # type: ignore[misc]
-        return box.get("value")
+        return in_thread(
+            work,
+            "hostile-phase",
+            lambda thread: self.wait(lambda: not thread.is_alive(), bound_s, sample=sample),
+            f"an attack phase ran over its bound of {bound_s:.0f} s",
+        )
 
 
 def _flood_all(

@@ -85,27 +85,44 @@ def enter_netns(pid: int) -> None:
         os.close(fd)
 
 
-def in_netns(pid: int | None, fn: Callable[[], T], timeout_s: float) -> T:
-    """``fn()`` in a thread of its own inside ``pid``'s network namespace (None: here), waited
-    for at most ``timeout_s``; its exception is raised here."""
+def in_thread(
+    fn: Callable[[], T], name: str, wait: Callable[[threading.Thread], object], overrun: str
+) -> T:
+    """``fn()`` in a thread of its own, while ``wait(thread)`` waits for it here; its result,
+    or its exception raised here. ``TimeoutError(overrun)`` if it is still running after."""
     box: dict[str, object] = {}
 
     def body() -> None:
         try:
-            if pid is not None:
-                enter_netns(pid)
             box["value"] = fn()
         except BaseException as exc:  # handed to the caller
             box["error"] = exc
 
-    thread = threading.Thread(target=body, name=f"netns-{pid}", daemon=True)
+    thread = threading.Thread(target=body, name=name, daemon=True)
     thread.start()
-    thread.join(timeout_s)
+    wait(thread)
     if thread.is_alive():
-        raise TimeoutError(f"an attacker in the namespace of pid {pid} ran over {timeout_s:g} s")
+        raise TimeoutError(overrun)
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     return box["value"]  # type: ignore[return-value]
+
+
+def in_netns(pid: int | None, fn: Callable[[], T], timeout_s: float) -> T:
+    """``fn()`` in a thread of its own inside ``pid``'s network namespace (None: here), waited
+    for at most ``timeout_s``; its exception is raised here."""
+
+    def inside() -> T:
+        if pid is not None:
+            enter_netns(pid)
+        return fn()
+
+    return in_thread(
+        inside,
+        f"netns-{pid}",
+        lambda thread: thread.join(timeout_s),
+        f"an attacker in the namespace of pid {pid} ran over {timeout_s:g} s",
+    )
 
 
 @dataclass
