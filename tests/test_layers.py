@@ -53,6 +53,7 @@ PURE = frozenset(
         "crew.control.rejections",
         "crew.control.worker_control",
         "crew.control.assignment",
+        "crew.control.admin",
         "crew.train.compress",
         "crew.train.partcodec",
     }

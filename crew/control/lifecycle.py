@@ -72,6 +72,7 @@ import logging
 from dataclasses import dataclass
 
 from crew.config import RunConfig, Scheme
+from crew.control.admin import SetLink, SetP, SetScheme, SlowWorker, parse_admin
 from crew.control.capacity import CapacityView
 from crew.control.former import FixedFormer, Former, former_for
 from crew.control.grouping import Group, GroupingError, GroupOutcome, WorkerState
@@ -103,7 +104,7 @@ from crew.control.throttle import Throttle
 from crew.control.verify import CHECK_TOLERANCE, relative_error
 from crew.plan import planner
 from crew.plan.routes import link_load
-from crew.plan.schemes import GROUP_SCHEMES, GroupPlan, plan_group, plan_group_nonblocking
+from crew.plan.schemes import GroupPlan, plan_group, plan_group_nonblocking
 from crew.wire import protocol as proto
 
 __all__ = [
@@ -457,45 +458,24 @@ class GroupLifecycle:
             self._finish(og, now, committed=True, reason="")
 
     def _admin(self, msg: proto.Admin, now: float) -> None:
-        """The lab's requests: change p, the scheme or a link's rate; slow a worker; stop."""
-        op, args = msg.op, msg.args
-        try:
-            if op == "set_p":
-                p = int(args["p"])
-                self.former.set_p(p)
-                self._out.add(MetaRecord({"p": str(p)}))
-                for group in self.former.form(now):
-                    self._start_group(group, now)
-            elif op == "set_scheme":
-                name = str(args["scheme"])
-                if name not in GROUP_SCHEMES:
-                    raise proto.ProtocolError(f"admin.args.scheme: unknown {name!r}")
-                scheme = Scheme(name)
-                self.scheme = scheme
-                self._out.add(MetaRecord({"scheme": scheme}))
-            elif op == "set_link":
-                src, dst = int(args["src"]), int(args["dst"])
-                if not (0 <= src < self.cfg.n and 0 <= dst < self.cfg.n) or src == dst:
-                    raise proto.ProtocolError(f"admin.args: {src}->{dst} is not a link of this run")
-                rate = proto.admin_number("rate_mbit", args["rate_mbit"])
-                delay = args.get("delay_ms")
-                delay_ms = None if delay is None else proto.admin_number("delay_ms", delay)
-                self.capacity.set_link(src, dst, rate, delay_ms=delay_ms)
-                self._update_split()
-            elif op == "slow_worker":
-                worker = int(args["worker"])
-                if not 0 <= worker < self.cfg.n:
-                    raise proto.ProtocolError(f"admin.args.worker: no worker {worker} in this run")
-                factor = proto.admin_number("factor", args["factor"])
-                self._out.send(worker, proto.SetSlowdown(factor))
-            elif op == "stop":
-                self._out.add(StopRequested())
-            else:
-                raise proto.ProtocolError(f"admin.op: unknown {op!r}")
-        except (KeyError, TypeError, ValueError) as exc:
-            if isinstance(exc, GroupingError | proto.ProtocolError | planner.PlanError):
-                raise
-            raise proto.ProtocolError(f"admin.args: bad arguments for {op!r}: {exc!r}") from exc
+        """The lab's requests (``crew.control.admin``): change p, the scheme or a link's rate;
+        slow a worker; stop."""
+        req = parse_admin(msg, self.cfg.n)
+        if isinstance(req, SetP):
+            self.former.set_p(req.p)
+            self._out.add(MetaRecord({"p": str(req.p)}))
+            for group in self.former.form(now):
+                self._start_group(group, now)
+        elif isinstance(req, SetScheme):
+            self.scheme = Scheme(req.scheme)
+            self._out.add(MetaRecord({"scheme": self.scheme}))
+        elif isinstance(req, SetLink):
+            self.capacity.set_link(req.src, req.dst, req.rate_mbit, delay_ms=req.delay_ms)
+            self._update_split()
+        elif isinstance(req, SlowWorker):
+            self._out.send(req.worker, proto.SetSlowdown(req.factor))
+        else:
+            self._out.add(StopRequested())
 
     # -- groups ------------------------------------------------------------------------------
 
