@@ -69,7 +69,6 @@ one per group formed, one per revision.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from crew.config import RunConfig, Scheme
 from crew.control.admin import SetLink, SetP, SetScheme, SlowWorker, parse_admin
@@ -78,7 +77,7 @@ from crew.control.former import FixedFormer, Former, former_for
 from crew.control.grouping import Group, GroupingError, GroupOutcome, WorkerState
 from crew.control.groupplanning import BoundFn, GroupPlanning, PlanFn, PlanNonblockingFn
 from crew.control.linkhealth import SUSPECT_PEERS, SUSPECT_S, LinkHealthTracker, LinkReport
-from crew.control.opengroup import OpenGroup, OpenGroupState, check_progress
+from crew.control.opengroup import LifecycleSnapshot, OpenGroup, OpenGroupState, check_progress
 from crew.control.records import (
     AllReduceRecord,
     Event,
@@ -149,20 +148,6 @@ AWAY_FRACTION = 0.5
 DEADLINE_FACTOR = 10.0  # a revision may take this many times its predicted time
 STALL_MIN_S = 3.0  # a revision that received no data for this long (at least) has stalled
 STALL_FACTOR = 3.0  # ... or for this many times its predicted time, if longer
-
-
-@dataclass(frozen=True)
-class LifecycleSnapshot:
-    """The life cycle's own state (open groups and run-wide settings).
-
-    The former (ready queue, workers' states, a trace's position) is not part of it: a restart
-    rebuilds that from the workers' re-registrations and the recorded groups."""
-
-    open_groups: tuple[OpenGroupState, ...]
-    scheme: Scheme
-    size_elems: int | None
-    connected: frozenset[int]
-    offered_proj: tuple[tuple[int, float], ...]
 
 
 class GroupLifecycle:

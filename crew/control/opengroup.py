@@ -3,7 +3,8 @@
 :class:`OpenGroup` is the mutable state of one open group (its current revision, plan and
 what its workers have reported); :class:`OpenGroupState` is its frozen copy for snapshots.
 Pure data with two small operations: the progress a worker reports, and the conversion between
-the two forms.
+the two forms. :class:`LifecycleSnapshot` holds the frozen copies with the life cycle's run-wide
+settings.
 """
 
 from __future__ import annotations
@@ -110,6 +111,20 @@ class OpenGroupState:
     rev_started: float
     received: tuple[tuple[int, int], ...] = ()
     moved_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class LifecycleSnapshot:
+    """The life cycle's own state (open groups and run-wide settings).
+
+    The former (ready queue, workers' states, a trace's position) is not part of it: a restart
+    rebuilds that from the workers' re-registrations and the recorded groups."""
+
+    open_groups: tuple[OpenGroupState, ...]
+    scheme: Scheme
+    size_elems: int | None
+    connected: frozenset[int]
+    offered_proj: tuple[tuple[int, float], ...]
 
 
 def check_progress(entry: list[int]) -> tuple[int, int, int]:
