@@ -54,6 +54,7 @@ PURE = frozenset(
         "crew.control.worker_control",
         "crew.control.assignment",
         "crew.control.admin",
+        "crew.control.secretcheck",
         "crew.train.compress",
         "crew.train.partcodec",
     }

@@ -10,7 +10,8 @@ of a group".
 A group's life::
 
     Ready x p ──► form (the former) ──► plan (crew.control.groupplanning) ──► Assign rev 0 to
-    every worker with a role ──► HaveAll from every member ──► Commit ──► completed
+    every worker with a role ──► HaveAll from every member ──► [Reveal, a Proof from every
+    member: check "secret", crew.control.secretcheck] ──► Commit ──► completed
 
 The former decides who averages with whom (``crew.control.former``): a ``GroupFormer`` forms
 groups from the workers' readiness; a ``TraceFormer`` runs a benchmark's fixed trace, one
@@ -69,6 +70,7 @@ one per group formed, one per revision.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from crew.config import RunConfig, Scheme
 from crew.control.admin import SetLink, SetP, SetScheme, SlowWorker, parse_admin
@@ -99,8 +101,9 @@ from crew.control.records import (
     security_record,
 )
 from crew.control.rejections import RejectionLimiter
+from crew.control.secretcheck import CheckMode, CodecTolerance, SecretChecks, draw_nonce
 from crew.control.throttle import Throttle
-from crew.control.verify import CHECK_TOLERANCE, relative_error
+from crew.control.verify import CHECK_TOLERANCE
 from crew.plan import planner
 from crew.plan.routes import link_load
 from crew.plan.schemes import GroupPlan, plan_group, plan_group_nonblocking
@@ -166,6 +169,8 @@ class GroupLifecycle:
         plan: PlanFn = plan_group,
         plan_nonblocking: PlanNonblockingFn = plan_group_nonblocking,
         lower_bound: BoundFn = planner.lower_bound,
+        nonce: Callable[[], int] = draw_nonce,
+        codec_tolerance: CodecTolerance | None = None,
     ):
         self.cfg = cfg
         self.capacity = capacity or CapacityView(
@@ -182,6 +187,9 @@ class GroupLifecycle:
             lower_bound=lower_bound,
         )
         self.links = LinkHealthTracker(self.capacity)
+        if cfg.check == CheckMode.SECRET and cfg.compress != "none" and codec_tolerance is None:
+            raise ValueError(f"a secret check of {cfg.compress} payloads needs codec_tolerance")
+        self.secret = SecretChecks(CheckMode(cfg.check), codec_tolerance, nonce)
         self.scheme = cfg.scheme
         self.size_elems: int | None = None
         self.connected: set[int] = set()  # workers with a live control connection
@@ -236,9 +244,14 @@ class GroupLifecycle:
                     self._worker_lost(worker, now, "no heartbeat")
             self._update_deferred(now)
             for og in list(self.open.values()):
-                if now > og.deadline:
+                proving = self.secret.waiting(og.group.id, og.rev)  # all data moved: no stall
+                stalled = not proving and now - og.moved_at > self.stall_after(og.plan)
+                if now > og.deadline and proving:
+                    why = self.secret.overdue(og.group.id)
+                    self._finish(og, now, committed=False, reason=why, error=True)
+                elif now > og.deadline:
                     self._revise(og, now, f"revision {og.rev} missed its deadline")
-                elif self.progress_reported and now - og.moved_at > self.stall_after(og.plan):
+                elif self.progress_reported and stalled:
                     self._revise(
                         og, now, f"revision {og.rev} received no data for {now - og.moved_at:.1f} s"
                     )
@@ -374,6 +387,12 @@ class GroupLifecycle:
             self._out.add(UtilisationRecord.of(msg))
         elif isinstance(msg, proto.HaveAll):
             self._have_all(msg, now)
+        elif isinstance(msg, proto.Proof):
+            verdict = self.secret.proof(msg)
+            og = None if verdict is None else self.open.get(msg.group)
+            if verdict is not None and og is not None and og.rev == verdict.rev:
+                ok, err = verdict.passed, og.verify_err
+                self._finish(og, now, committed=ok, reason=verdict.reason, err=err, error=not ok)
         elif isinstance(msg, proto.LinkFailed):
             self._links(self.links.sender_failed(msg.src, msg.dst, msg.reason, now), now)
         elif isinstance(msg, proto.LinkRates):
@@ -439,8 +458,20 @@ class GroupLifecycle:
             return  # a late report from a superseded revision
         og.have_all.add(msg.worker)
         og.result_projs[msg.worker] = msg.proj
-        if og.have_all >= set(og.members):
-            self._finish(og, now, committed=True, reason="")
+        if og.have_all < set(og.members):
+            return
+        err = og.public_error(self.offered_proj)  # before any member is told to apply it
+        if not err <= CHECK_TOLERANCE:  # also catches NaN
+            why = f"result check failed: relative error {err:.3g}"
+            self._finish(og, now, committed=False, reason=why, err=err, error=True)
+            return
+        og.verify_err = err
+        reveal = self.secret.start(og.group.id, og.rev, og.members, og.weights, og.plan)
+        if reveal is None:
+            self._finish(og, now, committed=True, reason="", err=err)
+            return
+        for m in og.members:
+            self._out.send(m, reveal)
 
     def _admin(self, msg: proto.Admin, now: float) -> None:
         """The lab's requests (``crew.control.admin``): change p, the scheme or a link's rate;
@@ -560,21 +591,25 @@ class GroupLifecycle:
         for w in sorted(og.participants):
             self._out.send(w, msg)
 
-    def _finish(self, og: OpenGroup, now: float, *, committed: bool, reason: str) -> None:
+    def _finish(
+        self,
+        og: OpenGroup,
+        now: float,
+        *,
+        committed: bool,
+        reason: str,
+        err: float | None = None,
+        error: bool = False,
+    ) -> None:
+        """Close ``og``. ``err``: its public check's relative error; ``error``: it failed a
+        check (an ERROR event names it)."""
         gid = og.group.id
         del self.open[gid]
-        err = None
-        if committed:  # checked before any member is told to apply the result
-            err = relative_error(
-                [og.result_projs[m] for m in og.members],
-                og.weights,
-                [self.offered_proj.get(m, float("nan")) for m in og.members],
+        self.secret.end(gid)
+        if error:
+            self._out.event(
+                now, "error", f"group {gid} {reason}", level=Level.ERROR, data={"group": gid}
             )
-            if not err <= CHECK_TOLERANCE:  # also catches NaN
-                committed, reason = False, f"result check failed: relative error {err:.3g}"
-                self._out.event(
-                    now, "error", f"group {gid} {reason}", level=Level.ERROR, data={"group": gid}
-                )
         for w in sorted(og.participants | set(og.group.members)):
             self._out.send(
                 w, proto.Commit(gid, og.rev) if committed else proto.Abandon(gid, reason, [])

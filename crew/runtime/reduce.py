@@ -353,6 +353,18 @@ class ReduceEngine:
                 return 0.0
             return sum(e for (k, _), e in g.errs.items() if g.routes[k].receiver)
 
+    def held(self, group: int, rev: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """This member's offered vector and whole result of revision ``rev``, for a secret
+        check (``crew.control.secretcheck``); None if it holds no whole result of it. Neither
+        changes until the group is finished (a later revision is another revision)."""
+        with self._lock:
+            g = self._groups.get(group)
+            vector = self._vectors.get(group)
+            if g is None or vector is None or g.assign.rev != rev or not g.done:
+                return None
+            assert g.result is not None
+            return vector, g.result
+
     def result_projection(self, group: int) -> float | None:
         """``check · result`` of this member's whole result, summed part by part as the parts
         arrived (``check`` given to the engine), or None: no check, or no whole result yet."""
