@@ -44,6 +44,7 @@ class Scheme(enum.StrEnum):
 
 # Names of crew.train's enums (this module stays free of crew.train; a test checks they match).
 COMPRESS = ("none", "fp16", "int8")
+CHECK_MODES = ("public", "secret")  # crew.control.secretcheck.CheckMode
 SYNC_MODES = ("every-step", "local-sgd", "diloco")
 WORKLOADS = ("mlp", "lm", "synthetic")
 PARTITIONS = ("iid", "non-iid")  # crew.train.datasets.Partition
@@ -366,6 +367,20 @@ class RunConfig:
             flag="--encrypt",
         ),
     )
+    # Public by default in the lab: the secret check costs one control round trip and a pass
+    # over the vector per group before Commit, and the lab's workers are its own.
+    check: str = field(
+        default="public",
+        metadata=opt(
+            "how a group's result is checked before any member applies it: on the run's public"
+            " check vector, or also on a secret one drawn once all of its data moved, which"
+            " catches a relay or aggregator that tampered with it (crew.control.secretcheck;"
+            " one control round trip per group); a launched job checks secretly unless"
+            " CREW_CHECK=public",
+            flag="--check",
+            choices=CHECK_MODES,
+        ),
+    )
     capacity: str = field(
         default="configured",
         metadata=opt(
@@ -548,6 +563,8 @@ class RunConfig:
             )
         if self.data_ports and len(self.data_ports) != self.n:
             raise ConfigError(f"data_ports: need {self.n} or none, got {len(self.data_ports)}")
+        if self.check not in CHECK_MODES:
+            raise ConfigError(f"check: one of {', '.join(CHECK_MODES)}, got {self.check!r}")
         if self.capacity not in CAPACITY_SOURCES:
             raise ConfigError(f"capacity: 'configured' or 'measured', got {self.capacity!r}")
         for name in ("host_cpu_s_per_gb", "host_cores"):

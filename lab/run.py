@@ -61,6 +61,7 @@ RUN_FIELDS = (
     "quorum_max",
     "capacity",
     "encrypt",
+    "check",
     "host_cpu_s_per_gb",
     "committed_capacity",
     "flow_order",

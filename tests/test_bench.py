@@ -149,6 +149,29 @@ def test_encrypted_label_runs_its_scheme_encrypted() -> None:
         bench_cli.spec_from_args(parser.parse_args([*args, "crew+enc", "--train"]))
 
 
+def test_secret_label_runs_its_scheme_with_the_secret_check() -> None:
+    assert bench_spec.parse_schemes("crew,crew+secret,crew+enc+secret") == (
+        "crew",
+        "crew+secret",
+        "crew+enc+secret",
+    )
+    assert bench_spec.scheme_arm("crew+enc+secret") == ("crew", True)
+    for bad in ("gloo+secret", "crew+secret+enc", "crew+secret,crew+secret"):
+        with pytest.raises(BenchError, match="--schemes"):
+            bench_spec.parse_schemes(bad)
+    small = str(REPO / "topologies" / "small.yaml")
+    args = ["--topology", small, "--out", "/nonexistent/x", "--p", "2", "--schemes"]
+    parser = bench_cli.build_parser()
+    spec = bench_cli.spec_from_args(parser.parse_args([*args, "crew,crew+secret"]))
+    trace = bench_ops.make_trace(3, 2, spec.ops, spec.seed)
+    plain = bench_ops.ops_options(spec, "crew", trace, 0)
+    secret = bench_ops.ops_options(spec, "crew+secret", trace, 0)
+    assert (plain.scheme, plain.check, plain.encrypt) == ("crew", "public", False)
+    assert (secret.scheme, secret.check, secret.encrypt) == ("crew", "secret", False)
+    with pytest.raises(BenchError, match="are for op benchmarks"):
+        bench_cli.spec_from_args(parser.parse_args([*args, "crew+secret", "--train"]))
+
+
 def test_options_are_validated() -> None:
     small = str(REPO / "topologies" / "small.yaml")
     parser = bench_cli.build_parser()

@@ -53,6 +53,8 @@ PURE = frozenset(
         "crew.control.rejections",
         "crew.control.worker_control",
         "crew.control.assignment",
+        "crew.control.admin",
+        "crew.control.secretcheck",
         "crew.train.compress",
         "crew.train.partcodec",
     }

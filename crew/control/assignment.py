@@ -1,6 +1,7 @@
-"""An assignment, checked, and the parts it splits into: pure, shared by the reduce engine and
-the worker's control logic (``crew.control.worker_control``), which must agree on them without
-talking.
+"""An assignment, checked, the parts it splits into and the hops its routes' data travels: pure,
+shared by the reduce engine and the worker's control logic (``crew.control.worker_control``),
+which must agree on them without talking. The hop counts (:func:`up_heights`,
+:func:`down_depth`) set the engine's transport priorities (``crew.runtime.reduce``).
 """
 
 from __future__ import annotations
@@ -202,3 +203,29 @@ def revision_routes(
     ``[new index, index in the previous revision]`` per kept route."""
     routes = [old[k] for k in kept] + placed
     return routes, [[i, k] for i, k in enumerate(kept)]
+
+
+def up_heights(route: Route) -> dict[int, int]:
+    """Per node of the reduce tree: the most hops any contribution has travelled when it
+    leaves that node (0 at a leaf)."""
+    height: dict[int, int] = {}
+
+    def visit(node: int, depth: int) -> int:
+        if depth > len(route.up):
+            raise ReduceError(f"route [{route.start}, {route.stop}): reduce tree has a cycle")
+        h = max((visit(c, depth + 1) + 1 for c in route.children_up(node)), default=0)
+        height[node] = h
+        return h
+
+    visit(route.root, 0)
+    return height
+
+
+def down_depth(route: Route, node: int) -> int:
+    """Broadcast hops from the route's root to ``node``."""
+    parent = {c: p for p, c in route.down}
+    depth = 0
+    while node != route.root and node in parent and depth <= len(route.down):
+        node = parent[node]
+        depth += 1
+    return depth

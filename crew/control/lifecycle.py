@@ -10,7 +10,8 @@ of a group".
 A group's life::
 
     Ready x p ──► form (the former) ──► plan (crew.control.groupplanning) ──► Assign rev 0 to
-    every worker with a role ──► HaveAll from every member ──► Commit ──► completed
+    every worker with a role ──► HaveAll from every member ──► [Reveal, a Proof from every
+    member: check "secret", crew.control.secretcheck] ──► Commit ──► completed
 
 The former decides who averages with whom (``crew.control.former``): a ``GroupFormer`` forms
 groups from the workers' readiness; a ``TraceFormer`` runs a benchmark's fixed trace, one
@@ -69,15 +70,16 @@ one per group formed, one per revision.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from crew.config import RunConfig, Scheme
+from crew.control.admin import SetLink, SetP, SetScheme, SlowWorker, parse_admin
 from crew.control.capacity import CapacityView
 from crew.control.former import FixedFormer, Former, former_for
 from crew.control.grouping import Group, GroupingError, GroupOutcome, WorkerState
 from crew.control.groupplanning import BoundFn, GroupPlanning, PlanFn, PlanNonblockingFn
 from crew.control.linkhealth import SUSPECT_PEERS, SUSPECT_S, LinkHealthTracker, LinkReport
-from crew.control.opengroup import OpenGroup, OpenGroupState, check_progress
+from crew.control.opengroup import LifecycleSnapshot, OpenGroup, OpenGroupState, check_progress
 from crew.control.records import (
     AllReduceRecord,
     Event,
@@ -99,11 +101,12 @@ from crew.control.records import (
     security_record,
 )
 from crew.control.rejections import RejectionLimiter
+from crew.control.secretcheck import CheckMode, CodecTolerance, SecretChecks, draw_nonce
 from crew.control.throttle import Throttle
-from crew.control.verify import CHECK_TOLERANCE, relative_error
+from crew.control.verify import CHECK_TOLERANCE
 from crew.plan import planner
 from crew.plan.routes import link_load
-from crew.plan.schemes import GROUP_SCHEMES, GroupPlan, plan_group, plan_group_nonblocking
+from crew.plan.schemes import GroupPlan, plan_group, plan_group_nonblocking
 from crew.wire import protocol as proto
 
 __all__ = [
@@ -150,20 +153,6 @@ STALL_MIN_S = 3.0  # a revision that received no data for this long (at least) h
 STALL_FACTOR = 3.0  # ... or for this many times its predicted time, if longer
 
 
-@dataclass(frozen=True)
-class LifecycleSnapshot:
-    """The life cycle's own state (open groups and run-wide settings).
-
-    The former (ready queue, workers' states, a trace's position) is not part of it: a restart
-    rebuilds that from the workers' re-registrations and the recorded groups."""
-
-    open_groups: tuple[OpenGroupState, ...]
-    scheme: Scheme
-    size_elems: int | None
-    connected: frozenset[int]
-    offered_proj: tuple[tuple[int, float], ...]
-
-
 class GroupLifecycle:
     """Forms, plans, revises, commits or abandons groups; see the module doc.
 
@@ -180,6 +169,8 @@ class GroupLifecycle:
         plan: PlanFn = plan_group,
         plan_nonblocking: PlanNonblockingFn = plan_group_nonblocking,
         lower_bound: BoundFn = planner.lower_bound,
+        nonce: Callable[[], int] = draw_nonce,
+        codec_tolerance: CodecTolerance | None = None,
     ):
         self.cfg = cfg
         self.capacity = capacity or CapacityView(
@@ -196,6 +187,9 @@ class GroupLifecycle:
             lower_bound=lower_bound,
         )
         self.links = LinkHealthTracker(self.capacity)
+        if cfg.check == CheckMode.SECRET and cfg.compress != "none" and codec_tolerance is None:
+            raise ValueError(f"a secret check of {cfg.compress} payloads needs codec_tolerance")
+        self.secret = SecretChecks(CheckMode(cfg.check), codec_tolerance, nonce)
         self.scheme = cfg.scheme
         self.size_elems: int | None = None
         self.connected: set[int] = set()  # workers with a live control connection
@@ -250,9 +244,14 @@ class GroupLifecycle:
                     self._worker_lost(worker, now, "no heartbeat")
             self._update_deferred(now)
             for og in list(self.open.values()):
-                if now > og.deadline:
+                proving = self.secret.waiting(og.group.id, og.rev)  # all data moved: no stall
+                stalled = not proving and now - og.moved_at > self.stall_after(og.plan)
+                if now > og.deadline and proving:
+                    why = self.secret.overdue(og.group.id)
+                    self._finish(og, now, committed=False, reason=why, error=True)
+                elif now > og.deadline:
                     self._revise(og, now, f"revision {og.rev} missed its deadline")
-                elif self.progress_reported and now - og.moved_at > self.stall_after(og.plan):
+                elif self.progress_reported and stalled:
                     self._revise(
                         og, now, f"revision {og.rev} received no data for {now - og.moved_at:.1f} s"
                     )
@@ -388,6 +387,12 @@ class GroupLifecycle:
             self._out.add(UtilisationRecord.of(msg))
         elif isinstance(msg, proto.HaveAll):
             self._have_all(msg, now)
+        elif isinstance(msg, proto.Proof):
+            verdict = self.secret.proof(msg)
+            og = None if verdict is None else self.open.get(msg.group)
+            if verdict is not None and og is not None and og.rev == verdict.rev:
+                ok, err = verdict.passed, og.verify_err
+                self._finish(og, now, committed=ok, reason=verdict.reason, err=err, error=not ok)
         elif isinstance(msg, proto.LinkFailed):
             self._links(self.links.sender_failed(msg.src, msg.dst, msg.reason, now), now)
         elif isinstance(msg, proto.LinkRates):
@@ -453,49 +458,40 @@ class GroupLifecycle:
             return  # a late report from a superseded revision
         og.have_all.add(msg.worker)
         og.result_projs[msg.worker] = msg.proj
-        if og.have_all >= set(og.members):
-            self._finish(og, now, committed=True, reason="")
+        if og.have_all < set(og.members):
+            return
+        err = og.public_error(self.offered_proj)  # before any member is told to apply it
+        if not err <= CHECK_TOLERANCE:  # also catches NaN
+            why = f"result check failed: relative error {err:.3g}"
+            self._finish(og, now, committed=False, reason=why, err=err, error=True)
+            return
+        og.verify_err = err
+        reveal = self.secret.start(og.group.id, og.rev, og.members, og.weights, og.plan)
+        if reveal is None:
+            self._finish(og, now, committed=True, reason="", err=err)
+            return
+        for m in og.members:
+            self._out.send(m, reveal)
 
     def _admin(self, msg: proto.Admin, now: float) -> None:
-        """The lab's requests: change p, the scheme or a link's rate; slow a worker; stop."""
-        op, args = msg.op, msg.args
-        try:
-            if op == "set_p":
-                p = int(args["p"])
-                self.former.set_p(p)
-                self._out.add(MetaRecord({"p": str(p)}))
-                for group in self.former.form(now):
-                    self._start_group(group, now)
-            elif op == "set_scheme":
-                name = str(args["scheme"])
-                if name not in GROUP_SCHEMES:
-                    raise proto.ProtocolError(f"admin.args.scheme: unknown {name!r}")
-                scheme = Scheme(name)
-                self.scheme = scheme
-                self._out.add(MetaRecord({"scheme": scheme}))
-            elif op == "set_link":
-                src, dst = int(args["src"]), int(args["dst"])
-                if not (0 <= src < self.cfg.n and 0 <= dst < self.cfg.n) or src == dst:
-                    raise proto.ProtocolError(f"admin.args: {src}->{dst} is not a link of this run")
-                rate = proto.admin_number("rate_mbit", args["rate_mbit"])
-                delay = args.get("delay_ms")
-                delay_ms = None if delay is None else proto.admin_number("delay_ms", delay)
-                self.capacity.set_link(src, dst, rate, delay_ms=delay_ms)
-                self._update_split()
-            elif op == "slow_worker":
-                worker = int(args["worker"])
-                if not 0 <= worker < self.cfg.n:
-                    raise proto.ProtocolError(f"admin.args.worker: no worker {worker} in this run")
-                factor = proto.admin_number("factor", args["factor"])
-                self._out.send(worker, proto.SetSlowdown(factor))
-            elif op == "stop":
-                self._out.add(StopRequested())
-            else:
-                raise proto.ProtocolError(f"admin.op: unknown {op!r}")
-        except (KeyError, TypeError, ValueError) as exc:
-            if isinstance(exc, GroupingError | proto.ProtocolError | planner.PlanError):
-                raise
-            raise proto.ProtocolError(f"admin.args: bad arguments for {op!r}: {exc!r}") from exc
+        """The lab's requests (``crew.control.admin``): change p, the scheme or a link's rate;
+        slow a worker; stop."""
+        req = parse_admin(msg, self.cfg.n)
+        if isinstance(req, SetP):
+            self.former.set_p(req.p)
+            self._out.add(MetaRecord({"p": str(req.p)}))
+            for group in self.former.form(now):
+                self._start_group(group, now)
+        elif isinstance(req, SetScheme):
+            self.scheme = Scheme(req.scheme)
+            self._out.add(MetaRecord({"scheme": self.scheme}))
+        elif isinstance(req, SetLink):
+            self.capacity.set_link(req.src, req.dst, req.rate_mbit, delay_ms=req.delay_ms)
+            self._update_split()
+        elif isinstance(req, SlowWorker):
+            self._out.send(req.worker, proto.SetSlowdown(req.factor))
+        else:
+            self._out.add(StopRequested())
 
     # -- groups ------------------------------------------------------------------------------
 
@@ -595,21 +591,25 @@ class GroupLifecycle:
         for w in sorted(og.participants):
             self._out.send(w, msg)
 
-    def _finish(self, og: OpenGroup, now: float, *, committed: bool, reason: str) -> None:
+    def _finish(
+        self,
+        og: OpenGroup,
+        now: float,
+        *,
+        committed: bool,
+        reason: str,
+        err: float | None = None,
+        error: bool = False,
+    ) -> None:
+        """Close ``og``. ``err``: its public check's relative error; ``error``: it failed a
+        check (an ERROR event names it)."""
         gid = og.group.id
         del self.open[gid]
-        err = None
-        if committed:  # checked before any member is told to apply the result
-            err = relative_error(
-                [og.result_projs[m] for m in og.members],
-                og.weights,
-                [self.offered_proj.get(m, float("nan")) for m in og.members],
+        self.secret.end(gid)
+        if error:
+            self._out.event(
+                now, "error", f"group {gid} {reason}", level=Level.ERROR, data={"group": gid}
             )
-            if not err <= CHECK_TOLERANCE:  # also catches NaN
-                committed, reason = False, f"result check failed: relative error {err:.3g}"
-                self._out.event(
-                    now, "error", f"group {gid} {reason}", level=Level.ERROR, data={"group": gid}
-                )
         for w in sorted(og.participants | set(og.group.members)):
             self._out.send(
                 w, proto.Commit(gid, og.rev) if committed else proto.Abandon(gid, reason, [])

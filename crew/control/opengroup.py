@@ -3,15 +3,18 @@
 :class:`OpenGroup` is the mutable state of one open group (its current revision, plan and
 what its workers have reported); :class:`OpenGroupState` is its frozen copy for snapshots.
 Pure data with two small operations: the progress a worker reports, and the conversion between
-the two forms.
+the two forms. :class:`LifecycleSnapshot` holds the frozen copies with the life cycle's run-wide
+settings.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from crew.config import Scheme
 from crew.control.grouping import Group
+from crew.control.verify import relative_error
 from crew.plan.schemes import GroupPlan
 from crew.wire import protocol as proto
 
@@ -37,6 +40,7 @@ class OpenGroup:
     received: dict[int, int] = field(default_factory=dict)  # worker -> bytes of this revision
     moved_at: float = 0.0  # when this revision last received data (or was assigned)
     kept: list[list[int]] = field(default_factory=list)  # Assign.kept of this revision
+    verify_err: float | None = None  # the public check's, while a secret check is under way
 
     def progress(self, worker: int, rev: int, received: int, now: float) -> None:
         """``worker`` has received ``received`` bytes of revision ``rev`` by ``now``: the
@@ -45,6 +49,15 @@ class OpenGroup:
         if rev == self.rev and received > self.received.get(worker, 0):
             self.received[worker] = received
             self.moved_at = now
+
+    def public_error(self, offered_proj: Mapping[int, float]) -> float:
+        """The public result check's relative error (``crew.control.verify``) of this revision,
+        once every member's result projection is in; NaN when an offered one is missing."""
+        return relative_error(
+            [self.result_projs[m] for m in self.members],
+            self.weights,
+            [offered_proj.get(m, float("nan")) for m in self.members],
+        )
 
     def freeze(self) -> OpenGroupState:
         """Its frozen copy (``kept`` is not part of it: a restored revision keeps nothing)."""
@@ -110,6 +123,20 @@ class OpenGroupState:
     rev_started: float
     received: tuple[tuple[int, int], ...] = ()
     moved_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class LifecycleSnapshot:
+    """The life cycle's own state (open groups and run-wide settings).
+
+    The former (ready queue, workers' states, a trace's position) is not part of it: a restart
+    rebuilds that from the workers' re-registrations and the recorded groups."""
+
+    open_groups: tuple[OpenGroupState, ...]
+    scheme: Scheme
+    size_elems: int | None
+    connected: frozenset[int]
+    offered_proj: tuple[tuple[int, float], ...]
 
 
 def check_progress(entry: list[int]) -> tuple[int, int, int]:

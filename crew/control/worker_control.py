@@ -14,6 +14,8 @@ The protocol, from a worker's side (docs/architecture.md §4 "The life of a grou
   does not only makes it carry blocks (aggregate, forward). A member cancels pre-scattered
   parts the revision-0 plan does not reuse (``crew.control.assignment.covered_parts``), and all
   of them on a later revision;
+* a ``Reveal`` (secret check, ``crew.control.secretcheck``) asks a member to prove what it
+  offered and holds (:class:`ProveGroup`), before the group's ``Commit``;
 * ``Commit``/``Abandon`` of its own group go to the training loop (:class:`DeliverOutcome`),
   which :meth:`WorkerControl.settle` s: apply the average on a commit with a full result, keep
   its own model otherwise. Of a group it only carried, they just end the engine's share. An
@@ -67,6 +69,14 @@ class UseSplit:
 
 
 @dataclass(frozen=True)
+class ProveGroup:
+    """Answer a secret check: project the offered vector and the result of this revision on
+    the check vector of ``reveal.nonce`` and send a ``Proof``."""
+
+    reveal: proto.Reveal
+
+
+@dataclass(frozen=True)
 class DeliverOutcome:
     """The training loop's group ended: wake it with the outcome."""
 
@@ -94,6 +104,7 @@ Action = (
     JoinGroup
     | CancelPrescatter
     | UseSplit
+    | ProveGroup
     | DeliverOutcome
     | FinishCarried
     | SetSlowdown
@@ -145,6 +156,8 @@ class WorkerControl:
                 return []  # pre-scatter is a non-blocking mode's: none is accepted without it
             self.split = msg
             return [UseSplit(msg)]
+        if isinstance(msg, proto.Reveal):
+            return [ProveGroup(msg)]  # the engine knows whether it holds that revision
         if isinstance(msg, proto.Commit | proto.Abandon):
             if (
                 isinstance(msg, proto.Abandon)

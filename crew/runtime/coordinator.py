@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from crew.config import RunConfig, Scheme
@@ -30,6 +31,7 @@ from crew.control.throttle import Throttle
 from crew.plan.schemes import GROUP_SCHEMES, GroupPlanner
 from crew.runtime.planahead import PLAN_COSTS_META, AheadPlanner, CostRecord, costs_json
 from crew.runtime.rundb import GroupMemberRow, GroupStatus, IterationRow, RunDB, UtilisationRow
+from crew.train.compress import Codec, reduce_tolerance
 from crew.wire import protocol as proto
 from crew.wire.frames import COORDINATOR, FrameCodec, FrameError, control_body, control_frame
 from crew.wire.listener import Address, accept_loop
@@ -204,7 +206,13 @@ class Coordinator:
         # GroupPlanner for the run: a group planned again, or on moved rates, reuses its work.
         self.ahead = AheadPlanner(GroupPlanner())
         # Groups from readiness, or a bench run's fixed trace (cfg.extra["trace"]).
-        self.life = lc.GroupLifecycle(cfg, former=former_for(cfg), plan=self.ahead)
+        codec = Codec(cfg.compress)
+        self.life = lc.GroupLifecycle(
+            cfg,
+            former=former_for(cfg),
+            plan=self.ahead,
+            codec_tolerance=None if codec is Codec.NONE else partial(reduce_tolerance, codec),
+        )
         self.plan_costs = CostRecord()  # group id -> its first plan's cost, newest groups
         self.events: queue.Queue[_Event] = queue.Queue()
         self.streams: dict[int, FrameStream] = {}  # conn id -> stream
@@ -435,6 +443,7 @@ def _serve_launched_job(args: argparse.Namespace) -> int:
     from crew.errors import LaunchError
     from crew.runtime.launch import (
         JobHost,
+        check_mode,
         control_port,
         encryption,
         read_secret,
@@ -450,6 +459,7 @@ def _serve_launched_job(args: argparse.Namespace) -> int:
             args.advertise,
             rendezvous_run=rendezvous_number(secret, args.run_id),
             encrypt=encryption(),
+            check=check_mode(),
             group_size=args.group_size or max(1, args.world // 2),
             run_dir=args.run_dir,
             join_timeout=args.join_timeout,

@@ -44,7 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from crew.config import ConfigError, RunConfig, Scheme
+from crew.config import CHECK_MODES, ConfigError, RunConfig, Scheme
 from crew.errors import JoinRefused, LaunchError, PortError, SecretError
 from crew.runtime.rendezvous import (
     DEFAULT_PROBE_BYTES,
@@ -207,6 +207,22 @@ def encryption(env: Mapping[str, str] | None = None) -> bool:
     raise LaunchError(f"{ENCRYPT_ENV}={value!r}: use 1 (encrypt, the default) or 0")
 
 
+CHECK_ENV = "CREW_CHECK"
+
+
+def check_mode(env: Mapping[str, str] | None = None) -> str:
+    """How a launched job checks each group's result before Commit: ``secret`` (the default:
+    a job's relays and aggregators are other parties' machines on open networks, and the
+    secret check catches one that tampers, ``crew.control.secretcheck``) unless
+    ``CREW_CHECK=public`` (one control round trip less per group). Only the coordinator's
+    setting counts. :class:`LaunchError` for any other value."""
+    env = os.environ if env is None else env
+    value = env.get(CHECK_ENV, "secret").strip().lower()
+    if value in CHECK_MODES:
+        return value
+    raise LaunchError(f"{CHECK_ENV}={value!r}: use secret (the default) or public")
+
+
 def read_secret(env: Mapping[str, str] | None = None) -> bytes:
     """The run's secret from ``CREW_SECRET_FILE`` (its bytes, a trailing newline dropped) or
     ``CREW_SECRET``; :class:`SecretError` if neither is set or it is shorter than 16 bytes."""
@@ -251,6 +267,7 @@ def job_config(
     measured: bool = True,
     compress: str = "none",
     encrypt: bool = True,
+    check: str = "secret",
 ) -> RunConfig:
     """The RunConfig of a launched job (one data-plane port per worker)."""
     n = len(addresses)
@@ -272,6 +289,7 @@ def job_config(
             capacity="measured" if measured else "configured",
             compress=compress,
             encrypt=encrypt,
+            check=check,
         )
     except ConfigError as exc:
         raise JoinRefused(f"the job's configuration is invalid: {exc}") from exc
@@ -306,6 +324,7 @@ class JobHost:
         control_port: int = 0,
         compress: str = "none",
         encrypt: bool = True,
+        check: str = "secret",
     ) -> None:
         if capacities is not None and (
             len(capacities) != world or any(len(row) != world for row in capacities)
@@ -316,6 +335,7 @@ class JobHost:
         self.control_port = control_port
         self.compress = compress
         self.encrypt = encrypt
+        self.check = check
         self.secret = secret
         self.world = world
         self.bind = bind
@@ -364,6 +384,7 @@ class JobHost:
             measured=measured,
             compress=self.compress,
             encrypt=self.encrypt,
+            check=self.check,
         )
         self._db = RunDB(self.run_dir / "run.db")
         try:

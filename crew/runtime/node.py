@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from crew.config import RunConfig
+from crew.control.secretcheck import secret_projections
 from crew.control.utilisation import TimeSplit, UtilisationMeter
 from crew.control.verify import check_vector, project
 from crew.control.worker_control import (
@@ -45,6 +46,7 @@ from crew.control.worker_control import (
     FinishCarried,
     JoinGroup,
     Outcome,
+    ProveGroup,
     SetSlowdown,
     Settlement,
     StopWorker,
@@ -55,7 +57,7 @@ from crew.errors import CoordinatorUnreachable
 from crew.runtime.heap import Trimmer
 from crew.runtime.prescatter import prescatter_frames
 from crew.runtime.reduce import ReduceEngine
-from crew.train.compress import Codec
+from crew.train.compress import Codec, error_norm
 from crew.train.partcodec import PartCodec
 from crew.wire import protocol as proto
 from crew.wire.frames import Frame, FrameCodec, FrameError, FrameKind, control_body, control_frame
@@ -154,7 +156,7 @@ class Node:
         self.meter = UtilisationMeter(time.monotonic())
         self._utilisation_sent = 0.0  # time.monotonic() of the last Utilisation report
         self.check = check_vector(cfg.run_num, vector_len)
-        codec = Codec(cfg.compress)
+        codec = self.compress = Codec(cfg.compress)
         self.engine = ReduceEngine(
             me,
             cfg.n,
@@ -233,6 +235,26 @@ class Node:
         proj = self.engine.result_projection(group)
         proj = float("nan") if proj is None else proj - self.engine.codec_error(group)
         self.tell(proto.HaveAll(self.me, group, rev, bytes_sent, proj))
+
+    def _prove(self, reveal: proto.Reveal) -> None:
+        """Answer a secret check (``crew.control.secretcheck``) with this member's projections
+        on the revealed check vector; nothing if it holds no whole result of that revision (the
+        coordinator's deadline then abandons the group). Cost: one pass over both vectors."""
+        held = self.engine.held(reveal.group, reveal.rev)
+        if held is None:
+            log.warning(
+                "worker %d: no result of group %d rev %d to prove",
+                self.me,
+                reveal.group,
+                reveal.rev,
+            )
+            return
+        offered, result = held
+        proj_offered, proj_result = secret_projections(
+            self.cfg.run_num, reveal.nonce, offered, result
+        )
+        bound = 0.0 if self.compress is Codec.NONE else error_norm(self.compress, offered)
+        self.tell(proto.Proof(self.me, reveal.group, reveal.rev, proj_offered, proj_result, bound))
 
     def _send_failed(self, dst: int, err: BaseException, unsent: list[Frame]) -> None:
         log.warning(
@@ -450,6 +472,8 @@ class Node:
             self.transport.cancel(
                 lambda f: f.kind == FrameKind.PRESCATTER and (f.block, f.offset) not in keep
             )
+        elif isinstance(action, ProveGroup):
+            self._prove(action.reveal)
         elif isinstance(action, DeliverOutcome):
             self.outcomes.put(action.outcome)
         elif isinstance(action, FinishCarried):

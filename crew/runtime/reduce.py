@@ -71,8 +71,10 @@ import numpy as np
 from crew.control.assignment import (
     ReduceError,
     covered_parts,
+    down_depth,
     part_starts,
     route_part_sizes,
+    up_heights,
     validate_assign,
 )
 from crew.control.verify import project
@@ -103,32 +105,6 @@ class _Acc:
     contributors: set[int] = field(default_factory=set)
     complete: bool = False
     err: float = 0.0  # codec error projection carried by the contributions (PartCodec)
-
-
-def up_heights(route: Route) -> dict[int, int]:
-    """Per node of the reduce tree: the most hops any contribution has travelled when it
-    leaves that node (0 at a leaf)."""
-    height: dict[int, int] = {}
-
-    def visit(node: int, depth: int) -> int:
-        if depth > len(route.up):
-            raise ReduceError(f"route [{route.start}, {route.stop}): reduce tree has a cycle")
-        h = max((visit(c, depth + 1) + 1 for c in route.children_up(node)), default=0)
-        height[node] = h
-        return h
-
-    visit(route.root, 0)
-    return height
-
-
-def down_depth(route: Route, node: int) -> int:
-    """Broadcast hops from the route's root to ``node``."""
-    parent = {c: p for p, c in route.down}
-    depth = 0
-    while node != route.root and node in parent and depth <= len(route.down):
-        node = parent[node]
-        depth += 1
-    return depth
 
 
 @dataclass
@@ -376,6 +352,18 @@ class ReduceEngine:
             if g is None:
                 return 0.0
             return sum(e for (k, _), e in g.errs.items() if g.routes[k].receiver)
+
+    def held(self, group: int, rev: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """This member's offered vector and whole result of revision ``rev``, for a secret
+        check (``crew.control.secretcheck``); None if it holds no whole result of it. Neither
+        changes until the group is finished (a later revision is another revision)."""
+        with self._lock:
+            g = self._groups.get(group)
+            vector = self._vectors.get(group)
+            if g is None or vector is None or g.assign.rev != rev or not g.done:
+                return None
+            assert g.result is not None
+            return vector, g.result
 
     def result_projection(self, group: int) -> float | None:
         """``check · result`` of this member's whole result, summed part by part as the parts

@@ -7,9 +7,9 @@ so a bad message is dropped with a warning instead of crashing the receiver.
 
 Who sends what::
 
-    worker -> coordinator   Register, Heartbeat, Ready, Metrics, Utilisation, HaveAll,
+    worker -> coordinator   Register, Heartbeat, Ready, Metrics, Utilisation, HaveAll, Proof,
                             LinkFailed, LinkRates, LinkHealth, Rejected, OpTime
-    coordinator -> worker   Assign, Split, Commit, Abandon, SetSlowdown, Stop
+    coordinator -> worker   Assign, Split, Reveal, Commit, Abandon, SetSlowdown, Stop
     lab -> coordinator      Admin (set_p, set_scheme, set_link, stop)
 
 Start-up of a launched job (``crew.runtime.rendezvous``, before the coordinator exists)::
@@ -44,6 +44,17 @@ class AtLeast:
 
 
 @dataclass(frozen=True)
+class Below:
+    """A field's constraint: a number smaller than ``high``."""
+
+    high: int
+
+    def check(self, name: str, value: Any) -> None:
+        if value >= self.high:
+            raise ProtocolError(f"{name}: must be below {self.high}, got {value}")
+
+
+@dataclass(frozen=True)
 class Length:
     """A field's constraint: a list of exactly ``n`` items."""
 
@@ -66,6 +77,8 @@ def admin_number(name: str, value: object) -> float:
 
 
 Count = Annotated[int, AtLeast(0)]
+# A secret check's nonce (crew.control.secretcheck): 64 random bits.
+Nonce = Annotated[int, AtLeast(0), Below(1 << 64)]
 Positive = Annotated[int, AtLeast(1)]
 # [src, bytes, seconds] of one link's measured arrivals (LinkRates).
 RateSample = Annotated[list[Annotated[float, AtLeast(0)]], Length(3)]
@@ -146,6 +159,33 @@ class HaveAll(Message):
     rev: int
     bytes_sent: Count
     proj: float  # projection of the result: the coordinator checks it against the members'
+
+
+@dataclass(frozen=True)
+class Reveal(Message):
+    """Secret check (``crew.control.secretcheck``): every member of this revision holds its
+    result and the public check passed; project the offered vector and the result on the check
+    vector drawn from the run's number and ``nonce``, and answer with a ``Proof``."""
+
+    TYPE: ClassVar[str] = "reveal"
+    group: Count
+    rev: Count
+    nonce: Nonce
+
+
+@dataclass(frozen=True)
+class Proof(Message):
+    """A member's answer to ``Reveal``: the projections of its offered vector and of its result
+    on the revealed check vector, and the codec's error bound of its offered vector
+    (``crew.train.compress.error_norm``; 0 without compression)."""
+
+    TYPE: ClassVar[str] = "proof"
+    worker: int
+    group: Count
+    rev: Count
+    offered_proj: float
+    result_proj: float
+    error_norm: Annotated[float, AtLeast(0)]
 
 
 @dataclass(frozen=True)
@@ -355,6 +395,8 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Metrics,
         Utilisation,
         HaveAll,
+        Reveal,
+        Proof,
         LinkFailed,
         LinkRates,
         LinkHealth,

@@ -49,6 +49,7 @@ from lab.bench.spec import (
     BENCH_PACE,
     ENCRYPTED,
     MB,
+    SECRET,
     BenchError,
     BenchSpec,
     TrainRun,
@@ -102,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="all",
         help=f"comma-separated schemes to run, in this order, or 'all' for every one "
         f"including gloo (default all): {', '.join(ALL_SCHEMES)}; NAME{ENCRYPTED} runs a group "
-        "scheme with every connection encrypted, to compare the two in one run",
+        f"scheme with every connection encrypted, NAME{SECRET} with the secret result check"
+        " (crew.control.secretcheck), to compare them in one run",
     )
     add_config_flags(p, ("p",))
     p.add_argument(
@@ -279,11 +281,12 @@ def spec_from_args(args: argparse.Namespace) -> BenchSpec:
             raise BenchError("--configs", "needs --train")
         runs = parse_train_configs(args.configs, args)
     else:
-        encrypted = [s for s in schemes if s.endswith(ENCRYPTED)]
+        encrypted = [s for s in schemes if s.endswith((ENCRYPTED, SECRET))]
         if args.train and encrypted:
             raise BenchError(
                 "--schemes",
-                f"{encrypted[0]}: {ENCRYPTED} is for op benchmarks; with --train use --encrypt",
+                f"{encrypted[0]}: {ENCRYPTED} and {SECRET} are for op benchmarks; with --train"
+                " use --encrypt",
             )
         try:
             for scheme in schemes:

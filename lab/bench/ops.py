@@ -33,7 +33,7 @@ from lab.bench.procs import (
     workers_cpu_s,
 )
 from lab.bench.rawtcp import RawMoveError, per_op_link_bytes, raw_reference
-from lab.bench.spec import GLOO, BenchError, BenchSpec, scheme_arm
+from lab.bench.spec import GLOO, BenchError, BenchSpec, scheme_arm, secret_arm
 from lab.net.mesh import LabNetwork
 from lab.net.preflight import Capabilities
 from lab.orchestrate.runner import LabRun, RunOptions
@@ -221,7 +221,8 @@ def op_results(
 
 def ops_options(spec: BenchSpec, label: str, replay: list[list[int]], warm: int) -> RunOptions:
     """The lab run that replays ``replay`` (``warm`` untimed groups first) for the scheme
-    ``label`` names, encrypted when the label or the benchmark asks."""
+    ``label`` names, encrypted when the label or the benchmark asks, with the secret result
+    check when the label asks."""
     base, encrypted = scheme_arm(label)
     return RunOptions(
         scheme=base,
@@ -235,6 +236,7 @@ def ops_options(spec: BenchSpec, label: str, replay: list[list[int]], warm: int)
         plan_ahead=spec.plan_ahead,
         hop_backlog_bytes=spec.hop_backlog_bytes,
         encrypt=spec.encrypt or encrypted,
+        check="secret" if secret_arm(label) else "public",
         extra={
             "bench": True,
             "size_elems": spec.size_elems,

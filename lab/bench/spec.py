@@ -39,10 +39,24 @@ ENCRYPTED = "+enc"
 network and trace, which a second run on a machine whose speed drifts could not."""
 
 
+SECRET = "+secret"
+"""A scheme label's suffix for the same scheme with every group's result checked on a secret
+vector before Commit (``crew+secret``, ``RunConfig.check``): the check's round trip is timed
+against the public check on the same network and trace. It may follow :data:`ENCRYPTED`."""
+
+
+def _base(label: str) -> str:
+    return label.removesuffix(SECRET).removesuffix(ENCRYPTED)
+
+
 def scheme_arm(label: str) -> tuple[Scheme, bool]:
     """A ``--schemes`` label's scheme and whether its connections are encrypted."""
-    base = label.removesuffix(ENCRYPTED)
-    return Scheme(base), base != label
+    return Scheme(_base(label)), label.removesuffix(SECRET).endswith(ENCRYPTED)
+
+
+def secret_arm(label: str) -> bool:
+    """Whether a ``--schemes`` label checks every group on a secret vector (:data:`SECRET`)."""
+    return label.endswith(SECRET)
 
 
 def parse_schemes(text: str) -> tuple[str, ...]:
@@ -53,15 +67,18 @@ def parse_schemes(text: str) -> tuple[str, ...]:
     names = [s.strip() for s in text.split(",") if s.strip()]
     if not names:
         raise BenchError("--schemes", "empty; give scheme names or 'all'")
-    unknown = [s for s in names if s.removesuffix(ENCRYPTED) not in ALL_SCHEMES]
+    unknown = [s for s in names if _base(s) not in ALL_SCHEMES]
     if unknown:
         raise BenchError(
             "--schemes",
             f"unknown {', '.join(unknown)}; known: {', '.join(ALL_SCHEMES)} or 'all',"
-            f" and NAME{ENCRYPTED} for a scheme with encrypted connections",
+            f" and NAME{ENCRYPTED} for a scheme with encrypted connections, NAME{SECRET} (or"
+            f" NAME{ENCRYPTED}{SECRET}) for one with the secret result check",
         )
-    if GLOO + ENCRYPTED in names:
-        raise BenchError("--schemes", f"{GLOO}{ENCRYPTED}: Gloo's connections are not encrypted")
+    if any(_base(s) == GLOO and s != GLOO for s in names):
+        raise BenchError(
+            "--schemes", f"{GLOO}: Gloo's connections are not encrypted and it forms no groups"
+        )
     dup = sorted({s for s in names if names.count(s) > 1})
     if dup:
         raise BenchError("--schemes", f"repeated {', '.join(dup)}")

@@ -88,6 +88,7 @@ class RunOptions:
     hop_backlog_bytes: int = RunConfig.default("hop_backlog_bytes")
     capacity: str = RunConfig.default("capacity")
     encrypt: bool = RunConfig.default("encrypt")
+    check: str = RunConfig.default("check")  # public or secret (crew.control.secretcheck)
     # The host's CPU s per GB of link bytes as a planner capacity (crew.plan.hostcpu) on all
     # of this machine's cores; 0: none.
     host_cpu_s_per_gb: float = RunConfig.default("host_cpu_s_per_gb")
@@ -415,6 +416,7 @@ class LabRun:
             hop_backlog_bytes=o.hop_backlog_bytes,
             capacity=o.capacity,
             encrypt=o.encrypt,
+            check=o.check,
             host_cpu_s_per_gb=o.host_cpu_s_per_gb,
             host_cores=(
                 (o.host_cores or float(os.cpu_count() or 1)) if o.host_cpu_s_per_gb > 0 else 0.0

@@ -1,0 +1,150 @@
+"""A tampering aggregator on loopback: a real coordinator and four Nodes with real sockets, no
+root. Workers 0-2 form a group; the links among them are slow and those to worker 3 fast, so
+crew's plan makes non-member 3 the group's aggregator. Worker 3 runs the lab's poisoner
+(``lab.orchestrate.poisoner``): a tamper orthogonal to the public check vector on every part it
+forwards.
+
+* public check: the poisoned average is committed and applied (the hole this documents);
+* secret check: the group is abandoned, no member applies anything, an ERROR names the group;
+* secret check, honest aggregator: the exact average is committed.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from crew.config import RunConfig
+from crew.control.worker_control import Settlement
+from crew.runtime import node as node_mod
+from crew.runtime import rundb
+from crew.runtime.coordinator import Coordinator
+from crew.runtime.node import Node, Settled
+from crew.runtime.reduce import ReduceEngine
+from crew.runtime.rundb import RunDB
+from lab.orchestrate.poisoner import PoisonEngine
+
+SECRET = b"secret-check-loopback-0123456789"
+N, MEMBERS, POISONER = 4, (0, 1, 2), 3
+SIZE = 6000
+SETTLE_S = 60.0  # a bound on a hung run, not a timing assertion
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cfg(check: str, coordinator_port: int) -> RunConfig:
+    bw = tuple(
+        tuple(0.0 if i == j else (400.0 if POISONER in (i, j) else 2.0) for j in range(N))
+        for i in range(N)
+    )
+    return RunConfig(
+        run_id="secret-loopback",
+        run_num=9,
+        run_dir="/nonexistent",
+        secret_path="/nonexistent",
+        n=N,
+        p=len(MEMBERS),
+        scheme="crew",
+        coordinator_host="127.0.0.1",
+        coordinator_port=coordinator_port,
+        data_port=0,
+        data_ports=tuple(_free_port() for _ in range(N)),
+        identities=("127.0.0.1",) * N,
+        bw_mbit=bw,
+        check=check,
+    )
+
+
+def _run(
+    tmp_path: Path, check: str, poison: bool, monkeypatch: pytest.MonkeyPatch
+) -> tuple[dict[int, Settled | None], dict[int, np.ndarray], list[tuple[str, str]], int]:
+    """One group of MEMBERS carried by POISONER: each member's settlement, the vectors offered,
+    the run's (level, message) events, and the poisoner's tampered part count."""
+
+    def engine(me: int, *args, **kwargs) -> ReduceEngine:  # noqa: ANN002, ANN003
+        cls = PoisonEngine if poison and me == POISONER else ReduceEngine
+        return cls(me, *args, **kwargs)
+
+    monkeypatch.setattr(node_mod, "ReduceEngine", engine)
+    probe = _cfg(check, 0)
+    db = RunDB(tmp_path / "run.db")
+    coord = Coordinator(probe, db, "127.0.0.1", 0, secret=SECRET)
+    cfg = _cfg(check, coord.port)
+    loop = threading.Thread(target=coord.run, daemon=True)
+    loop.start()
+    nodes = [Node(cfg, i, SIZE, secret=SECRET) for i in range(N)]
+    rng = np.random.default_rng(5)
+    vectors = {m: rng.standard_normal(SIZE).astype(np.float32) for m in MEMBERS}
+    settled: dict[int, Settled | None] = {}
+    try:
+        for node in nodes:
+            assert node.start()
+
+        def member(m: int) -> None:
+            nodes[m].offer(vectors[m], 0)
+            settled[m] = nodes[m].settle(timeout=SETTLE_S)
+
+        threads = [threading.Thread(target=member, args=(m,)) for m in MEMBERS]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(SETTLE_S + 10)
+        engine3 = nodes[POISONER].engine
+        tampered = getattr(engine3, "tampered_parts", 0)
+    finally:
+        for node in nodes:
+            node.close()
+        coord.stop_event.set()
+        loop.join(10)
+    with rundb.connect(tmp_path / "run.db", readonly=True) as conn:
+        events = [(r[0], r[1]) for r in conn.execute("SELECT level, message FROM events")]
+    return settled, vectors, events, tampered
+
+
+def _average(vectors: dict[int, np.ndarray], weights: tuple[float, ...]) -> np.ndarray:
+    return sum(w * vectors[m].astype(np.float64) for m, w in zip(MEMBERS, weights, strict=True))
+
+
+def test_public_check_commits_a_poisoned_average(tmp_path, monkeypatch) -> None:
+    settled, vectors, _, tampered = _run(tmp_path, "public", True, monkeypatch)
+    assert tampered > 0, "the plan did not route the group through the poisoner"
+    for m in MEMBERS:
+        s = settled[m]
+        assert s is not None and s.settlement is Settlement.APPLY_AVERAGE, (m, s)
+        assert s.result is not None
+        exact = _average(vectors, (1 / 3, 1 / 3, 1 / 3))
+        # The tamper (0.5 a element, less its public projection) is in what was applied.
+        assert np.abs(s.result - exact).mean() > 0.1
+
+
+def test_secret_check_abandons_the_poisoned_group_and_nothing_is_applied(
+    tmp_path, monkeypatch
+) -> None:
+    settled, _, events, tampered = _run(tmp_path, "secret", True, monkeypatch)
+    assert tampered > 0, "the plan did not route the group through the poisoner"
+    for m in MEMBERS:
+        s = settled[m]
+        assert s is not None and s.settlement is Settlement.KEEP_OWN_ABANDONED, (m, s)
+        assert s.result is None
+        assert "secret check failed" in s.outcome.reason
+    errors = [msg for level, msg in events if level == "error"]
+    assert any(msg.startswith("group ") and "secret check failed" in msg for msg in errors)
+
+
+def test_secret_check_commits_an_honest_group(tmp_path, monkeypatch) -> None:
+    settled, vectors, events, _ = _run(tmp_path, "secret", False, monkeypatch)
+    exact = _average(vectors, (1 / 3, 1 / 3, 1 / 3))
+    for m in MEMBERS:
+        s = settled[m]
+        assert s is not None and s.settlement is Settlement.APPLY_AVERAGE, (m, s)
+        assert s.result is not None
+        np.testing.assert_allclose(s.result, exact, rtol=0, atol=1e-5)
+    assert not [msg for level, msg in events if level == "error"]
