@@ -42,6 +42,7 @@ import numpy as np
 
 from crew.config import RunConfig, Scheme
 from crew.control.worker_control import Settlement, evaluation_due
+from crew.runtime import memprofile
 from crew.runtime.node import Node
 from crew.wire import protocol as proto
 
@@ -333,7 +334,12 @@ def main(argv: list[str] | None = None) -> int:
     worker = Worker(cfg, args.id)
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
     signal.signal(signal.SIGINT, lambda *_: worker.stop())
-    return worker.run()
+    profiler = memprofile.from_env(f"w{args.id}")  # CREW_TRACEMALLOC: a diagnostic
+    try:
+        return worker.run()
+    finally:
+        if profiler is not None:
+            profiler.stop()
 
 
 if __name__ == "__main__":
