@@ -672,6 +672,7 @@ class Transport:
         self._pacing: dict[int, float] = dict(pacing or {})
         self._links: dict[int, _Link] = {}
         self._inbound: dict[socket.socket, threading.Thread] = {}
+        self._inbound_from: dict[int, socket.socket] = {}  # peer -> its newest connection
         self._started = False
         self._closing = threading.Event()
         self._accept_thread: threading.Thread | None = None
@@ -1128,6 +1129,7 @@ class Transport:
             # Until the HELLO checks out, the session reads one HELLO's bytes, and the whole
             # handshake has connect_timeout: a peer without the key holds nothing longer.
             peer = self._handshake(stream)
+            self._supersede(peer, sock)
             stream.stamp_arrivals()  # a link's rate is timed from the kernel's stamps
             for frame in self._frames(stream, peer):
                 try:
@@ -1149,6 +1151,24 @@ class Transport:
             stream.close()
             with self._lock:
                 self._inbound.pop(sock, None)
+                for peer_id, newest in list(self._inbound_from.items()):
+                    if newest is sock:
+                        del self._inbound_from[peer_id]
+
+    def _supersede(self, peer: int, sock: socket.socket) -> None:
+        """``sock`` is now ``peer``'s connection: shut its older one down. A peer sends on one
+        connection at a time (its sender reconnects only after dropping the last), so an older
+        one is dead: typically half-open behind a link that was cut while it was idle, whose
+        reset or FIN never arrived. Its reader would wait for a frame forever, keeping a thread,
+        a descriptor and the thread's heap arena, one more per cut."""
+        with self._lock:
+            old = self._inbound_from.get(peer)
+            self._inbound_from[peer] = sock
+        if old is not None and old is not sock:
+            try:
+                old.shutdown(socket.SHUT_RDWR)  # its reader sees the end and closes it
+            except OSError:
+                pass  # closed meanwhile
 
     def _handshake(self, stream: FrameStream) -> int:
         def known(sender: int, _key: int) -> bool:
