@@ -54,7 +54,6 @@ from crew.control.worker_control import (
     WorkerControl,
 )
 from crew.errors import CoordinatorUnreachable
-from crew.runtime.heap import Trimmer
 from crew.runtime.prescatter import prescatter_frames
 from crew.runtime.reduce import ReduceEngine
 from crew.train.compress import Codec, error_norm
@@ -188,7 +187,6 @@ class Node:
         self.control: FrameStream | None = None
         self.rejected = 0
         self._threads: list[threading.Thread] = []
-        self._trimmer = Trimmer()  # returns freed heap pages once a minute (crew.runtime.heap)
         self.prober = Prober(
             me,
             cfg.data_address(me),
@@ -393,9 +391,6 @@ class Node:
             ]
             if samples:
                 self.tell(proto.LinkRates(self.me, samples))
-            # Freed frames and buffers stay resident in malloc's arenas until trimmed: a
-            # week-long run's memory would creep up with them (crew.runtime.heap).
-            self._trimmer.maybe()
 
     def _control_reader(self) -> None:
         assert self.control is not None
