@@ -1,42 +1,59 @@
-"""Attacks on a running lab, with counts: does the run keep going?
+"""Attacks on a running lab or torchrun job, with counts: does the run keep going?
 
-``sudo python -m lab.hostile`` starts a lab (``--topology``, default ``default``; the synthetic
-workload, no dashboard), waits for its first groups, measures its pace (completed groups per
-10 s, read from the run database) over ``--baseline`` seconds, then attacks it in two phases:
+``sudo python -m lab.hostile`` starts a run on a lab network (``--topology``, default
+``default``), waits for its first groups, measures its pace (completed groups per 10 s, read
+from the run database) over ``--baseline`` seconds, then attacks it in two phases. The run is
+``--target``:
+
+* ``lab`` (the default): a lab (``lab.orchestrate.runner``; the synthetic workload, no
+  dashboard). Its listeners and keys come from its run folder (``config.json``, ``secret``,
+  ``admin-secret``); its coordinator runs in the root namespace.
+* ``torchrun``: ``examples/train_digits.py`` through one ``torchrun`` per host namespace (as
+  ``lab.torchrun`` runs it), rank 0 hosting the coordinator, groups of the lab's default p, at
+  most ``--steps`` steps (each waits for its group, so the default outlasts the suite, which
+  stops the job when it is done). The job is given a fresh secret in its environment, also
+  written to ``OUT/secret`` as an insider would hold it. Its listeners come from what it
+  publishes: the ``config`` rank 0 records in its run database (``OUT/run/run.db``) once every
+  rank has joined, with the roster of data-plane ports, the coordinator's port and the job's
+  fresh run number. The coordinator runs in host 0's namespace, inside rank 0's process; each
+  rank's trainer is the process whose memory is watched.
+
+Both are described the same way to the attackers (``lab.orchestrate.hostile_target``).
 
 **flood** (``lab.orchestrate.flood``): ``--connections`` pre-authentication connections in all,
-spread evenly over the coordinator's control port and every worker's data port (addresses from
-the run's ``config.json``), opened over the first half of ``--duration`` seconds and held
-without a byte until the target ends them; on every target at the same time, ``--slowloris``
-connections that send one byte of a HELLO every ``--drip`` seconds (renewed when cut), and
-``--frames`` connections each carrying one hostile message of ``lab.fuzz attack``'s kinds (wrong
-MAC, garbage, oversized header). The coordinator is attacked from the root namespace; a worker,
-which listens on its identity address inside its host's namespace, from a thread inside that
-namespace, over its loopback. During the phase the RSS of the coordinator and of every worker is
-sampled. Reported: connections attempted, refused (closed at once: a connection cap), cut
-(closed at the handshake deadline) and kept open; the pace during the phase over the baseline
-(target ``>= 0.8``); each process's RSS growth (target ``<= 50 MB``); and, after the phase, that
-groups still complete with every worker in one (``--recover`` seconds at most).
+spread evenly over the coordinator's control port and every worker's data port, opened over the
+first half of ``--duration`` seconds and held without a byte until the target ends them; on
+every target at the same time, ``--slowloris`` connections that send one byte of a HELLO every
+``--drip`` seconds (renewed when cut), and ``--frames`` connections each carrying one hostile
+message of ``lab.fuzz attack``'s kinds (wrong MAC, garbage, oversized header). The attacker has
+no key. Each listener is attacked from a thread inside its own namespace, over its loopback
+(the root namespace for a lab's coordinator). During the phase the RSS of the coordinator and
+of every worker is sampled. Reported: connections attempted, refused (closed at once: a
+connection cap), cut (closed at the handshake deadline) and kept open; the pace during the
+phase over the baseline (target ``>= 0.8``); each process's RSS growth (target ``<= 50 MB``);
+and, after the phase, that groups still complete with every worker in one (``--recover``
+seconds at most).
 
-**replay and impersonation** (``lab.orchestrate.replay``), with the run's keys from its folder
-(``secret``, ``admin-secret``): recorded HELLOs and frames replayed on fresh connections to the
-coordinator and every worker; frames naming another sender than the connection's authenticated
-peer; a recorded session of the lab's own Admin replayed; a HELLO naming the lab under the
-run's key; ``Admin`` sent on a genuine worker session (the coordinator must refuse it: p stays,
-a ``security`` event says so). ``--replays`` tries of each. Every attack runs against the live
-lab; none needs a loopback stand-in. Groups must complete after this phase too.
+**replay and impersonation** (``lab.orchestrate.replay``), with the run's keys as an insider
+holds them: recorded HELLOs and frames replayed on fresh connections to the coordinator and
+every worker; frames naming another sender than the connection's authenticated peer; a
+recorded session of the lab's own Admin replayed (a lab only: a launched job has no admin key,
+so no such session exists); a HELLO naming the lab under the run's key; ``Admin`` sent on a
+genuine worker session (the coordinator must refuse it: p stays, a ``security`` event says
+so). A torchrun job draws a fresh run number, so its frames are made under that number, read
+from its record. ``--replays`` tries of each. Every attack runs against the live run; none
+needs a loopback stand-in. Groups must complete after this phase too.
 
 It prints a table of what was tried and the counts, and exits 0 if every target was met, 1 if
 one was missed or groups stopped completing, 2 on bad options or without root, 3 when the
 machine lacks what the topology needs. ``--json PATH`` writes the figures. Everything it
-creates ends with it: its sockets are closed by each attacker, and the lab's teardown stops
+creates ends with it: its sockets are closed by each attacker, and the run's teardown stops
 the processes it started and removes the network.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import logging
 import os
@@ -53,15 +70,18 @@ from rich.console import Console
 from rich.table import Table
 
 from crew.cli_options import add_json_flag, add_out_flag, command_parser, write_json
-from crew.config import RunConfig
 from crew.runtime import rundb
-from crew.runtime.coordinator import HANDSHAKE_S as COORDINATOR_HANDSHAKE_S
 from crew.runtime.rundb import GroupStatus
-from crew.wire.transport import Transport
 from lab.net.preflight import PreflightError, check
-from lab.orchestrate.flood import FloodCounts, FloodPlan, Target, flood, in_thread
+from lab.orchestrate.flood import FloodCounts, FloodPlan, flood, in_netns, in_thread
+from lab.orchestrate.hostile_target import (
+    JobVictim,
+    LabVictim,
+    Listener,
+    TargetKind,
+    Victim,
+)
 from lab.orchestrate.replay import (
-    Keys,
     ReplayCounts,
     admin_from_worker,
     admin_refused_in_db,
@@ -82,12 +102,14 @@ POLL_S = 0.5
 SAMPLE_S = 2.0
 FIRST_GROUPS = 3
 TABLE_WIDTH = 120  # columns of the tables when the output is not a terminal
-# The data plane's handshake deadline: a worker's Transport keeps its default connect_timeout.
-WORKER_HANDSHAKE_S = float(inspect.signature(Transport).parameters["connect_timeout"].default)
+# A torchrun job's steps at most: each step waits for its group, so this outlasts any suite;
+# the suite stops the job when it is done.
+JOB_STEPS = 1_000_000
 
 
 @dataclass(frozen=True)
 class HostileOptions:
+    target: TargetKind = TargetKind.LAB
     topology: Path = field(default_factory=default_topology)
     connections: int = 1000
     slowloris: int = 4
@@ -100,9 +122,10 @@ class HostileOptions:
     start_wait_s: float = 300.0
     seed: int = 0
     run_dir: Path | None = None
+    steps: int = JOB_STEPS  # a torchrun job's steps at most
 
     def __post_init__(self) -> None:
-        for name in ("connections", "replays"):
+        for name in ("connections", "replays", "steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         for name in ("slowloris", "frames"):
@@ -157,6 +180,7 @@ class HostileReport:
     run_dir: str
     topology: str
     options: dict[str, Any]
+    target: str = TargetKind.LAB.value
     n: int = 0
     pace_before: float = 0.0  # groups per WINDOW_S over the baseline
     pace_during: float = 0.0  # ... over the flood
@@ -168,6 +192,7 @@ class HostileReport:
     workers_back: int = 0  # workers in a group completed after the flood
     recovered_after_s: float | None = None  # flood end -> every worker in a completed group
     replay: dict[str, Any] = field(default_factory=dict)  # ReplayCounts.to_dict
+    admin_identity: str = ""  # who may administer the run (HostileTarget.admin_identity)
     admin_sent: int = 0
     admin_refusal_events: int = 0
     p_before: str | None = None
@@ -288,42 +313,16 @@ def completed(db_path: Path, since: float = 0.0) -> list[tuple[float, list[int]]
     return [(float(r["ended_at"]), json.loads(r["members"])) for r in rows]
 
 
-def targets_of(run_dir: Path, lab: LabRun) -> list[tuple[Target, int | None]]:
-    """The coordinator's and every worker's listening port, from the run's ``config.json``."""
-    assert lab.net is not None
-    cfg = RunConfig.load(run_dir / "config.json")
-    out: list[tuple[Target, int | None]] = [
-        (
-            Target(
-                "coordinator",
-                cfg.coordinator_host,
-                cfg.coordinator_port,
-                None,
-                COORDINATOR_HANDSHAKE_S,
-            ),
-            None,
-        )
-    ]
-    for i in range(cfg.n):
-        host, port = cfg.data_address(i)
-        out.append((Target(f"w{i}", host, port, lab.net.host_pid(i), WORKER_HANDSHAKE_S), i))
-    return out
-
-
 class _Watch:
-    """Polls the lab and samples RSS while a phase runs in a thread of its own."""
+    """Polls the run and samples RSS while a phase runs in a thread of its own."""
 
-    def __init__(self, lab: LabRun) -> None:
-        self.lab = lab
+    def __init__(self, victim: Victim) -> None:
+        self.victim = victim
         self.samples: dict[str, list[float]] = {}
-
-    def processes(self) -> list[tuple[str, int]]:
-        procs = [] if self.lab.coordinator is None else [("coordinator", self.lab.coordinator.pid)]
-        return procs + [(f"w{i}", p.pid) for i, p in sorted(self.lab.workers.items())]
 
     def rss(self) -> dict[str, float]:
         out = {}
-        for name, pid in self.processes():
+        for name, pid in self.victim.processes():
             mb = rss_mb(pid)
             if mb is not None:
                 out[name] = round(mb, 1)
@@ -334,7 +333,7 @@ class _Watch:
         deadline = time.monotonic() + timeout_s
         next_sample = 0.0
         for _ in range(int(timeout_s / POLL_S) + 2):
-            self.lab.poll()
+            self.victim.poll()
             if sample and time.monotonic() >= next_sample:
                 for k, v in self.rss().items():
                     self.samples.setdefault(k, []).append(v)
@@ -347,7 +346,7 @@ class _Watch:
         return until()
 
     def run(self, work: Callable[[], object], bound_s: float, *, sample: bool = False) -> object:
-        """``work()`` in a thread while this one polls the lab; its result or exception."""
+        """``work()`` in a thread while this one polls the run; its result or exception."""
         return in_thread(
             work,
             "hostile-phase",
@@ -356,9 +355,7 @@ class _Watch:
         )
 
 
-def _flood_all(
-    targets: list[tuple[Target, int | None]], plans: list[FloodPlan]
-) -> list[FloodCounts]:
+def _flood_all(targets: list[Listener], plans: list[FloodPlan]) -> list[FloodCounts]:
     results: list[FloodCounts | None] = [None] * len(targets)
 
     def one(k: int) -> None:
@@ -375,20 +372,29 @@ def _flood_all(
     ]
 
 
-def run_hostile(opts: HostileOptions) -> HostileReport:
+def victim_of(opts: HostileOptions, run_dir: Path) -> Victim:
+    """The run to attack: a lab (the synthetic workload, no dashboard) or a torchrun job of
+    ``examples/train_digits.py``, on the topology's network, groups of the lab's default p."""
     topo = load_topology(opts.topology)
     caps = check(topo)
-    run_dir = opts.run_dir or (REPO / "runs" / f"hostile-{new_run_id()}")
     ropts = RunOptions(workload="synthetic", seed=opts.seed, dashboard=False, log_level="WARNING")
-    report = HostileReport(str(run_dir), topo.name, opts.to_dict())
-    report.n = topo.n
-    lab = LabRun(topo, caps, ropts, run_dir)
+    if opts.target is TargetKind.TORCHRUN:
+        return JobVictim(topo, caps, run_dir, group_size=min(ropts.p, topo.n), steps=opts.steps)
+    return LabVictim(LabRun(topo, caps, ropts, run_dir), run_dir)
+
+
+def run_hostile(opts: HostileOptions) -> HostileReport:
+    topo = load_topology(opts.topology)
+    tag = "hostile" if opts.target is TargetKind.LAB else f"hostile-{opts.target.value}"
+    run_dir = opts.run_dir or (REPO / "runs" / f"{tag}-{new_run_id()}")
+    report = HostileReport(str(run_dir), topo.name, opts.to_dict(), opts.target.value, topo.n)
+    victim = victim_of(opts, run_dir)
     try:
-        with lab:
-            _attack(lab, run_dir, opts, report)
-            lab.poll()
-            report.crashed = dict(lab.crashed)
-            report.coordinator_restarts = lab.coordinator_restarts
+        with victim:
+            _attack(victim, opts, report)
+            victim.poll()
+            report.crashed = dict(victim.crashed)
+            report.coordinator_restarts = victim.restarts
     except KeyboardInterrupt:
         report.error = "interrupted"
     except Exception as exc:  # reported with what was measured so far
@@ -397,15 +403,21 @@ def run_hostile(opts: HostileOptions) -> HostileReport:
     return report
 
 
-def _attack(lab: LabRun, run_dir: Path, opts: HostileOptions, report: HostileReport) -> None:
-    watch = _Watch(lab)
-    db = lab.db_path
-    if not watch.wait(lambda: len(completed(db)) >= FIRST_GROUPS, opts.start_wait_s):
+def _attack(victim: Victim, opts: HostileOptions, report: HostileReport) -> None:
+    watch = _Watch(victim)
+    db = victim.db_path
+
+    def started() -> bool:
+        return victim.published() and len(completed(db)) >= FIRST_GROUPS
+
+    if not watch.wait(started, opts.start_wait_s):
         raise RuntimeError(f"fewer than {FIRST_GROUPS} groups within {opts.start_wait_s:g} s")
+    desc = victim.describe()
+    report.admin_identity = desc.admin_identity
     t0 = time.time()
     watch.wait(lambda: time.time() >= t0 + opts.baseline_s, opts.baseline_s + 5)
     report.pace_before = round(pace([e for e, _ in completed(db, t0)], t0, time.time()), 2)
-    targets = targets_of(run_dir, lab)
+    targets = list(desc.listeners)
     per = split_evenly(opts.connections, len(targets))
     plans = [
         FloodPlan(c, opts.slowloris, opts.frames, opts.duration_s, opts.drip_s, opts.seed + k)
@@ -425,24 +437,30 @@ def _attack(lab: LabRun, run_dir: Path, opts: HostileOptions, report: HostileRep
         groups = completed(db, f1)
         report.groups_after_flood = len(groups)
         report.workers_back = len({m for _, members in groups for m in members})
-        return report.workers_back == lab.topo.n
+        return report.workers_back == desc.n
 
     if watch.wait(back, opts.recover_s):
         report.recovered_after_s = round(time.time() - f1, 1)
 
-    keys = Keys.of_run(run_dir)
+    keys = desc.keys
     report.p_before, _ = admin_refused_in_db(db, 0.0)
-    p = int(report.p_before or lab.opts.p)
+    p = int(report.p_before or desc.p)
     r0 = time.time()
     replays = watch.run(
         lambda: replay_all(targets, keys, opts.replays, p, wait_s=3.0), 60 * opts.replays + 120
     )
     assert isinstance(replays, ReplayCounts)
     report.replay = replays.to_dict()
-    coordinator = targets[0][0]
     new_p = 2 if p != 2 else 3
     report.admin_sent = int(
-        watch.run(lambda: admin_from_worker(coordinator, keys, opts.replays, new_p), 120)  # type: ignore[arg-type]
+        watch.run(  # type: ignore[arg-type]
+            lambda: in_netns(
+                desc.coordinator.netns_pid,
+                lambda: admin_from_worker(desc.coordinator, keys, opts.replays, new_p),
+                110,
+            ),
+            120,
+        )
     )
     watch.wait(lambda: False, 2.0)  # the coordinator writes its events
     report.p_after, report.admin_refusal_events = admin_refused_in_db(db, r0)
@@ -463,7 +481,9 @@ def print_report(r: HostileReport, console: Console | None = None) -> None:
         console = Console()
         if not console.is_terminal:  # a log file: wide enough for the flood table's columns
             console = Console(width=TABLE_WIDTH)
-    console.print(f"[bold]lab.hostile[/] on {r.topology} ({r.n} workers), run {r.run_dir}")
+    console.print(
+        f"[bold]lab.hostile[/] on a {r.target} on {r.topology} ({r.n} workers), run {r.run_dir}"
+    )
     t = Table(title="flood: pre-authentication connections per target")
     for col in (
         "target",
@@ -529,6 +549,8 @@ def print_report(r: HostileReport, console: Console | None = None) -> None:
         f"p {r.p_before} -> {r.p_after}",
     )
     console.print(rp)
+    if r.admin_identity:
+        console.print(f"who may administer the run: {r.admin_identity}")
     v = Table(title="verdicts")
     v.add_column("check")
     v.add_column("met")
@@ -548,6 +570,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit status: 0 every target met; 1 a target missed or groups stopped; 2 bad"
         " options or not root; 3 the machine lacks what the topology needs",
     )
+    p.add_argument(
+        "--target",
+        type=TargetKind,
+        choices=list(TargetKind),
+        default=d.target,
+        help="what to attack: a lab, or a torchrun job of examples/train_digits.py (default: lab)",
+    )
     add_topology_flag(p, "a topology name under topologies/ or a YAML path (default: default)")
     for flag, name, kind, what in (
         ("--connections", "connections", int, "idle pre-authentication connections in all targets"),
@@ -562,7 +591,13 @@ def build_parser() -> argparse.ArgumentParser:
         default = getattr(d, name)
         p.add_argument(flag, type=kind, default=default, help=f"{what} ({default:g})")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the run and the attacks")
-    add_out_flag(p, "the run's folder (default runs/hostile-<run-id>)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=d.steps,
+        help=f"a torchrun job's steps at most; it is stopped when the suite ends ({d.steps})",
+    )
+    add_out_flag(p, "the run's folder (default runs/hostile-<run-id>, runs/hostile-torchrun-...)")
     add_json_flag(p, "the figures and verdicts")
     return p
 
@@ -577,6 +612,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         opts = HostileOptions(
+            target=args.target,
             topology=args.topology,
             connections=args.connections,
             slowloris=args.slowloris,
@@ -588,6 +624,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             replays=args.replays,
             seed=args.seed,
             run_dir=args.out,
+            steps=args.steps,
         )
         load_topology(opts.topology)
     except (ValueError, TopologyError) as exc:

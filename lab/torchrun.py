@@ -15,7 +15,6 @@ emulated and the error; the exit status is 1 if a run failed (not if the probe m
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import sqlite3
 import statistics
@@ -29,13 +28,9 @@ from crew.cli_options import command_parser
 from crew.runtime import rundb
 from crew.runtime.capacity_probe import DEFAULT_PROBE_SECONDS, plan_probe
 from lab.net.mesh import LabNetwork
+from lab.orchestrate.torchjob import rank_env, start_ranks
 from lab.spec.shipped import default_topology, topology_arg
 from lab.spec.topology import TopologySpec, load_topology
-
-REPO = Path(__file__).resolve().parents[1]
-TORCHRUN = Path(sys.executable).with_name("torchrun")
-RDZV_PORT = 29400
-EXAMPLE = "examples/train_digits.py"
 
 
 @dataclass(frozen=True)
@@ -58,40 +53,15 @@ def run_in_lab(
     """Run ``EXAMPLE script_args`` on every host of ``topo`` through torchrun; wait for all."""
     n = topo.n
     run_dir = work / "run"
-    logs = []
     with LabNetwork(
         topo, tag="t" + secrets.token_hex(2), state_dir=work / "state", mgmt_subnet=mgmt_subnet
     ) as net:
-        host0 = net.identity_address(0)
         secret = secrets.token_hex(16)  # the same on every rank of this run
-        procs = []
-        for i in range(n):
-            env = {
-                **os.environ,
-                "CREW_SECRET": secret,
-                "CREW_DATA_HOST": net.identity_address(i),
-                "CREW_RUN_DIR": str(run_dir),
-                "CREW_PROBE_BYTES": str(probe_bytes),
-                "CREW_PROBE_SECONDS": str(probe_seconds),
-                "PYTHONPATH": str(REPO),
-                "OMP_NUM_THREADS": "1",
-            }
-            argv = [
-                str(TORCHRUN),
-                "--nnodes", str(n),
-                "--node-rank", str(i),
-                "--nproc-per-node", "1",
-                "--rdzv-backend", "static",
-                "--rdzv-endpoint", f"{host0}:{RDZV_PORT}",
-                "--master-addr", host0,
-                "--master-port", str(RDZV_PORT),
-                EXAMPLE, *script_args,
-            ]  # fmt: skip
-            log = open(work / f"w{i}.log", "w")  # noqa: SIM115 - closed below
-            logs.append(log)
-            procs.append(
-                net.popen(i, argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-            )
+        envs = [
+            rank_env(net, i, secret, run_dir, probe_bytes=probe_bytes, probe_seconds=probe_seconds)
+            for i in range(n)
+        ]
+        procs = start_ranks(net, work, script_args, envs)
         codes: list[int | None] = []
         for proc in procs:
             try:
@@ -99,8 +69,6 @@ def run_in_lab(
             except subprocess.TimeoutExpired:
                 net.stop_process(proc)
                 codes.append(None)
-    for log in logs:
-        log.close()
     output = "\n".join((work / f"w{i}.log").read_text(errors="replace") for i in range(n))
     return ScriptRun(codes, output, run_dir / "run.db")
 

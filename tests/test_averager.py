@@ -3,6 +3,7 @@ and every bad start-up case ends in a clear error within its time bound (no root
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -18,6 +19,8 @@ import pytest
 import torch
 
 import crew
+from crew.config import RunConfig
+from crew.runtime import rundb
 from crew.runtime.launch import JobHost, LaunchEnv, encryption, read_secret, rendezvous_number
 from crew.wire import protocol as proto
 from crew.wire.frames import FrameCodec, FrameError, control_body, control_frame
@@ -186,6 +189,28 @@ def test_every_job_host_draws_a_run_number_of_its_own(tmp_path):
     finally:
         for h in hosts:
             h.close()
+
+
+def test_a_job_records_its_config_with_every_listener_and_no_secret(tmp_path):
+    """What an operator (or lab.hostile) reads of a running job: where the coordinator and
+    every rank's data plane listen, and the job's own run number."""
+    seen = {}
+
+    def body(rank, averager, tensors):
+        averager.step()
+        if rank == 0:
+            seen["port"], seen["run"] = averager.host.coordinator.port, averager.host.run_num
+        return None
+
+    res = run_ranks(2, body, args={**ARGS, "run_dir": tmp_path})
+    assert res == {0: None, 1: None}, res
+    with closing(rundb.connect(tmp_path / "run.db", readonly=True)) as conn:
+        raw = conn.execute("SELECT value FROM meta WHERE key = 'config'").fetchone()[0]
+        roster = [r[0] for r in conn.execute("SELECT address FROM workers ORDER BY id")]
+    cfg = RunConfig.from_dict(json.loads(raw))
+    assert (cfg.coordinator_port, cfg.run_num) == (seen["port"], seen["run"])
+    assert [f"{h}:{p}" for h, p in (cfg.data_address(i) for i in range(2))] == roster
+    assert cfg.secret_path == "" and SECRET not in raw
 
 
 def test_a_jobs_data_plane_refuses_another_jobs_run_under_the_same_secret_and_run_id():

@@ -422,7 +422,9 @@ class JobHost:
         """The facts a lab run also records, so ``python -m dashboard`` reads a job's run.db
         as it reads a lab's: the run (id, scheme, p, when the start-up probe began), one worker
         per rank (its machine as its cloud) and the directed links at the rates the job
-        started with."""
+        started with. ``config`` is the job's RunConfig, as a lab's ``config.json``: where the
+        coordinator and every rank's data plane listen, and the job's run number; it holds no
+        secret (a launched job keeps its key in memory)."""
         from crew.runtime.rundb import LinkRow, WorkerRow
 
         assert self._db is not None
@@ -434,6 +436,7 @@ class JobHost:
                 "p": str(cfg.p),
                 "n": str(cfg.n),
                 "topology_name": "launched job",
+                "config": cfg.to_json(),
             }
         )
         self._db.add_workers(

@@ -7,9 +7,9 @@ write while the dashboard reads. All times are Unix epoch seconds (float).
 Schema (see ``SCHEMA``):
 
 ``meta(key, value)``
-    run_id, started_at, ended_at, scheme, p, topology (YAML text), config (JSON); the
-    coordinator adds ``plan_costs`` (JSON, when it stops: each group's planning wait,
-    ``crew.runtime.planahead.costs_json``).
+    run_id, started_at, ended_at, scheme, p, topology (YAML text), config (JSON: a launched
+    job's RunConfig, ``crew.runtime.launch``); the coordinator adds ``plan_costs`` (JSON, when
+    it stops: each group's planning wait, ``crew.runtime.planahead.costs_json``).
 ``workers(id, name, cloud, address)``
     one row per worker; ``address`` is the identity address peers use.
 ``links(src, dst, rate_mbit, delay_ms, jitter_ms, loss_pct, intf)``

@@ -1,16 +1,18 @@
-"""Replay and impersonation against a running lab's listeners, with the run's own keys.
+"""Replay and impersonation against a running run's listeners, with the run's own keys.
 
 An eavesdropper on a lab link records bytes, it cannot make them. Holding the run's key (the
-lab's ``secret`` file) and the lab's admin key (``admin-secret``), this module makes the bytes
-an eavesdropper could have recorded, by opening real sessions and recording what went out, and
-then tries them, each on a fresh connection:
+lab's ``secret`` file, or the secret a torchrun job was given) and the lab's admin key
+(``admin-secret``; a launched job has none), this module makes the bytes an eavesdropper could
+have recorded, by opening real sessions and recording what went out, and then tries them, each
+on a fresh connection:
 
 * ``replay``: a recorded HELLO and the frame that followed it. The HELLO verifies (it is a
   real one) and is answered with a fresh nonce, so the recorded frame must fail its tag and the
   target must close the connection (coordinator and every worker).
-* ``replay-admin`` (coordinator): the same with a recorded session of the lab itself, HELLO
-  under the admin key and an ``Admin`` request (``set_p`` to the run's current p, so that even
-  an accepted replay would change nothing).
+* ``replay-admin`` (coordinator, when the run has an admin key): the same with a recorded
+  session of the lab itself, HELLO under the admin key and an ``Admin`` request (``set_p`` to
+  the run's current p, so that even an accepted replay would change nothing). A launched job's
+  coordinator holds the run's key alone: no session of the lab exists to record.
 * ``impersonate``: a genuine session as peer k that then sends a frame naming sender m; the
   target must close the connection (coordinator and every worker).
 * ``lab-hello`` (coordinator): a HELLO naming the lab's sender id under the run's key, as a
@@ -93,29 +95,30 @@ class ReplayCounts:
 
 @dataclass(frozen=True)
 class Keys:
-    """What the attacks need of a run: its number, its codec's settings and both keys."""
+    """What the attacks need of a run: its number, its codec's settings and its keys; a run
+    without ``admin_secret`` (a launched job) has no administrator's identity at all."""
 
     run_num: int
     n: int
     max_payload: int
     encrypt: bool
     secret: bytes
-    admin_secret: bytes
+    admin_secret: bytes | None
 
     @classmethod
     def of_run(cls, run_dir: Path) -> Keys:
+        """A lab's keys, from its run folder (``config.json``, ``secret``, ``admin-secret``)."""
         cfg = RunConfig.load(run_dir / "config.json")
-        return cls(
-            cfg.run_num,
-            cfg.n,
-            cfg.max_payload,
-            cfg.encrypt,
-            cfg.secret(),
-            (run_dir / "admin-secret").read_bytes(),
-        )
+        return cls.of_config(cfg, cfg.secret(), (run_dir / "admin-secret").read_bytes())
+
+    @classmethod
+    def of_config(cls, cfg: RunConfig, secret: bytes, admin_secret: bytes | None = None) -> Keys:
+        return cls(cfg.run_num, cfg.n, cfg.max_payload, cfg.encrypt, secret, admin_secret)
 
     def codec(self, admin: bool = False) -> FrameCodec:
         key = self.admin_secret if admin else self.secret
+        if key is None:
+            raise ValueError("this run has no admin key")
         return FrameCodec(key, self.run_num, max_payload=self.max_payload, encrypt=self.encrypt)
 
 
@@ -204,21 +207,22 @@ def attack_target(
             lambda: _impersonate(target, run, me, _probe_frame(keys, other, wt), wait_s),
         ),
     ]
-    if worker is None:
+    if worker is None and keys.admin_secret is not None:
         admin = keys.codec(admin=True)
         same_p = control_frame(
             COORDINATOR, keys.run_num, proto.Admin(op="set_p", args={"p": p}).to_dict()
         )
-        hello = run.encode_bytes(
-            Frame(FrameKind.HELLO, COORDINATOR, keys.run_num, payload=bytes(17))
-        )
-        attacks += [
+        attacks.append(
             (
                 "replay-admin",
                 lambda: _try(target, _recorded(target, admin, COORDINATOR, same_p), wait_s),
-            ),
-            ("lab-hello", lambda: _try(target, hello, wait_s)),
-        ]
+            )
+        )
+    if worker is None:
+        hello = run.encode_bytes(
+            Frame(FrameKind.HELLO, COORDINATOR, keys.run_num, payload=bytes(17))
+        )
+        attacks.append(("lab-hello", lambda: _try(target, hello, wait_s)))
     for kind, attempt in attacks:
         for _ in range(tries):
             try:
