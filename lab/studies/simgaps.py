@@ -18,7 +18,7 @@ Variants (each a ``crew.sim`` run on ``crew.sim.topogen.generate(n, 2, seed)``, 
 * ``no stragglers``: every worker profile 2;
 * ``goodput 1``: links deliver their whole rate;
 * ``45 MB``: a quarter of the model (the same as four times every rate);
-* ``45 MB, private links`` and ``45 MB, all of the above``.
+* ``45 MB, private links``, the same without stragglers, and ``45 MB, all of the above``.
 
 Writes ``sim-gaps.json`` to ``--out``. Light: about a minute on two cores.
 """
@@ -71,6 +71,9 @@ VARIANTS = (
     Variant("goodput 1", goodput=1.0),
     Variant("45 MB", size_mb=45.0),
     Variant("45 MB, private links", size_mb=45.0, shared_links=False),
+    Variant(
+        "45 MB, private links, no stragglers", size_mb=45.0, shared_links=False, stragglers="none"
+    ),
     Variant(
         "45 MB, all of the above",
         size_mb=45.0,
@@ -134,7 +137,7 @@ def row_text(cell: dict[str, Any], schemes: Sequence[Scheme]) -> str:
         if ratio is not None:
             text += f" ({ratio:4.2f}x authors')"
         parts.append(text)
-    return f"{cell['variant']:26s} p={cell['p']:2d}  " + "  ".join(parts)
+    return f"{cell['variant']:36s} p={cell['p']:2d}  " + "  ".join(parts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
