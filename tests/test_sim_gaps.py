@@ -95,6 +95,9 @@ def test_gaps_variants_set_what_they_name() -> None:
     assert (ours.size_bytes, ours.shared_links) == (180 * MB, True)
     assert ours.goodput == SimConfig().goodput
     assert by_name["symmetric pairs"].symmetric and by_name["no stragglers"].stragglers == "none"
+    steps = by_name["45 MB, private links, 0.3 s steps"]
+    assert simgaps.sim_config(steps, 20, 5, Scheme.PREDUCE, 1, 50).compute_s == 0.3
+    assert ours.compute_s == 0.0
 
 
 def test_gaps_study_writes_every_variant(tmp_path: Path) -> None:

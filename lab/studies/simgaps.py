@@ -18,7 +18,10 @@ Variants (each a ``crew.sim`` run on ``crew.sim.topogen.generate(n, 2, seed)``, 
 * ``no stragglers``: every worker profile 2;
 * ``goodput 1``: links deliver their whole rate;
 * ``45 MB``: a quarter of the model (the same as four times every rate);
-* ``45 MB, private links``, the same without stragglers, and ``45 MB, all of the above``.
+* ``45 MB, private links``, the same without stragglers, and ``45 MB, all of the above``;
+* two fits of the last two free quantities, the bytes per unit rate and the step time, to the
+  authors' four figures: ``45 MB, private links, 0.3 s steps`` (every worker's iteration 0.3
+  s) and ``54 MB, private links, no stragglers``.
 
 Writes ``sim-gaps.json`` to ``--out``. Light: about a minute on two cores.
 """
@@ -61,6 +64,7 @@ class Variant:
     symmetric: bool = False
     stragglers: str = "mixed"
     goodput: float = SimConfig.goodput
+    compute_s: float = 0.0  # every iteration lasts at least this long (SimConfig.compute_s)
 
 
 VARIANTS = (
@@ -82,6 +86,16 @@ VARIANTS = (
         stragglers="none",
         goodput=1.0,
     ),
+    Variant(
+        "45 MB, private links, 0.3 s steps",
+        size_mb=45.0,
+        shared_links=False,
+        stragglers="none",
+        compute_s=0.3,
+    ),
+    Variant(
+        "54 MB, private links, no stragglers", size_mb=54.0, shared_links=False, stragglers="none"
+    ),
 )
 
 
@@ -94,6 +108,7 @@ def sim_config(v: Variant, n: int, p: int, scheme: Scheme, seed: int, duration: 
         seed=seed,
         size_bytes=int(v.size_mb * 1e6) // 4 * 4,
         goodput=v.goodput,
+        compute_s=v.compute_s,
         shared_links=v.shared_links,
         plan_rounds=default_plan_rounds(n),
         helpers=default_helpers(n),
