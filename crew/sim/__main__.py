@@ -133,6 +133,16 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_private_links_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--private-links",
+        action="store_true",
+        help="every group has the links to itself and plans on their full capacity, so"
+        " concurrent groups never slow each other (SimConfig.shared_links; not the lab's"
+        " network, where groups share each pair's connection)",
+    )
+
+
 def check_run_options(parser: argparse.ArgumentParser, args: argparse.Namespace, n: int) -> None:
     """Refuse, through ``parser.error``, what a simulated run of n workers cannot take."""
     if not 1 <= args.p <= n:
@@ -173,6 +183,7 @@ def config_from(args: argparse.Namespace, n: int) -> SimConfig:
         executor=executor_from(args),
         plan_delay=args.plan_delay,
         helpers=helpers_for(args, n),
+        shared_links=not getattr(args, "private_links", False),
     )
 
 
@@ -206,10 +217,11 @@ def model_line(cfg: SimConfig, n: int) -> str:
     )
     rounds = "planner's own bound" if cfg.plan_rounds is None else f"<= {cfg.plan_rounds}"
     levels = "exact" if not cfg.plan_level_tol else f"within {cfg.plan_level_tol:.2%}"
+    links = "" if cfg.shared_links else "; links private to each group (not shared)"
     return (
         f"planner over {who}; route-LP rounds {rounds}; latency levels {levels};"
         f" plan delay {cfg.plan_delay.value};"
-        f" executor: {cfg.executor.describe()}"
+        f" executor: {cfg.executor.describe()}{links}"
     )
 
 
@@ -261,7 +273,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="mixed: per-worker step times drawn from the paper's straggler mix; none: every"
         " worker as fast (default mixed)",
     )
+    parser.add_argument(
+        "--symmetric",
+        action="store_true",
+        help="one rate per unordered pair, both directions alike (default: each direction"
+        " drawn on its own)",
+    )
     add_run_options(parser)
+    add_private_links_flag(parser)
     return parser
 
 
@@ -271,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.n < 2:
         parser.error("--n: need at least 2 workers")
     check_run_options(parser, args, args.n)
-    topo = generate(args.n, args.bwd, args.seed, args.stragglers)
+    topo = generate(args.n, args.bwd, args.seed, args.stragglers, args.symmetric)
     cfg = config_from(args, args.n)
     if args.progress:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")

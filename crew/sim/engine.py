@@ -103,6 +103,10 @@ class SimConfig:
     compute_s: float = 0.0  # the real step time the straggler sample pads up to
     staleness: bool = False
     committed_capacity: bool = True
+    shared_links: bool = True
+    """False: every group revision has the links to itself (``LinkQueues.private``), and plans
+    on their full capacity (no committed capacity): concurrent groups never slow each other.
+    Not the lab's network; a model some simulators make."""
     group_timeout_min_s: float = 30.0
     sample_s: float = 1.0  # link sample interval (the lab's monitor: 1 Hz)
     epoch: float | None = None  # Unix time of simulated t=0 in the run DB (default: now)
@@ -218,7 +222,7 @@ class Simulation:
             topo.rate_mbit,
             seed=cfg.seed,
             staleness=cfg.staleness,
-            committed_capacity=cfg.committed_capacity,
+            committed_capacity=cfg.committed_capacity and cfg.shared_links,
             group_timeout_min_s=cfg.group_timeout_min_s,
             plan_rounds=cfg.plan_rounds,
             plan_level_tol=cfg.plan_level_tol,
@@ -413,7 +417,8 @@ class Simulation:
                     del self.in_group[m]
                     if self.alive[m]:  # dropped while alive (a suspect): it trains on
                         self._compute(m)
-        timer = RouteTimer(self.net, d.plan.routes, d.plan.pipelined, self.part)
+        net = self.net if self.cfg.shared_links else self.net.private()
+        timer = RouteTimer(net, d.plan.routes, d.plan.pipelined, self.part)
         self.transfers[gid] = (d.rev, timer)
         start = self.now
         if self.cfg.plan_delay is PlanDelay.MEASURED:  # plans are made one after another

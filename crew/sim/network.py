@@ -35,6 +35,13 @@ broadcast tree. :class:`RouteTimer` times one revision's routes:
 A superseded revision's jobs stay queued (the lab does not recall frames already handed to a
 connection), except on a cut link, whose queue is lost.
 
+**Private links** (:meth:`LinkQueues.private`, ``SimConfig.shared_links=False``): a revision
+gets empty queues of its own over the same links, so concurrent groups never wait for each
+other and each sees every link's full capacity. Not the lab's network (one connection per
+pair, shared by every group); a simulator with per-group capacities times groups this way.
+The byte counters still count every private job on its link, so link samples can show a link
+above its rate.
+
 **Parts.** A pipelined hop forwards a part once it holds all of it, so each hop adds one
 part's time at its rate. Parts are cut per route exactly as the executor cuts them
 (``crew.control.assignment.route_part_elems``: at least ``PARTS_PER_ROUTE`` parts of 64 to
@@ -65,6 +72,7 @@ Cost: O(1) per job; a revision is O(edges of its routes).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -156,6 +164,18 @@ class LinkQueues:
         self._done = np.zeros(n * n)  # bytes of jobs ended by the last count
         self._pending = (np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0))
         self.jobs = 0
+        self._rec: LinkQueues = self  # whose byte counters this one's jobs go to
+
+    def private(self) -> LinkQueues:
+        """Empty queues of their own over these links as they are now (capacities, delays,
+        host), whose jobs these queues' byte counters count. Later cuts and rate steps here do
+        not reach them."""
+        q = copy.copy(self)
+        q.cap = list(self.cap)
+        q.free = [0.0] * len(self.free)
+        q.cpu_free = 0.0
+        q._rec = self._rec
+        return q
 
     def rate(self, src: int, dst: int) -> float:
         return self.cap[src * self.n + dst]
@@ -169,12 +189,13 @@ class LinkQueues:
         start = max(at, self.free[k])
         end = start + nbytes / c
         self.free[k] = end
+        rec = self._rec
         if end > start:
-            self._jl.append(k)
-            self._js.append(start)
-            self._je.append(end)
-            self._jr.append(c)
-        self.jobs += 1
+            rec._jl.append(k)
+            rec._js.append(start)
+            rec._je.append(end)
+            rec._jr.append(c)
+        rec.jobs += 1
         if self.cpu_rate < float("inf"):  # the host's cores, one FCFS queue for every job
             self.cpu_free = max(at, self.cpu_free) + nbytes / self.cpu_rate
             end = max(end, self.cpu_free)

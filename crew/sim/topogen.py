@@ -17,7 +17,8 @@ settings:
 * ``bwd=3``: 125 Mbit/s everywhere.
 
 The paper gives these three definitions and nothing else about the topology, so these are our
-choices: each direction is drawn independently (measured inter-cloud paths are asymmetric), no
+choices: each direction is drawn independently (measured inter-cloud paths are asymmetric;
+``symmetric=True`` draws one rate per unordered pair instead, both directions alike), no
 delays (the paper's simulator is flow-level and its metric is throughput-bound), one worker
 per cloud. Stragglers: ``"mixed"`` gives worker i the i-th (mod 6) of profile 2 and its five
 slower variants the profile file describes (``2``, ``2@0.2:0.4``, ... ``2@1.0:1.2``), i.e. a
@@ -87,8 +88,11 @@ def inter_cloud_samples() -> tuple[float, ...]:
     return tuple(float(v) for v in json.loads(text)["values"])
 
 
-def rates(n: int, bwd: int, rng: np.random.Generator) -> np.ndarray:
-    """An n x n directed rate matrix (Mbit/s) at bandwidth diversity ``bwd``; diagonal 0."""
+def rates(n: int, bwd: int, rng: np.random.Generator, symmetric: bool = False) -> np.ndarray:
+    """An n x n directed rate matrix (Mbit/s) at bandwidth diversity ``bwd``; diagonal 0.
+
+    ``symmetric``: one rate per unordered pair, both directions alike (the draws above the
+    diagonal, mirrored; the same draws as the directed matrix's upper triangle)."""
     if bwd == 1:
         r = 25.0 * np.clip(np.round(rng.normal(5.0, 1.0, (n, n))), 1, 10)
     elif bwd == 2:
@@ -98,10 +102,15 @@ def rates(n: int, bwd: int, rng: np.random.Generator) -> np.ndarray:
     else:
         raise TopologyGenError(f"bwd must be one of {BWD_SETTINGS}, got {bwd!r}")
     np.fill_diagonal(r, 0.0)
+    if symmetric:
+        up = np.triu(r, 1)
+        r = up + up.T
     return r
 
 
-def generate(n: int, bwd: int, seed: int, stragglers: str = "mixed") -> SimTopology:
+def generate(
+    n: int, bwd: int, seed: int, stragglers: str = "mixed", symmetric: bool = False
+) -> SimTopology:
     """The paper-like topology of :mod:`this module <crew.sim.topogen>`'s docstring."""
     if not isinstance(n, int) or n < 2:
         raise TopologyGenError(f"n must be an int >= 2, got {n!r}")
@@ -112,12 +121,14 @@ def generate(n: int, bwd: int, seed: int, stragglers: str = "mixed") -> SimTopol
         MIXED_STRAGGLERS[i % len(MIXED_STRAGGLERS)] if stragglers == "mixed" else "2"
         for i in range(n)
     )
+    pairs = ", symmetric pairs" if symmetric else ""
     return SimTopology(
-        name=f"gen-n{n}-bwd{bwd}-s{seed}",
+        name=f"gen-n{n}-bwd{bwd}-s{seed}" + ("-sym" if symmetric else ""),
         names=tuple(f"w{i}" for i in range(n)),
         clouds=tuple(f"cloud-{i}" for i in range(n)),
-        rate_mbit=rates(n, bwd, rng),
+        rate_mbit=rates(n, bwd, rng, symmetric),
         delay_ms=np.zeros((n, n)),
         stragglers=specs,
-        description=f"generated: {n} clouds, bwd={bwd}, seed {seed}, stragglers {stragglers}",
+        description=f"generated: {n} clouds, bwd={bwd}{pairs}, seed {seed},"
+        f" stragglers {stragglers}",
     )
