@@ -47,7 +47,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from crew.wire import rxstamp
 from crew.wire.frames import (
     SEND_BACKLOG_BYTES,
     Frame,
@@ -303,17 +302,7 @@ class FrameStream:
         self.codec = codec
         self._send_lock = threading.Lock()
         self._closed = False
-        self._stamped = False
-        # After recv(), with stamp_arrivals() on: the kernel's receive time of the frame's last
-        # byte (CLOCK_REALTIME), or None if the kernel gave none.
-        self.rx_time: float | None = None
         _tune(sock, stall_timeout)
-
-    def stamp_arrivals(self) -> bool:
-        """Have each ``recv`` record when the kernel received the frame (``rx_time``), for
-        timing the link (``crew.wire.rxstamp``). False where the kernel cannot."""
-        self._stamped = rxstamp.enable(self.sock)
-        return self._stamped
 
     @classmethod
     def connect(
@@ -401,12 +390,7 @@ class FrameStream:
         got = 0
         while got < n:
             try:
-                if self._stamped and not at_boundary:  # a frame's last byte is in its body
-                    k, stamp = rxstamp.recv_into_stamped(self.sock, view[got:], n - got)
-                    if stamp is not None:
-                        self.rx_time = stamp
-                else:
-                    k = self.sock.recv_into(view[got:], n - got)
+                k = self.sock.recv_into(view[got:], n - got)
             except TimeoutError:
                 if at_boundary and got == 0:
                     continue
@@ -577,9 +561,7 @@ class ArrivalRate:
     Arrivals closer than ``gap_s`` apart form a burst; a burst's rate is the bytes after its
     first frame over the time from its first to its last frame, so the time the first frame
     waited in queues does not count. Only bursts of at least ``min_bytes`` are kept: a short
-    one says more about socket buffers than about the link. The transport gives each frame the
-    kernel's receive time of its last byte (``crew.wire.rxstamp``), not the time a thread read
-    it."""
+    one says more about socket buffers than about the link."""
 
     def __init__(self, gap_s: float = 0.05, min_bytes: int = 256 << 10):
         self.gap_s = gap_s
@@ -1130,7 +1112,6 @@ class Transport:
             # handshake has connect_timeout: a peer without the key holds nothing longer.
             peer = self._handshake(stream)
             self._supersede(peer, sock)
-            stream.stamp_arrivals()  # a link's rate is timed from the kernel's stamps
             for frame in self._frames(stream, peer):
                 try:
                     self._on_frame(frame)
@@ -1193,12 +1174,10 @@ class Transport:
                 )
             if frame.kind in (FrameKind.HELLO, FrameKind.CHALLENGE):
                 raise HandshakeError(f"{frame.kind.name} after the handshake")
-            # When the frame's last byte reached this host, not when this thread got to it:
-            # a reader woken late would otherwise time a queued backlog as a fast burst.
-            arrived = stream.rx_time if stream.rx_time is not None else time.time()
+            now = time.monotonic()
             with self._lock:
                 self._bytes_received[peer] += wire_size(frame)
-                self._arrivals.setdefault(peer, ArrivalRate()).add(arrived, wire_size(frame))
+                self._arrivals.setdefault(peer, ArrivalRate()).add(now, wire_size(frame))
                 self._frames_received += 1
             if self._trace is not None:
                 self._trace.event("r", peer, frame)
