@@ -48,7 +48,7 @@ needs a loopback stand-in. Groups must complete after this phase too.
 **poison** (``lab.orchestrate.poison_phase``): an insider among the workers. Worker
 ``--poisoner`` (default 0) runs ``lab.orchestrate.poisoner``: the normal worker whose reduce
 engine adds a tamper orthogonal to the run's public check vector, ``--poison-scale`` a element
-(default 1e4, about 12 times the synthetic model's norm), to every partial sum and result it
+(default 1e4, about 16 times the synthetic model's norm), to every partial sum and result it
 carries for a group it is not a member of. It must be in place from the start, so the phase is a
 lab run of its own after the others, in ``OUT-poison`` beside the run's folder: the synthetic
 workload, the secret check (``crew.control.secretcheck``), groups of ``min(p, n - 1)`` so that

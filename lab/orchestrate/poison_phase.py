@@ -23,13 +23,16 @@ the phase proves nothing), no tampered or relayed group completed, the secret ch
 some, no worker applied a wrong average, groups completed after the first abandonment, and no
 worker crashed.
 
-Scale. The synthetic model's elements are integers of order 1000 (``||v||`` about ``840
-sqrt(N)``); the secret check's tolerance is about ``0.67 sqrt(N)`` for such a group, and
-``r_g . delta`` is normal with standard deviation ``S sqrt(N)`` for a tamper of ``S`` per
-element, so a group passes with probability about ``0.53 / S``: :data:`DEFAULT_SCALE` (``1e4``,
-about 12 times the model's norm) lets one in about 20 000 tampered groups through, small enough
-for "0 applied" to be the target. The public check's float32 rounding of such a tamper stays
-far below its tolerance, so what abandons the groups is the secret check alone.
+Scale. The synthetic model's elements are integers of order 1000 (``||v||`` about ``640
+sqrt(N)`` for ``N`` elements); the secret check's tolerance for a group of such vectors is
+about ``0.5 sqrt(N)``, and ``r_g . delta`` is normal with standard deviation ``S sqrt(N)`` for a
+tamper of ``S`` per element, so a group passes with probability about ``0.4 / S``: the default
+``0.5`` of ``lab.orchestrate.poisoner`` (made for the weights of a small model) would pass most
+of the time, :data:`DEFAULT_SCALE` (``1e4``, about 16 times a member's model norm) lets one in
+about 25 000 tampered groups through, small enough for "0 applied" to be the target (measured
+on 4 MB vectors: a deviation 680 to 28 000 times the secret tolerance). The public check's
+float32 rounding of such a tamper stays about 1000 times below its tolerance, so what abandons
+the groups is the secret check alone.
 """
 
 from __future__ import annotations
