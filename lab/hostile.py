@@ -2,8 +2,9 @@
 
 ``sudo python -m lab.hostile`` starts a run on a lab network (``--topology``, default
 ``default``), waits for its first groups, measures its pace (completed groups per 10 s, read
-from the run database) over ``--baseline`` seconds, then attacks it in two phases. The run is
-``--target``:
+from the run database) over ``--baseline`` seconds, then attacks it in the phases ``--phases``
+names (default ``flood,replay,poison``; the first two on that run, the third on a lab run of its
+own). The run is ``--target``:
 
 * ``lab`` (the default): a lab (``lab.orchestrate.runner``; the synthetic workload, no
   dashboard). Its listeners and keys come from its run folder (``config.json``, ``secret``,
@@ -44,9 +45,25 @@ so). A torchrun job draws a fresh run number, so its frames are made under that 
 from its record. ``--replays`` tries of each. Every attack runs against the live run; none
 needs a loopback stand-in. Groups must complete after this phase too.
 
-It prints a table of what was tried and the counts, and exits 0 if every target was met, 1 if
-one was missed or groups stopped completing, 2 on bad options or without root, 3 when the
-machine lacks what the topology needs. ``--json PATH`` writes the figures. Everything it
+**poison** (``lab.orchestrate.poison_phase``): an insider among the workers. Worker
+``--poisoner`` (default 0) runs ``lab.orchestrate.poisoner``: the normal worker whose reduce
+engine adds a tamper orthogonal to the run's public check vector, ``--poison-scale`` a element
+(default 1e4, about 16 times the synthetic model's norm), to every partial sum and result it
+carries for a group it is not a member of. It must be in place from the start, so the phase is a
+lab run of its own after the others, in ``OUT-poison`` beside the run's folder: the synthetic
+workload, the secret check (``crew.control.secretcheck``), groups of ``min(p, n - 1)`` so that
+every group leaves out a worker who may carry its data, ``--poison-duration`` seconds from its
+first group. Reported from its database and logs: groups completed, abandoned by the secret
+check, routed through the poisoner by their plans, tampered with (the poisoner's log), tampered
+groups committed (target 0) and averages applied that the synthetic rule found wrong (target 0:
+no poisoned average applied), and groups completed after the first abandonment (the run goes
+on). A poisoner that tampered with nothing proves nothing: that misses a target (a topology of
+three workers or more is needed). A torchrun target skips the phase, saying so: its ranks run
+``examples/train_digits.py``, whose reduce engine the lab does not swap.
+
+It prints a table of what was tried and the counts per phase, and exits 0 if every target was
+met, 1 if one was missed or groups stopped completing, 2 on bad options or without root, 3 when
+the machine lacks what the topology needs. ``--json PATH`` writes the figures. Everything it
 creates ends with it: its sockets are closed by each attacker, and the run's teardown stops
 the processes it started and removes the network.
 """
@@ -73,8 +90,10 @@ from crew.cli_options import add_json_flag, add_out_flag, command_parser, write_
 from crew.runtime import rundb
 from crew.runtime.rundb import GroupStatus
 from lab.net.preflight import PreflightError, check
+from lab.orchestrate import poison_phase
 from lab.orchestrate.flood import FloodCounts, FloodPlan, flood, in_netns, in_thread
 from lab.orchestrate.hostile_target import (
+    HostileTarget,
     JobVictim,
     LabVictim,
     Listener,
@@ -105,6 +124,7 @@ TABLE_WIDTH = 120  # columns of the tables when the output is not a terminal
 # A torchrun job's steps at most: each step waits for its group, so this outlasts any suite;
 # the suite stops the job when it is done.
 JOB_STEPS = 1_000_000
+PHASES = ("flood", "replay", "poison")
 
 
 @dataclass(frozen=True)
@@ -123,8 +143,19 @@ class HostileOptions:
     seed: int = 0
     run_dir: Path | None = None
     steps: int = JOB_STEPS  # a torchrun job's steps at most
+    phases: tuple[str, ...] = PHASES
+    poisoner: int = poison_phase.DEFAULT_WORKER
+    poison_scale: float = poison_phase.DEFAULT_SCALE
+    poison_duration_s: float = 60.0
 
     def __post_init__(self) -> None:
+        unknown = [ph for ph in self.phases if ph not in PHASES]
+        if unknown or not self.phases:
+            raise ValueError(f"phases {list(self.phases)}: choose among {', '.join(PHASES)}")
+        if self.target is TargetKind.TORCHRUN and set(self.phases) == {"poison"}:
+            raise ValueError("the poison phase runs on a lab only: nothing left to run")
+        if self.poisoner < 0 or not self.poison_scale > 0 or not self.poison_duration_s > 0:
+            raise ValueError("--poisoner must be >= 0, --poison-scale and --poison-duration > 0")
         for name in ("connections", "replays", "steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
@@ -201,13 +232,16 @@ class HostileReport:
     crashed: dict[int, int] = field(default_factory=dict)
     coordinator_restarts: int = 0
     error: str | None = None
+    phases: list[str] = field(default_factory=lambda: list(PHASES))
+    poison: dict[str, Any] = field(default_factory=dict)  # PoisonReport.to_dict, or skipped
 
     @property
     def pace_ratio(self) -> float | None:
         return pace_ratio(self.pace_before, self.pace_during)
 
     def verdicts(self) -> list[tuple[str, bool, str]]:
-        """(check, met, figures) for every target; the run passes if all are met."""
+        """(check, met, figures) for every target of the phases run; the run passes if all
+        are met."""
         idle = _sum(f["idle"] for f in self.flood)
         slow = _sum(f["slowloris"] for f in self.flood)
         frames = [f["frames"] or {} for f in self.flood]
@@ -218,13 +252,47 @@ class HostileReport:
             for f in self.flood
             if f["slowloris_longest_s"] > f["deadline_s"] + SLACK_S + 2 * self.options["drip_s"]
         ]
-        ratio = self.pace_ratio
-        worst = max(self.rss_growth_mb.values(), default=0.0)
         attempts = sum(self.replay.get("attempts", {}).values())
         refused = sum(self.replay.get("refused", {}).values())
         errors = [f["error"] for f in self.flood if f["error"]] + self.replay.get("errors", [])
+        attacked = {"flood", "replay"} & set(self.phases)
+        checks: list[tuple[str, tuple[str, bool, str]]] = [
+            (
+                "any",
+                (
+                    "no attacker failed",
+                    not errors and self.error is None,
+                    "; ".join(errors) or "none",
+                ),
+            ),
+        ]
+        checks += [("flood", v) for v in self._flood_verdicts(idle, slow, sent, dropped, late)]
+        checks += [("replay", v) for v in self._replay_verdicts(attempts, refused)]
+        checks.append(
+            (
+                "attacked",
+                (
+                    "no worker crashed, no coordinator restart",
+                    not self.crashed and self.coordinator_restarts == 0,
+                    f"crashed {self.crashed or 'none'}, restarts {self.coordinator_restarts}",
+                ),
+            )
+        )
+        out = [
+            v
+            for phase, v in checks
+            if phase == "any" or phase in self.phases or (phase == "attacked" and attacked)
+        ]
+        if "poison" in self.phases:
+            out += [(c, bool(m), f) for c, m, f in poison_phase.poison_verdicts(self.poison)]
+        return out
+
+    def _flood_verdicts(
+        self, idle: dict[str, int], slow: dict[str, int], sent: int, dropped: int, late: list[str]
+    ) -> list[tuple[str, bool, str]]:
+        ratio = self.pace_ratio
+        worst = max(self.rss_growth_mb.values(), default=0.0)
         return [
-            ("no attacker failed", not errors and self.error is None, "; ".join(errors) or "none"),
             (
                 "idle connections ended by the target",
                 idle["kept_open"] == 0 and idle["answered"] == 0,
@@ -251,6 +319,10 @@ class HostileReport:
                 self.n > 0 and self.workers_back == self.n,
                 f"{self.workers_back} of {self.n}, {self.groups_after_flood} groups",
             ),
+        ]
+
+    def _replay_verdicts(self, attempts: int, refused: int) -> list[tuple[str, bool, str]]:
+        return [
             (
                 "replays and impersonations refused",
                 attempts > 0 and refused == attempts,
@@ -267,11 +339,6 @@ class HostileReport:
                 "groups complete after the replays",
                 self.groups_after_replay > 0,
                 f"{self.groups_after_replay} groups",
-            ),
-            (
-                "no worker crashed, no coordinator restart",
-                not self.crashed and self.coordinator_restarts == 0,
-                f"crashed {self.crashed or 'none'}, restarts {self.coordinator_restarts}",
             ),
         ]
 
@@ -388,19 +455,44 @@ def run_hostile(opts: HostileOptions) -> HostileReport:
     tag = "hostile" if opts.target is TargetKind.LAB else f"hostile-{opts.target.value}"
     run_dir = opts.run_dir or (REPO / "runs" / f"{tag}-{new_run_id()}")
     report = HostileReport(str(run_dir), topo.name, opts.to_dict(), opts.target.value, topo.n)
-    victim = victim_of(opts, run_dir)
+    report.phases = list(opts.phases)
     try:
-        with victim:
-            _attack(victim, opts, report)
-            victim.poll()
-            report.crashed = dict(victim.crashed)
-            report.coordinator_restarts = victim.restarts
+        if {"flood", "replay"} & set(opts.phases):
+            victim = victim_of(opts, run_dir)
+            with victim:
+                _attack(victim, opts, report)
+                victim.poll()
+                report.crashed = dict(victim.crashed)
+                report.coordinator_restarts = victim.restarts
+        if "poison" in opts.phases:
+            report.poison = _poison(opts, run_dir)
     except KeyboardInterrupt:
         report.error = "interrupted"
     except Exception as exc:  # reported with what was measured so far
         log.exception("the hostile run failed")
         report.error = f"{type(exc).__name__}: {exc}"
     return report
+
+
+def _poison(opts: HostileOptions, run_dir: Path) -> dict[str, Any]:
+    """The poison phase: a lab run of its own beside the attacked run's folder."""
+    if opts.target is not TargetKind.LAB:
+        return {
+            "skipped": "the poison phase runs on a lab only: a torchrun job's ranks run"
+            " examples/train_digits.py, whose reduce engine the lab cannot swap for the poisoner"
+        }
+    topo = load_topology(opts.topology)
+    report = poison_phase.run_poison(
+        topo,
+        check(topo),
+        run_dir.with_name(f"{run_dir.name}-poison"),
+        worker=opts.poisoner,
+        scale=opts.poison_scale,
+        duration_s=opts.poison_duration_s,
+        start_wait_s=opts.start_wait_s,
+        seed=opts.seed,
+    )
+    return report.to_dict()
 
 
 def _attack(victim: Victim, opts: HostileOptions, report: HostileReport) -> None:
@@ -414,6 +506,16 @@ def _attack(victim: Victim, opts: HostileOptions, report: HostileReport) -> None
         raise RuntimeError(f"fewer than {FIRST_GROUPS} groups within {opts.start_wait_s:g} s")
     desc = victim.describe()
     report.admin_identity = desc.admin_identity
+    if "flood" in opts.phases:
+        _flood_phase(watch, desc, opts, report)
+    if "replay" in opts.phases:
+        _replay_phase(watch, desc, opts, report)
+
+
+def _flood_phase(
+    watch: _Watch, desc: HostileTarget, opts: HostileOptions, report: HostileReport
+) -> None:
+    db = watch.victim.db_path
     t0 = time.time()
     watch.wait(lambda: time.time() >= t0 + opts.baseline_s, opts.baseline_s + 5)
     report.pace_before = round(pace([e for e, _ in completed(db, t0)], t0, time.time()), 2)
@@ -442,6 +544,12 @@ def _attack(victim: Victim, opts: HostileOptions, report: HostileReport) -> None
     if watch.wait(back, opts.recover_s):
         report.recovered_after_s = round(time.time() - f1, 1)
 
+
+def _replay_phase(
+    watch: _Watch, desc: HostileTarget, opts: HostileOptions, report: HostileReport
+) -> None:
+    db = watch.victim.db_path
+    targets = list(desc.listeners)
     keys = desc.keys
     report.p_before, _ = admin_refused_in_db(db, 0.0)
     p = int(report.p_before or desc.p)
@@ -482,8 +590,27 @@ def print_report(r: HostileReport, console: Console | None = None) -> None:
         if not console.is_terminal:  # a log file: wide enough for the flood table's columns
             console = Console(width=TABLE_WIDTH)
     console.print(
-        f"[bold]lab.hostile[/] on a {r.target} on {r.topology} ({r.n} workers), run {r.run_dir}"
+        f"[bold]lab.hostile[/] on a {r.target} on {r.topology} ({r.n} workers), run {r.run_dir};"
+        f" phases {', '.join(r.phases)}"
     )
+    if "flood" in r.phases:
+        _print_flood(r, console)
+    if "replay" in r.phases:
+        _print_replay(r, console)
+    if "poison" in r.phases:
+        poison_phase.print_poison(r.poison, console)
+    v = Table(title="verdicts")
+    v.add_column("check")
+    v.add_column("met")
+    v.add_column("figures")
+    for check_, met, figures in r.verdicts():
+        v.add_row(check_, "[green]yes[/]" if met else "[red]NO[/]", figures)
+    console.print(v)
+    if r.error:
+        console.print(f"[red]error:[/] {r.error}")
+
+
+def _print_flood(r: HostileReport, console: Console) -> None:
     t = Table(title="flood: pre-authentication connections per target")
     for col in (
         "target",
@@ -532,6 +659,9 @@ def print_report(r: HostileReport, console: Console | None = None) -> None:
     for key, g in sorted(r.rss_growth_mb.items()):
         m.add_row(key, f"{r.rss_before_mb.get(key, float('nan')):.1f}", f"{g:+.1f}")
     console.print(m)
+
+
+def _print_replay(r: HostileReport, console: Console) -> None:
     rp = Table(title="replay and impersonation")
     for col in ("attack@target", "attempts", "refused", "kept open"):
         rp.add_column(col, justify="left" if col == "attack@target" else "right")
@@ -551,15 +681,6 @@ def print_report(r: HostileReport, console: Console | None = None) -> None:
     console.print(rp)
     if r.admin_identity:
         console.print(f"who may administer the run: {r.admin_identity}")
-    v = Table(title="verdicts")
-    v.add_column("check")
-    v.add_column("met")
-    v.add_column("figures")
-    for check_, met, figures in r.verdicts():
-        v.add_row(check_, "[green]yes[/]" if met else "[red]NO[/]", figures)
-    console.print(v)
-    if r.error:
-        console.print(f"[red]error:[/] {r.error}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -587,6 +708,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("--baseline", "baseline_s", float, "seconds of pace measured before the flood"),
         ("--recover", "recover_s", float, "seconds allowed for groups to complete after a phase"),
         ("--replays", "replays", int, "tries of each replay or impersonation per target"),
+        ("--poisoner", "poisoner", int, "the worker that runs lab.orchestrate.poisoner"),
+        ("--poison-scale", "poison_scale", float, "the poisoner's tamper per element"),
+        ("--poison-duration", "poison_duration_s", float, "seconds of poisoning after a 1st group"),
     ):
         default = getattr(d, name)
         p.add_argument(flag, type=kind, default=default, help=f"{what} ({default:g})")
@@ -596,6 +720,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=d.steps,
         help=f"a torchrun job's steps at most; it is stopped when the suite ends ({d.steps})",
+    )
+    p.add_argument(
+        "--phases",
+        type=lambda text: tuple(x.strip() for x in text.split(",") if x.strip()),
+        default=d.phases,
+        help=f"the phases to run, comma-separated, always in the order {','.join(d.phases)}; poison"
+        " is a lab run of its own (folder OUT-poison), skipped for a torchrun target",
     )
     add_out_flag(p, "the run's folder (default runs/hostile-<run-id>, runs/hostile-torchrun-...)")
     add_json_flag(p, "the figures and verdicts")
@@ -625,7 +756,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             run_dir=args.out,
             steps=args.steps,
+            phases=args.phases,
+            poisoner=args.poisoner,
+            poison_scale=args.poison_scale,
+            poison_duration_s=args.poison_duration,
         )
+        if "poison" in opts.phases and opts.target is TargetKind.LAB:
+            n = load_topology(opts.topology).n
+            poison_phase.poison_group_size(n)
+            if opts.poisoner >= n:
+                raise ValueError(f"--poisoner {opts.poisoner}: the topology has {n} workers")
         load_topology(opts.topology)
     except (ValueError, TopologyError) as exc:
         print(f"error: {exc}", file=sys.stderr)

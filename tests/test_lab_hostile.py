@@ -78,6 +78,7 @@ def _good_report() -> hostile.HostileReport:
         p_before="2",
         p_after="2",
         groups_after_replay=5,
+        phases=["flood", "replay"],
     )
 
 
@@ -127,6 +128,34 @@ def test_connections_left_open_or_a_slow_cut_fail_the_flood_verdicts() -> None:
     }
 
 
+def test_only_the_phases_run_have_verdicts_and_a_missing_poison_report_fails() -> None:
+    r = _good_report()
+    flood_only = replace(r, phases=["flood"], replay={}, admin_sent=0, groups_after_replay=0)
+    checks = [c for c, _, _ in flood_only.verdicts()]
+    assert flood_only.ok and "replays and impersonations refused" not in checks
+    assert "idle connections ended by the target" in checks
+    poison_only = replace(r, phases=["poison"], flood=[], rss_growth_mb={})
+    assert [c for c, met, _ in poison_only.verdicts() if not met] == ["poison phase ran"]
+    assert "no worker crashed, no coordinator restart" not in [
+        c for c, _, _ in poison_only.verdicts()
+    ]
+    skipped = replace(r, phases=["flood", "replay", "poison"], poison={"skipped": "torchrun"})
+    assert skipped.ok
+
+
+def test_options_refuse_unknown_phases_and_a_torchrun_poison_alone() -> None:
+    with pytest.raises(ValueError):
+        hostile.HostileOptions(phases=("flood", "posion"))
+    with pytest.raises(ValueError):
+        hostile.HostileOptions(phases=())
+    with pytest.raises(ValueError):
+        hostile.HostileOptions(target=hostile.TargetKind.TORCHRUN, phases=("poison",))
+    assert hostile.build_parser().parse_args(["--phases", "replay, poison"]).phases == (
+        "replay",
+        "poison",
+    )
+
+
 def test_options_refuse_windows_shorter_than_one_pace_window() -> None:
     with pytest.raises(ValueError):
         hostile.HostileOptions(baseline_s=5.0)
@@ -141,7 +170,7 @@ def test_options_are_written_as_json_values() -> None:
 
 def test_the_help_names_every_phase_and_flag() -> None:
     text = hostile.build_parser().format_help()
-    for word in ("flood", "slowloris", "replay", "--connections", "--json", "--replays"):
+    for word in ("flood", "slowloris", "replay", "poison", "--phases", "--poisoner", "--json"):
         assert word in text
 
 

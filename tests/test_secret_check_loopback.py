@@ -11,6 +11,7 @@ forwards.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from pathlib import Path
@@ -26,6 +27,7 @@ from crew.runtime.coordinator import Coordinator
 from crew.runtime.node import Node, Settled
 from crew.runtime.reduce import ReduceEngine
 from crew.runtime.rundb import RunDB
+from lab.orchestrate.poison_phase import tampered_from_log
 from lab.orchestrate.poisoner import PoisonEngine
 
 SECRET = b"secret-check-loopback-0123456789"
@@ -126,10 +128,14 @@ def test_public_check_commits_a_poisoned_average(tmp_path, monkeypatch) -> None:
 
 
 def test_secret_check_abandons_the_poisoned_group_and_nothing_is_applied(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, caplog
 ) -> None:
-    settled, _, events, tampered = _run(tmp_path, "secret", True, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="lab.orchestrate.poisoner"):
+        settled, _, events, tampered = _run(tmp_path, "secret", True, monkeypatch)
     assert tampered > 0, "the plan did not route the group through the poisoner"
+    # The poisoner's log says so, in the lines lab.hostile's poison phase counts.
+    groups, parts = tampered_from_log(caplog.text, POISONER)
+    assert len(groups) == 1 and parts >= tampered
     for m in MEMBERS:
         s = settled[m]
         assert s is not None and s.settlement is Settlement.KEEP_OWN_ABANDONED, (m, s)

@@ -15,6 +15,10 @@ encoded bytes, decodes them, tampers and encodes again with the carried ``err``.
 The secret check (``crew.control.secretcheck``) catches it: ``r_g`` is drawn after the data
 moved, and ``r_g . delta`` is about ``||delta||`` in size.
 
+What it did is in its log, at WARNING (the lab's lowest level): one line per group revision it
+first tampers with, :data:`TAMPERED` (with its tampered part count so far), and when it ends
+:data:`DONE` with the total. ``lab.orchestrate.poison_phase`` reads them.
+
 Attack code lives in the lab, never in ``crew``: this module swaps the engine class the worker's
 ``Node`` builds (``crew.runtime.node.ReduceEngine``) in its own process only.
 
@@ -23,6 +27,7 @@ Attack code lives in the lab, never in ``crew``: this module swaps the engine cl
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
@@ -32,6 +37,11 @@ from crew.runtime import node as node_mod
 from crew.runtime import worker as worker_mod
 from crew.runtime.reduce import DTYPE, ReduceEngine
 from crew.wire.frames import Frame, FrameKind
+
+log = logging.getLogger(__name__)
+
+TAMPERED = "poisoner {me}: tampered with group {group} revision {rev} ({parts} parts so far)"
+DONE = "poisoner: done, {parts} parts tampered in all"
 
 DEFAULT_SCALE = 0.5
 """The bias added to every element the poisoner forwards: of the order of the weights of a
@@ -53,12 +63,14 @@ class PoisonEngine(ReduceEngine):
     """A reduce engine that tampers with every group it carries without being a member."""
 
     scale = DEFAULT_SCALE
+    total_parts = 0  # over every engine of this process (a worker rebuilds its Node)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self._check is None:
             raise ValueError("the poisoner needs the run's check vector to hide its tamper")
         self.tampered_parts = 0
+        self._told: set[tuple[int, int]] = set()
 
     def _frame(
         self,
@@ -79,6 +91,12 @@ class PoisonEngine(ReduceEngine):
         delta = orthogonal_tamper(self._check[start : start + values.size], self.scale)
         tampered = (np.asarray(values, dtype=np.float64) + delta).astype(DTYPE)
         self.tampered_parts += 1
+        PoisonEngine.total_parts += 1
+        key = (int(g.assign.group), int(g.assign.rev))
+        if key not in self._told:
+            self._told.add(key)
+            parts = PoisonEngine.total_parts
+            log.warning(TAMPERED.format(me=self.me, group=key[0], rev=key[1], parts=parts))
         return super()._frame(kind, g, k, start, tampered, err, None)
 
 
@@ -89,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         PoisonEngine.scale = float(args[at + 1])
         del args[at : at + 2]
     node_mod.ReduceEngine = PoisonEngine  # type: ignore[misc]  # this process's workers only
-    return worker_mod.main(args)
+    try:
+        return worker_mod.main(args)
+    finally:
+        log.warning(DONE.format(parts=PoisonEngine.total_parts))
 
 
 if __name__ == "__main__":

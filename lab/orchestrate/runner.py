@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -186,8 +186,16 @@ class LabRun:
         state_dir: Path | None = None,
         net: LabNetwork | None = None,
         scenario: Scenario | None = None,
+        worker_modules: Mapping[int, Sequence[str]] | None = None,
     ):
         self.topo = topo
+        # Workers that run another module than crew.runtime.worker, with its extra arguments
+        # (index -> (module, *args)): the lab's attacks, such as lab.hostile's poisoning relay
+        # (lab.orchestrate.poisoner). It takes the worker's --config, --id and --log-level.
+        self.worker_modules = {i: tuple(m) for i, m in (worker_modules or {}).items()}
+        for i, m in self.worker_modules.items():
+            if not 0 <= i < topo.n or not m:
+                raise ValueError(f"worker_modules: worker {i} of {topo.n}, module {m!r}")
         self.caps = caps
         self.opts = opts
         self.run_dir = Path(run_dir)
@@ -322,6 +330,10 @@ class LabRun:
             "start",
             f"lab started: {self.topo.n} workers, scheme {self.opts.scheme}, p={self.opts.p}",
         )
+        for i, (module, *args) in sorted(self.worker_modules.items()):
+            self.db.event(
+                "start", f"worker {i} runs {' '.join([module, *args])}", level="warning", worker=i
+            )
 
     def _record_run(self) -> None:
         assert self.db is not None
@@ -484,12 +496,13 @@ class LabRun:
     def start_worker(self, i: int) -> None:
         assert self.net is not None
         out = self._log_file(f"w{i}")
+        module, *args = self.worker_modules.get(i, ("crew.runtime.worker",))
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         # Eight workers saturate two cores; the lowest priority keeps the coordinator,
         # the monitor and the dashboard responsive (all workers alike, so none is favoured).
         proc = self.net.popen(
             i,
-            self._crew_argv("crew.runtime.worker", "--id", str(i)),
+            self._crew_argv(module, "--id", str(i), *args),
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=REPO,

@@ -39,6 +39,8 @@ def test_a_small_hostile_run_keeps_the_lab_going(tmp_path: Path) -> None:
             "6",
             "--replays",
             "2",
+            "--phases",
+            "flood,replay",  # the poison phase: test_hostile_poison.py
             "--out",
             str(tmp_path / "run"),
             "--json",
