@@ -10,9 +10,12 @@ connection, so a test reads what the lab and its coordinator have committed and 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,7 +25,7 @@ import pytest
 
 from crew.runtime import rundb
 from lab.net.cleanup import ROOT_NAME_PREFIX, root_link_names
-from lab.orchestrate.runner import LabRun, RunOptions
+from lab.orchestrate.runner import REPO, LabRun, RunOptions
 
 POLL_S = 0.5  # between two polls of a lab; a group takes seconds, so finer polling buys nothing
 LOG_TAIL_CHARS = 2000  # of each process log in a timeout's failure message
@@ -111,3 +114,20 @@ def _is_zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def run_hostile(
+    tmp_path: Path, args: Sequence[str], timeout_s: float
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """``python -m lab.hostile ARGS --json`` as a user runs it; the process and its report.
+    ``timeout_s`` bounds a hung run; it is not a timing assertion."""
+    out = tmp_path / "hostile.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "lab.hostile", *args, "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    assert out.exists(), proc.stderr[-3000:]
+    return proc, json.loads(out.read_text())

@@ -5,14 +5,10 @@ no poisoned average applied, and groups must keep completing."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
+import labkit
 import pytest
-
-from lab.orchestrate.runner import REPO
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -20,12 +16,9 @@ TIMEOUT_S = 300.0  # a bound on a hung run, not a timing assertion
 
 
 def test_a_poisoning_relay_is_caught_by_the_secret_check(tmp_path: Path) -> None:
-    out = tmp_path / "hostile.json"
-    proc = subprocess.run(
+    proc, report = labkit.run_hostile(
+        tmp_path,
         [
-            sys.executable,
-            "-m",
-            "lab.hostile",
             "--topology",
             "small",
             "--phases",
@@ -36,16 +29,9 @@ def test_a_poisoning_relay_is_caught_by_the_secret_check(tmp_path: Path) -> None
             "30",
             "--out",
             str(tmp_path / "run"),
-            "--json",
-            str(out),
         ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
+        TIMEOUT_S,
     )
-    assert out.exists(), proc.stderr[-3000:]
-    report = json.loads(out.read_text())
     poison = report["poison"]
     missed = [v for v in report["verdicts"] if not v["met"]]
     assert proc.returncode == 0 and not missed, (missed, poison, proc.stderr[-3000:])

@@ -4,14 +4,10 @@ command must say so with its counts."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
+import labkit
 import pytest
-
-from lab.orchestrate.runner import REPO
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -19,12 +15,9 @@ TIMEOUT_S = 600.0
 
 
 def test_a_small_hostile_run_keeps_the_lab_going(tmp_path: Path) -> None:
-    out = tmp_path / "hostile.json"
-    proc = subprocess.run(
+    proc, report = labkit.run_hostile(
+        tmp_path,
         [
-            sys.executable,
-            "-m",
-            "lab.hostile",
             "--topology",
             "small",
             "--connections",
@@ -43,16 +36,9 @@ def test_a_small_hostile_run_keeps_the_lab_going(tmp_path: Path) -> None:
             "flood,replay",  # the poison phase: test_hostile_poison.py
             "--out",
             str(tmp_path / "run"),
-            "--json",
-            str(out),
         ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
+        TIMEOUT_S,
     )
-    assert out.exists(), proc.stderr[-3000:]
-    report = json.loads(out.read_text())
     missed = [v for v in report["verdicts"] if not v["met"]]
     assert proc.returncode == 0 and not missed, (missed, proc.stderr[-3000:])
     # 50 idle connections over the coordinator and the three workers, all ended by the target.

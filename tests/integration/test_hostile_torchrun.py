@@ -5,14 +5,10 @@ and the report. The job must keep going, and the command must say so with its co
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
+import labkit
 import pytest
-
-from lab.orchestrate.runner import REPO
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -21,12 +17,9 @@ TRIES = 2
 
 
 def test_a_small_hostile_run_keeps_a_torchrun_job_going(tmp_path: Path) -> None:
-    out = tmp_path / "hostile.json"
-    proc = subprocess.run(
+    proc, report = labkit.run_hostile(
+        tmp_path,
         [
-            sys.executable,
-            "-m",
-            "lab.hostile",
             "--target",
             "torchrun",
             "--topology",
@@ -45,16 +38,9 @@ def test_a_small_hostile_run_keeps_a_torchrun_job_going(tmp_path: Path) -> None:
             str(TRIES),
             "--out",
             str(tmp_path / "job"),
-            "--json",
-            str(out),
         ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
+        TIMEOUT_S,
     )
-    assert out.exists(), proc.stderr[-3000:]
-    report = json.loads(out.read_text())
     print(proc.stdout[-6000:])
     assert report["target"] == "torchrun" and report["error"] is None, proc.stderr[-3000:]
     # The flood reached the job's coordinator and its three ranks' data planes, from what the
