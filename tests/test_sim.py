@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from sim_kit import uniform
 
 from crew.plan.routes import Route, validate_routes
 from crew.plan.schemes import plan_group
@@ -27,21 +28,7 @@ from crew.sim.network import ExecutorModel, LinkQueues, NetworkError, RouteTimer
 from crew.sim.record import Recorder
 from crew.sim.topogen import SimTopology, generate
 
-ONE_SECOND = "4@1:1"  # profile 4 squeezed onto [1, 1]: every iteration takes exactly 1 s
 MB = 1_000_000
-
-
-def _uniform(n: int, mbit: float = 8.0) -> SimTopology:
-    rate = np.full((n, n), mbit)
-    np.fill_diagonal(rate, 0.0)
-    return SimTopology(
-        name=f"uniform-{n}",
-        names=tuple(f"w{i}" for i in range(n)),
-        clouds=tuple(f"c{i}" for i in range(n)),
-        rate_mbit=rate,
-        delay_ms=np.zeros((n, n)),
-        stragglers=(ONE_SECOND,) * n,
-    )
 
 
 def _run(topo: SimTopology, **kw):  # noqa: ANN202
@@ -53,7 +40,7 @@ def test_two_workers_timed_by_hand_preduce() -> None:
     # 8 Mbit/s = 1 MB/s each way, 4 MB model, both ready at t=1. Each worker aggregates half:
     # preduce scatters 2 MB each way (2 s) then broadcasts 2 MB (2 s): both end at t=5; the
     # next iteration readies them at 6, done at 10.
-    res = _run(_uniform(2), scheme="preduce", p=2, size_bytes=4 * MB, duration_s=12.0)
+    res = _run(uniform(2), scheme="preduce", p=2, size_bytes=4 * MB, duration_s=12.0)
     assert [(round(a, 9), round(b, 9)) for _, a, b in res.group_times[:2]] == [
         (1.0, 5.0),
         (6.0, 10.0),
@@ -68,7 +55,7 @@ def test_two_workers_timed_by_hand_crew() -> None:
     # as planned: each root holds its own half, so broadcast parts follow scatter parts with
     # no relay wait, and the group ends at 1 + 4 s, like preduce. The single-root plan would
     # end one part time later (the root forwards the last 500,000 B part only once it has it).
-    res = _run(_uniform(2), scheme="crew", p=2, size_bytes=4 * MB, duration_s=12.0)
+    res = _run(uniform(2), scheme="crew", p=2, size_bytes=4 * MB, duration_s=12.0)
     expect = [(1.0, 5.0), (6.0, 10.0)]
     got = [(a, b) for _, a, b in res.group_times[:2]]
     assert np.allclose(got, expect, atol=1e-9), got
@@ -85,7 +72,7 @@ def test_three_workers_timed_by_hand() -> None:
     # block of 333,332 bytes and the 256 KiB cap): 250,000 bytes.
     assert part_bytes(4 * MB, 3) == 333_332
     part = 250_000
-    res = _run(_uniform(3), scheme="crew", p=2, size_bytes=4 * MB, duration_s=7.0)
+    res = _run(uniform(3), scheme="crew", p=2, size_bytes=4 * MB, duration_s=7.0)
     first_end = 1.0 + 2.0 + part / MB
     # Group 2: worker 2 (queued since t=1) and worker 0 (ready one second after group 1).
     second_start = first_end + 1.0
@@ -99,7 +86,7 @@ def test_per_hop_queue_delays_every_hop_of_a_store_and_forward_op() -> None:
     # The two-worker preduce case with a 50 ms standing queue per hop: scatter arrives at
     # 3.05, the broadcast at 5.10; the next round readies at 6.10 and ends at 10.20.
     ex = ExecutorModel(hop_queue_s=0.05)
-    res = _run(_uniform(2), scheme="preduce", p=2, size_bytes=4 * MB, duration_s=12.0, executor=ex)
+    res = _run(uniform(2), scheme="preduce", p=2, size_bytes=4 * MB, duration_s=12.0, executor=ex)
     got = [(a, b) for _, a, b in res.group_times[:2]]
     assert np.allclose(got, [(1.0, 5.1), (6.1, 10.2)], atol=1e-9), got
 
@@ -116,7 +103,7 @@ def test_measured_plan_delay_starts_the_routes_after_the_plan() -> None:
         seed=1,
         plan_delay=PlanDelay.MEASURED,
     )
-    sim = Simulation(_uniform(2), cfg)
+    sim = Simulation(uniform(2), cfg)
     ticks = itertools.count()
     sim.life.clock = lambda: 0.25 * next(ticks)
     res = sim.run()
@@ -142,9 +129,9 @@ def test_a_slower_link_slows_the_ops_and_only_the_oracle_plans_for_it() -> None:
     # preduce on two workers: 4 s per op at 1 MB/s. At 5.5 s both directions drop to 0.25 MB/s.
     steps = [Fault(5.5, FaultKind.SET_RATE, a, b, mbit=2.0) for a, b in ((0, 1), (1, 0))]
     cfg = SimConfig(scheme="preduce", p=2, size_bytes=4 * MB, duration_s=40.0, goodput=1.0)
-    steady = Simulation(_uniform(2), cfg).run()
-    slow = Simulation(_uniform(2), cfg, steps).run()
-    told = Simulation(_uniform(2), replace(cfg, oracle=True), steps)
+    steady = Simulation(uniform(2), cfg).run()
+    slow = Simulation(uniform(2), cfg, steps).run()
+    told = Simulation(uniform(2), replace(cfg, oracle=True), steps)
     told_res = told.run()
     assert len(slow.group_times) < len(steady.group_times)
     durations = [b - a for _, a, b in slow.group_times]
@@ -287,7 +274,7 @@ def test_a_member_dropped_as_suspect_trains_on(tmp_path) -> None:  # noqa: ANN00
     # Two links into worker 1 are cut at once while it is in a group of three: it becomes
     # suspect and is dropped (crew.control.lifecycle), alive; it must compute and average
     # again, not wait for a group that no longer counts it.
-    topo = _uniform(6, mbit=8.0)
+    topo = uniform(6, mbit=8.0)
     faults = [Fault(1.5, FaultKind.CUT_LINK, 0, 1), Fault(1.5, FaultKind.CUT_LINK, 2, 1)]
     cfg = SimConfig(p=3, duration_s=20.0, seed=1, goodput=1.0, size_bytes=2 * MB)
     res = Simulation(topo, cfg, faults, Recorder(tmp_path, epoch=0.0)).run()

@@ -7,28 +7,16 @@ import json
 from pathlib import Path
 
 import numpy as np
+from sim_kit import uniform
 
 from crew.config import Scheme
 from crew.sim.__main__ import main as sim_main
 from crew.sim.engine import SimConfig, Simulation
 from crew.sim.network import LinkQueues
-from crew.sim.topogen import SimTopology, generate
+from crew.sim.topogen import generate
 from lab.studies import simgaps
 
 MB = 1_000_000
-
-
-def _uniform(n: int, mbit: float = 8.0) -> SimTopology:
-    rate = np.full((n, n), mbit)
-    np.fill_diagonal(rate, 0.0)
-    return SimTopology(
-        name=f"uniform-{n}",
-        names=tuple(f"w{i}" for i in range(n)),
-        clouds=tuple(f"c{i}" for i in range(n)),
-        rate_mbit=rate,
-        delay_ms=np.zeros((n, n)),
-        stragglers=("4@1:1",) * n,  # every iteration takes exactly 1 s
-    )
 
 
 def test_symmetric_rates_mirror_the_directed_draws() -> None:
@@ -70,7 +58,7 @@ def test_private_links_let_concurrent_groups_run_at_full_capacity() -> None:
             seed=1,
             shared_links=shared,
         )
-        return sorted(round(e, 9) for _, _, e in Simulation(_uniform(4), cfg).run().group_times)
+        return sorted(round(e, 9) for _, _, e in Simulation(uniform(4), cfg).run().group_times)
 
     assert ends(False) == [3.0, 3.0]
     shared = ends(True)
