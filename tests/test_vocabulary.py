@@ -91,6 +91,10 @@ NOT_A_STATUS = {
         "completed",
     ): "a count of ops in results.json (SchemeResult field)",
     (
+        "lab/orchestrate/poison_phase.py",
+        "completed",
+    ): "a row label and a count of the poison phase's report (PoisonReport field)",
+    (
         "lab/report/benchrounds.py",
         "abandoned",
     ): "a count of ops in results.json (SchemeResult field)",
