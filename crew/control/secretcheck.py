@@ -65,7 +65,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from crew.control.verify import CHECK_TOLERANCE
+from crew.control.verify import CHECK_TOLERANCE, CHUNK, check_chunks
 from crew.plan.routes import Route
 from crew.plan.schemes import GroupPlan
 from crew.wire import protocol as proto
@@ -81,11 +81,6 @@ __all__ = [
     "secret_projections",
     "secret_tolerance",
 ]
-
-CHUNK = 1 << 16
-"""Elements of ``r_g`` drawn at a time: three float64 buffers of 512 KiB stay in cache, and the
-generator's per-call overhead is spread over enough elements (64 Ki: 70 ms per 2 M elements
-on the lab's host, 16 Ki: 120 ms)."""
 
 FEEDBACK_FACTOR = 2.0
 """Error feedback at most doubles one encode's error (see the module docstring)."""
@@ -111,24 +106,18 @@ def draw_nonce() -> int:
 def secret_projections(
     run_num: int, nonce: int, offered: np.ndarray, result: np.ndarray
 ) -> tuple[float, float]:
-    """``(r_g . offered, r_g . result)`` in float64, ``r_g`` standard normal drawn from
-    ``(run_num, nonce)``, :data:`CHUNK` elements at a time."""
+    """``(r_g . offered, r_g . result)`` in float64, ``r_g`` from ``verify.check_chunks``."""
     if offered.shape != result.shape or offered.ndim != 1:
         raise ValueError(f"offered {offered.shape} and result {result.shape} differ")
-    rng = np.random.default_rng([run_num, nonce])
-    size = offered.size
-    chunk = max(1, min(CHUNK, size))
-    r = np.empty(chunk)
-    a = np.empty(chunk)
-    b = np.empty(chunk)
+    a = np.empty(min(CHUNK, offered.size))
+    b = np.empty_like(a)
     pa = pb = 0.0
-    for start in range(0, size, chunk):
-        m = min(chunk, size - start)
-        rng.standard_normal(out=r[:m])
+    for start, r in check_chunks(run_num, nonce, offered.size):
+        m = r.size
         np.copyto(a[:m], offered[start : start + m])
         np.copyto(b[:m], result[start : start + m])
-        pa += float(np.dot(r[:m], a[:m]))
-        pb += float(np.dot(r[:m], b[:m]))
+        pa += float(np.dot(r, a[:m]))
+        pb += float(np.dot(r, b[:m]))
     return pa, pb
 
 
