@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from crew.wire.frames import Frame, FrameKind
+from crew.wire.protocol import Split
 
 
 def prescatter_frames(
@@ -44,3 +45,13 @@ def prescatter_frames(
                 )
             )
     return out
+
+
+def prescatter_part_len(split: Split, me: int, offset: int) -> int | None:
+    """The values of the split's part at ``offset`` of aggregator ``me``'s segments, as its
+    sender cut them (:func:`prescatter_frames`); None: no part of ``me`` starts there."""
+    step = split.part_elems
+    for agg, start, stop in split.segments:
+        if agg == me and offset in range(start, stop, step):
+            return min(offset + step, stop) - offset
+    return None

@@ -79,6 +79,7 @@ from crew.control.assignment import (
 )
 from crew.control.verify import project
 from crew.plan.routes import Route
+from crew.runtime.prescatter import prescatter_part_len
 from crew.train.compress import CompressError
 from crew.train.partcodec import PartCodec
 from crew.wire.frames import Frame, FrameKind
@@ -481,11 +482,10 @@ class ReduceEngine:
             raise ReduceError("pre-scattered part before any split, and no room to keep it")
         if frame.rev != split.epoch:
             raise ReduceError(f"pre-scattered part of split {frame.rev}, not {split.epoch}")
-        step = split.part_elems
-        for agg, start, stop in split.segments:
-            if agg == self.me and frame.offset in range(start, stop, step):
-                return min(frame.offset + step, stop) - frame.offset
-        raise ReduceError(f"offset {frame.offset} is no part of worker {self.me}'s segment")
+        length = prescatter_part_len(split, self.me, frame.offset)
+        if length is None:
+            raise ReduceError(f"offset {frame.offset} is no part of worker {self.me}'s segment")
+        return length
 
     def _on_prescatter(self, frame: Frame) -> None:
         if not 0 <= frame.sender < self.n or frame.sender == self.me:
