@@ -45,6 +45,10 @@ class Scheme(enum.StrEnum):
 # Names of crew.train's enums (this module stays free of crew.train; a test checks they match).
 COMPRESS = ("none", "fp16", "int8")
 CHECK_MODES = ("public", "secret")  # crew.control.secretcheck.CheckMode
+AGGREGATES = ("mean", "clip")  # crew.control.clipping.Aggregate
+# The schemes whose plans are stars of members under each root, the only ones a root can clip
+# (crew.control.clipping.star_violation): crew's route LP may relay, a2a roots every member.
+CLIP_SCHEMES = (Scheme.CREW_STAR, Scheme.CREW_PAPER, Scheme.PREDUCE, Scheme.PS)
 SYNC_MODES = ("every-step", "local-sgd", "diloco")
 WORKLOADS = ("mlp", "lm", "synthetic")
 PARTITIONS = ("iid", "non-iid")  # crew.train.datasets.Partition
@@ -381,6 +385,26 @@ class RunConfig:
             choices=CHECK_MODES,
         ),
     )
+    aggregate: str = field(
+        default="mean",
+        metadata=opt(
+            "how a group's root combines its members' vectors: their weighted mean, or"
+            " CenteredClip, which bounds how far one member that poisons its own vector can move"
+            " the result (crew.control.clipping; needs --check secret, --compress none and a"
+            f" star scheme: {', '.join(CLIP_SCHEMES)})",
+            flag="--aggregate",
+            choices=AGGREGATES,
+        ),
+    )
+    clip_radius: float = field(
+        default=0.1,
+        metadata=opt(
+            "--aggregate clip's radius rho: a member's difference from the result counts up to"
+            " rho times the result's norm, per part (crew.control.clipping.DEFAULT_RHO)",
+            flag="--clip-radius",
+            metavar="RHO",
+        ),
+    )
     capacity: str = field(
         default="configured",
         metadata=opt(
@@ -588,6 +612,19 @@ class RunConfig:
         if self.part_bytes > self.max_payload:
             raise ConfigError("part_bytes: must not exceed max_payload")
         self._check_training()
+        check_aggregate(
+            self.aggregate,
+            self.clip_radius,
+            self.check,
+            self.compress,
+            self.scheme,
+            self.nonblocking,
+        )
+
+    @property
+    def clip_rho(self) -> float | None:
+        """Clipped aggregation's radius (``crew.control.clipping``), None for the mean."""
+        return self.clip_radius if self.aggregate == AGGREGATES[1] else None
 
     def _check_training(self) -> None:
         check_training(
@@ -723,3 +760,29 @@ def check_training(
         raise ConfigError(f"outer_lr: must be in (0, 2], got {outer_lr}")
     if not 0 <= outer_momentum < 1:
         raise ConfigError(f"outer_momentum: must be in [0, 1), got {outer_momentum}")
+
+
+def check_aggregate(
+    aggregate: str, clip_radius: float, check: str, compress: str, scheme: str, nonblocking: bool
+) -> None:
+    """``aggregate`` and ``clip_radius`` against the fields clipping depends on; ConfigError
+    names the first one that is wrong."""
+    if aggregate not in AGGREGATES:
+        raise ConfigError(f"aggregate: one of {', '.join(AGGREGATES)}, got {aggregate!r}")
+    if not (isinstance(clip_radius, int | float) and 0 < clip_radius < math.inf):
+        raise ConfigError(f"clip_radius: a finite number > 0, got {clip_radius!r}")
+    if aggregate == AGGREGATES[0]:
+        return
+    # The public check and the mean-mode secret check test the linear mean, which a clipped
+    # result is not: only the clip-mode secret check (crew.control.clipcheck) can verify it.
+    if check != CHECK_MODES[1]:
+        raise ConfigError("aggregate: clip is verified by the secret check only; add check secret")
+    if compress != COMPRESS[0]:
+        raise ConfigError("aggregate: clip needs float32 copies at the root; use compress none")
+    if scheme not in CLIP_SCHEMES:
+        raise ConfigError(
+            "aggregate: clip needs roots that hold each member's own copy, which only"
+            f" {', '.join(CLIP_SCHEMES)} plan; got scheme {str(scheme)!r}"
+        )
+    if nonblocking:
+        raise ConfigError("aggregate: clip weighs copies at the root; drop nonblocking")

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from crew.control.clipping import ClipRule
 from crew.plan.routes import Route
 from crew.runtime.reduce import ReduceEngine
 from crew.train.partcodec import PartCodec
@@ -22,19 +23,23 @@ TOTAL = 3000
 class Net:
     """N engines joined by an in-memory queue. ``codec_for(i)``: engine i's part codec (each
     Node builds its own: it holds the node's residual); ``check``: the engines' check vector
-    (``ReduceEngine(check=)``); ``tamper``: applied to every frame sent."""
+    (``ReduceEngine(check=)``); ``tamper``: applied to every frame sent; ``clip``: the engines'
+    clipped aggregation (None: the mean)."""
 
     def __init__(
         self,
         codec_for: Callable[[int], PartCodec | None] = lambda i: None,
         check: np.ndarray | None = None,
         tamper: Callable[[Frame], Frame] | None = None,
+        clip: ClipRule | None = None,
     ) -> None:
         self.queue: deque[tuple[int, Frame]] = deque()
         self.done: set[int] = set()
         self.tamper = tamper
         self.engines = [
-            ReduceEngine(i, N, RUN, self._send, self._have_all(i), codec=codec_for(i), check=check)
+            ReduceEngine(
+                i, N, RUN, self._send, self._have_all(i), codec=codec_for(i), check=check, clip=clip
+            )
             for i in range(N)
         ]
 

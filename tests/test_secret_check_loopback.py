@@ -6,7 +6,10 @@ forwards.
 
 * public check: the poisoned average is committed and applied (the hole this documents);
 * secret check: the group is abandoned, no member applies anything, an ERROR names the group;
-* secret check, honest aggregator: the exact average is committed.
+* secret check, honest aggregator: the exact average is committed;
+* clipped aggregation (``aggregate clip``, PS through worker 3): a member that offers 100
+  times its vector is committed with bounded influence, and a tampering aggregator is caught
+  by the clip-mode secret check.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import logging
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -42,7 +46,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _cfg(check: str, coordinator_port: int) -> RunConfig:
+def _cfg(check: str, coordinator_port: int, **settings: Any) -> RunConfig:
     bw = tuple(
         tuple(0.0 if i == j else (400.0 if POISONER in (i, j) else 2.0) for j in range(N))
         for i in range(N)
@@ -54,7 +58,6 @@ def _cfg(check: str, coordinator_port: int) -> RunConfig:
         secret_path="/nonexistent",
         n=N,
         p=len(MEMBERS),
-        scheme="crew",
         coordinator_host="127.0.0.1",
         coordinator_port=coordinator_port,
         data_port=0,
@@ -62,29 +65,37 @@ def _cfg(check: str, coordinator_port: int) -> RunConfig:
         identities=("127.0.0.1",) * N,
         bw_mbit=bw,
         check=check,
+        **({"scheme": "crew"} | settings),
     )
 
 
 def _run(
-    tmp_path: Path, check: str, poison: bool, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    check: str,
+    poison: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    vectors: dict[int, np.ndarray] | None = None,
+    **settings: Any,
 ) -> tuple[dict[int, Settled | None], dict[int, np.ndarray], list[tuple[str, str]], int]:
-    """One group of MEMBERS carried by POISONER: each member's settlement, the vectors offered,
-    the run's (level, message) events, and the poisoner's tampered part count."""
+    """One group of MEMBERS carried by POISONER: each member's settlement, the vectors offered
+    (``vectors``, or independent draws), the run's (level, message) events, and the poisoner's
+    tampered part count. ``settings``: more RunConfig fields."""
 
     def engine(me: int, *args, **kwargs) -> ReduceEngine:  # noqa: ANN002, ANN003
         cls = PoisonEngine if poison and me == POISONER else ReduceEngine
         return cls(me, *args, **kwargs)
 
     monkeypatch.setattr(node_mod, "ReduceEngine", engine)
-    probe = _cfg(check, 0)
+    probe = _cfg(check, 0, **settings)
     db = RunDB(tmp_path / "run.db")
     coord = Coordinator(probe, db, "127.0.0.1", 0, secret=SECRET)
-    cfg = _cfg(check, coord.port)
+    cfg = _cfg(check, coord.port, **settings)
     loop = threading.Thread(target=coord.run, daemon=True)
     loop.start()
     nodes = [Node(cfg, i, SIZE, secret=SECRET) for i in range(N)]
-    rng = np.random.default_rng(5)
-    vectors = {m: rng.standard_normal(SIZE).astype(np.float32) for m in MEMBERS}
+    if vectors is None:
+        rng = np.random.default_rng(5)
+        vectors = {m: rng.standard_normal(SIZE).astype(np.float32) for m in MEMBERS}
     settled: dict[int, Settled | None] = {}
     try:
         for node in nodes:
@@ -154,3 +165,39 @@ def test_secret_check_commits_an_honest_group(tmp_path, monkeypatch) -> None:
         assert s.result is not None
         np.testing.assert_allclose(s.result, exact, rtol=0, atol=1e-5)
     assert not [msg for level, msg in events if level == "error"]
+
+
+CLIP = {"aggregate": "clip", "scheme": "ps"}  # PS serves from fast worker 3, a non-member
+
+
+def _near(seed: int = 6, poisoned: float = 100.0) -> dict[int, np.ndarray]:
+    """Members' models 1% apart; member 2 offers ``poisoned`` times its own."""
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal(SIZE)
+    out = {m: (base + 0.01 * rng.standard_normal(SIZE)).astype(np.float32) for m in MEMBERS}
+    out[2] = out[2] * np.float32(poisoned)
+    return out
+
+
+def test_clip_commits_a_self_poisoned_group_with_bounded_influence(tmp_path, monkeypatch) -> None:
+    settled, vectors, events, _ = _run(tmp_path, "secret", False, monkeypatch, _near(), **CLIP)
+    honest = (vectors[0].astype(np.float64) + vectors[1]) / 2
+    for m in MEMBERS:
+        s = settled[m]
+        assert s is not None and s.settlement is Settlement.APPLY_AVERAGE, (m, s)
+        assert s.result is not None
+        bound = (1 / 3) / (2 / 3) * 0.1 * np.linalg.norm(s.result) * 1.01  # w tau / (1 - w)
+        assert np.linalg.norm(s.result - honest) <= bound
+        mean = _average(vectors, (1 / 3, 1 / 3, 1 / 3))
+        assert np.linalg.norm(mean - honest) > 100 * bound  # what the mean would have applied
+    assert not [msg for level, msg in events if level == "error"]
+
+
+def test_clip_abandons_a_group_whose_aggregator_tampered(tmp_path, monkeypatch) -> None:
+    settled, _, events, tampered = _run(tmp_path, "secret", True, monkeypatch, _near(), **CLIP)
+    assert tampered > 0, "the plan did not route the group through the poisoner"
+    for m in MEMBERS:
+        s = settled[m]
+        assert s is not None and s.settlement is Settlement.KEEP_OWN_ABANDONED, (m, s)
+        assert "secret check failed" in s.outcome.reason
+    assert any("secret check failed" in msg for level, msg in events if level == "error")

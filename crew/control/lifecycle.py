@@ -189,7 +189,7 @@ class GroupLifecycle:
         self.links = LinkHealthTracker(self.capacity)
         if cfg.check == CheckMode.SECRET and cfg.compress != "none" and codec_tolerance is None:
             raise ValueError(f"a secret check of {cfg.compress} payloads needs codec_tolerance")
-        self.secret = SecretChecks(CheckMode(cfg.check), codec_tolerance, nonce)
+        self.secret = SecretChecks(CheckMode(cfg.check), codec_tolerance, nonce, cfg.clip_rho)
         self.scheme = cfg.scheme
         self.size_elems: int | None = None
         self.connected: set[int] = set()  # workers with a live control connection
@@ -460,7 +460,7 @@ class GroupLifecycle:
         og.result_projs[msg.worker] = msg.proj
         if og.have_all < set(og.members):
             return
-        err = og.public_error(self.offered_proj)  # before any member is told to apply it
+        err = og.public_error(self.offered_proj, self.cfg.clip_rho is not None)  # before applying
         if not err <= CHECK_TOLERANCE:  # also catches NaN
             why = f"result check failed: relative error {err:.3g}"
             self._finish(og, now, committed=False, reason=why, err=err, error=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from crew.config import Scheme
 from crew.control.grouping import Group
-from crew.control.verify import relative_error
+from crew.control.verify import agreement_error, relative_error
 from crew.plan.schemes import GroupPlan
 from crew.wire import protocol as proto
 
@@ -50,10 +50,13 @@ class OpenGroup:
             self.received[worker] = received
             self.moved_at = now
 
-    def public_error(self, offered_proj: Mapping[int, float]) -> float:
+    def public_error(self, offered_proj: Mapping[int, float], clip: bool = False) -> float:
         """The public result check's relative error (``crew.control.verify``) of this revision,
-        once every member's result projection is in; NaN when an offered one is missing."""
-        return relative_error(
+        once every member's result projection is in; NaN when an offered one is missing.
+        ``clip``: a clipped result is no linear mean, so only whether the members hold one
+        result (``agreement_error``); the secret check verifies it (``crew.control.clipcheck``)."""
+        check = agreement_error if clip else relative_error
+        return check(
             [self.result_projs[m] for m in self.members],
             self.weights,
             [offered_proj.get(m, float("nan")) for m in self.members],

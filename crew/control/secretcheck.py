@@ -65,6 +65,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from crew.control import clipcheck
 from crew.control.verify import CHECK_TOLERANCE, CHUNK, check_chunks
 from crew.plan.routes import Route
 from crew.plan.schemes import GroupPlan
@@ -179,17 +180,20 @@ class SecretChecks:
 
     The life cycle calls :meth:`start` when a revision's members all hold its result (a Reveal
     to send, or None in public mode), :meth:`proof` for each Proof (a :class:`Verdict` once the
-    last member's is in), :meth:`waiting` and :meth:`missing` on its deadlines, and :meth:`end`
-    when the group closes."""
+    last member's is in; with ``clip_rho``, judged by ``crew.control.clipcheck``),
+    :meth:`waiting` and :meth:`missing` on its deadlines, and :meth:`end` when the group
+    closes."""
 
     def __init__(
         self,
         mode: CheckMode,
         codec: CodecTolerance | None = None,
         nonce: Callable[[], int] = draw_nonce,
+        clip_rho: float | None = None,
     ):
         self.mode = mode
         self.codec = codec
+        self.clip_rho = clip_rho  # clipped aggregation's radius (crew.control.clipcheck), or None
         self._nonce = nonce
         self._waiting: dict[int, _Waiting] = {}
         self._proofs: dict[int, dict[int, proto.Proof]] = {}
@@ -246,6 +250,9 @@ class SecretChecks:
             return None
         self.end(msg.group)
         got = [proofs[m] for m in w.members]
+        if self.clip_rho is not None:
+            ratio, reason = clipcheck.judge_clip(w.weights, got, self.clip_rho)
+            return Verdict(msg.group, msg.rev, ratio <= 1.0, ratio, reason)
         offered = [p.offered_proj for p in got]
         expected = math.fsum(wt * p for wt, p in zip(w.weights, offered, strict=True))
         tol = secret_tolerance(

@@ -11,6 +11,7 @@ r is drawn from the run number, so all workers and the coordinator agree on it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -53,6 +54,18 @@ def relative_error(
     expected = sum(w * p for w, p in zip(weights, member_projs, strict=True))
     scale = sum(abs(w * p) for w, p in zip(weights, member_projs, strict=True)) + 1e-9
     return max(abs(p - expected) for p in result_projs) / scale
+
+
+def agreement_error(
+    result_projs: Sequence[float], weights: Sequence[float], member_projs: Sequence[float]
+) -> float:
+    """Worst relative deviation of the members' result projections from each other, on the
+    scale of :func:`relative_error`: a clipped result (``crew.control.clipping``) is no linear
+    combination of the offered vectors, but every member must hold the same one."""
+    scale = sum(abs(w * p) for w, p in zip(weights, member_projs, strict=True)) + 1e-9
+    if not all(math.isfinite(p) for p in result_projs):
+        return math.nan  # max and min would skip a NaN
+    return (max(result_projs) - min(result_projs)) / scale
 
 
 CHUNK = 1 << 16

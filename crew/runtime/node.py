@@ -31,11 +31,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from crew.config import RunConfig
+from crew.control.clipcheck import clip_parts, clip_proof
+from crew.control.clipping import ClipRule
 from crew.control.secretcheck import secret_projections
 from crew.control.utilisation import TimeSplit, UtilisationMeter
 from crew.control.verify import check_vector, project
@@ -149,7 +151,7 @@ class Node:
         self.outcomes: queue.Queue[Outcome] = queue.Queue()
         self.ctl = WorkerControl(me, bench=bench, nonblocking=cfg.nonblocking)
         self._vector_offered: np.ndarray | None = None
-        self._members: dict[int, tuple[int, ...]] = {}  # group -> members, own groups only
+        self._assigns: dict[int, proto.Assign] = {}  # group -> latest assignment, own groups only
         self._assigned_at: dict[int, float] = {}  # group -> when its first assignment came
         self._lock = threading.Lock()
         self.meter = UtilisationMeter(time.monotonic())
@@ -165,6 +167,7 @@ class Node:
             codec=None if codec is Codec.NONE else PartCodec(codec, self.check),
             check=self.check,
             prescatter=cfg.nonblocking,
+            clip=None if cfg.clip_rho is None else ClipRule(cfg.clip_rho),
         )
         if transport is None:
             transport = Transport(
@@ -248,6 +251,14 @@ class Node:
             )
             return
         offered, result = held
+        rho, assign = self.cfg.clip_rho, self._assigns.get(reveal.group)
+        if rho is not None and assign is not None and assign.rev == reveal.rev:
+            # Clipped: the fixed point's residual on r_g as well (crew.control.clipcheck).
+            parts = clip_parts(assign, self.cfg.n)
+            c = clip_proof(self.cfg.run_num, reveal.nonce, offered, result, parts, rho)
+            p = proto.Proof(self.me, reveal.group, reveal.rev, c.offered_proj, c.result_proj, 0)
+            self.tell(replace(p, clip_residual=c.residual, clip_scale=c.scale, clip_norm=c.norm))
+            return
         proj_offered, proj_result = secret_projections(
             self.cfg.run_num, reveal.nonce, offered, result
         )
@@ -455,7 +466,7 @@ class Node:
         """Carry out one of the control logic's actions (``crew.control.worker_control``)."""
         if isinstance(action, JoinGroup):
             if action.member:
-                self._members[action.assign.group] = tuple(action.assign.members)
+                self._assigns[action.assign.group] = action.assign
                 self._assigned_at.setdefault(action.assign.group, time.monotonic())
             self.engine.assign(action.assign, vector if action.member else None)
             if action.assign.rev > 0:  # queued frames of routes the revision dropped: unsend
@@ -530,7 +541,8 @@ class Node:
                     applied = settlement is Settlement.APPLY_AVERAGE
                     self.meter.settled(time.monotonic(), assigned_at, applied)
             self._act(cleanup, None)
-            members = self._members.pop(out.group, ())
+            assign = self._assigns.pop(out.group, None)
+            members = () if assign is None else tuple(assign.members)
             if settlement is Settlement.KEEP_OWN_MISSING:
                 log.error(
                     "worker %d: commit of group %d without a full result; keeping own model",

@@ -12,7 +12,9 @@ the engine plays whatever part the plan gives this worker:
 
 CREW and the original partial reduce are stars (one per block, rooted at the block's
 aggregator), PS is one star, Ring is paths, BLINK and TopoAdopt are spanning trees: all run on
-this engine, so they are compared on the same transport, framing and bookkeeping.
+this engine, so they are compared on the same transport, framing and bookkeeping. Clipped
+aggregation (``clip``, ``crew.control.clipping``) takes stars of members only: the leaves send
+unweighted copies, and each root clips its parts' copies instead of summing them.
 
 Parts stream through the trees when the plan is ``pipelined``: a node passes a part on as soon
 as it is complete (cut-through at part granularity). Otherwise a node waits until the whole
@@ -77,6 +79,7 @@ from crew.control.assignment import (
     up_heights,
     validate_assign,
 )
+from crew.control.clipping import ClipRule
 from crew.control.verify import project
 from crew.plan.routes import Route
 from crew.runtime.prescatter import prescatter_part_len
@@ -106,6 +109,7 @@ class _Acc:
     contributors: set[int] = field(default_factory=set)
     complete: bool = False
     err: float = 0.0  # codec error projection carried by the contributions (PartCodec)
+    copies: dict[int, np.ndarray] = field(default_factory=dict)  # clip mode, at a root: who -> copy
 
 
 @dataclass
@@ -173,8 +177,10 @@ class ReduceEngine:
         check: np.ndarray | None = None,
         *,
         prescatter: bool = False,
+        clip: ClipRule | None = None,
     ):
         self.me = me
+        self._clip = clip  # None: the weighted sum; else roots clip unweighted copies
         self.prescatter = prescatter  # non-blocking mode: pre-scattered parts are accepted
         self._pre_early: list[Frame] = []  # parts that came before their split
         self._pre_early_bytes = 0
@@ -201,6 +207,8 @@ class ReduceEngine:
     def assign(self, assign: Assign, vector: np.ndarray | None = None) -> None:
         """Take part in a group revision; members pass the vector they offered when ready."""
         routes = validate_assign(assign, self.n)
+        if self._clip is not None:
+            self._clip.validate(assign, routes)
         steps = route_part_sizes(assign, routes)
         member = self.me in assign.members
         with self._lock:
@@ -627,7 +635,7 @@ class ReduceEngine:
 
     def _contribute_own(self, g: _Group) -> None:
         a = g.assign
-        weight = np.float32(a.weights[a.members.index(self.me)])
+        weight = np.float32(1 if self._clip else a.weights[a.members.index(self.me)])
         vec = self._vectors[a.group]
         # Interleave the routes: part j of a route with m parts goes at (j + 1/2) / m of the
         # way, so every route progresses at the same pace on every link it shares. Route by
@@ -681,9 +689,12 @@ class ReduceEngine:
         elif who in acc.contributors or acc.total is None:
             raise ReduceError(f"duplicate contribution from {who} at offset {start}")
         else:
-            acc.total += values
+            if self._clip is None:
+                acc.total += values
             acc.contributors.add(who)
             acc.err += err
+        if self._clip is not None and st.parent is None:
+            acc.copies[who] = values  # clip mode sums nothing: the root clips the copies
         if len(acc.contributors) < len(st.expect) or acc.complete:
             return
         acc.complete = True
@@ -716,6 +727,8 @@ class ReduceEngine:
             self._deliver(g, k, st, start, values, err, wire)
             acc.total = None
         else:
+            if self._clip is not None:
+                total, acc.copies = self._clip.combine(g.assign, acc.copies), {}
             self._deliver(g, k, st, start, total)
             acc.total = None  # _deliver copied what it keeps
 

@@ -177,7 +177,9 @@ class Reveal(Message):
 class Proof(Message):
     """A member's answer to ``Reveal``: the projections of its offered vector and of its result
     on the revealed check vector, and the codec's error bound of its offered vector
-    (``crew.train.compress.error_norm``; 0 without compression)."""
+    (``crew.train.compress.error_norm``; 0 without compression). Clipped aggregation adds the
+    clipped residual, its scale and the result's norm (``crew.control.clipcheck``; 0 in mean
+    mode, and left out by a sender that knows nothing of it)."""
 
     TYPE: ClassVar[str] = "proof"
     worker: int
@@ -186,6 +188,9 @@ class Proof(Message):
     offered_proj: float
     result_proj: float
     error_norm: Annotated[float, AtLeast(0)]
+    clip_residual: float = 0.0
+    clip_scale: Annotated[float, AtLeast(0)] = 0.0
+    clip_norm: Annotated[float, AtLeast(0)] = 0.0
 
 
 @dataclass(frozen=True)
