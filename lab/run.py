@@ -26,7 +26,7 @@ from rich.table import Table
 
 import crew.cli_options as flags
 from crew.cli_options import command_parser, write_json
-from crew.config import ConfigError
+from crew.config import ConfigError, check_aggregate
 from crew.runtime.rundb import GroupStatus
 from lab.net.preflight import PreflightError, add_allow_missing, allowed_missing, check, describe
 from lab.orchestrate.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id
@@ -62,6 +62,8 @@ RUN_FIELDS = (
     "capacity",
     "encrypt",
     "check",
+    "aggregate",
+    "clip_radius",
     "host_cpu_s_per_gb",
     "committed_capacity",
     "flow_order",
@@ -298,6 +300,14 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     try:
         training = flags.training_options(args, scheme=args.scheme, nonblocking=args.nonblocking)
+        check_aggregate(
+            args.aggregate,
+            args.clip_radius,
+            args.check,
+            args.compress,
+            args.scheme,
+            args.nonblocking,
+        )
     except ConfigError as exc:
         flag, why = flags.flag_error(exc)
         console.print(f"[red]error:[/red] {flag}: {why}")

@@ -89,6 +89,8 @@ class RunOptions:
     capacity: str = RunConfig.default("capacity")
     encrypt: bool = RunConfig.default("encrypt")
     check: str = RunConfig.default("check")  # public or secret (crew.control.secretcheck)
+    aggregate: str = RunConfig.default("aggregate")  # mean or clip (crew.control.clipping)
+    clip_radius: float = RunConfig.default("clip_radius")
     # The host's CPU s per GB of link bytes as a planner capacity (crew.plan.hostcpu) on all
     # of this machine's cores; 0: none.
     host_cpu_s_per_gb: float = RunConfig.default("host_cpu_s_per_gb")
@@ -429,6 +431,8 @@ class LabRun:
             capacity=o.capacity,
             encrypt=o.encrypt,
             check=o.check,
+            aggregate=o.aggregate,
+            clip_radius=o.clip_radius,
             host_cpu_s_per_gb=o.host_cpu_s_per_gb,
             host_cores=(
                 (o.host_cores or float(os.cpu_count() or 1)) if o.host_cpu_s_per_gb > 0 else 0.0
