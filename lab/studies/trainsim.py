@@ -9,6 +9,12 @@ own vector in float32, every other member's weighted vector is encoded, decoded 
 sum is encoded once for the broadcast, and every member loads the decoded result, through the
 same ``crew.train.outer`` and ``crew.train.compress`` code the worker and engine are meant to call.
 
+``--aggregate clip`` reduces each group by CenteredClip instead (``crew.control.clipping``, per
+part of ``MAX_ROUTE_PART_ELEMS`` as the engine's roots do) and prints the honest members'
+spread: ``||v_m - x|| / ||x||`` per part against the weighted mean ``x`` of their group, the
+figure ``--clip-radius`` must stay above. ``--poison-scale S``: worker 0 offers S times its
+model to every group (a member that poisons its own vector, ``lab.orchestrate.selfpoison``).
+
 It measures quality against local steps, not time: the lab's benchmark owns time to target.
 Prints one line per evaluation and a summary line: local steps per worker and rounds to reach
 ``--target`` (mean held-out accuracy of all workers, MLP) or ``--target-loss`` (lm), final
@@ -24,6 +30,8 @@ import time
 import numpy as np
 
 from crew.cli_options import command_parser
+from crew.control.assignment import MAX_ROUTE_PART_ELEMS
+from crew.control.clipping import DEFAULT_RHO, centered_clip
 from crew.control.verify import check_vector
 from crew.train.compress import Codec, encoded_size
 from crew.train.datasets import Partition
@@ -70,6 +78,25 @@ def star_reduce(
     return codecs[0].encode(total, 0, 0.0)[1]
 
 
+def clip_reduce(offers: list[np.ndarray], weights: list[float], rho: float) -> np.ndarray:
+    """CenteredClip of ``offers`` part by part, as the roots of a clipped star do."""
+    x = np.empty_like(offers[0])
+    for s in range(0, x.size, MAX_ROUTE_PART_ELEMS):
+        part = np.stack([v[s : s + MAX_ROUTE_PART_ELEMS] for v in offers])
+        x[s : s + MAX_ROUTE_PART_ELEMS] = centered_clip(part, weights, rho)[0]
+    return x
+
+
+def spreads(offers: list[np.ndarray]) -> list[float]:
+    """``||v_m - x|| / ||x||`` per member and part, ``x`` the members' mean."""
+    out = []
+    mean = np.mean(np.stack(offers).astype(np.float64), axis=0)
+    for s in range(0, mean.size, MAX_ROUTE_PART_ELEMS):
+        x = mean[s : s + MAX_ROUTE_PART_ELEMS]
+        out += [float(np.linalg.norm(v[s : s + x.size] - x) / np.linalg.norm(x)) for v in offers]
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, float | int | None]:
     trainers = _trainers(args)
     mode = SyncMode(args.mode)
@@ -86,6 +113,7 @@ def run(args: argparse.Namespace) -> dict[str, float | int | None]:
     rounds = args.steps // args.local_steps
     reached = None
     quality = float("nan")
+    spread: list[float] = []
     started = time.perf_counter()
     for r in range(1, rounds + 1):
         for t in trainers:
@@ -94,8 +122,15 @@ def run(args: argparse.Namespace) -> dict[str, float | int | None]:
         for g in range(0, args.n - args.p + 1, args.p):
             members = order[g : g + args.p]
             offers = [loops[m].before_reduce(trainers[m].get_vector()) for m in members]
+            spread += spreads([v for m, v in zip(members, offers, strict=True) if m != 0])
+            if args.poison_scale != 1.0 and 0 in members:
+                offers[members.index(0)] = offers[members.index(0)] * np.float32(args.poison_scale)
             pcs = None if codecs is None else [codecs[m] for m in members]
-            result = star_reduce(pcs, offers, [1.0 / len(members)] * len(members))
+            weights = [1.0 / len(members)] * len(members)
+            if args.aggregate == "clip":
+                result = clip_reduce(offers, weights, args.clip_radius)
+            else:
+                result = star_reduce(pcs, offers, weights)
             for m in members:
                 trainers[m].set_vector(loops[m].after_reduce(result))
         for m in order[(args.n // args.p) * args.p :]:  # left over: not in a group this round
@@ -114,6 +149,12 @@ def run(args: argparse.Namespace) -> dict[str, float | int | None]:
                 flush=True,
             )
     n_elems = trainers[0].num_params
+    if spread:
+        med, p95, p99, top = np.percentile(spread, [50, 95, 99, 100])
+        print(
+            f"honest spread ||v - x|| / ||x|| per part: median {med:.4f} p95 {p95:.4f}"
+            f" p99 {p99:.4f} max {top:.4f}"
+        )
     return {
         "rounds_to_target": reached,
         "steps_to_target": None if reached is None else reached * args.local_steps,
@@ -137,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         default="on",
         help="each encoding worker adds what its last encode rounded away (fp16/int8)",
     )
+    p.add_argument("--aggregate", choices=["mean", "clip"], default="mean")
+    p.add_argument("--clip-radius", type=float, default=DEFAULT_RHO)
+    p.add_argument("--poison-scale", type=float, default=1.0, help="worker 0 offers S x its model")
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--p", type=int, default=4)
     p.add_argument("--steps", type=int, default=480, help="local steps per worker")
@@ -155,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"SUMMARY workload={args.workload} mode={args.mode} H={args.local_steps} "
         f"outer_lr={args.outer_lr} mu={args.outer_momentum} compress={args.compress} "
-        f"ef={args.error_feedback} "
+        f"ef={args.error_feedback} aggregate={args.aggregate} rho={args.clip_radius} "
+        f"poison={args.poison_scale} "
         f"n={args.n} p={args.p} partition={args.partition} steps_to_target="
         f"{out['steps_to_target']} rounds_to_target={out['rounds_to_target']} "
         f"final={out['final']:.4f} bytes/round={out['bytes_per_round']} "
