@@ -112,3 +112,22 @@ def path_and_tree(pipelined: bool, group: int = 5) -> Assign:
 def vectors(seed: int = 3) -> dict[int, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {m: rng.standard_normal(TOTAL).astype(np.float32) for m in MEMBERS}
+
+
+def near_vectors(
+    members: Sequence[int],
+    size: int,
+    *,
+    seed: int,
+    spread: float = 0.01,
+    poisoned: int | None = None,
+    scale: float = 100.0,
+) -> dict[int, np.ndarray]:
+    """Members' models of one base, each element off by ``spread`` (1% of its scale: honest
+    members after a few steps apart); ``poisoned`` offers ``scale`` times its own."""
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal(size)
+    out = {m: (base + spread * rng.standard_normal(size)).astype(np.float32) for m in members}
+    if poisoned is not None:
+        out[poisoned] = out[poisoned] * np.float32(scale)
+    return out

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from reduce_kit import assign_routes
+from reduce_kit import assign_routes, near_vectors
 
 from crew.control.clipcheck import clip_parts, clip_proof, judge_clip
 from crew.control.clipping import DEFAULT_RHO, centered_clip
@@ -31,11 +31,7 @@ PARTS = clip_parts(ASSIGN, N)
 
 
 def _vectors(poison: float = 1.0, seed: int = 0) -> dict[int, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    base = rng.standard_normal(TOTAL)
-    out = {m: (base + 0.01 * rng.standard_normal(TOTAL)).astype(np.float32) for m in MEMBERS}
-    out[3] = out[3] * np.float32(poison)
-    return out
+    return near_vectors(MEMBERS, TOTAL, seed=seed, poisoned=3, scale=poison)
 
 
 def _clipped(vectors: dict[int, np.ndarray]) -> np.ndarray:

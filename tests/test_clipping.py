@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from reduce_kit import Net, assign_routes, path_and_tree
+from reduce_kit import Net, assign_routes, near_vectors, path_and_tree
 
 from crew.config import AGGREGATES, CLIP_SCHEMES, ConfigError, RunConfig, Scheme
 from crew.control.assignment import ReduceError
@@ -27,11 +27,8 @@ RHO = DEFAULT_RHO
 
 
 def _honest(p: int, size: int, spread: float, seed: int = 0) -> np.ndarray:
-    """``p`` copies of one model, each off by ``spread`` of its norm."""
-    rng = np.random.default_rng(seed)
-    base = rng.standard_normal(size)
-    noise = rng.standard_normal((p, size)) * spread
-    return (base + noise).astype(np.float32)
+    """``p`` copies of one model, each element off by ``spread``."""
+    return np.stack(list(near_vectors(range(p), size, seed=seed, spread=spread).values()))
 
 
 def test_names_match_the_config_vocabulary() -> None:

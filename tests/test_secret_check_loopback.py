@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from reduce_kit import near_vectors
 
 from crew.config import RunConfig
 from crew.control.worker_control import Settlement
@@ -170,13 +171,9 @@ def test_secret_check_commits_an_honest_group(tmp_path, monkeypatch) -> None:
 CLIP = {"aggregate": "clip", "scheme": "ps"}  # PS serves from fast worker 3, a non-member
 
 
-def _near(seed: int = 6, poisoned: float = 100.0) -> dict[int, np.ndarray]:
-    """Members' models 1% apart; member 2 offers ``poisoned`` times its own."""
-    rng = np.random.default_rng(seed)
-    base = rng.standard_normal(SIZE)
-    out = {m: (base + 0.01 * rng.standard_normal(SIZE)).astype(np.float32) for m in MEMBERS}
-    out[2] = out[2] * np.float32(poisoned)
-    return out
+def _near() -> dict[int, np.ndarray]:
+    """Members' models 1% apart; member 2 offers 100 times its own."""
+    return near_vectors(MEMBERS, SIZE, seed=6, poisoned=2)
 
 
 def test_clip_commits_a_self_poisoned_group_with_bounded_influence(tmp_path, monkeypatch) -> None:
