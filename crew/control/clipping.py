@@ -13,13 +13,14 @@ the coordinate-wise median ``x``::
 
 in float64 until the step is below ``STEP_TOLERANCE`` of the clipped spread
 ``sum_m w_m c_m ||v_m - x||`` (or ``ITERATIONS`` passed), returned in float32. The weights are
-the group's (normalised to sum to 1). The radius is relative, ``tau = rho ||x||`` of the current
-iterate, so nobody needs to know the model's scale, and every member can recompute it from the
-result part it receives. At the fixed point ``sum_m w_m c_m (v_m - x) = 0`` with
+the group's (normalised to sum to 1). The radius is relative, ``tau = rho ||x||`` of the
+current iterate, so nobody needs to know the model's scale, and every member can recompute it
+from the result part it receives. At the fixed point ``sum_m w_m c_m (v_m - x) = 0`` with
 ``c_m = min(1, tau / ||v_m - x||)``: members within ``tau`` of ``x`` count fully, and one
-further away pulls by ``w_m tau`` at most, whatever it offered, so it moves ``x`` by ``w_m tau /
-(1 - w_m)`` from the others' weighted mean while they stay within ``tau``. With every member
-within ``tau`` the first step lands on the weighted mean and the second confirms it.
+further away pulls by ``w_m tau`` at most, whatever it offered, so it moves ``x`` by
+``w_m tau / (1 - w_m)`` from the others' weighted mean while they stay within ``tau``. When
+every member is within the radius of the weighted mean, that mean is the fixed point and is
+returned at once, without the median.
 
 Faults. Crash faults cost nothing more here (a revision without the dead member re-plans as
 before). A Byzantine member that poisons its own vector, however far, moves each part's result
@@ -28,11 +29,14 @@ radius, ``w rho ||x|| / (1 - w) = 0.05 ||x||``); colluding members by about the 
 theirs while their weight stays well below a half. A root that tampers with the result is
 caught by the secret check (``crew.control.clipcheck``).
 
-Cost. Per part of ``L`` elements and ``p`` members: the median (``O(p L log p)``), then per
-iteration about six passes over the ``p L`` float64 copies (difference, norms, weighted sum).
-Honest members within ``tau`` stop after two iterations; each clipped member slows the
-contraction (factor about ``1 - sum_m w_m c_m``). Memory: the ``p`` copies of the part, in
-float64, at the root only.
+Cost. Per part of ``L`` elements and ``p`` members: the weighted mean and the distances to
+it (about four passes over the ``p L`` float64 copies), which ends an honest group's part;
+otherwise the median (a sort of ``p`` values per element), then per iteration about six
+passes (difference, norms, weighted sum), each clipped member slowing the contraction (factor
+about ``1 - sum_m w_m c_m``). Measured on the lab's host for ``L = 64 Ki``: 11.5 ms for three
+members with the median's path, 16 ms with one of them clipped, 27 ms for five (the honest
+path's figure is in docs/results.md). Memory: the ``p`` copies of the part, in float64, at the
+root only.
 
 Pure: numpy only, no I/O.
 """
@@ -106,6 +110,12 @@ def centered_clip(
     if w.shape != (v.shape[0],) or not np.all(w >= 0) or not w.sum() > 0:
         raise ValueError(f"weights: want {v.shape[0]} non-negative ones, got {w}")
     w = w / w.sum()
+    x = w @ v
+    dist = np.linalg.norm(v - x, axis=1)
+    if np.all(dist <= rho * float(np.linalg.norm(x))):
+        # Everyone within the radius of the weighted mean: it is the fixed point (every c_m
+        # is 1 and sum_m w_m (v_m - x) = 0), so an honest group skips the median's sort.
+        return _rounded(v, x, rho)
     x = np.median(v, axis=0)
     for _ in range(iters):
         d = v - x
@@ -118,6 +128,11 @@ def centered_clip(
             tol * float(wc @ dist), 2**-26 * float(np.linalg.norm(x))
         ):
             break
+    return _rounded(v, x, rho)
+
+
+def _rounded(v: np.ndarray, x: np.ndarray, rho: float) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` in float32 and the clip factors members compute from it."""
     out = x.astype(np.float32)
     tau = rho * float(np.linalg.norm(out.astype(np.float64)))
     return out, clip_factors(np.linalg.norm(v - out, axis=1), tau)
