@@ -26,17 +26,19 @@ Faults. Crash faults cost nothing more here (a revision without the dead member 
 before). A Byzantine member that poisons its own vector, however far, moves each part's result
 by ``w_m tau / (1 - w_m)`` at most (bounded, not zero: in a group of three at the default
 radius, ``w rho ||x|| / (1 - w) = 0.05 ||x||``); colluding members by about the sum of
-theirs while their weight stays well below a half. A root that tampers with the result is
-caught by the secret check (``crew.control.clipcheck``).
+theirs while their weight stays well below a half. The bound holds per group, not per run: a
+member that pulls every group it joins the same way moves the models round after round, and
+since the radius follows ``||x||``, a pull along ``x`` itself (offering ``100 v``) grows the
+models' norm by up to 5% a group (docs/results.md: accuracy held, held-out loss did not). A
+root that tampers with the result is caught by the secret check (``crew.control.clipcheck``).
 
 Cost. Per part of ``L`` elements and ``p`` members: the weighted mean and the distances to
 it (about four passes over the ``p L`` float64 copies), which ends an honest group's part;
 otherwise the median (a sort of ``p`` values per element), then per iteration about six
 passes (difference, norms, weighted sum), each clipped member slowing the contraction (factor
-about ``1 - sum_m w_m c_m``). Measured on the lab's host for ``L = 64 Ki``: 11.5 ms for three
-members with the median's path, 16 ms with one of them clipped, 27 ms for five (the honest
-path's figure is in docs/results.md). Memory: the ``p`` copies of the part, in float64, at the
-root only.
+about ``1 - sum_m w_m c_m``). Measured on the lab's host for ``L = 64 Ki``: 4.5 ms for three
+honest members, 18 ms with one of three clipped, 31 ms with one of five. Memory: the ``p``
+copies of the part, in float64, at the root only.
 
 Pure: numpy only, no I/O.
 """
@@ -65,10 +67,11 @@ __all__ = [
 ]
 
 DEFAULT_RHO = 0.1
-"""The radius relative to ``||x||`` of a part. Honest members of the lab's MLP runs differ from
-their group's result by 0.5-3% of its norm per part (docs/results.md): 0.1 leaves them unclipped,
-so an honest group's result is its weighted mean, while a member offering ``100 v`` pulls each
-part by ``w tau = 0.1 w ||x||`` at most instead of ``99 w ||v||``."""
+"""The radius relative to ``||x||`` of a part. Honest members training the lab's MLP (8
+workers, groups of 3 every step) differ from their group's mean by 0.13% of its norm per part
+at the median and 1.6% at most (``lab.studies.trainsim``, docs/results.md): 0.1, six times
+that, leaves them unclipped, so an honest group's result is its weighted mean, while a member
+offering ``100 v`` pulls each part by ``w tau = 0.1 w ||x||`` at most instead of ``99 w ||v||``."""
 
 ITERATIONS = 100
 """At most this many CenteredClip steps per part (two when nobody is clipped)."""
