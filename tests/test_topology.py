@@ -87,6 +87,18 @@ def test_hetero_rates_are_scaled_into_lab_range(filename: str) -> None:
     assert len(set(rates)) > 20  # drawn, not constant
 
 
+def test_paper_20_links_all_busy_take_about_one_core_of_the_host() -> None:
+    # The rule topologies/generate.py scales paper-20 by: every link busy at once, at the
+    # workers' measured CPU per link byte, leaves the second core to everything else.
+    from lab.report.simagree import LAB_CPU_S_PER_GB
+
+    spec = load_topology(TOPOLOGIES / "paper-20.yaml")
+    rates = [lk.rate_mbit for lk in spec.links]
+    cores = sum(rates) * 1e6 / 8 * LAB_CPU_S_PER_GB / 1e9
+    assert 0.9 <= cores <= 1.05  # one core, to the 0.1 Mbit/s rounding and the floor
+    assert min(rates) >= 1.0  # a full 64-frame leaf queue drains within half a dead-after
+
+
 def test_the_slow_default_is_the_default_ten_times_slower() -> None:
     fast, slow = (load_topology(TOPOLOGIES / f) for f in ("default.yaml", "default-slow.yaml"))
     assert [c.straggler for c in slow.clouds] == [c.straggler for c in fast.clouds]

@@ -66,9 +66,18 @@ DEFAULT_STRAGGLERS = {"gcp-taiwan": "2@0.4", "azure-westus": "2@0.2"}
 GENERIC_CLOUDS = tuple(f"cloud-{k}" for k in range(8))
 SEED_PAPER = 2020
 # The paper's scale on one host: n(n-1) shaped links and n workers on two cores. The measured
-# rates are scaled down until the data path's CPU cannot bind (lab.run reports the CPU share).
-PAPER_SCALE = 0.1
-PAPER_RATE_MIN = 2.0
+# rates are scaled down until the data path's CPU cannot bind (lab.run reports the CPU share):
+# with every link busy at once, the workers' CPU per link byte (lab.report.simagree's
+# LAB_CPU_S_PER_GB, 12.2 s/GB) must fit in one of the two cores, leaving the other to the
+# coordinator's planning, the probes and the control messages. At n = 20 and x0.1 it did not
+# (3.9 cores' worth of links; lab.run's CPU share 0.81); x0.025 puts 658 Mbit/s on the links,
+# one core's worth. n = 32 cannot be brought under one core this way: 992 links at the floor
+# alone are 1.5 cores, so paper-32 stays at x0.1.
+PAPER_SCALE = {20: 0.025, 32: 0.1}
+# No link below 1 Mbit/s: the leaf queue holds at least 64 frames (lab.net.shaping), 0.78 s at
+# 1 Mbit/s, and a probe behind a full queue must still arrive well within the probes'
+# dead-after time (crew.wire.probes, 1.6 s), or busy slow links read as cut.
+PAPER_RATE_MIN = 1.0
 # crew.sim.topogen's "mixed" stragglers: worker i takes the i-th (mod 6) of these.
 PAPER_STRAGGLERS = ("2", "2@0.2:0.4", "2@0.4:0.6", "2@0.6:0.8", "2@0.8:1.0", "2@1.0:1.2")
 
@@ -472,10 +481,10 @@ def _make_paper(n: int, data: dict[str, Any]) -> Generated:
     samples = data["inter-cloud-bandwidth-samples"]["values"]
     names = [f"c{k:02d}" for k in range(n)]
     pairs = _pairs(names)
-    drawn = [
-        round(max(PAPER_RATE_MIN, x * PAPER_SCALE), 1)
-        for x in _draw_with_replacement(samples, 2 * len(pairs), SEED_PAPER + n)
-    ]
+    scale = PAPER_SCALE[n]
+    raw = _draw_with_replacement(samples, 2 * len(pairs), SEED_PAPER + n)
+    drawn = [round(max(PAPER_RATE_MIN, x * scale), 1) for x in raw]
+    floored = sum(x * scale < PAPER_RATE_MIN for x in raw)
     filename = f"paper-{n}.yaml"
     header = (
         _banner(filename)
@@ -483,9 +492,10 @@ def _make_paper(n: int, data: dict[str, Any]) -> Generated:
         + "worker, every directed link its own rate, drawn with replacement (seed"
         + f" {SEED_PAPER + n}) from the 110\nsamples in"
         + " crew/data/inter-cloud-bandwidth-samples.json (HotCloud 2018, 20-398 Mbit/s),\n"
-        + f"multiplied by the scale factor {PAPER_SCALE} (so that {n * (n - 1)} shaped links and"
-        + f" {n} workers fit two\ncores; lab.run reports the CPU share), at least"
-        + f" {PAPER_RATE_MIN:g} Mbit/s, rounded to 0.1.\n"
+        + f"multiplied by the scale factor {scale} (chosen in topologies/generate.py so that"
+        + f" {n * (n - 1)}\nshaped links and {n} workers fit two cores where they can; lab.run"
+        + f" reports the CPU share),\nat least {PAPER_RATE_MIN:g} Mbit/s ({floored} links raised"
+        + f" to it), rounded to 0.1; {sum(drawn):.0f} Mbit/s in all.\n"
         + "Draw order: cloud pairs in file order, forward then reverse. Stragglers as the\n"
         + "simulator's 'mixed' profile: worker i takes the i-th (mod 6) of "
         + ", ".join(PAPER_STRAGGLERS)
@@ -496,7 +506,7 @@ def _make_paper(n: int, data: dict[str, Any]) -> Generated:
         header,
         {
             "name": f"paper-{n}",
-            "description": f"{n} clouds, the paper's bwd = 2 x{PAPER_SCALE}, mixed stragglers",
+            "description": f"{n} clouds, the paper's bwd = 2 x{scale}, mixed stragglers",
             "intra_cloud_mbit": 1000,
             "clouds": [
                 {"name": c, "straggler": PAPER_STRAGGLERS[k % len(PAPER_STRAGGLERS)]}
