@@ -12,7 +12,8 @@ arm after another on the same topology, seed and duration:
 
 Per arm it prints the groups committed and abandoned, the median group time (formed to
 ended, committed groups), training steps per worker per minute, the honest workers' final
-held-out accuracy (mean of each one's latest) and the first time it reached ``--target``.
+held-out accuracy (mean of each one's latest) and the first time it reached ``--target``;
+the group time and the steps also as ratios to the ``mean`` arm of the same run.
 
 It is a benchmark, not a test: it needs root and takes the machine's two cores for about
 ``arms x (duration + 30 s)``, and prints figures rather than judging them.
@@ -130,6 +131,11 @@ def run_arm(
     return got if error is None else ArmFigures(**(asdict(got) | {"error": error}))
 
 
+def _ratio(value: float | None, base: float | None) -> str:
+    """``value ÷ base`` of the mean arm from the same run, or "-" where either is missing."""
+    return "-" if value is None or not base else f"{value / base:.2f}x"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = command_parser("python -m lab.studies.clipcost", __doc__)
     p.add_argument("--topology", default="topologies/default.yaml")
@@ -160,14 +166,20 @@ def main(argv: list[str] | None = None) -> int:
         got = run_arm(args, caps, topo, arm, out)
         results.append(got)
         print(json.dumps(asdict(got)), flush=True)
-    print(f"{'arm':<12} {'commit':>6} {'aband':>5} {'group s':>8} {'steps/min':>10} {'acc':>6}")
+    base = next((r for r in results if r.arm == ARMS[0]), None)
+    print(
+        f"{'arm':<12} {'commit':>6} {'aband':>5} {'group s':>8} {'÷ mean':>7}"
+        f" {'steps/min':>10} {'÷ mean':>7} {'acc':>6}"
+    )
     for r in results:
         group_s = "-" if r.median_group_s is None else f"{r.median_group_s:.3f}"
         acc = "-" if r.honest_accuracy is None else f"{r.honest_accuracy:.3f}"
         print(
             f"{r.arm:<12} {r.committed:>6} {r.abandoned:>5} {group_s:>8}"
-            f" {r.steps_per_worker_per_min:>10.1f} {acc:>6}"
-            f"  to {args.target:g}: {r.time_to_target_s}  {r.error or ''}"
+            f" {_ratio(r.median_group_s, base and base.median_group_s):>7}"
+            f" {r.steps_per_worker_per_min:>10.1f}"
+            f" {_ratio(r.steps_per_worker_per_min, base and base.steps_per_worker_per_min):>7}"
+            f" {acc:>6}  to {args.target:g}: {r.time_to_target_s}  {r.error or ''}"
         )
     write_json(args.json, {"arms": [asdict(r) for r in results], "out": str(out)})
     return 0
