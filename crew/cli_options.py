@@ -22,7 +22,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from crew.config import OPTION, ConfigError, HostCpu, Option, RunConfig, check_training
+from crew.config import OPTION, ConfigError, HostCpu, Option, RunConfig
+from crew.config_checks import check_training
 
 TRAINING = (
     "workload",

@@ -26,7 +26,8 @@ from rich.table import Table
 
 import crew.cli_options as flags
 from crew.cli_options import command_parser, write_json
-from crew.config import ConfigError, check_aggregate
+from crew.config import ConfigError
+from crew.config_checks import check_aggregate
 from crew.runtime.rundb import GroupStatus
 from lab.net.preflight import PreflightError, add_allow_missing, allowed_missing, check, describe
 from lab.orchestrate.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from reduce_kit import MEMBERS, ROUTES, TOTAL, N, Net, assign_routes
 
-from crew.config import ConfigError, RunConfig, check_training
+from crew.config import ConfigError, RunConfig
+from crew.config_checks import check_training
 from crew.train.synthetic import (
     Contribution,
     SyntheticError,
