@@ -399,10 +399,22 @@ class RunConfig:
     clip_radius: float = field(
         default=0.1,
         metadata=opt(
-            "--aggregate clip's radius rho: a member's difference from the result counts up to"
-            " rho times the result's norm, per part (crew.control.clipping.DEFAULT_RHO)",
+            "--aggregate clip's largest radius rho: a member's difference from the result counts"
+            " up to rho times the result's norm, per part (crew.control.clipping.DEFAULT_RHO);"
+            " the radius until the first groups are known, and always with --clip-factor 0",
             flag="--clip-radius",
             metavar="RHO",
+        ),
+    )
+    clip_factor: float = field(
+        default=4.0,
+        metadata=opt(
+            "--aggregate clip learns its radius: this many times how far apart the members'"
+            " vectors are, measured on the secret check vector over the last groups, at most"
+            " --clip-radius, so that a member poisoning every group cannot compound its pull"
+            " (crew.control.clipradius.DEFAULT_FACTOR); 0 keeps the radius at --clip-radius",
+            flag="--clip-factor",
+            metavar="K",
         ),
     )
     capacity: str = field(
@@ -617,6 +629,7 @@ class RunConfig:
         check_aggregate(
             self.aggregate,
             self.clip_radius,
+            self.clip_factor,
             self.check,
             self.compress,
             self.scheme,

@@ -74,14 +74,24 @@ def check_training(
 
 
 def check_aggregate(
-    aggregate: str, clip_radius: float, check: str, compress: str, scheme: str, nonblocking: bool
+    aggregate: str,
+    clip_radius: float,
+    clip_factor: float,
+    check: str,
+    compress: str,
+    scheme: str,
+    nonblocking: bool,
 ) -> None:
-    """``aggregate`` and ``clip_radius`` against the fields clipping depends on; ConfigError
-    names the first one that is wrong."""
+    """``aggregate``, ``clip_radius`` and ``clip_factor`` against the fields clipping depends
+    on; ConfigError names the first one that is wrong."""
     if aggregate not in AGGREGATES:
         raise ConfigError(f"aggregate: one of {', '.join(AGGREGATES)}, got {aggregate!r}")
     if not (isinstance(clip_radius, int | float) and 0 < clip_radius < math.inf):
         raise ConfigError(f"clip_radius: a finite number > 0, got {clip_radius!r}")
+    if isinstance(clip_factor, bool) or not (
+        isinstance(clip_factor, int | float) and 0 <= clip_factor < math.inf
+    ):
+        raise ConfigError(f"clip_factor: a finite number >= 0, got {clip_factor!r}")
     if aggregate == AGGREGATES[0]:
         return
     # The public check and the mean-mode secret check test the linear mean, which a clipped

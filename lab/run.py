@@ -65,6 +65,7 @@ RUN_FIELDS = (
     "check",
     "aggregate",
     "clip_radius",
+    "clip_factor",
     "host_cpu_s_per_gb",
     "committed_capacity",
     "flow_order",
@@ -304,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         check_aggregate(
             args.aggregate,
             args.clip_radius,
+            args.clip_factor,
             args.check,
             args.compress,
             args.scheme,

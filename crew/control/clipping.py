@@ -15,22 +15,24 @@ in float64 until the step is below ``STEP_TOLERANCE`` of the clipped spread
 ``sum_m w_m c_m ||v_m - x||`` (or ``ITERATIONS`` passed), returned in float32. The weights are
 the group's (normalised to sum to 1). The radius is relative, ``tau = rho ||x||`` of the
 current iterate, so nobody needs to know the model's scale, and every member can recompute it
-from the result part it receives. At the fixed point ``sum_m w_m c_m (v_m - x) = 0`` with
-``c_m = min(1, tau / ||v_m - x||)``: members within ``tau`` of ``x`` count fully, and one
-further away pulls by ``w_m tau`` at most, whatever it offered, so it moves ``x`` by
-``w_m tau / (1 - w_m)`` from the others' weighted mean while they stay within ``tau``. When
-every member is within the radius of the weighted mean, that mean is the fixed point and is
-returned at once, without the median.
+from the result part it receives and the group's ``rho`` (``Assign.clip_rho``). At the fixed
+point ``sum_m w_m c_m (v_m - x) = 0`` with ``c_m = min(1, tau / ||v_m - x||)``: members
+within ``tau`` of ``x`` count fully, and one further away pulls by ``w_m tau`` at most,
+whatever it offered, so it moves ``x`` by ``w_m tau / (1 - w_m)`` from the others' weighted
+mean while they stay within ``tau``. When every member is within the radius of the weighted
+mean, that mean is the fixed point and is returned at once, without the median.
 
 Faults. Crash faults cost nothing more here (a revision without the dead member re-plans as
 before). A Byzantine member that poisons its own vector, however far, moves each part's result
 by ``w_m tau / (1 - w_m)`` at most (bounded, not zero: in a group of three at the default
 radius, ``w rho ||x|| / (1 - w) = 0.05 ||x||``); colluding members by about the sum of
 theirs while their weight stays well below a half. The bound holds per group, not per run: a
-member that pulls every group it joins the same way moves the models round after round, and
-since the radius follows ``||x||``, a pull along ``x`` itself (offering ``100 v``) grows the
-models' norm by up to 5% a group (docs/results.md: accuracy held, held-out loss did not). A
-root that tampers with the result is caught by the secret check (``crew.control.clipcheck``).
+member that pulls every group it joins the same way moves the models round after round. At a
+fixed ``rho`` a pull along ``x`` itself (offering ``100 v``) grows the models' norm by up to
+``w rho / (1 - w)`` a group, which compounds; so the coordinator learns each group's ``rho``
+from how far apart the members' vectors are (``crew.control.clipradius``), which brings the
+pull down to the order of the honest members' own spread. A root that tampers with the result
+is caught by the secret check (``crew.control.clipcheck``).
 
 Cost. Per part of ``L`` elements and ``p`` members: the weighted mean and the distances to
 it (about four passes over the ``p L`` float64 copies), which ends an honest group's part;
@@ -161,7 +163,7 @@ class ClipRule:
     """The reduce engine's side of clipped aggregation: which assignments it can run, and a
     complete part's result from its members' unweighted copies."""
 
-    rho: float = DEFAULT_RHO
+    rho: float = DEFAULT_RHO  # the radius of an Assign that names none (``clip_rho`` 0)
 
     def validate(self, assign: Assign, routes: Sequence[Route]) -> None:
         """ReduceError unless every route is a star of member leaves (:func:`star_violation`)."""
@@ -174,7 +176,13 @@ class ClipRule:
             )
 
     def combine(self, assign: Assign, copies: Mapping[int, np.ndarray]) -> np.ndarray:
-        """The part's result from ``copies`` (member -> its unweighted copy)."""
+        """The part's result from ``copies`` (member -> its unweighted copy), at the group's
+        radius (``Assign.clip_rho``; this rule's ``rho`` when the Assign names none)."""
         members = sorted(copies)
         weights = [assign.weights[assign.members.index(m)] for m in members]
-        return centered_clip(np.stack([copies[m] for m in members]), weights, self.rho)[0]
+        rho = self.radius(assign)
+        return centered_clip(np.stack([copies[m] for m in members]), weights, rho)[0]
+
+    def radius(self, assign: Assign) -> float:
+        """The radius ``assign``'s group is clipped and proved at."""
+        return assign.clip_rho or self.rho

@@ -63,8 +63,7 @@ Events in: the workers' and the lab's :mod:`crew.wire.protocol` messages (``Regi
 ``HaveAll``, ``Admin``, ...) and :class:`WorkerDisconnected`, via :meth:`GroupLifecycle.handle`;
 the passage of time via :meth:`GroupLifecycle.tick`; the end via :meth:`GroupLifecycle.shutdown`.
 
-Cost: an event or tick is ``O(n^2)`` per open group (capacities, reach) plus its planner calls:
-one per group formed, one per revision.
+Cost: an event or tick is ``O(n^2)`` per open group, plus a planner call per group or revision.
 """
 
 from __future__ import annotations
@@ -189,7 +188,7 @@ class GroupLifecycle:
         self.links = LinkHealthTracker(self.capacity)
         if cfg.check == CheckMode.SECRET and cfg.compress != "none" and codec_tolerance is None:
             raise ValueError(f"a secret check of {cfg.compress} payloads needs codec_tolerance")
-        self.secret = SecretChecks(CheckMode(cfg.check), codec_tolerance, nonce, cfg.clip_rho)
+        self.secret = SecretChecks.for_run(cfg, codec_tolerance, nonce)
         self.scheme = cfg.scheme
         self.size_elems: int | None = None
         self.connected: set[int] = set()  # workers with a live control connection
@@ -576,6 +575,7 @@ class GroupLifecycle:
             iterations=[og.group.iterations[og.group.members.index(m)] for m in og.members],
             split_epoch=og.split_epoch,
             kept=og.kept,
+            clip_rho=self.secret.clip_rho(og.group.id),
         )
         og.participants = og.plan.participants()
         kept = {k for k, _ in og.kept}

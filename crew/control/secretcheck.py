@@ -65,7 +65,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from crew.config import RunConfig
 from crew.control import clipcheck
+from crew.control.clipradius import DEFAULT_FACTOR, ClipRadius
 from crew.control.verify import CHECK_TOLERANCE, CHUNK, check_chunks
 from crew.plan.routes import Route
 from crew.plan.schemes import GroupPlan
@@ -173,6 +175,7 @@ class _Waiting:
     weights: tuple[float, ...]
     hops: int
     size: int
+    rho: float  # the revision's clip radius (0 in mean mode)
 
 
 class SecretChecks:
@@ -180,9 +183,9 @@ class SecretChecks:
 
     The life cycle calls :meth:`start` when a revision's members all hold its result (a Reveal
     to send, or None in public mode), :meth:`proof` for each Proof (a :class:`Verdict` once the
-    last member's is in; with ``clip_rho``, judged by ``crew.control.clipcheck``),
-    :meth:`waiting` and :meth:`missing` on its deadlines, and :meth:`end` when the group
-    closes."""
+    last member's is in; with ``clip_rho``, judged by ``crew.control.clipcheck`` at the group's
+    radius, :meth:`clip_rho`, which the groups that pass teach), :meth:`waiting` and
+    :meth:`missing` on its deadlines, and :meth:`end` when the group closes."""
 
     def __init__(
         self,
@@ -190,13 +193,22 @@ class SecretChecks:
         codec: CodecTolerance | None = None,
         nonce: Callable[[], int] = draw_nonce,
         clip_rho: float | None = None,
+        clip_factor: float = DEFAULT_FACTOR,
     ):
         self.mode = mode
         self.codec = codec
-        self.clip_rho = clip_rho  # clipped aggregation's radius (crew.control.clipcheck), or None
+        # clipped aggregation's radii under the ceiling clip_rho (crew.control.clipradius)
+        self.clip = None if clip_rho is None else ClipRadius(clip_rho, clip_factor)
         self._nonce = nonce
         self._waiting: dict[int, _Waiting] = {}
         self._proofs: dict[int, dict[int, proto.Proof]] = {}
+
+    @classmethod
+    def for_run(
+        cls, cfg: RunConfig, codec: CodecTolerance | None, nonce: Callable[[], int] = draw_nonce
+    ) -> SecretChecks:
+        """The checks ``cfg`` asks for (its check, aggregate, clip radius and clip factor)."""
+        return cls(CheckMode(cfg.check), codec, nonce, cfg.clip_rho, cfg.clip_factor)
 
     def start(
         self,
@@ -212,10 +224,15 @@ class SecretChecks:
             return None
         nonce = self._nonce()
         hops = plan_hops(plan.routes)
-        w = _Waiting(rev, nonce, tuple(members), tuple(weights), hops, plan.total)
+        rho = self.clip_rho(group)
+        w = _Waiting(rev, nonce, tuple(members), tuple(weights), hops, plan.total, rho)
         self._waiting[group] = w
         self._proofs[group] = {}
         return proto.Reveal(group, rev, nonce)
+
+    def clip_rho(self, group: int) -> float:
+        """``group``'s clip radius (fixed from its first Assign on), 0 in mean mode."""
+        return 0.0 if self.clip is None else self.clip.for_group(group)
 
     def waiting(self, group: int, rev: int) -> bool:
         w = self._waiting.get(group)
@@ -248,10 +265,12 @@ class SecretChecks:
         proofs.setdefault(msg.worker, msg)
         if len(proofs) < len(w.members):
             return None
-        self.end(msg.group)
+        del self._waiting[msg.group], self._proofs[msg.group]  # judged once
         got = [proofs[m] for m in w.members]
-        if self.clip_rho is not None:
-            ratio, reason = clipcheck.judge_clip(w.weights, got, self.clip_rho)
+        if self.clip is not None:
+            ratio, reason = clipcheck.judge_clip(w.weights, got, w.rho)
+            if ratio <= 1.0:
+                self.clip.observe([p.offered_proj for p in got], got[0].clip_norm)
             return Verdict(msg.group, msg.rev, ratio <= 1.0, ratio, reason)
         offered = [p.offered_proj for p in got]
         expected = math.fsum(wt * p for wt, p in zip(w.weights, offered, strict=True))
@@ -270,6 +289,8 @@ class SecretChecks:
         return Verdict(msg.group, msg.rev, passed, ratio, reason)
 
     def end(self, group: int) -> None:
-        """The group closed (or was judged): forget it."""
+        """The group closed: forget it."""
         self._waiting.pop(group, None)
         self._proofs.pop(group, None)
+        if self.clip is not None:
+            self.clip.end(group)

@@ -253,8 +253,10 @@ class Node:
         offered, result = held
         rho, assign = self.cfg.clip_rho, self._assigns.get(reveal.group)
         if rho is not None and assign is not None and assign.rev == reveal.rev:
-            # Clipped: the fixed point's residual on r_g as well (crew.control.clipcheck).
+            # Clipped: the fixed point's residual on r_g as well (crew.control.clipcheck), at
+            # the radius the roots clipped with.
             parts = clip_parts(assign, self.cfg.n)
+            rho = ClipRule(rho).radius(assign)
             c = clip_proof(self.cfg.run_num, reveal.nonce, offered, result, parts, rho)
             p = proto.Proof(self.me, reveal.group, reveal.rev, c.offered_proj, c.result_proj, 0)
             self.tell(replace(p, clip_residual=c.residual, clip_scale=c.scale, clip_norm=c.norm))

@@ -277,6 +277,9 @@ class Assign(Message):
     # the previous one: its parts' partial sums, contributors and delivered results stay where
     # they are and nothing of it is sent again (failover resends only what was lost).
     kept: list[list[int]] = dataclasses.field(default_factory=list)
+    # Clipped aggregation: the group's radius rho (``crew.control.clipradius``), which the roots
+    # clip with and the members prove with; 0 in mean mode.
+    clip_rho: Annotated[float, AtLeast(0)] = 0.0
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,7 @@ class RunOptions:
     check: str = RunConfig.default("check")  # public or secret (crew.control.secretcheck)
     aggregate: str = RunConfig.default("aggregate")  # mean or clip (crew.control.clipping)
     clip_radius: float = RunConfig.default("clip_radius")
+    clip_factor: float = RunConfig.default("clip_factor")
     # The host's CPU s per GB of link bytes as a planner capacity (crew.plan.hostcpu) on all
     # of this machine's cores; 0: none.
     host_cpu_s_per_gb: float = RunConfig.default("host_cpu_s_per_gb")
@@ -433,6 +434,7 @@ class LabRun:
             check=o.check,
             aggregate=o.aggregate,
             clip_radius=o.clip_radius,
+            clip_factor=o.clip_factor,
             host_cpu_s_per_gb=o.host_cpu_s_per_gb,
             host_cores=(
                 (o.host_cores or float(os.cpu_count() or 1)) if o.host_cpu_s_per_gb > 0 else 0.0

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from crew.cli_options import add_json_flag, command_parser, write_json
-from crew.config import Scheme
+from crew.config import RunConfig, Scheme
 from crew.runtime import rundb
 from crew.runtime.rundb import GroupStatus
 from lab.bench.procs import check_alive, reap
@@ -104,6 +104,7 @@ def run_arm(
         check="secret",
         aggregate=aggregate,
         clip_radius=args.clip_radius,
+        clip_factor=args.clip_factor,
         dashboard=False,
         log_level="WARNING",
     )
@@ -143,7 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group-size", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--duration", type=float, default=60.0, help="training seconds per arm")
-    p.add_argument("--clip-radius", type=float, default=0.1)
+    p.add_argument(
+        "--clip-radius", type=float, default=RunConfig.default("clip_radius"), help="its ceiling"
+    )
+    p.add_argument(
+        "--clip-factor",
+        type=float,
+        default=RunConfig.default("clip_factor"),
+        help="the radius learned: K times the members' spread (0: --clip-radius throughout)",
+    )
     p.add_argument("--poisoner", type=int, default=3, help="the worker that poisons its vector")
     p.add_argument("--scale", type=float, default=DEFAULT_SCALE, help="the poisoner's factor")
     p.add_argument("--target", type=float, default=0.85, help="honest held-out accuracy")

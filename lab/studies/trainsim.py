@@ -12,8 +12,11 @@ same ``crew.train.outer`` and ``crew.train.compress`` code the worker and engine
 ``--aggregate clip`` reduces each group by CenteredClip instead (``crew.control.clipping``, per
 part of ``MAX_ROUTE_PART_ELEMS`` as the engine's roots do) and prints the honest members'
 spread: ``||v_m - x|| / ||x||`` per part against the weighted mean ``x`` of their group, the
-figure ``--clip-radius`` must stay above. ``--poison-scale S``: worker 0 offers S times its
-model to every group (a member that poisons its own vector, ``lab.orchestrate.selfpoison``).
+figure the radius must stay above. The radius is learned as the coordinator learns it
+(``crew.control.clipradius``: ``--clip-factor`` times the members' spread on a random vector,
+at most ``--clip-radius``; ``--clip-factor 0`` keeps ``--clip-radius``). ``--poison-scale S``:
+worker 0 offers S times its model to every group (a member that poisons its own vector,
+``lab.orchestrate.selfpoison``).
 
 It measures quality against local steps, not time: the lab's benchmark owns time to target.
 Prints one line per evaluation and a summary line: local steps per worker and rounds to reach
@@ -32,6 +35,7 @@ import numpy as np
 from crew.cli_options import command_parser
 from crew.control.assignment import MAX_ROUTE_PART_ELEMS
 from crew.control.clipping import DEFAULT_RHO, centered_clip
+from crew.control.clipradius import DEFAULT_FACTOR, ClipRadius
 from crew.control.verify import check_vector
 from crew.train.compress import Codec, encoded_size
 from crew.train.datasets import Partition
@@ -114,6 +118,9 @@ def run(args: argparse.Namespace) -> dict[str, float | int | None]:
     reached = None
     quality = float("nan")
     spread: list[float] = []
+    radius = ClipRadius(args.clip_radius, args.clip_factor)
+    radii: list[float] = []
+    check_rng = np.random.default_rng([args.seed, 1])  # apart from the groups' order
     started = time.perf_counter()
     for r in range(1, rounds + 1):
         for t in trainers:
@@ -128,7 +135,11 @@ def run(args: argparse.Namespace) -> dict[str, float | int | None]:
             pcs = None if codecs is None else [codecs[m] for m in members]
             weights = [1.0 / len(members)] * len(members)
             if args.aggregate == "clip":
-                result = clip_reduce(offers, weights, args.clip_radius)
+                radii.append(radius.current())
+                result = clip_reduce(offers, weights, radii[-1])
+                # what the members' proofs tell the coordinator (crew.control.clipcheck)
+                r_g = check_rng.standard_normal(result.size)
+                radius.observe([float(r_g @ v) for v in offers], float(np.linalg.norm(result)))
             else:
                 result = star_reduce(pcs, offers, weights)
             for m in members:
@@ -149,6 +160,9 @@ def run(args: argparse.Namespace) -> dict[str, float | int | None]:
                 flush=True,
             )
     n_elems = trainers[0].num_params
+    if radii:
+        lo, med, hi = np.percentile(radii, [0, 50, 100])
+        print(f"clip radius rho per group: min {lo:.4f} median {med:.4f} max {hi:.4f}")
     if spread:
         med, p95, p99, top = np.percentile(spread, [50, 95, 99, 100])
         print(
@@ -179,7 +193,13 @@ def main(argv: list[str] | None = None) -> int:
         help="each encoding worker adds what its last encode rounded away (fp16/int8)",
     )
     p.add_argument("--aggregate", choices=["mean", "clip"], default="mean")
-    p.add_argument("--clip-radius", type=float, default=DEFAULT_RHO)
+    p.add_argument("--clip-radius", type=float, default=DEFAULT_RHO, help="the radius's ceiling")
+    p.add_argument(
+        "--clip-factor",
+        type=float,
+        default=DEFAULT_FACTOR,
+        help="the radius is this times the members' learned spread (0: --clip-radius)",
+    )
     p.add_argument("--poison-scale", type=float, default=1.0, help="worker 0 offers S x its model")
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--p", type=int, default=4)
@@ -200,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         f"SUMMARY workload={args.workload} mode={args.mode} H={args.local_steps} "
         f"outer_lr={args.outer_lr} mu={args.outer_momentum} compress={args.compress} "
         f"ef={args.error_feedback} aggregate={args.aggregate} rho={args.clip_radius} "
+        f"factor={args.clip_factor} "
         f"poison={args.poison_scale} "
         f"n={args.n} p={args.p} partition={args.partition} steps_to_target="
         f"{out['steps_to_target']} rounds_to_target={out['rounds_to_target']} "
