@@ -58,6 +58,7 @@ from crew.runtime.capacity_probe import DEFAULT_PROBE_BYTES, DEFAULT_PROBE_SECON
 from crew.runtime.launch import (
     JobHost,
     LaunchEnv,
+    aggregation,
     check_mode,
     control_port,
     data_port_range,
@@ -267,6 +268,7 @@ class Averager:
                     rendezvous_run=rendezvous_run,
                     encrypt=encrypt,
                     check=check_mode(environ),
+                    aggregation=aggregation(environ),
                     group_size=p,
                     capacities=capacities,
                     run_dir=run_dir or environ.get("CREW_RUN_DIR"),

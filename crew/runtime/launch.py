@@ -18,6 +18,9 @@ Read from the environment (:meth:`LaunchEnv.from_environ`):
   workers' control connections once the job has started; by default any free port;
 * ``CREW_RUN_DIR`` (optional, host only): where the coordinator keeps its run database
   (``run.db``); a fresh temporary directory by default;
+* ``CREW_AGGREGATE`` (optional, host only): ``clip`` combines each group by CenteredClip with a
+  learned radius (``CREW_CLIP_RADIUS``, ``CREW_CLIP_FACTOR``; :func:`aggregation`), bounding
+  what a rank that poisons its own vector can do; by default the weighted mean;
 * ``TORCHELASTIC_RUN_ID`` (set by ``torchrun``): keys the rendezvous with the secret, so a
   rank of another launch is refused there.
 
@@ -34,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import math
 import os
 import secrets
 import socket
@@ -44,7 +48,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from crew.config import CHECK_MODES, ConfigError, RunConfig, Scheme
+from crew.config import AGGREGATES, CHECK_MODES, ConfigError, RunConfig, Scheme
 from crew.errors import JoinRefused, LaunchError, PortError, SecretError
 from crew.runtime.rendezvous import (
     DEFAULT_PROBE_BYTES,
@@ -223,6 +227,51 @@ def check_mode(env: Mapping[str, str] | None = None) -> str:
     raise LaunchError(f"{CHECK_ENV}={value!r}: use secret (the default) or public")
 
 
+AGGREGATE_ENV = "CREW_AGGREGATE"
+CLIP_RADIUS_ENV = "CREW_CLIP_RADIUS"
+CLIP_FACTOR_ENV = "CREW_CLIP_FACTOR"
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """How a launched job's groups combine: the weighted mean, or CenteredClip
+    (``crew.control.clipping``) with its radius ceiling and factor (``crew.control.clipradius``)."""
+
+    aggregate: str = AGGREGATES[0]
+    clip_radius: float = RunConfig.default("clip_radius")
+    clip_factor: float = RunConfig.default("clip_factor")
+
+    def scheme_for(self, scheme: str) -> str:
+        """``scheme``, or CREW's star planner when clipping asks for stars and ``scheme`` is
+        CREW's route LP, which may relay a member's copy (``crew.config.CLIP_SCHEMES``)."""
+        if self.aggregate == AGGREGATES[1] and scheme == Scheme.CREW.value:
+            return Scheme.CREW_STAR.value
+        return scheme
+
+
+def aggregation(env: Mapping[str, str] | None = None) -> Aggregation:
+    """The job's aggregation from ``CREW_AGGREGATE`` (``mean``, the default, or ``clip``),
+    ``CREW_CLIP_RADIUS`` and ``CREW_CLIP_FACTOR``. Only the coordinator's setting counts.
+    :class:`LaunchError` naming the variable for a bad value."""
+    env = os.environ if env is None else env
+    value = env.get(AGGREGATE_ENV, AGGREGATES[0]).strip().lower()
+    if value not in AGGREGATES:
+        raise LaunchError(f"{AGGREGATE_ENV}={value!r}: use mean (the default) or clip")
+    numbers = {}
+    for name, field_name in ((CLIP_RADIUS_ENV, "clip_radius"), (CLIP_FACTOR_ENV, "clip_factor")):
+        text = env.get(name, "").strip()
+        if not text:
+            continue
+        try:
+            number = float(text)
+        except ValueError:
+            raise LaunchError(f"{name}={text!r}: not a number") from None
+        if not math.isfinite(number) or number < 0 or (field_name == "clip_radius" and number == 0):
+            raise LaunchError(f"{name}={text!r}: must be finite and > 0 (factor: >= 0)")
+        numbers[field_name] = number
+    return Aggregation(value, **numbers)
+
+
 def read_secret(env: Mapping[str, str] | None = None) -> bytes:
     """The run's secret from ``CREW_SECRET_FILE`` (its bytes, a trailing newline dropped) or
     ``CREW_SECRET``; :class:`SecretError` if neither is set or it is shorter than 16 bytes."""
@@ -268,6 +317,7 @@ def job_config(
     compress: str = "none",
     encrypt: bool = True,
     check: str = "secret",
+    aggregation: Aggregation = Aggregation(),
 ) -> RunConfig:
     """The RunConfig of a launched job (one data-plane port per worker)."""
     n = len(addresses)
@@ -279,7 +329,7 @@ def job_config(
             secret_path="",  # launched jobs hold the secret in memory, never in the config
             n=n,
             p=group_size,
-            scheme=scheme,
+            scheme=aggregation.scheme_for(scheme),
             coordinator_host=coordinator[0],
             coordinator_port=coordinator[1],
             data_port=0,
@@ -290,6 +340,9 @@ def job_config(
             compress=compress,
             encrypt=encrypt,
             check=check,
+            aggregate=aggregation.aggregate,
+            clip_radius=aggregation.clip_radius,
+            clip_factor=aggregation.clip_factor,
         )
     except ConfigError as exc:
         raise JoinRefused(f"the job's configuration is invalid: {exc}") from exc
@@ -325,6 +378,7 @@ class JobHost:
         compress: str = "none",
         encrypt: bool = True,
         check: str = "secret",
+        aggregation: Aggregation = Aggregation(),
     ) -> None:
         if capacities is not None and (
             len(capacities) != world or any(len(row) != world for row in capacities)
@@ -336,6 +390,7 @@ class JobHost:
         self.compress = compress
         self.encrypt = encrypt
         self.check = check
+        self.aggregation = aggregation
         self.secret = secret
         self.world = world
         self.bind = bind
@@ -385,6 +440,7 @@ class JobHost:
             compress=self.compress,
             encrypt=self.encrypt,
             check=self.check,
+            aggregation=self.aggregation,
         )
         self._db = RunDB(self.run_dir / "run.db")
         try:
