@@ -11,6 +11,7 @@ import pytest
 from reduce_kit import Net, assign_routes, near_vectors, path_and_tree
 
 from crew.config import AGGREGATES, CLIP_SCHEMES, ConfigError, RunConfig, Scheme
+from crew.control import clipping
 from crew.control.assignment import ReduceError
 from crew.control.clipping import (
     DEFAULT_RHO,
@@ -79,6 +80,24 @@ def test_fixed_point_residual_is_small() -> None:
     spread = float((w * c) @ np.linalg.norm(d, axis=1))
     assert c[0] < 1 and c[1] < 1
     assert np.linalg.norm(residual) <= 1e-4 * spread
+
+
+def test_members_just_outside_the_radius_reach_the_same_fixed_point_from_the_mean(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    copies = _honest(3, 5_000, 0.05)
+    w = np.array([0.5, 0.25, 0.25])
+    spread = np.linalg.norm(copies - w @ copies, axis=1) / np.linalg.norm(w @ copies)
+    rho = float(np.median(spread))  # someone is outside, nobody is FAR radii away
+    from_mean, c = centered_clip(copies, w, rho)
+    assert np.any(c < 1)
+    monkeypatch.setattr(clipping, "FAR", 0.0)  # always start from the median
+    from_median, _ = centered_clip(copies, w, rho)
+    d = copies.astype(np.float64) - from_mean
+    residual = np.linalg.norm((w * c) @ d) / float((w * c) @ np.linalg.norm(d, axis=1))
+    assert residual <= 1e-4
+    gap = np.linalg.norm(from_mean - from_median.astype(np.float64))
+    assert gap <= 1e-5 * np.linalg.norm(from_median)
 
 
 def test_bad_shapes_and_weights_are_refused() -> None:
