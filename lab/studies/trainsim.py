@@ -82,13 +82,18 @@ def star_reduce(
     return codecs[0].encode(total, 0, 0.0)[1]
 
 
-def clip_reduce(offers: list[np.ndarray], weights: list[float], rho: float) -> np.ndarray:
-    """CenteredClip of ``offers`` part by part, as the roots of a clipped star do."""
+def clip_reduce(
+    offers: list[np.ndarray], weights: list[float], rho: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """CenteredClip of ``offers`` part by part, as the roots of a clipped star do, and how
+    many parts each member was clipped in."""
     x = np.empty_like(offers[0])
+    clipped = np.zeros(len(offers), dtype=np.int64)
     for s in range(0, x.size, MAX_ROUTE_PART_ELEMS):
         part = np.stack([v[s : s + MAX_ROUTE_PART_ELEMS] for v in offers])
-        x[s : s + MAX_ROUTE_PART_ELEMS] = centered_clip(part, weights, rho)[0]
-    return x
+        x[s : s + MAX_ROUTE_PART_ELEMS], c = centered_clip(part, weights, rho)
+        clipped += c < 1.0
+    return x, clipped
 
 
 def spreads(offers: list[np.ndarray]) -> list[float]:
@@ -120,6 +125,7 @@ def run(args: argparse.Namespace) -> dict[str, float | int | None]:
     spread: list[float] = []
     radius = ClipRadius(args.clip_radius, args.clip_factor)
     radii: list[float] = []
+    honest_clipped = honest_parts = 0
     check_rng = np.random.default_rng([args.seed, 1])  # apart from the groups' order
     started = time.perf_counter()
     for r in range(1, rounds + 1):
@@ -136,7 +142,10 @@ def run(args: argparse.Namespace) -> dict[str, float | int | None]:
             weights = [1.0 / len(members)] * len(members)
             if args.aggregate == "clip":
                 radii.append(radius.current())
-                result = clip_reduce(offers, weights, radii[-1])
+                result, clipped = clip_reduce(offers, weights, radii[-1])
+                honest = [k for k, m in enumerate(members) if m != 0 or args.poison_scale == 1]
+                honest_clipped += int(clipped[honest].sum())
+                honest_parts += len(honest) * math.ceil(result.size / MAX_ROUTE_PART_ELEMS)
                 # what the members' proofs tell the coordinator (crew.control.clipcheck)
                 r_g = check_rng.standard_normal(result.size)
                 radius.observe([float(r_g @ v) for v in offers], float(np.linalg.norm(result)))
@@ -163,6 +172,7 @@ def run(args: argparse.Namespace) -> dict[str, float | int | None]:
     if radii:
         lo, med, hi = np.percentile(radii, [0, 50, 100])
         print(f"clip radius rho per group: min {lo:.4f} median {med:.4f} max {hi:.4f}")
+        print(f"honest members' parts clipped: {honest_clipped / max(1, honest_parts):.1%}")
     if spread:
         med, p95, p99, top = np.percentile(spread, [50, 95, 99, 100])
         print(
