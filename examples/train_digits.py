@@ -15,11 +15,12 @@ from crew.train.datasets import Partition, load_split, shard
 parser = argparse.ArgumentParser()
 parser.add_argument("--group-size", type=int, default=2, help="p: ranks per averaging group")
 parser.add_argument("--steps", type=int, default=60, help="local steps per rank")
+parser.add_argument("--hidden", type=int, default=128, help="the MLP's hidden units")
 args = parser.parse_args()
 
 torch.set_num_threads(1)
 torch.manual_seed(0)  # the same initial model on every rank
-model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+model = nn.Sequential(nn.Linear(64, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 train, test = load_split(seed=0)
 with crew.Averager(model, group_size=args.group_size) as averager:

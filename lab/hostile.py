@@ -3,7 +3,7 @@
 ``sudo python -m lab.hostile`` starts a run on a lab network (``--topology``, default
 ``default``), waits for its first groups, measures its pace (completed groups per 10 s, read
 from the run database) over ``--baseline`` seconds, then attacks it in the phases ``--phases``
-names (default ``flood,replay,poison``; the first two on that run, the third on a lab run of its
+names (default ``flood,replay,poison``; the first two on that run, the third on a run of its
 own). The run is ``--target``:
 
 * ``lab`` (the default): a lab (``lab.orchestrate.runner``; the synthetic workload, no
@@ -58,8 +58,11 @@ check, routed through the poisoner by their plans, tampered with (the poisoner's
 groups committed (target 0) and averages applied that the synthetic rule found wrong (target 0:
 no poisoned average applied), and groups completed after the first abandonment (the run goes
 on). A poisoner that tampered with nothing proves nothing: that misses a target (a topology of
-three workers or more is needed). A torchrun target skips the phase, saying so: its ranks run
-``examples/train_digits.py``, whose reduce engine the lab does not swap.
+three workers or more is needed). Against a torchrun target the phase is a torchrun job of its
+own (``OUT-poison``), whose rank ``--poisoner`` runs ``examples/train_digits.py`` inside
+``python -m lab.orchestrate.poisoner --script``, so the script's ``crew.Averager`` builds the
+poisoning engine; the MLP's averages have no exact check, so there "no poisoned average applied"
+is "no tampered group committed".
 
 It prints a table of what was tried and the counts per phase, and exits 0 if every target was
 met, 1 if one was missed or groups stopped completing, 2 on bad options or without root, 3 when
@@ -152,8 +155,6 @@ class HostileOptions:
         unknown = [ph for ph in self.phases if ph not in PHASES]
         if unknown or not self.phases:
             raise ValueError(f"phases {list(self.phases)}: choose among {', '.join(PHASES)}")
-        if self.target is TargetKind.TORCHRUN and set(self.phases) == {"poison"}:
-            raise ValueError("the poison phase runs on a lab only: nothing left to run")
         if self.poisoner < 0 or not self.poison_scale > 0 or not self.poison_duration_s > 0:
             raise ValueError("--poisoner must be >= 0, --poison-scale and --poison-duration > 0")
         for name in ("connections", "replays", "steps"):
@@ -475,13 +476,20 @@ def run_hostile(opts: HostileOptions) -> HostileReport:
 
 
 def _poison(opts: HostileOptions, run_dir: Path) -> dict[str, Any]:
-    """The poison phase: a lab run of its own beside the attacked run's folder."""
-    if opts.target is not TargetKind.LAB:
-        return {
-            "skipped": "the poison phase runs on a lab only: a torchrun job's ranks run"
-            " examples/train_digits.py, whose reduce engine the lab cannot swap for the poisoner"
-        }
+    """The poison phase: a lab run, or a torchrun job, of its own beside the attacked run's
+    folder."""
     topo = load_topology(opts.topology)
+    if opts.target is TargetKind.TORCHRUN:
+        return poison_phase.run_poison_job(
+            topo,
+            check(topo),
+            run_dir.with_name(f"{run_dir.name}-poison"),
+            worker=opts.poisoner,
+            scale=opts.poison_scale,
+            duration_s=opts.poison_duration_s,
+            start_wait_s=opts.start_wait_s,
+            steps=opts.steps,
+        ).to_dict()
     report = poison_phase.run_poison(
         topo,
         check(topo),
@@ -726,7 +734,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=lambda text: tuple(x.strip() for x in text.split(",") if x.strip()),
         default=d.phases,
         help=f"the phases to run, comma-separated, always in the order {','.join(d.phases)}; poison"
-        " is a lab run of its own (folder OUT-poison), skipped for a torchrun target",
+        " is a run (a lab, or a torchrun job) of its own, in the folder OUT-poison",
     )
     add_out_flag(p, "the run's folder (default runs/hostile-<run-id>, runs/hostile-torchrun-...)")
     add_json_flag(p, "the figures and verdicts")
@@ -761,7 +769,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             poison_scale=args.poison_scale,
             poison_duration_s=args.poison_duration,
         )
-        if "poison" in opts.phases and opts.target is TargetKind.LAB:
+        if "poison" in opts.phases:
             n = load_topology(opts.topology).n
             poison_phase.poison_group_size(n)
             if opts.poisoner >= n:

@@ -113,6 +113,12 @@ def test_each_missed_poison_target_fails_its_verdict() -> None:
     r = _counted(committed, _log((2, 4)))
     assert r.poisoned_commits == 1
     assert missed(r) == ["tampered groups abandoned by the secret check"]
+    # Without an exact check of each average (a torchrun job's MLP), that commit is the
+    # poisoned average applied.
+    assert missed(replace(r, exact_check=False)) == [
+        "tampered groups abandoned by the secret check",
+        "no poisoned average applied",
+    ]
     # The poisoner carried nothing: the phase proves nothing.
     honest = [rec for rec in _records() if rec.members != (0, 1)]
     r = _counted(honest, "")

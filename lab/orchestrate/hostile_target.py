@@ -27,7 +27,7 @@ import json
 import secrets
 import sqlite3
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -280,7 +280,8 @@ class JobVictim:
     """``examples/train_digits.py`` through one ``torchrun`` per host namespace of a lab network
     of its own, given a fresh secret that it also writes to ``job_dir/secret`` (0600): the
     insider's copy the replay phase reads. The ranks run ``steps`` steps at most; whatever is
-    still running on exit is stopped with the network."""
+    still running on exit is stopped with the network. ``script_args``: more of the script's
+    options; ``wrappers``: see ``lab.orchestrate.torchjob.start_ranks``."""
 
     kind = TargetKind.TORCHRUN
 
@@ -292,13 +293,16 @@ class JobVictim:
         *,
         group_size: int,
         steps: int,
+        wrappers: Mapping[int, Sequence[str]] | None = None,
+        script_args: Sequence[str] = (),
     ) -> None:
+        self.wrappers = dict(wrappers or {})  # host -> a module its torchrun runs the script in
         self.topo = topo
         self.caps = caps
         self.job_dir = job_dir
         self.n = topo.n
         self.db_path = job_dir / "run" / "run.db"
-        self.script_args = ["--group-size", str(group_size), "--steps", str(steps)]
+        self.script_args = ["--group-size", str(group_size), "--steps", str(steps), *script_args]
         self.crashed: dict[int, int] = {}
         self.restarts = 0  # torchrun restarts no worker (--max-restarts 0): a crash is a crash
         self.net: LabNetwork | None = None
@@ -321,7 +325,7 @@ class JobVictim:
         try:
             run_dir = self.job_dir / "run"
             envs = [rank_env(self.net, i, secret, run_dir) for i in range(self.n)]
-            self.procs = start_ranks(self.net, self.job_dir, self.script_args, envs)
+            self.procs = start_ranks(self.net, self.job_dir, self.script_args, envs, self.wrappers)
         except BaseException:
             self.net.stop()
             raise

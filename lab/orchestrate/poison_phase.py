@@ -62,6 +62,10 @@ SECRET_FAILED = "secret check failed"  # crew.control.secretcheck's abandon reas
 WRONG_AVERAGE = "the group's average is wrong"  # crew.train.synthetic's ERROR line
 WINDOW_S = 10.0  # pace: groups completed per this many seconds
 POLL_S = 0.5
+JOB_HIDDEN = 16384
+"""The torchrun job's MLP width in the phase: 1.2 M parameters (4.7 MB), as large as the lab's
+synthetic vector, so that plans route data through workers outside the group; the example's
+default 128 (38 KB) goes straight between the members."""
 _TAMPERED = re.compile(r"poisoner (\d+): tampered with group (\d+) revision \d+ \((\d+) parts")
 _DONE = re.compile(r"poisoner: done, (\d+) parts tampered")
 
@@ -128,6 +132,9 @@ class PoisonReport:
     tampered_abandoned_secret: int = 0  # ... of them abandoned by the secret check
     poisoned_commits: int = 0  # tampered or relayed groups that completed (target 0)
     wrong_averages: int = 0  # applied averages the synthetic rule found wrong (target 0)
+    # Whether the workers verify every average they apply (the synthetic workload); a torchrun
+    # job's MLP cannot, and then a tampered group committed is the poisoned average applied.
+    exact_check: bool = True
     completed_after_detection: int = 0  # completed after the first secret-check abandonment
     pace: float = 0.0  # groups completed per WINDOW_S over the phase
     crashed: dict[int, int] = field(default_factory=dict)
@@ -193,8 +200,11 @@ class PoisonReport:
             ),
             (
                 "no poisoned average applied",
-                self.wrong_averages == 0,
-                f"{self.wrong_averages} wrong averages applied",
+                self.wrong_averages == 0 if self.exact_check else self.poisoned_commits == 0,
+                f"{self.wrong_averages} wrong averages applied"
+                if self.exact_check
+                else f"{self.poisoned_commits} tampered groups committed (the MLP's averages"
+                " have no exact check)",
             ),
             (
                 "groups kept completing",
@@ -266,10 +276,10 @@ def _ended(db_path: Path) -> bool:
     return int(row[0]) > 0
 
 
-def _wait(lab: LabRun, until: Callable[[], bool], timeout_s: float) -> bool:
+def _wait(poll: Callable[[], None], until: Callable[[], bool], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     for _ in range(int(timeout_s / POLL_S) + 2):
-        lab.poll()
+        poll()
         if until():
             return True
         if time.monotonic() >= deadline:
@@ -310,12 +320,7 @@ def run_poison(
     window = (0.0, 0.0)
     try:
         with lab:
-            if not _wait(lab, lambda: _ended(lab.db_path), start_wait_s):
-                raise RuntimeError(f"no group ended within {start_wait_s:g} s")
-            t0 = time.time()
-            _wait(lab, lambda: time.time() >= t0 + duration_s, duration_s + 5)
-            window = (t0, time.time())
-            lab.poll()
+            window = _watch(lab.poll, lab.db_path, duration_s, start_wait_s)
             report.crashed = dict(lab.crashed)
     except Exception as exc:  # reported with what the run left
         report.error = f"{type(exc).__name__}: {exc}"
@@ -327,6 +332,62 @@ def run_poison(
     }
     if lab.db_path.exists():
         report.count(read_groups(lab.db_path), texts.get(worker, ""), texts.values(), window)
+    return report
+
+
+def _watch(
+    poll: Callable[[], None], db_path: Path, duration_s: float, start_wait_s: float
+) -> tuple[float, float]:
+    """Wait for the first group to end, then ``duration_s``: the phase's window."""
+    if not _wait(poll, lambda: db_path.exists() and _ended(db_path), start_wait_s):
+        raise RuntimeError(f"no group ended within {start_wait_s:g} s")
+    t0 = time.time()
+    _wait(poll, lambda: time.time() >= t0 + duration_s, duration_s + 5)
+    poll()
+    return t0, time.time()
+
+
+def run_poison_job(
+    topo: TopologySpec,
+    caps: Capabilities,
+    job_dir: Path,
+    *,
+    worker: int = DEFAULT_WORKER,
+    scale: float = DEFAULT_SCALE,
+    duration_s: float = 60.0,
+    start_wait_s: float = 300.0,
+    steps: int = 1_000_000,
+) -> PoisonReport:
+    """The phase against a torchrun job (``lab.orchestrate.hostile_target.JobVictim``) whose
+    rank ``worker`` runs the example script under the poisoner
+    (``python -m lab.orchestrate.poisoner --script``); its counts, or what failed."""
+    from lab.orchestrate.hostile_target import JobVictim  # it imports the lab's runner too
+
+    if not 0 <= worker < topo.n:
+        raise ValueError(f"poisoner {worker}: the topology has workers 0..{topo.n - 1}")
+    p = poison_group_size(topo.n)
+    report = PoisonReport(str(job_dir), worker, scale, p, duration_s, exact_check=False)
+    wrapper = (POISONER, "--scale", f"{scale:g}", "--script")
+    job = JobVictim(
+        topo,
+        caps,
+        job_dir,
+        group_size=p,
+        steps=steps,
+        wrappers={worker: wrapper},
+        script_args=("--hidden", str(JOB_HIDDEN)),
+    )
+    window = (0.0, 0.0)
+    try:
+        with job:
+            window = _watch(job.poll, job.db_path, duration_s, start_wait_s)
+            report.crashed = dict(job.crashed)
+    except Exception as exc:  # reported with what the job left
+        report.error = f"{type(exc).__name__}: {exc}"
+    logs = {i: job_dir / f"w{i}.log" for i in range(topo.n)}
+    texts = {i: f.read_text(errors="replace") for i, f in logs.items() if f.exists()}
+    if job.db_path.exists():
+        report.count(read_groups(job.db_path), texts.get(worker, ""), texts.values(), window)
     return report
 
 

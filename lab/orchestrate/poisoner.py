@@ -23,11 +23,16 @@ Attack code lives in the lab, never in ``crew``: this module swaps the engine cl
 ``Node`` builds (``crew.runtime.node.ReduceEngine``) in its own process only.
 
     python -m lab.orchestrate.poisoner --config RUN/config.json --id 3 [--scale 0.5]
+    torchrun ... -m lab.orchestrate.poisoner [--scale 0.5] --script examples/train_digits.py ...
+
+The second form runs a training script as a torchrun rank: the script's ``crew.Averager``
+builds its ``Node``, and so the poisoning engine, in this process.
 """
 
 from __future__ import annotations
 
 import logging
+import runpy
 import sys
 from typing import Any
 
@@ -108,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
         del args[at : at + 2]
     node_mod.ReduceEngine = PoisonEngine  # type: ignore[misc]  # this process's workers only
     try:
+        if args[:1] == ["--script"]:
+            # A torchrun rank: the user's script, whose crew.Averager builds its Node here.
+            logging.basicConfig(level=logging.WARNING)
+            sys.argv = args[1:]
+            runpy.run_path(args[1], run_name="__main__")
+            return 0
         return worker_mod.main(args)
     finally:
         log.warning(DONE.format(parts=PoisonEngine.total_parts))

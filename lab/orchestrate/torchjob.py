@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from crew.runtime.capacity_probe import DEFAULT_PROBE_SECONDS
@@ -50,12 +51,17 @@ def start_ranks(
     work: Path,
     script_args: list[str],
     envs: list[dict[str, str]],
+    wrappers: Mapping[int, Sequence[str]] | None = None,
 ) -> list[subprocess.Popen]:
     """One ``torchrun`` of ``EXAMPLE script_args`` per host of ``net`` (static rendezvous at
-    host 0), each with its environment and its output in ``work/w<i>.log``; not waited for."""
+    host 0), each with its environment and its output in ``work/w<i>.log``; not waited for.
+    ``wrappers``: host -> a module and its arguments that host's torchrun runs instead, with
+    ``EXAMPLE script_args`` after them (``python -m lab.orchestrate.poisoner ... --script``)."""
     host0 = net.identity_address(0)
     procs = []
     for i, env in enumerate(envs):
+        wrapper = list((wrappers or {}).get(i, ()))
+        launch = ["-m", *wrapper] if wrapper else []
         argv = [
             str(TORCHRUN),
             "--nnodes", str(net.n),
@@ -65,7 +71,7 @@ def start_ranks(
             "--rdzv-endpoint", f"{host0}:{RDZV_PORT}",
             "--master-addr", host0,
             "--master-port", str(RDZV_PORT),
-            EXAMPLE, *script_args,
+            *launch, EXAMPLE, *script_args,
         ]  # fmt: skip
         # The child holds the log open; this process needs no handle on it.
         with open(work / f"w{i}.log", "w") as log:

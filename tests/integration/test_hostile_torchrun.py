@@ -36,6 +36,8 @@ def test_a_small_hostile_run_keeps_a_torchrun_job_going(tmp_path: Path) -> None:
             "3",
             "--replays",
             str(TRIES),
+            "--phases",
+            "flood,replay",  # the poison phase: test_hostile_poison_torchrun.py
             "--out",
             str(tmp_path / "job"),
         ],
