@@ -48,7 +48,9 @@ needs a loopback stand-in. Groups must complete after this phase too.
 **poison** (``lab.orchestrate.poison_phase``): an insider among the workers. Worker
 ``--poisoner`` (default 0) runs ``lab.orchestrate.poisoner``: the normal worker whose reduce
 engine adds a tamper orthogonal to the run's public check vector, ``--poison-scale`` a element
-(default 1e4, about 16 times the synthetic model's norm), to every partial sum and result it
+(default 1e4 for a lab, about 16 times the synthetic model's norm; 0.5 for a torchrun job, of
+the order of the MLP's weights, where 1e4 would swamp them in float32 and the public check
+would catch the rounding first), to every partial sum and result it
 carries for a group it is not a member of. It must be in place from the start, so the phase is a
 lab run of its own after the others, in ``OUT-poison`` beside the run's folder: the synthetic
 workload, the secret check (``crew.control.secretcheck``), groups of ``min(p, n - 1)`` so that
@@ -148,15 +150,15 @@ class HostileOptions:
     steps: int = JOB_STEPS  # a torchrun job's steps at most
     phases: tuple[str, ...] = PHASES
     poisoner: int = poison_phase.DEFAULT_WORKER
-    poison_scale: float = poison_phase.DEFAULT_SCALE
+    poison_scale: float = 0.0  # 0: the target's (poison_phase.DEFAULT_SCALE, JOB_SCALE)
     poison_duration_s: float = 60.0
 
     def __post_init__(self) -> None:
         unknown = [ph for ph in self.phases if ph not in PHASES]
         if unknown or not self.phases:
             raise ValueError(f"phases {list(self.phases)}: choose among {', '.join(PHASES)}")
-        if self.poisoner < 0 or not self.poison_scale > 0 or not self.poison_duration_s > 0:
-            raise ValueError("--poisoner must be >= 0, --poison-scale and --poison-duration > 0")
+        if self.poisoner < 0 or not self.poison_scale >= 0 or not self.poison_duration_s > 0:
+            raise ValueError("--poisoner and --poison-scale must be >= 0, --poison-duration > 0")
         for name in ("connections", "replays", "steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
@@ -485,7 +487,7 @@ def _poison(opts: HostileOptions, run_dir: Path) -> dict[str, Any]:
             check(topo),
             run_dir.with_name(f"{run_dir.name}-poison"),
             worker=opts.poisoner,
-            scale=opts.poison_scale,
+            scale=opts.poison_scale or poison_phase.JOB_SCALE,
             duration_s=opts.poison_duration_s,
             start_wait_s=opts.start_wait_s,
             steps=opts.steps,
@@ -495,7 +497,7 @@ def _poison(opts: HostileOptions, run_dir: Path) -> dict[str, Any]:
         check(topo),
         run_dir.with_name(f"{run_dir.name}-poison"),
         worker=opts.poisoner,
-        scale=opts.poison_scale,
+        scale=opts.poison_scale or poison_phase.DEFAULT_SCALE,
         duration_s=opts.poison_duration_s,
         start_wait_s=opts.start_wait_s,
         seed=opts.seed,
@@ -717,7 +719,13 @@ def build_parser() -> argparse.ArgumentParser:
         ("--recover", "recover_s", float, "seconds allowed for groups to complete after a phase"),
         ("--replays", "replays", int, "tries of each replay or impersonation per target"),
         ("--poisoner", "poisoner", int, "the worker that runs lab.orchestrate.poisoner"),
-        ("--poison-scale", "poison_scale", float, "the poisoner's tamper per element"),
+        (
+            "--poison-scale",
+            "poison_scale",
+            float,
+            f"the poisoner's tamper per element, 0 for the target's: {poison_phase.DEFAULT_SCALE:g}"
+            f" for a lab, {poison_phase.JOB_SCALE:g} for a torchrun job",
+        ),
         ("--poison-duration", "poison_duration_s", float, "seconds of poisoning after a 1st group"),
     ):
         default = getattr(d, name)

@@ -62,6 +62,10 @@ SECRET_FAILED = "secret check failed"  # crew.control.secretcheck's abandon reas
 WRONG_AVERAGE = "the group's average is wrong"  # crew.train.synthetic's ERROR line
 WINDOW_S = 10.0  # pace: groups completed per this many seconds
 POLL_S = 0.5
+JOB_SCALE = 0.5
+"""The tamper per element against a torchrun job's MLP: of the order of its weights, so the
+float32 sums it is added to keep their precision and the public check passes it; 1e4 would
+leave a rounding error the public check catches before the secret check is asked."""
 JOB_HIDDEN = 16384
 """The torchrun job's MLP width in the phase: 1.2 M parameters (4.7 MB), as large as the lab's
 synthetic vector, so that plans route data through workers outside the group; the example's
@@ -353,7 +357,7 @@ def run_poison_job(
     job_dir: Path,
     *,
     worker: int = DEFAULT_WORKER,
-    scale: float = DEFAULT_SCALE,
+    scale: float = JOB_SCALE,
     duration_s: float = 60.0,
     start_wait_s: float = 300.0,
     steps: int = 1_000_000,
