@@ -161,8 +161,7 @@ def audit(
     """
     db = resolve_db(path)
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir is not None else db.parent / "checkpoints"
-    conn = rundb.connect(db, readonly=True)
-    try:
+    with rundb.reading(db) as conn:
         groups = _read_groups(conn)
         workers = [int(r[0]) for r in conn.execute("SELECT id FROM workers ORDER BY id")]
         iterations = [
@@ -172,8 +171,6 @@ def audit(
         crashes = _read_crashes(conn)
         run_end = _run_end(conn)
         pace = _read_pace(conn, run_end)
-    finally:
-        conn.close()
     workers = sorted(set(workers) | {w for _, w, _ in iterations})
     held = {w: _checkpoint_iteration(ckpt_dir / f"w{w}.pt") for w in workers}
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TextIO
 
 from crew.cli_options import command_parser
-from crew.runtime.rundb import connect
+from crew.runtime.rundb import connect, reading
 
 
 class ExportError(Exception):
@@ -89,13 +89,10 @@ def write_table(conn: sqlite3.Connection, name: str, fh: TextIO) -> int:
 def table_csv(db: Path, name: str) -> str:
     """Table ``name`` of the run database at ``db`` as CSV text, from a connection of its own
     (the dashboard's download buttons call this on a thread of their own)."""
-    conn = connect(db, readonly=True)
-    try:
+    with reading(db) as conn:
         buf = io.StringIO()
         write_table(conn, name, buf)
         return buf.getvalue()
-    finally:
-        conn.close()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -372,14 +372,11 @@ def _sum(counters: Iterable[dict[str, int]]) -> dict[str, int]:
 
 def completed(db_path: Path, since: float = 0.0) -> list[tuple[float, list[int]]]:
     """(end time, members) of the groups completed after ``since``, read-only."""
-    conn = rundb.connect(db_path, readonly=True)
-    try:
+    with rundb.reading(db_path) as conn:
         rows = conn.execute(
             "SELECT ended_at, members FROM groups WHERE status=? AND ended_at > ?",
             (GroupStatus.COMPLETED.value, since),
         ).fetchall()
-    finally:
-        conn.close()
     return [(float(r["ended_at"]), json.loads(r["members"])) for r in rows]
 
 

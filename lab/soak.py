@@ -369,8 +369,7 @@ class Sampler:
 
 def analyse_db(db_path: Path, report: SoakReport, opts: SoakOptions) -> None:
     """Groups, faults, recovery latencies and liveness, from the run database alone."""
-    conn = rundb.connect(db_path, readonly=True)
-    try:
+    with rundb.reading(db_path) as conn:
         rates = {
             (r["src"], r["dst"]): float(r["rate_mbit"])
             for r in conn.execute("SELECT src, dst, rate_mbit FROM links")
@@ -389,8 +388,6 @@ def analyse_db(db_path: Path, report: SoakReport, opts: SoakOptions) -> None:
         started = float(conn.execute("SELECT value FROM meta WHERE key='started_at'").fetchone()[0])
         end = float(run_end[0]) if run_end else time.time()
         report.pace = read_pace(conn, started, end).describe()
-    finally:
-        conn.close()
     ends = [(float(g["ended_at"]), float(g["formed_at"])) for g in groups]
     _liveness(report, [e for e, _ in ends], started, end, opts)
     next_done, first_new = [], []

@@ -91,13 +91,11 @@ class ProbeResult:
 
 def probe_result(db: Path, topo: TopologySpec) -> ProbeResult:
     """The start-up probe's record in ``db`` against ``topo``'s emulated capacities."""
-    conn = rundb.connect(db, readonly=True)
     try:
-        row = conn.execute("SELECT message, data FROM events WHERE kind = 'probe'").fetchone()
+        with rundb.reading(db) as conn:
+            row = conn.execute("SELECT message, data FROM events WHERE kind = 'probe'").fetchone()
     except sqlite3.Error as exc:
         raise RuntimeError(f"{db}: no probe record: {exc}") from exc
-    finally:
-        conn.close()
     if row is None:
         raise RuntimeError(f"{db}: no probe record")
     data = json.loads(row["data"])

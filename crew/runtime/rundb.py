@@ -54,7 +54,8 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -292,6 +293,16 @@ def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
         _add_missing_columns(conn)
     conn.row_factory = sqlite3.Row
     return conn
+
+
+@contextmanager
+def reading(path: str | Path) -> Iterator[sqlite3.Connection]:
+    """A read-only connection to the run database (:func:`connect`), closed on leaving."""
+    conn = connect(path, readonly=True)
+    try:
+        yield conn
+    finally:
+        conn.close()
 
 
 # Columns added since a table was first shipped: a database written before gains them when a

@@ -21,7 +21,7 @@ from crew.control.verify import CHECK_TOLERANCE
 from crew.plan import planner
 from crew.plan.routes import Route, link_load
 from crew.runtime.planahead import read_costs
-from crew.runtime.rundb import GroupStatus, connect
+from crew.runtime.rundb import GroupStatus, reading
 from lab.bench.procs import (
     POLL_S,
     STARTUP_NUMPY_S,
@@ -159,8 +159,7 @@ def op_results(
     warmup, ``--warmup``) are not ops and are left out.
     """
     n = bw.shape[0]
-    conn = connect(db_path, readonly=True)
-    try:
+    with reading(db_path) as conn:
         rows = conn.execute(
             "SELECT id, status, started_at, ended_at, bound_s, predicted_s, verify_err,"
             " revisions, plan FROM groups WHERE id > ? ORDER BY started_at, id",
@@ -215,8 +214,6 @@ def op_results(
             plan_ms_median=percentile([m for m in plan_ms if m is not None], 50),
             planned_ahead=sum(1 for c in op_costs if c is not None and c[0].made_ahead),
         )
-    finally:
-        conn.close()
 
 
 def ops_options(spec: BenchSpec, label: str, replay: list[list[int]], warm: int) -> RunOptions:

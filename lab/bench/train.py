@@ -14,7 +14,7 @@ from typing import Any
 from rich.progress import Progress
 
 from crew.config import Scheme
-from crew.runtime.rundb import GroupStatus, connect, latest_utilisation
+from crew.runtime.rundb import GroupStatus, latest_utilisation, reading
 from lab.bench.procs import (
     POLL_S,
     STARTUP_TORCH_S,
@@ -76,8 +76,7 @@ def train_results(
     ``target_loss``, the lm's: the mean of their latest held-out losses is <= it; evaluation
     rows carry the held-out loss for lm, see ``crew.runtime.worker``).
     """
-    conn = connect(db_path, readonly=True)
-    try:
+    with reading(db_path) as conn:
         its = conn.execute("SELECT t, worker, accuracy, loss FROM iterations ORDER BY t").fetchall()
         if not its:
             return TrainResult(target_accuracy=target, error="no worker reported an iteration")
@@ -154,8 +153,6 @@ def train_results(
             compute_utilisation=sum(shares) / len(shares) if shares else None,
             curve=curve,
         )
-    finally:
-        conn.close()
 
 
 def run_training(

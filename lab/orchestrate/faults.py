@@ -46,11 +46,8 @@ class FaultInjector:
         self.flows: dict[tuple[int, int], tuple[subprocess.Popen[bytes], ...]] = {}
 
     def _limits(self) -> cmds.LabLimits:
-        conn = rundb.connect(self.lab.db_path, readonly=True)
-        try:
+        with rundb.reading(self.lab.db_path) as conn:
             return cmds.load_limits(conn)
-        finally:
-            conn.close()
 
     def apply_pending(self) -> int:
         """Apply every pending command in order; return how many were handled."""

@@ -118,13 +118,11 @@ def job_config(db_path: Path) -> RunConfig:
     :class:`TargetError` if the database or the record is not there yet, or is malformed."""
     if not db_path.is_file():
         raise TargetError(f"{db_path}: no run database yet")
-    conn = rundb.connect(db_path, readonly=True)
     try:
-        row = conn.execute("SELECT value FROM meta WHERE key = 'config'").fetchone()
+        with rundb.reading(db_path) as conn:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'config'").fetchone()
     except sqlite3.Error as exc:
         raise TargetError(f"{db_path}: {exc}") from exc
-    finally:
-        conn.close()
     if row is None:
         raise TargetError(f"{db_path}: the job has not recorded its config yet")
     try:

@@ -249,13 +249,10 @@ def poison_group_size(n: int) -> int:
 
 
 def read_groups(db_path: Path) -> list[GroupRecord]:
-    conn = rundb.connect(db_path, readonly=True)
-    try:
+    with rundb.reading(db_path) as conn:
         rows = conn.execute(
             "SELECT id, members, status, reason, plan, ended_at FROM groups ORDER BY id"
         ).fetchall()
-    finally:
-        conn.close()
     return [
         GroupRecord(
             int(r["id"]),
@@ -270,13 +267,10 @@ def read_groups(db_path: Path) -> list[GroupRecord]:
 
 
 def _ended(db_path: Path) -> bool:
-    conn = rundb.connect(db_path, readonly=True)
-    try:
+    with rundb.reading(db_path) as conn:
         row = conn.execute(
             "SELECT COUNT(*) FROM groups WHERE status != ?", (GroupStatus.OPEN.value,)
         ).fetchone()
-    finally:
-        conn.close()
     return int(row[0]) > 0
 
 

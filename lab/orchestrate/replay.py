@@ -251,16 +251,13 @@ def admin_from_worker(target: Target, keys: Keys, tries: int, new_p: int) -> int
 
 def admin_refused_in_db(db_path: Path, since: float) -> tuple[str | None, int]:
     """(the run's p now, the security events since ``since`` saying an Admin was refused)."""
-    conn = rundb.connect(db_path, readonly=True)
-    try:
+    with rundb.reading(db_path) as conn:
         row = conn.execute("SELECT value FROM meta WHERE key='p'").fetchone()
         refused = conn.execute(
             "SELECT COUNT(*) FROM events WHERE kind='security' AND t >= ?"
             " AND message LIKE 'Admin %refused%'",
             (since,),
         ).fetchone()[0]
-    finally:
-        conn.close()
     return (None if row is None else str(row[0])), int(refused)
 
 

@@ -39,10 +39,9 @@ def utilisation_summary(shares: Mapping[int, UtilisationRow]) -> dict[str, Any]:
 
 def summarize(db_path: Path) -> dict[str, Any]:
     """The run's headline figures, from its database alone."""
-    from crew.runtime.rundb import connect
+    from crew.runtime.rundb import reading
 
-    conn = connect(db_path, readonly=True)
-    try:
+    with reading(db_path) as conn:
         meta = {r["key"]: r["value"] for r in conn.execute("SELECT key, value FROM meta")}
         n = int(meta.get("n", "0"))
         groups = conn.execute(
@@ -132,5 +131,3 @@ def summarize(db_path: Path) -> dict[str, Any]:
             "link_bytes": link_bytes,
             "db": str(db_path),
         }
-    finally:
-        conn.close()

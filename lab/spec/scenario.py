@@ -582,11 +582,8 @@ class ScenarioPlayer:
         self.start_time = start_time
         if not self.db_path.is_file():
             raise FileNotFoundError(f"no run database at {self.db_path}")
-        conn = rundb.connect(self.db_path, readonly=True)
-        try:
+        with rundb.reading(self.db_path) as conn:
             limits = cmds.load_limits(conn)
-        finally:
-            conn.close()
         r = _Reader(scenario.source)
         if limits.n != scenario.n:
             raise r.fail(_DOC, f"loaded for n={scenario.n}, but this run has {limits.n} workers")

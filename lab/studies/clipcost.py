@@ -60,13 +60,10 @@ class ArmFigures:
 
 def figures(arm: str, db_path: Path, poisoner: int | None, target: float) -> ArmFigures:
     """An arm's figures from its run database; the clock starts at the first iteration."""
-    conn = rundb.connect(db_path, readonly=True)
-    try:
+    with rundb.reading(db_path) as conn:
         groups = conn.execute("SELECT status, formed_at, ended_at FROM groups").fetchall()
         its = conn.execute("SELECT t, worker, iteration, accuracy FROM iterations ORDER BY t")
         its = its.fetchall()
-    finally:
-        conn.close()
     done = [g for g in groups if g["status"] == GroupStatus.COMPLETED.value]
     abandoned = sum(1 for g in groups if g["status"] == GroupStatus.ABANDONED.value)
     times = [g["ended_at"] - g["formed_at"] for g in done if g["ended_at"] is not None]

@@ -58,8 +58,7 @@ class Source:
 
 def read_source(path: Path) -> Source:
     """Every growing table's rows from a finished run, and the span they cover."""
-    conn = rundb.connect(path, readonly=True)
-    try:
+    with rundb.reading(path) as conn:
         t0, t1 = conn.execute("SELECT MIN(t), MAX(t) FROM link_samples").fetchone()
         if t0 is None or t1 - t0 < CHUNK_S:
             raise SystemExit(f"error: {path} holds under a minute of link samples to replay")
@@ -72,8 +71,6 @@ def read_source(path: Path) -> Source:
                 [tuple(r) for r in cur.fetchall()],
             )
         max_group = conn.execute("SELECT COALESCE(MAX(id), 0) FROM groups").fetchone()[0]
-    finally:
-        conn.close()
     return Source(float(t0), float(t1 - t0) + 1.0, int(max_group), rows, static)
 
 
