@@ -478,28 +478,21 @@ def _poison(opts: HostileOptions, run_dir: Path) -> dict[str, Any]:
     """The poison phase: a lab run, or a torchrun job, of its own beside the attacked run's
     folder."""
     topo = load_topology(opts.topology)
+    common = {
+        "worker": opts.poisoner,
+        "duration_s": opts.poison_duration_s,
+        "start_wait_s": opts.start_wait_s,
+    }
+    where = run_dir.with_name(f"{run_dir.name}-poison")
     if opts.target is TargetKind.TORCHRUN:
-        return poison_phase.run_poison_job(
-            topo,
-            check(topo),
-            run_dir.with_name(f"{run_dir.name}-poison"),
-            worker=opts.poisoner,
-            scale=opts.poison_scale or poison_phase.JOB_SCALE,
-            duration_s=opts.poison_duration_s,
-            start_wait_s=opts.start_wait_s,
-            steps=opts.steps,
-        ).to_dict()
-    report = poison_phase.run_poison(
-        topo,
-        check(topo),
-        run_dir.with_name(f"{run_dir.name}-poison"),
-        worker=opts.poisoner,
-        scale=opts.poison_scale or poison_phase.DEFAULT_SCALE,
-        duration_s=opts.poison_duration_s,
-        start_wait_s=opts.start_wait_s,
-        seed=opts.seed,
-    )
-    return report.to_dict()
+        scale = opts.poison_scale or poison_phase.JOB_SCALE
+        job = poison_phase.run_poison_job(
+            topo, check(topo), where, scale=scale, steps=opts.steps, **common
+        )
+        return job.to_dict()
+    scale = opts.poison_scale or poison_phase.DEFAULT_SCALE
+    lab = poison_phase.run_poison(topo, check(topo), where, scale=scale, seed=opts.seed, **common)
+    return lab.to_dict()
 
 
 def _attack(victim: Victim, opts: HostileOptions, report: HostileReport) -> None:

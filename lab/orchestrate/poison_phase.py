@@ -41,7 +41,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -299,12 +299,9 @@ def run_poison(
     extra_options: Mapping[str, Any] | None = None,
 ) -> PoisonReport:
     """The phase on its own lab run in ``run_dir``; its counts, or what failed."""
-    if not 0 <= worker < topo.n:
-        raise ValueError(f"poisoner {worker}: the topology has workers 0..{topo.n - 1}")
-    p = poison_group_size(topo.n)
-    report = PoisonReport(str(run_dir), worker, scale, p, duration_s)
+    report = _new_report(topo, run_dir, worker, scale, duration_s)
     ropts = RunOptions(
-        p=p,
+        p=report.p,
         workload="synthetic",
         check="secret",
         seed=seed,
@@ -315,21 +312,34 @@ def run_poison(
     lab = LabRun(
         topo, caps, ropts, run_dir, worker_modules={worker: (POISONER, "--scale", f"{scale:g}")}
     )
+    return _observe(report, lab, lab.db_path, run_dir / "logs", topo.n, start_wait_s)
+
+
+def _new_report(
+    topo: TopologySpec, run_dir: Path, worker: int, scale: float, duration_s: float
+) -> PoisonReport:
+    if not 0 <= worker < topo.n:
+        raise ValueError(f"poisoner {worker}: the topology has workers 0..{topo.n - 1}")
+    return PoisonReport(str(run_dir), worker, scale, poison_group_size(topo.n), duration_s)
+
+
+def _observe(
+    report: PoisonReport, run: Any, db_path: Path, log_dir: Path, n: int, start_wait_s: float
+) -> PoisonReport:
+    """Start ``run`` (a ``LabRun`` or a torchrun ``JobVictim``: a context manager with
+    ``poll()`` and ``crashed``), keep it for the phase's window, stop it, and count from the
+    database and the workers' logs ``log_dir/w<i>.log`` it left."""
     window = (0.0, 0.0)
     try:
-        with lab:
-            window = _watch(lab.poll, lab.db_path, duration_s, start_wait_s)
-            report.crashed = dict(lab.crashed)
+        with run:
+            window = _watch(run.poll, db_path, report.duration_s, start_wait_s)
+            report.crashed = dict(run.crashed)
     except Exception as exc:  # reported with what the run left
         report.error = f"{type(exc).__name__}: {exc}"
-    logs = run_dir / "logs"
-    texts = {
-        i: (logs / f"w{i}.log").read_text(errors="replace")
-        for i in range(topo.n)
-        if (logs / f"w{i}.log").exists()
-    }
-    if lab.db_path.exists():
-        report.count(read_groups(lab.db_path), texts.get(worker, ""), texts.values(), window)
+    logs = {i: log_dir / f"w{i}.log" for i in range(n)}
+    texts = {i: f.read_text(errors="replace") for i, f in logs.items() if f.exists()}
+    if db_path.exists():
+        report.count(read_groups(db_path), texts.get(report.worker, ""), texts.values(), window)
     return report
 
 
@@ -361,32 +371,18 @@ def run_poison_job(
     (``python -m lab.orchestrate.poisoner --script``); its counts, or what failed."""
     from lab.orchestrate.hostile_target import JobVictim  # it imports the lab's runner too
 
-    if not 0 <= worker < topo.n:
-        raise ValueError(f"poisoner {worker}: the topology has workers 0..{topo.n - 1}")
-    p = poison_group_size(topo.n)
-    report = PoisonReport(str(job_dir), worker, scale, p, duration_s, exact_check=False)
+    report = replace(_new_report(topo, job_dir, worker, scale, duration_s), exact_check=False)
     wrapper = (POISONER, "--scale", f"{scale:g}", "--script")
     job = JobVictim(
         topo,
         caps,
         job_dir,
-        group_size=p,
+        group_size=report.p,
         steps=steps,
         wrappers={worker: wrapper},
         script_args=("--hidden", str(JOB_HIDDEN)),
     )
-    window = (0.0, 0.0)
-    try:
-        with job:
-            window = _watch(job.poll, job.db_path, duration_s, start_wait_s)
-            report.crashed = dict(job.crashed)
-    except Exception as exc:  # reported with what the job left
-        report.error = f"{type(exc).__name__}: {exc}"
-    logs = {i: job_dir / f"w{i}.log" for i in range(topo.n)}
-    texts = {i: f.read_text(errors="replace") for i, f in logs.items() if f.exists()}
-    if job.db_path.exists():
-        report.count(read_groups(job.db_path), texts.get(worker, ""), texts.values(), window)
-    return report
+    return _observe(report, job, job.db_path, job_dir, topo.n, start_wait_s)
 
 
 def print_poison(poison: dict[str, Any], console: Console) -> None:
