@@ -6,13 +6,14 @@ peer every :func:`probe_interval` (``PROBE_INTERVAL_S`` while the worker's budge
 data (to the peer's identity address, the data port, UDP). The *receiver* decides: a link ``src
 -> me`` is dead once nothing from ``src`` arrived for :func:`dead_after` (``DEAD_AFTER_S``, or
 ``DEAD_AFTER_INTERVALS`` intervals where the budget stretches them), alive again at the next
-probe. Data frames from ``src`` (:meth:`Prober.heard`) count as hearing from it too, so a busy
-link stays alive whether or not its probes keep up. A peer never heard from since the watch
-started gets ``START_GRACE_S`` at least (workers start seconds apart on a busy host). A one-way
-cut therefore shows as one dead direction; the coordinator takes both directions of a TCP link
-out of plans (its ACKs need the other one). Probes decide dead against alive; data progress
-(``crew.wire.transport``'s stall timeout, the groups' progress reports) decides slow against
-fast.
+probe. Where the budget stretches the interval, data frames from ``src`` (:meth:`Prober.heard`)
+count as hearing from it too, so a busy link stays alive whether or not its probes keep up (at
+the unstretched interval they do not: a cut is then timed from the last probe, as before). A
+peer never heard from since the watch started gets ``START_GRACE_S`` at least (workers start
+seconds apart on a busy host). A one-way cut therefore shows as one dead direction; the
+coordinator takes both directions of a TCP link out of plans (its ACKs need the other one).
+Probes decide dead against alive; data progress (``crew.wire.transport``'s stall timeout, the
+groups' progress reports) decides slow against fast.
 
 Cost model: a probe is ``PROBE_WIRE_BYTES`` on the wire (frame header and tag, UDP, IP and
 Ethernet headers). At ``1 / PROBE_INTERVAL_S`` probes a second that is
@@ -23,8 +24,10 @@ probes a second (an encode or a decode with its MAC each, some 20-40 us), whatev
 the whole lab's probe work grows as n, not n^2: with the budget binding from n = 12 on, n = 32
 sends 1,280 probes a second instead of 3,968. The receiver expires links on a fixed cadence
 (``EXPIRE_EVERY_S``), not on every wake, so a wake costs its datagrams and nothing per peer.
-Detection: a cut is declared between ``dead_after`` and ``dead_after + interval`` after it
-(plus up to ``EXPIRE_EVERY_S``): 1.6-1.95 s up to n = 11, 4.96-5.8 s at n = 32; a probe may sit
+Detection: a cut is declared ``dead_after`` after the last probe (or, stretched, data frame)
+that crossed it, so ``dead_after - interval`` to ``dead_after`` after the cut, plus up to
+``EXPIRE_EVERY_S`` and the receiver's wake: about 1.35-1.65 s up to n = 11, 4.2-5.0 s at
+n = 32 (``docs/results.md`` has the measured figures); a probe may sit
 behind a full HTB queue (at most ~50 ms plus the configured delay, ``lab.net.shaping``) or be
 tail-dropped, so ``dead_after`` spans several probes.
 
@@ -57,7 +60,7 @@ DEAD_AFTER_S = 1.6  # > 6 probe intervals without a probe: the link is dead
 PROBES_PER_S_MAX = 40.0  # per worker, to all its peers together: binds from 11 peers on
 DEAD_AFTER_INTERVALS = DEAD_AFTER_S / PROBE_INTERVAL_S  # 6.4: dead_after in intervals
 START_GRACE_S = 15.0  # a peer never heard from: its prober may start this much later
-EXPIRE_EVERY_S = 0.1  # the receiver's cadence of expiring silent links
+EXPIRE_EVERY_S = 0.02  # the receiver's cadence of expiring silent links
 UDP_IP_ETH_BYTES = 8 + 20 + 14
 PROBE_WIRE_BYTES = HEADER_SIZE + TAG_SIZE + UDP_IP_ETH_BYTES  # 114
 _RECV_POLL_S = 0.1
@@ -230,8 +233,10 @@ class Prober:
     def heard(self, src: int) -> None:
         """A data frame from ``src`` arrived (called from the transport's reader threads): the
         link ``src -> me`` is alive. Lock-free: a dict store; at worst a racing expiry reads
-        the previous time, as it would have a moment earlier."""
-        self.watch.heard(src, time.time())
+        the previous time, as it would have a moment earlier. Only where the budget stretches
+        the interval (module docstring)."""
+        if self.interval > PROBE_INTERVAL_S:
+            self.watch.heard(src, time.time())
 
     def close(self) -> None:
         self._stop.set()
