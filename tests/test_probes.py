@@ -14,11 +14,14 @@ from crew.wire.probes import (
     DEAD_AFTER_S,
     PROBE_INTERVAL_S,
     PROBE_WIRE_BYTES,
+    PROBES_PER_S_MAX,
     LinkStateChange,
     LinkWatch,
     Prober,
     ProbeRefused,
+    dead_after,
     probe_frame,
+    probe_interval,
 )
 
 RUN = 7
@@ -39,6 +42,35 @@ def test_silence_kills_a_link_and_the_next_probe_revives_it() -> None:
     assert w.down() == [2] and w.expire(100.0 + DEAD_AFTER_S + 0.1) == []
     (alive,) = w.observe(probe_frame(2, 1, RUN, 105.0), 105.0)
     assert alive.alive and alive.src == 2 and w.down() == []
+
+
+def test_the_probe_budget_holds_at_any_n_and_keeps_six_intervals_of_silence() -> None:
+    for peers in (1, 7, 10):  # up to 11 workers the budget does not bind
+        assert probe_interval(peers) == PROBE_INTERVAL_S and dead_after(peers) == DEAD_AFTER_S
+    for peers in (7, 19, 31, 59):
+        assert peers / probe_interval(peers) <= PROBES_PER_S_MAX + 1e-9
+        assert dead_after(peers) >= 6 * probe_interval(peers)
+    assert probe_interval(31) > probe_interval(19) > PROBE_INTERVAL_S
+
+
+def test_data_from_a_peer_keeps_its_link_alive_without_probes() -> None:
+    w = LinkWatch(1, [0, 2], start=0.0, dead_after=1.0)
+    for t in (0.5, 1.2, 1.9, 2.6):  # data frames from 0 only; no probe from anyone
+        w.heard(0, t)
+    assert [c.src for c in w.expire(3.0)] == [2]
+    assert w.down() == [2]
+    w.heard(2, 3.5)  # data cannot revive a dead link (a probe does, and reports it)
+    assert w.down() == [2] and w.expire(3.59) == []  # 0 was heard 0.99 s ago
+    assert [c.src for c in w.expire(3.61)] == [0]
+
+
+def test_a_peer_never_heard_from_is_given_the_start_grace() -> None:
+    w = LinkWatch(1, [0, 2], start=0.0, dead_after=1.0, first_grace=5.0)
+    w.observe(probe_frame(0, 1, RUN, 0.5), 0.5)
+    assert [c.src for c in w.expire(1.6)] == [0]  # heard once: the usual dead_after
+    assert w.expire(4.9) == []  # 2 not heard yet: it may still be starting
+    (late,) = w.expire(5.0)
+    assert late.src == 2 and not late.alive
 
 
 def test_replayed_reflected_and_foreign_probes_are_refused() -> None:

@@ -23,7 +23,8 @@ Events in, decisions out:
 Suspects (staggered cuts): a worker whose links to ``SUSPECT_PEERS`` different peers failed
 within ``SUSPECT_S`` is *suspect* until ``SUSPECT_S`` after the last of them. Cuts often come in
 bursts at one worker (its uplink, its host), and the probes find each within about
-``crew.wire.probes.DEAD_AFTER_S``, one after another, so its other links may be cut already
+``crew.wire.probes.dead_after(n - 1)`` (``DEAD_AFTER_S`` up to n = 11, longer where the probe
+budget stretches the interval), one after another, so its other links may be cut already
 without anyone knowing. One failed link names no culprit: both ends stay in use. A link to a
 lost worker counts against neither end: all of a lost worker's links fail, and name no live
 culprit. The group life cycle sets a suspect aside once, when it becomes suspect, in every open

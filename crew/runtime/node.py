@@ -62,7 +62,7 @@ from crew.train.compress import Codec, error_norm
 from crew.train.partcodec import PartCodec
 from crew.wire import protocol as proto
 from crew.wire.frames import Frame, FrameCodec, FrameError, FrameKind, control_body, control_frame
-from crew.wire.probes import LinkStateChange, Prober
+from crew.wire.probes import START_GRACE_S, LinkStateChange, Prober
 from crew.wire.session import open_session
 from crew.wire.transport import FlowOrder, FrameStream, Transport
 
@@ -169,6 +169,15 @@ class Node:
             prescatter=cfg.nonblocking,
             clip=None if cfg.clip_rho is None else ClipRule(cfg.clip_rho),
         )
+        # Before the transport: its frames reach self.prober (on_frame).
+        self.prober = Prober(
+            me,
+            cfg.data_address(me),
+            {j: cfg.data_address(j) for j in range(cfg.n) if j != me},
+            self.codec,
+            self._link_changed,
+            first_grace=START_GRACE_S,
+        )
         if transport is None:
             transport = Transport(
                 me,
@@ -190,13 +199,6 @@ class Node:
         self.control: FrameStream | None = None
         self.rejected = 0
         self._threads: list[threading.Thread] = []
-        self.prober = Prober(
-            me,
-            cfg.data_address(me),
-            {j: cfg.data_address(j) for j in range(cfg.n) if j != me},
-            self.codec,
-            self._link_changed,
-        )
         self._received: dict[tuple[int, int], int] = {}  # (group, rev) -> data bytes in
         self._received_lock = threading.Lock()
 
@@ -204,7 +206,9 @@ class Node:
 
     def on_frame(self, frame: Frame) -> None:
         """The transport's frame handler: start-up probe bursts are only counted (by the
-        transport's arrival rates), everything else goes to the reduce engine."""
+        transport's arrival rates), everything else goes to the reduce engine. Any frame says
+        that its sender's link into this worker is alive (``Prober.heard``)."""
+        self.prober.heard(frame.sender)
         if frame.kind == FrameKind.PAYLOAD:
             return
         if frame.kind in GROUP_DATA:

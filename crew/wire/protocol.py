@@ -89,7 +89,10 @@ class Message:
     TYPE: ClassVar[str] = ""
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
+        """The message as a JSON object. Shallow: no field holds a dataclass, and the lists
+        are shared with the message (``dataclasses.asdict`` deep-copied every one of them, a
+        large share of a worker's control CPU at n = 32), so do not mutate them."""
+        out = {name: getattr(self, name) for name in _field_names(type(self))}
         out["type"] = self.TYPE
         return out
 
@@ -474,6 +477,33 @@ def _check(name: str, value: Any, hint: Any) -> Any:
     raise ProtocolError(f"{name}: unsupported field type {hint!r}")  # a bug in this module
 
 
+_Schema = tuple[dict[str, Any], tuple[str, ...], frozenset[str]]
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_SCHEMAS: dict[type, _Schema] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+def _schema(cls: type) -> _Schema:
+    """A message class's field annotations, field names and optional fields (computed once:
+    ``typing.get_type_hints`` re-evaluates every annotation at each call)."""
+    schema = _SCHEMAS.get(cls)
+    if schema is None:
+        hints = typing.get_type_hints(cls, include_extras=True)
+        optional = frozenset(
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        )
+        schema = _SCHEMAS[cls] = (hints, _field_names(cls), optional)
+    return schema
+
+
 def decode(obj: Any) -> Message:
     """Turn a decoded JSON object into a typed message, or raise ``ProtocolError``."""
     if not isinstance(obj, dict):
@@ -482,16 +512,10 @@ def decode(obj: Any) -> Message:
     cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise ProtocolError(f"type: unknown message type {kind!r}")
-    hints = typing.get_type_hints(cls, include_extras=True)
-    names = [f.name for f in dataclasses.fields(cls)]
+    hints, names, optional = _schema(cls)
     extra = sorted(set(obj) - set(names) - {"type"})
     if extra:
         raise ProtocolError(f"{kind}: unknown fields {extra}")
-    optional = {
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-    }
     values = {}
     for name in names:
         if name not in obj:
