@@ -71,11 +71,12 @@ __all__ = [
 ]
 
 DEFAULT_RHO = 0.1
-"""The radius relative to ``||x||`` of a part. Honest members training the lab's MLP (8
-workers, groups of 3 every step) differ from their group's mean by 0.13% of its norm per part
-at the median and 1.6% at most (``lab.studies.trainsim``, docs/results.md): 0.1, six times
-that, leaves them unclipped, so an honest group's result is its weighted mean, while a member
-offering ``100 v`` pulls each part by ``w tau = 0.1 w ||x||`` at most instead of ``99 w ||v||``."""
+"""The largest radius relative to ``||x||`` of a part (``--clip-radius``), and the radius until
+the coordinator has learned the members' spread (``crew.control.clipradius``). Honest members
+training the lab's MLP (8 workers, groups of 3 every step) differ from their group's mean by
+0.13% of its norm per part at the median and 1.6% at most (``lab.studies.trainsim``,
+docs/results.md): 0.1, six times that, never clips them, so the first groups of a run are their
+weighted means whatever the spread turns out to be."""
 
 FAR = 4.0
 """Start from the coordinate-wise median only when a member is this many radii from the
