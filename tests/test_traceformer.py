@@ -115,9 +115,9 @@ def test_liveness_is_the_group_formers() -> None:
         f.set_p(9)
 
 
-def test_a_restart_goes_on_after_the_recorded_groups() -> None:
+def test_a_restart_goes_on_after_the_recorded_groups_and_the_one_maybe_sent() -> None:
     f = offered(trace_former())
-    f.continue_ids_after(2)
+    f.continue_ids_after(1)  # group 2 may have been assigned unrecorded: it is not run again
     (g,) = f.form(1.0)
     assert g.id == 3 and g.members == (3, 0)
     f.continue_ids_after(99)  # more recorded than traced: nothing left

@@ -322,8 +322,15 @@ class GroupFormer:
     # ---- configuration ------------------------------------------------------------------
 
     def continue_ids_after(self, last_id: int) -> None:
-        """A restarted coordinator: new groups take ids after those already recorded."""
-        self._next_id = max(self._next_id, last_id + 1)
+        """A restarted coordinator: new groups take ids after those already recorded, and after
+        the ``n`` that may have been sent unrecorded.
+
+        The coordinator sends a batch's ``Assign`` messages before it writes their rows
+        (``crew.runtime.coordinator``), so a crash in between leaves workers holding ids the
+        database lacks. A worker ignores a group id it has already ended, so a reused id would
+        stall the new group until a re-plan. One batch opens at most ``n`` groups (their members
+        are disjoint), and every earlier batch was written before the next event."""
+        self._next_id = max(self._next_id, last_id + 1 + self._n)
 
     @property
     def n(self) -> int:

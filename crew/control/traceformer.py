@@ -69,8 +69,10 @@ class TraceFormer:
         return self.trace[self._next] if self._next < len(self.trace) else None
 
     def continue_ids_after(self, last_id: int) -> None:
-        """A restarted coordinator: the groups up to ``last_id`` ran; go on after them."""
-        self._next = max(self._next, min(int(last_id), len(self.trace)))
+        """A restarted coordinator: the groups up to ``last_id`` ran, and the next may have been
+        sent unrecorded (``GroupFormer.continue_ids_after``; one group is open at a time), so go
+        on after it: like the groups open at the crash, it is not run again."""
+        self._next = max(self._next, min(int(last_id) + 1, len(self.trace)))
 
     # -- groups ----------------------------------------------------------------------------
 

@@ -489,7 +489,12 @@ def _check_scenario_after(case: Case, db: Path, sc: Scenario, extra: dict) -> No
             after = completed_groups(db, k["applied_at"])
             assert after, "no group completed after the coordinator was killed"
             back = min(g["ended_at"] for g in after) - k["applied_at"]
-            assert back <= COORDINATOR_BACK_S, f"groups completed again only {back:.1f} s later"
+            assert back <= COORDINATOR_BACK_S, "\n".join(
+                [
+                    f"groups completed again only {back:.1f} s later",
+                    *_recovery_report(db, case.file),
+                ]
+            )
         restarted = rows(db, "SELECT t FROM events WHERE message LIKE 'coordinator restarted by%'")
         assert len(restarted) == 2
     elif case.file == "random-link-failures":
