@@ -91,6 +91,21 @@ def test_per_hop_queue_delays_every_hop_of_a_store_and_forward_op() -> None:
     assert np.allclose(got, [(1.0, 5.1), (6.1, 10.2)], atol=1e-9), got
 
 
+def test_control_latency_ends_each_group_that_much_later() -> None:
+    # The two-worker preduce case (4 s per op at 1 MB/s) with 0.3 s of control messages per
+    # revision: the first group ends at 5.3, the next one readies at 6.3 and ends at 10.6.
+    ex = ExecutorModel(control_s=0.3)
+    res = _run(uniform(2), scheme="preduce", p=2, size_bytes=4 * MB, duration_s=12.0, executor=ex)
+    got = [(a, b) for _, a, b in res.group_times[:2]]
+    assert np.allclose(got, [(1.0, 5.3), (6.3, 10.6)], atol=1e-9), got
+    assert "control 300 ms per revision" in ex.describe()
+    with pytest.raises(NetworkError, match="control_s"):
+        ExecutorModel(control_s=float("inf"))
+    with pytest.raises(SystemExit) as refused:
+        sim_main(["--n", "4", "--control-ms", "-1"])
+    assert refused.value.code == 2
+
+
 def test_measured_plan_delay_starts_the_routes_after_the_plan() -> None:
     # A planner clock that advances 0.25 s per reading (a plan reads it twice): every plan
     # takes 0.25 s, so with PlanDelay.MEASURED the two-worker preduce case ends 0.25 s later.

@@ -124,7 +124,11 @@ def test_the_hop_queue_can_be_set_and_a_bad_one_is_refused(capsys) -> None:
     with pytest.raises(SystemExit) as refused:
         simcompare_main(["x.json", "--topology", "t.yaml", "--hop-queue-ms", "-5"])
     assert refused.value.code == 2
-    assert "--hop-queue-ms must be >= 0, got -5" in capsys.readouterr().err
+    assert "--hop-queue-ms must be finite and >= 0, got -5" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        simcompare_main(["--train", "RUN", "--control-ms", "nan"])
+    assert refused.value.code == 2
+    assert "--control-ms must be finite and >= 0, got nan" in capsys.readouterr().err
 
 
 def test_train_compare_reads_the_step_time_from_worker_states(tmp_path: Path) -> None:

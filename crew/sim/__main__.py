@@ -131,6 +131,14 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         metavar="MS",
         help="standing queue per hop in ms (the lab's shaped links: 50; default 0)",
     )
+    parser.add_argument(
+        "--control-ms",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="control-plane latency per group revision beyond its plan, in ms (Assign, have-all,"
+        " Commit; lab.studies.grouptime measures it from a frame trace; default 0)",
+    )
 
 
 def add_private_links_flag(parser: argparse.ArgumentParser) -> None:
@@ -145,6 +153,10 @@ def add_private_links_flag(parser: argparse.ArgumentParser) -> None:
 
 def check_run_options(parser: argparse.ArgumentParser, args: argparse.Namespace, n: int) -> None:
     """Refuse, through ``parser.error``, what a simulated run of n workers cannot take."""
+    for flag in ("hop_queue_ms", "control_ms"):
+        value = getattr(args, flag)
+        if not 0 <= value < float("inf"):
+            parser.error(f"--{flag.replace('_', '-')}: must be finite and >= 0, got {value}")
     if not 1 <= args.p <= n:
         parser.error(f"{config_flag('p')}: must be between 1 and {n}, got {args.p}")
     if args.scheme not in GROUP_SCHEMES:
@@ -157,7 +169,10 @@ def check_run_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
 def executor_from(args: argparse.Namespace) -> ExecutorModel:
     host = config_values(args, ("host_cpu_s_per_gb",))
     return ExecutorModel(
-        args.hop_queue_ms / 1e3, host["host_cpu_s_per_gb"] / 1e9, host["host_cores"]
+        args.hop_queue_ms / 1e3,
+        host["host_cpu_s_per_gb"] / 1e9,
+        host["host_cores"],
+        control_s=args.control_ms / 1e3,
     )
 
 

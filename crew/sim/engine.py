@@ -357,8 +357,8 @@ class Simulation:
     def _follow(self, gid: int, rev: int, timer: RouteTimer) -> None:
         for at, i, node, phase in timer.take_wakeups():
             self._push(at, _Ev.WAKE, (gid, rev, i, node, phase))
-        if timer.finished:
-            self._push(timer.end, _Ev.DONE, (gid, rev))
+        if timer.finished:  # the members hear of the end a control round trip later
+            self._push(timer.end + self.cfg.executor.control_s, _Ev.DONE, (gid, rev))
 
     # ---- events ---------------------------------------------------------------------------
 

@@ -62,10 +62,16 @@ part's time at its rate. Parts are cut per route exactly as the executor cuts th
   measured on the workers from ``/proc``), and the host serves those costs FCFS at
   ``host_cores`` CPU seconds per second: one more queue every job passes, so a job ends no
   earlier than the CPU has handled it. ``host_cores = 0``: no CPU model.
+* ``control_s``: the control plane's latency per group revision beyond its plan: the Assign
+  reaching the participants, the members' have-all reaching the coordinator, its Commit
+  reaching the members. A revision ends (its members are free) that long after its last
+  byte arrived; the links are free at once. Measured as ``lab.studies.grouptime``'s mean
+  time outside the data less the planner's mean time, from a frame trace of the same
+  setting: on a saturated host it grows with every worker's scheduling waits.
 
 What is not modelled: TCP's slow start and loss recovery, aggregation (summing) time apart from
-the host's CPU per byte, the control plane's latency (Assign, HaveAll, Commit), frame headers
-beyond ``goodput``.
+the host's CPU per byte, the spread of the per-hop and control waits (each is one constant),
+frame headers beyond ``goodput``.
 
 Cost: O(1) per job; a revision is O(edges of its routes).
 """
@@ -105,9 +111,10 @@ class ExecutorModel:
     hop_queue_s: float = 0.0
     cpu_s_per_byte: float = 0.0
     host_cores: float = 0.0
+    control_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("hop_queue_s", "cpu_s_per_byte", "host_cores"):
+        for name in ("hop_queue_s", "cpu_s_per_byte", "host_cores", "control_s"):
             v = getattr(self, name)
             if not (v >= 0 and v < float("inf")):
                 raise NetworkError(f"ExecutorModel.{name} must be finite and >= 0, got {v!r}")
@@ -125,7 +132,8 @@ class ExecutorModel:
             if self.cpu_bytes_per_s == float("inf")
             else f"host CPU {self.cpu_s_per_byte * 1e9:.1f} CPU s/GB on {self.host_cores:g} cores"
         )
-        return f"per-hop queue {self.hop_queue_s * 1e3:g} ms, {cpu}"
+        control = f", control {self.control_s * 1e3:g} ms per revision" if self.control_s else ""
+        return f"per-hop queue {self.hop_queue_s * 1e3:g} ms, {cpu}{control}"
 
 
 class LinkQueues:

@@ -17,7 +17,8 @@ from the lab, none fitted to the op times:
 * the per-hop standing queue: on paced runs (``lab.bench --pace``, on by default)
   ``PACED_HOP_QUEUE_S``, measured from a frame trace; on unpaced ones
   ``lab.net.shaping.QUEUE_EXTRA_S`` (50 ms), which CUBIC fills; for ``--train``
-  ``TRAIN_HOP_QUEUE_S``, measured from a lab.run's frame trace;
+  ``TRAIN_HOP_QUEUE_S``, measured from a lab.run's frame trace (``--hop-queue-ms`` and
+  ``--control-ms`` take a setting's own figures from ``lab.studies.grouptime``);
 * the shared host: the workers' CPU seconds per link byte that the same results measured for
   the scheme (``cpu_s_per_gb``), on this host's cores (``os.cpu_count()``; the lab runs every
   worker on it). ``--no-host`` leaves it out.
@@ -74,12 +75,17 @@ def hop_queue_for(results: BenchResults) -> float:
 
 
 def lab_executor(
-    cpu_s_per_gb: float | None, host: bool = True, hop_queue_s: float = QUEUE_EXTRA_S
+    cpu_s_per_gb: float | None,
+    host: bool = True,
+    hop_queue_s: float = QUEUE_EXTRA_S,
+    control_s: float = 0.0,
 ) -> ExecutorModel:
     """The executor model of the lab's host: see the module docstring."""
     cores = float(os.cpu_count() or 1) if host and cpu_s_per_gb else 0.0
     per_byte = (cpu_s_per_gb or 0.0) / 1e9 if host else 0.0
-    return ExecutorModel(hop_queue_s=hop_queue_s, cpu_s_per_byte=per_byte, host_cores=cores)
+    return ExecutorModel(
+        hop_queue_s=hop_queue_s, cpu_s_per_byte=per_byte, host_cores=cores, control_s=control_s
+    )
 
 
 def simulate_op(

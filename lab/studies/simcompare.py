@@ -86,7 +86,10 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
 
 
 def train_compare(
-    run_dir: Path, cpu_s_per_gb: float = LAB_CPU_S_PER_GB, hop_queue_s: float = TRAIN_HOP_QUEUE_S
+    run_dir: Path,
+    cpu_s_per_gb: float = LAB_CPU_S_PER_GB,
+    hop_queue_s: float = TRAIN_HOP_QUEUE_S,
+    control_s: float = 0.0,
 ) -> dict[str, Any]:
     """Rounds per worker of a lab run and of its simulation (see the module docstring)."""
     f = _run_facts(run_dir)
@@ -98,7 +101,7 @@ def train_compare(
         size_bytes=f["size_bytes"],
         goodput=GOODPUT,
         compute_s=f["compute_s"],
-        executor=lab_executor(cpu_s_per_gb, hop_queue_s=hop_queue_s),
+        executor=lab_executor(cpu_s_per_gb, hop_queue_s=hop_queue_s, control_s=control_s),
         plan_delay=PlanDelay.MEASURED,
     )
     res = Simulation(sim_topology(f["spec"]), cfg).run()
@@ -147,9 +150,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{PACED_HOP_QUEUE_S * 1e3:g} if the bench paced its connections, else HTB's "
         f"{QUEUE_EXTRA_S * 1e3:g}; --train: {TRAIN_HOP_QUEUE_S * 1e3:g}, measured)",
     )
+    parser.add_argument(
+        "--control-ms",
+        type=float,
+        default=0.0,
+        help="--train: control-plane latency per group revision beyond its plan, in ms"
+        " (crew.sim.network.ExecutorModel.control_s; lab.studies.grouptime's outside data less"
+        " the plan time, from a frame trace of the same setting; default 0)",
+    )
     args = parser.parse_args(argv)
-    if args.hop_queue_ms is not None and not args.hop_queue_ms >= 0:
-        parser.error(f"--hop-queue-ms must be >= 0, got {args.hop_queue_ms}")
+    for flag in ("hop_queue_ms", "control_ms"):
+        value = getattr(args, flag)
+        if value is not None and not 0 <= value < float("inf"):
+            parser.error(f"--{flag.replace('_', '-')} must be finite and >= 0, got {value}")
     if args.results is None and not args.train:
         parser.error("give a results.json (with --topology) or --train RUN_DIR")
     if args.results is not None:
@@ -167,7 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     for run_dir in args.train:
         queue = TRAIN_HOP_QUEUE_S if args.hop_queue_ms is None else args.hop_queue_ms / 1e3
-        print(train_report(train_compare(run_dir, args.cpu_s_per_gb, queue)))
+        c = train_compare(run_dir, args.cpu_s_per_gb, queue, args.control_ms / 1e3)
+        print(train_report(c))
     return 0
 
 
