@@ -1,0 +1,204 @@
+"""Where a run's group time goes, from the workers' frame traces and the run database.
+
+Run a lab with ``CREW_FRAME_TRACE=DIR`` (``crew.wire.transport.FrameTrace``), then
+
+    python -m lab.studies.grouptime DIR RUN/lab.db
+
+prints, over the run's completed groups, the mean, median, p75 and p90 of:
+
+* **recorded**: the group's time in the database (formed -> ended: plan, control messages and
+  data), next to **planned**, the planner's prediction for its data;
+* **data span**: from the group's first queued data frame to its last received one, and
+  **outside data**: recorded less data span (planning, Assign, the members' have-all, Commit),
+  split into **plan**, the coordinator's time blocked in the group's first plan (the run's
+  ``plan_costs``), and **control**, the rest: ``crew.sim``'s ``--control-ms`` is its mean;
+* per hop, for every frame: **relay wait**, from a relay's receipt of a part to its queueing
+  of the same part onward; **socket queue**, from queueing to the start of its send (behind the
+  connection's earlier frames); **beyond serialisation**, from the start of its send to its
+  arrival less its bytes at ``goodput`` x the link's configured rate (what ``crew.sim``'s
+  executor model charges per hop as ``hop_queue_s``).
+
+The trace directory must hold one run's traces: group ids restart in every run. Trace times
+are each host's monotonic clock and database times are wall-clock; only durations are compared.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from crew.cli_options import command_parser
+from crew.config import RunConfig
+from crew.runtime.planahead import PLAN_COSTS_META
+from crew.runtime.rundb import GroupStatus, connect
+from lab.studies.frametrace import DATA_KINDS, Event, read_events
+
+GOODPUT = RunConfig.default("goodput")
+Groups = dict[int, tuple[float, float, float]]  # id -> recorded, planned and plan seconds
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Mean, median, p75 and p90 of a sample, in seconds."""
+
+    count: int
+    mean: float
+    median: float
+    p75: float
+    p90: float
+
+    @classmethod
+    def of(cls, xs: Sequence[float]) -> Spread:
+        if not xs:
+            return cls(0, *[float("nan")] * 4)
+        x = np.asarray(xs, dtype=float)
+        q = np.percentile(x, [50, 75, 90])
+        return cls(len(xs), float(x.mean()), float(q[0]), float(q[1]), float(q[2]))
+
+    def describe(self) -> str:
+        return (
+            f"mean {self.mean * 1e3:7.1f} ms  median {self.median * 1e3:7.1f}"
+            f"  p75 {self.p75 * 1e3:7.1f}  p90 {self.p90 * 1e3:7.1f}  ({self.count})"
+        )
+
+
+@dataclass(frozen=True)
+class GroupTimes:
+    """The spreads the module docstring names, in its order."""
+
+    recorded: Spread
+    planned: Spread
+    data_span: Spread
+    outside_data: Spread
+    plan: Spread
+    control: Spread
+    relay_wait: Spread
+    socket_queue: Spread
+    beyond_serialisation: Spread
+
+    def lines(self) -> list[str]:
+        return [f"{name.replace('_', ' '):>21}: {getattr(self, name).describe()}" for name in NAMES]
+
+
+NAMES = tuple(GroupTimes.__dataclass_fields__)
+
+
+def _frame(e: Event) -> tuple[int, int, str, int, int]:
+    """One frame's identity on one link: (src, dst, kind, block, offset)."""
+    src, dst = e.link
+    return (src, dst, e.kind, e.block, e.offset)
+
+
+def group_times(
+    events: Sequence[Event],
+    groups: Groups,
+    rates_mbit: dict[tuple[int, int], float],
+    goodput: float = GOODPUT,
+) -> GroupTimes:
+    """``groups``: completed group id -> (recorded, planned and plan seconds); ``rates_mbit``:
+    each directed link's configured rate. Groups without data frames in ``events`` are left out.
+    """
+    by_group: dict[int, list[Event]] = defaultdict(list)
+    for e in events:
+        if e.kind in DATA_KINDS and e.group in groups:
+            by_group[e.group].append(e)
+    recorded, planned, span, outside, plans, control = [], [], [], [], [], []
+    relay, queue, wire = [], [], []
+    for g, evs in by_group.items():
+        queued = {}
+        started = {}
+        arrived: dict[tuple[int, str, int, int], list[float]] = defaultdict(list)
+        for e in evs:  # events are in time order: keep each frame's first of each kind
+            if e.what == "q":
+                queued.setdefault(_frame(e), e.t)
+            elif e.what == "s":
+                started.setdefault(_frame(e), e.t)
+            elif e.what == "r":
+                arrived[(e.me, e.kind, e.block, e.offset)].append(e.t)
+        got = [e for e in evs if e.what == "r"]
+        if not queued or not got:
+            continue
+        rec, predicted, plan = groups[g]
+        recorded.append(rec)
+        planned.append(predicted)
+        span.append(got[-1].t - min(queued.values()))
+        outside.append(rec - span[-1])
+        plans.append(plan)
+        control.append(outside[-1] - plan)
+        for (src, _dst, kind, block, offset), t in queued.items():
+            before = [a for a in arrived.get((src, kind, block, offset), ()) if a <= t]
+            if before:  # src relays a part it received (the last input it waited for)
+                relay.append(t - max(before))
+        for key, t in started.items():
+            if key in queued:
+                queue.append(t - queued[key])
+        for e in got:
+            key = _frame(e)
+            rate = rates_mbit.get(key[:2])
+            if key in started and rate:
+                wire.append(e.t - started[key] - e.nbytes * 8 / (rate * 1e6 * goodput))
+    samples = (recorded, planned, span, outside, plans, control, relay, queue, wire)
+    return GroupTimes(*(Spread.of(x) for x in samples))
+
+
+def read_run(db_path: Path) -> tuple[Groups, dict[tuple[int, int], float]]:
+    """A run database's completed groups (recorded, planned and plan seconds; a group whose plan
+    cost the run did not record counts 0) and its links' configured rates."""
+    conn = connect(db_path, readonly=True)
+    try:
+        meta = conn.execute("SELECT value FROM meta WHERE key = ?", (PLAN_COSTS_META,)).fetchone()
+        costs = json.loads(meta["value"]) if meta is not None else {}
+        groups = {
+            int(r["id"]): (
+                float(r["ended_at"]) - float(r["formed_at"]),
+                float(r["predicted_s"]),
+                float(costs.get(str(r["id"]), {}).get("blocked_ms", 0.0)) / 1e3,
+            )
+            for r in conn.execute(
+                "SELECT id, formed_at, ended_at, predicted_s FROM groups WHERE status = ?"
+                " AND predicted_s IS NOT NULL",
+                (GroupStatus.COMPLETED.value,),
+            )
+        }
+        rates = {
+            (int(r["src"]), int(r["dst"])): float(r["rate_mbit"])
+            for r in conn.execute("SELECT src, dst, rate_mbit FROM links")
+        }
+    finally:
+        conn.close()
+    return groups, rates
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = command_parser("python -m lab.studies.grouptime", __doc__)
+    p.add_argument("directory", type=Path, help="the run's CREW_FRAME_TRACE directory")
+    p.add_argument("db", type=Path, help="the run's database (RUN/lab.db)")
+    p.add_argument("--json", type=Path, help="also write the spreads here")
+    args = p.parse_args(argv)
+    if not args.db.is_file():
+        p.error(f"{args.db}: no such run database")
+    events = read_events(args.directory)
+    if not events:
+        print(f"{args.directory}: no frame events", file=sys.stderr)
+        return 2
+    groups, rates = read_run(args.db)
+    times = group_times(events, groups, rates)
+    if times.recorded.count == 0:
+        print(f"{args.directory}: no frames of {args.db}'s completed groups", file=sys.stderr)
+        return 2
+    print(f"{args.db}: {times.recorded.count} completed groups with traced frames")
+    print("\n".join(times.lines()))
+    if args.json is not None:
+        spreads = {name: getattr(times, name).__dict__ for name in NAMES}
+        args.json.write_text(json.dumps(spreads, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
