@@ -73,6 +73,17 @@ def check_training(
         raise ConfigError(f"outer_momentum: must be in [0, 1), got {outer_momentum}")
 
 
+def clip_number_problem(name: str, value: object) -> str | None:
+    """What is wrong with a ``clip_radius`` (finite, > 0) or ``clip_factor`` (finite, >= 0)
+    value, None if nothing: one rule for the run's config and a launched job's environment."""
+    low_ok = (lambda v: v > 0) if name == "clip_radius" else (lambda v: v >= 0)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"a number, got {value!r}"
+    if not (math.isfinite(value) and low_ok(value)):
+        return f"a finite number {'>' if name == 'clip_radius' else '>='} 0, got {value!r}"
+    return None
+
+
 def check_aggregate(
     aggregate: str,
     clip_radius: float,
@@ -86,12 +97,10 @@ def check_aggregate(
     on; ConfigError names the first one that is wrong."""
     if aggregate not in AGGREGATES:
         raise ConfigError(f"aggregate: one of {', '.join(AGGREGATES)}, got {aggregate!r}")
-    if not (isinstance(clip_radius, int | float) and 0 < clip_radius < math.inf):
-        raise ConfigError(f"clip_radius: a finite number > 0, got {clip_radius!r}")
-    if isinstance(clip_factor, bool) or not (
-        isinstance(clip_factor, int | float) and 0 <= clip_factor < math.inf
-    ):
-        raise ConfigError(f"clip_factor: a finite number >= 0, got {clip_factor!r}")
+    for name, value in (("clip_radius", clip_radius), ("clip_factor", clip_factor)):
+        problem = clip_number_problem(name, value)
+        if problem is not None:
+            raise ConfigError(f"{name}: {problem}")
     if aggregate == AGGREGATES[0]:
         return
     # The public check and the mean-mode secret check test the linear mean, which a clipped

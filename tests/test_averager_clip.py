@@ -27,9 +27,9 @@ def test_the_aggregation_settings_parse_and_bad_ones_are_named() -> None:
     assert clip.scheme_for("crew") == "crew-star" and clip.scheme_for("preduce") == "preduce"
     for env, says in (
         ({"CREW_AGGREGATE": "median"}, "CREW_AGGREGATE='median'"),
-        ({"CREW_CLIP_RADIUS": "0"}, "CREW_CLIP_RADIUS='0'"),
+        ({"CREW_CLIP_RADIUS": "0"}, "CREW_CLIP_RADIUS='0': a finite number > 0"),
         ({"CREW_CLIP_RADIUS": "nan"}, "CREW_CLIP_RADIUS='nan'"),
-        ({"CREW_CLIP_FACTOR": "-1"}, "CREW_CLIP_FACTOR='-1'"),
+        ({"CREW_CLIP_FACTOR": "-1"}, "CREW_CLIP_FACTOR='-1': a finite number >= 0"),
         ({"CREW_CLIP_FACTOR": "four"}, "CREW_CLIP_FACTOR='four': not a number"),
     ):
         with pytest.raises(LaunchError, match=says):

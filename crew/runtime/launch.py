@@ -37,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import math
 import os
 import secrets
 import socket
@@ -49,6 +48,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from crew.config import AGGREGATES, CHECK_MODES, ConfigError, RunConfig, Scheme
+from crew.config_checks import clip_number_problem
 from crew.errors import JoinRefused, LaunchError, PortError, SecretError
 from crew.runtime.rendezvous import (
     DEFAULT_PROBE_BYTES,
@@ -266,8 +266,9 @@ def aggregation(env: Mapping[str, str] | None = None) -> Aggregation:
             number = float(text)
         except ValueError:
             raise LaunchError(f"{name}={text!r}: not a number") from None
-        if not math.isfinite(number) or number < 0 or (field_name == "clip_radius" and number == 0):
-            raise LaunchError(f"{name}={text!r}: must be finite and > 0 (factor: >= 0)")
+        problem = clip_number_problem(field_name, number)
+        if problem is not None:
+            raise LaunchError(f"{name}={text!r}: {problem}")
         numbers[field_name] = number
     return Aggregation(value, **numbers)
 
