@@ -11,12 +11,15 @@ prints, over the run's completed groups, the mean, median, p75 and p90 of:
 * **data span**: from the group's first queued data frame to its last received one, and
   **outside data**: recorded less data span (planning, Assign, the members' have-all, Commit),
   split into **plan**, the coordinator's time blocked in the group's first plan (the run's
-  ``plan_costs``), and **control**, the rest: ``crew.sim``'s ``--control-ms`` is its mean;
+  ``plan_costs``), and **control**, the rest: ``crew.sim``'s ``--control-ms`` takes its mean;
 * per hop, for every frame: **relay wait**, from a relay's receipt of a part to its queueing
   of the same part onward; **socket queue**, from queueing to the start of its send (behind the
   connection's earlier frames); **beyond serialisation**, from the start of its send to its
-  arrival less its bytes at ``goodput`` x the link's configured rate (what ``crew.sim``'s
-  executor model charges per hop as ``hop_queue_s``).
+  arrival less its bytes at ``goodput`` x the link's configured rate. Its median is how
+  ``crew.sim``'s per-hop ``hop_queue_s`` is measured; its mean also holds the waits behind the
+  same link's earlier frames, which the simulator's FCFS link queues model themselves. It is
+  below zero where a shaped link lets a frame through faster than its rate (HTB's burst, at a
+  few Mbit/s).
 
 The trace directory must hold one run's traces: group ids restart in every run. Trace times
 are each host's monotonic clock and database times are wall-clock; only durations are compared.
