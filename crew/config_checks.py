@@ -76,11 +76,11 @@ def check_training(
 def clip_number_problem(name: str, value: object) -> str | None:
     """What is wrong with a ``clip_radius`` (finite, > 0) or ``clip_factor`` (finite, >= 0)
     value, None if nothing: one rule for the run's config and a launched job's environment."""
-    low_ok = (lambda v: v > 0) if name == "clip_radius" else (lambda v: v >= 0)
+    strict = name == "clip_radius"  # a radius of 0 would let no member move the result
     if isinstance(value, bool) or not isinstance(value, int | float):
         return f"a number, got {value!r}"
-    if not (math.isfinite(value) and low_ok(value)):
-        return f"a finite number {'>' if name == 'clip_radius' else '>='} 0, got {value!r}"
+    if not math.isfinite(value) or value < 0 or (strict and value == 0):
+        return f"a finite number {'>' if strict else '>='} 0, got {value!r}"
     return None
 
 
