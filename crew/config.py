@@ -328,9 +328,9 @@ class RunConfig:
     quorum_min: int = field(
         default=0,
         metadata=opt(
-            "groups that size themselves: close a group once at least this many workers are"
-            " ready and no more became ready within a grace window learned from recent ready"
-            " times (crew.control.quorum); 0: every group has --group-size members",
+            "groups that size themselves: once at least this many workers are ready, wait a"
+            " grace window learned from recent ready times, then close a group of every worker"
+            " ready (crew.control.quorum); 0: every group has --group-size members",
             "workers",
             flag="--quorum-min",
         ),

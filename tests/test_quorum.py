@@ -19,16 +19,19 @@ def learned(rule: QuorumRule, arrivals: list[float]) -> QuorumState:
     return state
 
 
-def test_steady_arrivals_are_waited_for_one_gap_and_a_straggler_is_not():
+def test_the_window_runs_from_the_quorum_and_later_arrivals_do_not_extend_it():
     # Workers became ready every 1.0 s: median gap 1, MAD 0, so the window is 1 s.
     state = learned(QuorumRule(p_min=2, p_max=4), [0.0, 1.0, 2.0, 3.0])
     assert state.window() == 1.0
-    ready = [10.0, 10.5]  # the quorum is there: wait one window after the last arrival
+    ready = [10.0, 10.5]  # the quorum is there at 10.5: wait one window from it
     assert state.decide(ready, now=10.5) == Decision(0, wake_at=11.5)
-    ready.append(11.2)  # one more came within it: the window restarts from it
-    assert state.decide(ready, now=11.5) == Decision(0, wake_at=12.2)
-    # Nobody else within the window: close the three.
-    assert state.decide(ready, now=12.2) == Decision(3, CloseReason.WINDOW)
+    ready.append(11.2)  # one more came within it: it joins, and the deadline stays
+    assert state.decide(ready, now=11.2) == Decision(0, wake_at=11.5)
+    assert state.decide(ready, now=11.5) == Decision(3, CloseReason.WINDOW)
+    # Steady arrivals, each within a window of the one before, still close at the quorum's
+    # deadline instead of growing the group to p_max.
+    steady = [20.0, 20.9, 21.8]
+    assert state.decide(steady, now=21.9) == Decision(3, CloseReason.WINDOW)
 
 
 def test_p_max_ready_closes_at_once_and_below_p_min_waits_for_arrivals():
