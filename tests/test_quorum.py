@@ -96,11 +96,11 @@ def test_the_former_closes_groups_by_the_rule_and_says_why():
     (g,) = former.ready(4, 1, 4.4)  # three ready: the cap
     assert g.members == (2, 3, 4) and g.formed_by is CloseReason.CAP
     former.complete(g.id, 4.4)
-    # Gaps 1, 1, 0.5, 0.9, 1.6, 0.5: median 0.95, MAD 0.25, window 0.95 + 3 * 0.25 = 1.7.
+    # Gaps 1, 1, 0.5, 0.9, 1.6, 0.5: median 0.95, MAD 0.25, window 0.95 + 1 * 0.25 = 1.2.
     assert former.ready(0, 2, 6.0) == []
     assert former.ready(1, 2, 6.5) == []
-    assert former.form(8.1) == []
-    (g,) = former.form(8.25)  # nobody else came within the window after 6.5
+    assert former.form(7.6) == []
+    (g,) = former.form(7.75)  # nobody else came within the window after the quorum at 6.5
     assert g.members == (0, 1) and g.formed_by is CloseReason.WINDOW and not g.reduced
 
 
