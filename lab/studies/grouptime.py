@@ -22,7 +22,7 @@ prints, over the run's completed groups, the mean, median, p75 and p90 of:
   few Mbit/s).
 
 The trace directory must hold one run's traces: group ids restart in every run. Trace times
-are each host's monotonic clock and database times are wall-clock; only durations are compared.
+are the host's monotonic clock and database times are wall-clock; only durations are compared.
 """
 
 from __future__ import annotations
