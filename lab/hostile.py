@@ -236,7 +236,7 @@ class HostileReport:
     coordinator_restarts: int = 0
     error: str | None = None
     phases: list[str] = field(default_factory=lambda: list(PHASES))
-    poison: dict[str, Any] = field(default_factory=dict)  # PoisonReport.to_dict, or skipped
+    poison: dict[str, Any] = field(default_factory=dict)  # PoisonReport.to_dict
 
     @property
     def pace_ratio(self) -> float | None:

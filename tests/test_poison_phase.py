@@ -137,7 +137,6 @@ def test_each_missed_poison_target_fails_its_verdict() -> None:
 def test_lab_hostile_takes_the_poison_verdicts_from_the_report() -> None:
     good = _counted(_records(), _log((2, 4))).to_dict()
     assert all(met for _, met, _ in pp.poison_verdicts(good)) and pp.poison_verdicts(good)
-    assert pp.poison_verdicts({"skipped": "a torchrun target"}) == []
     assert pp.poison_verdicts({}) == [("poison phase ran", False, "no report")]
 
 

@@ -142,7 +142,6 @@ class PoisonReport:
     completed_after_detection: int = 0  # completed after the first secret-check abandonment
     pace: float = 0.0  # groups completed per WINDOW_S over the phase
     crashed: dict[int, int] = field(default_factory=dict)
-    skipped: str | None = None
     error: str | None = None
 
     def count(
@@ -185,9 +184,7 @@ class PoisonReport:
             self.pace = round(inside * WINDOW_S / (end - start), 2)
 
     def verdicts(self) -> list[tuple[str, bool, str]]:
-        """(check, met, figures) for every target of the phase; none when it was skipped."""
-        if self.skipped:
-            return []
+        """(check, met, figures) for every target of the phase."""
         return [
             ("poison phase ran", self.error is None, self.error or "yes"),
             (
@@ -231,9 +228,7 @@ class PoisonReport:
 
 def poison_verdicts(poison: dict[str, Any]) -> list[tuple[str, bool, str]]:
     """The poison phase's verdicts as its report recorded them; a phase that did not report
-    fails, one that was skipped (a torchrun target) has none."""
-    if poison.get("skipped"):
-        return []
+    fails."""
     found = [(v["check"], bool(v["met"]), v["figures"]) for v in poison.get("verdicts", [])]
     return found or [("poison phase ran", False, poison.get("error") or "no report")]
 
@@ -386,9 +381,6 @@ def run_poison_job(
 
 
 def print_poison(poison: dict[str, Any], console: Console) -> None:
-    if poison.get("skipped"):
-        console.print(f"[yellow]poison phase skipped:[/] {poison['skipped']}")
-        return
     if not poison:
         return
     pt = Table(title=f"poison: worker {poison['worker']} relays with a tamper, secret check")
