@@ -39,7 +39,7 @@ import numpy as np
 from crew.cli_options import command_parser
 from crew.config import RunConfig
 from crew.runtime.planahead import PLAN_COSTS_META
-from crew.runtime.rundb import GroupStatus, connect
+from crew.runtime.rundb import GroupStatus, reading
 from lab.studies.frametrace import DATA_KINDS, Event, read_events
 
 GOODPUT = RunConfig.default("goodput")
@@ -153,8 +153,7 @@ def group_times(
 def read_run(db_path: Path) -> tuple[Groups, dict[tuple[int, int], float]]:
     """A run database's completed groups (recorded, planned and plan seconds; a group whose plan
     cost the run did not record counts 0) and its links' configured rates."""
-    conn = connect(db_path, readonly=True)
-    try:
+    with reading(db_path) as conn:
         meta = conn.execute("SELECT value FROM meta WHERE key = ?", (PLAN_COSTS_META,)).fetchone()
         costs = json.loads(meta["value"]) if meta is not None else {}
         groups = {
@@ -173,8 +172,6 @@ def read_run(db_path: Path) -> tuple[Groups, dict[tuple[int, int], float]]:
             (int(r["src"]), int(r["dst"])): float(r["rate_mbit"])
             for r in conn.execute("SELECT src, dst, rate_mbit FROM links")
         }
-    finally:
-        conn.close()
     return groups, rates
 
 

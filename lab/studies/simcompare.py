@@ -26,7 +26,7 @@ from typing import Any
 
 from crew.cli_options import command_parser
 from crew.config import Scheme
-from crew.runtime.rundb import GroupStatus, WorkerState, connect
+from crew.runtime.rundb import GroupStatus, WorkerState, reading
 from crew.sim.engine import PlanDelay, SimConfig, Simulation
 from lab.net.shaping import QUEUE_EXTRA_S
 from lab.report.simagree import (
@@ -43,8 +43,7 @@ from lab.spec.topology import parse_topology
 
 def _run_facts(run_dir: Path) -> dict[str, Any]:
     """What a lab run's database says about its inputs and its rounds (read-only)."""
-    conn = connect(run_dir / "lab.db", readonly=True)
-    try:
+    with reading(run_dir / "lab.db") as conn:
         meta = {r["key"]: r["value"] for r in conn.execute("SELECT key, value FROM meta")}
         options = json.loads(meta.get("options", "{}"))
         spec = parse_topology(json.loads(meta["topology"]))
@@ -71,8 +70,6 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
         for g in done:
             for m in json.loads(g["members"]):
                 rounds[m] += 1
-    finally:
-        conn.close()
     return {
         "spec": spec,
         "scheme": meta["scheme"],
