@@ -21,6 +21,7 @@ Start-up of a launched job (``crew.runtime.rendezvous``, before the coordinator 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -478,30 +479,24 @@ def _check(name: str, value: Any, hint: Any) -> Any:
 
 
 _Schema = tuple[dict[str, Any], tuple[str, ...], frozenset[str]]
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-_SCHEMAS: dict[type, _Schema] = {}
 
 
+@functools.cache
 def _field_names(cls: type) -> tuple[str, ...]:
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
-    return names
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
+@functools.cache
 def _schema(cls: type) -> _Schema:
     """A message class's field annotations, field names and optional fields (computed once:
     ``typing.get_type_hints`` re-evaluates every annotation at each call)."""
-    schema = _SCHEMAS.get(cls)
-    if schema is None:
-        hints = typing.get_type_hints(cls, include_extras=True)
-        optional = frozenset(
-            f.name
-            for f in dataclasses.fields(cls)
-            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-        )
-        schema = _SCHEMAS[cls] = (hints, _field_names(cls), optional)
-    return schema
+    hints = typing.get_type_hints(cls, include_extras=True)
+    optional = frozenset(
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    )
+    return hints, _field_names(cls), optional
 
 
 def decode(obj: Any) -> Message:
