@@ -329,8 +329,8 @@ class RunConfig:
         default=0,
         metadata=opt(
             "groups that size themselves: once at least this many workers are ready, wait a"
-            " grace window learned from recent ready times, then close a group of every worker"
-            " ready (crew.control.quorum); 0: every group has --group-size members",
+            " grace window learned from recent ready times for one more, then close a group of"
+            " every worker ready (crew.control.quorum); 0: every group has --group-size members",
             "workers",
             flag="--quorum-min",
         ),

@@ -19,19 +19,20 @@ def learned(rule: QuorumRule, arrivals: list[float]) -> QuorumState:
     return state
 
 
-def test_the_window_runs_from_the_quorum_and_later_arrivals_do_not_extend_it():
+def test_the_window_runs_from_the_quorum_and_the_next_arrival_closes_it():
     # Workers became ready every 1.0 s: median gap 1, MAD 0, so the window is 1 s.
     state = learned(QuorumRule(p_min=2, p_max=4), [0.0, 1.0, 2.0, 3.0])
     assert state.window() == 1.0
     ready = [10.0, 10.5]  # the quorum is there at 10.5: wait one window from it
     assert state.decide(ready, now=10.5) == Decision(0, wake_at=11.5)
-    ready.append(11.2)  # one more came within it: it joins, and the deadline stays
-    assert state.decide(ready, now=11.2) == Decision(0, wake_at=11.5)
-    assert state.decide(ready, now=11.5) == Decision(3, CloseReason.WINDOW)
-    # Steady arrivals, each within a window of the one before, still close at the quorum's
-    # deadline instead of growing the group to p_max.
-    steady = [20.0, 20.9, 21.8]
-    assert state.decide(steady, now=21.9) == Decision(3, CloseReason.WINDOW)
+    assert state.decide(ready, now=11.0) == Decision(0, wake_at=11.5)
+    ready.append(11.2)  # one more came within it: the group closes with it, at once
+    assert state.decide(ready, now=11.2) == Decision(3, CloseReason.BEYOND)
+    # Nobody came within the window: the quorum alone closes at its deadline.
+    assert state.decide([20.0, 20.4], now=21.39) == Decision(0, wake_at=21.4)
+    assert state.decide([20.0, 20.4], now=21.4) == Decision(2, CloseReason.WINDOW)
+    # Several ready at once (below the cap) all go, without waiting for a window.
+    assert state.decide([30.0, 30.0, 30.0], now=30.0) == Decision(3, CloseReason.BEYOND)
 
 
 def test_p_max_ready_closes_at_once_and_below_p_min_waits_for_arrivals():

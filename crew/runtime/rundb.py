@@ -26,7 +26,8 @@ predicted_s, bound_s, plan, reason, revisions, verify_err, formed_by)``
     put on the links (payload, without headers); ``revisions`` counts re-plans after faults;
     ``verify_err`` is the relative error of the result check (``crew.control.verify``), NULL when
     the group did not complete. ``formed_by``: why the quorum rule closed the group at its
-    size (``cap``, ``window`` or ``quorum``; ``crew.control.quorum``), NULL with a fixed p.
+    size (``beyond``, ``window``, ``cap`` or ``quorum``; ``crew.control.quorum``), NULL with a
+    fixed p.
 ``group_members(group_id, worker, iteration, staleness, weight)``
     who was in each group, with the local iteration its update came from.
 ``iterations(t, worker, iteration, loss, accuracy)``
