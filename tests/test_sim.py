@@ -127,6 +127,51 @@ def test_measured_plan_delay_starts_the_routes_after_the_plan() -> None:
     assert res.plan_seconds[:2] == [0.25, 0.25]
 
 
+def test_a_delivery_while_the_coordinator_plans_waits_for_the_plan() -> None:
+    # Four workers, p = 2, preduce, plans of 3 s each (the planner clock advances 3 s per
+    # reading). All ready at 1: A = (0, 1) forms and is planned 1 -> 4, and moves its data
+    # 4 -> 8. The Readys of 2 and 3 wait for that plan: B = (2, 3) forms at 4, is planned
+    # 4 -> 7, and its data arrive at 11. A's members are ready again at 9 and their next group
+    # is planned 9 -> 12: B's delivery waits for that plan too, so B ends at 12.
+    cfg = SimConfig(
+        scheme="preduce",
+        p=2,
+        size_bytes=4 * MB,
+        duration_s=13.0,
+        goodput=1.0,
+        seed=1,
+        plan_delay=PlanDelay.MEASURED,
+    )
+    sim = Simulation(uniform(4), cfg)
+    ticks = itertools.count()
+    sim.life.clock = lambda: 3.0 * next(ticks)
+    res = sim.run()
+    got = [(a, b) for _, a, b in res.group_times[:2]]
+    assert np.allclose(got, [(1.0, 8.0), (4.0, 12.0)], atol=1e-9), got
+
+
+def test_turnaround_delays_every_ready_and_a_late_join_its_first() -> None:
+    # The two-worker preduce case with 0.2 s of turnaround per round: ready at 1.2, the group
+    # ends at 5.2, the next readies at 6.4 and ends at 10.4.
+    ex = ExecutorModel(turnaround_s=0.2)
+    res = _run(uniform(2), scheme="preduce", p=2, size_bytes=4 * MB, duration_s=12.0, executor=ex)
+    got = [(a, b) for _, a, b in res.group_times[:2]]
+    assert np.allclose(got, [(1.2, 5.2), (6.4, 10.4)], atol=1e-9), got
+    assert "turnaround 200 ms per round" in ex.describe()
+    # Worker 1 starts at 2: its first iteration ends at 3, when the first group forms.
+    late = _run(
+        uniform(2), scheme="preduce", p=2, size_bytes=4 * MB, duration_s=8.0, join_at=(0.0, 2.0)
+    )
+    assert np.allclose([late.group_times[0][1:]], [(3.0, 7.0)], atol=1e-9), late.group_times
+    with pytest.raises(ValueError, match="join_at: 1 starts for 2 workers"):
+        Simulation(uniform(2), SimConfig(p=2, join_at=(0.0,)))
+    with pytest.raises(ValueError, match="join_at"):
+        SimConfig(join_at=(0.0, -1.0))
+    with pytest.raises(SystemExit) as refused:
+        sim_main(["--n", "4", "--turnaround-ms", "inf"])
+    assert refused.value.code == 2
+
+
 def test_a_rate_step_times_later_jobs_at_the_new_rate_and_counts_each_at_its_own() -> None:
     links = LinkQueues(np.array([[0, 8.0], [8.0, 0]]))  # 1 MB/s
     assert links.queue(0, 1, MB, 0.0) == pytest.approx(1.0)

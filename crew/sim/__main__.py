@@ -139,6 +139,14 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         help="control-plane latency per group revision beyond its plan, in ms (Assign, have-all,"
         " Commit; lab.studies.grouptime measures it from a frame trace; default 0)",
     )
+    parser.add_argument(
+        "--turnaround-ms",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="control latency per round outside the group, in ms (a member's Commit in and its"
+        " next Ready out; lab.studies.simcompare --train measures it in a lab run; default 0)",
+    )
 
 
 def add_private_links_flag(parser: argparse.ArgumentParser) -> None:
@@ -153,7 +161,7 @@ def add_private_links_flag(parser: argparse.ArgumentParser) -> None:
 
 def check_run_options(parser: argparse.ArgumentParser, args: argparse.Namespace, n: int) -> None:
     """Refuse, through ``parser.error``, what a simulated run of n workers cannot take."""
-    for flag in ("hop_queue_ms", "control_ms"):
+    for flag in ("hop_queue_ms", "control_ms", "turnaround_ms"):
         value = getattr(args, flag)
         if not 0 <= value < float("inf"):
             parser.error(f"--{flag.replace('_', '-')}: must be finite and >= 0, got {value}")
@@ -173,6 +181,7 @@ def executor_from(args: argparse.Namespace) -> ExecutorModel:
         host["host_cpu_s_per_gb"] / 1e9,
         host["host_cores"],
         control_s=args.control_ms / 1e3,
+        turnaround_s=args.turnaround_ms / 1e3,
     )
 
 

@@ -5,13 +5,15 @@ One :class:`Simulation` is one run in simulated time. It owns
 * the workers: each computes an iteration whose time is drawn from its straggler profile
   exactly as the lab's worker draws it (``crew.train.stragglers.ComputeDelay`` seeded
   ``seed * 1000 + worker``; the iteration takes ``max(sample, compute_s)``, where
-  ``compute_s`` stands for the real step time the lab pads up to), then reports ready and
-  waits for its group's commit or abandonment;
+  ``compute_s`` stands for the real step time the lab pads up to, plus the executor's
+  ``turnaround_s``), then reports ready and waits for its group's commit or abandonment;
 * the life cycle: the real ``crew.control.lifecycle.GroupLifecycle`` (group former, planner,
   revisions, failover, deadlines) behind the adapter ``crew.sim.lifecycle.SimLifecycle``,
   fed with events and obeyed;
 * the network (``crew.sim.network``): each assigned revision's routes are timed on FCFS
   link queues (``RouteTimer`` on ``LinkQueues``);
+* the coordinator's one thread: with ``PlanDelay.MEASURED`` it plans groups one after
+  another, and a Ready or a revision's delivery that arrives meanwhile waits for the plan;
 * faults: link cuts (permanent) and worker crashes at given times, and rate steps of links
   that follow a trace (``crew.drift.DriftSchedule.steps``: what the lab applies each second),
   told to the planner only with ``SimConfig.oracle``.
@@ -130,12 +132,17 @@ class SimConfig:
     oracle: bool = False
     """Tell the planner each ``SET_RATE`` step as it happens (the lab's ``--capacity oracle``);
     False: it plans on the configured rates throughout."""
+    join_at: tuple[float, ...] | None = None
+    """Each worker's start, seconds after t = 0 (a lab run's registrations, which spread over
+    a second or two at n = 20); None: every worker starts at t = 0."""
 
     def __post_init__(self) -> None:
         if self.size_bytes <= 0 or self.size_bytes % 4:
             raise ValueError(f"size_bytes must be a positive multiple of 4, got {self.size_bytes}")
         if not (self.duration_s > 0 and math.isfinite(self.duration_s)):
             raise ValueError(f"duration_s must be positive, got {self.duration_s}")
+        if self.join_at is not None and not all(0 <= t < math.inf for t in self.join_at):
+            raise ValueError(f"join_at: every start must be finite and >= 0, got {self.join_at}")
         if self.sample_s <= 0:
             raise ValueError(f"sample_s must be positive, got {self.sample_s}")
         if self.plan_rounds is not None and self.plan_rounds < 1:
@@ -185,12 +192,15 @@ class SimResult:
 
 class _Ev(enum.IntEnum):  # order of simultaneous events
     FAULT = 0
-    DONE = 1
-    WAKE = 2
-    COMPUTE = 3
-    TICK = 4
-    SAMPLE = 5
-    END = 6
+    JOIN = 1  # a worker starts late (SimConfig.join_at)
+    DONE = 2
+    DELIVERED = 3  # a revision's data arrived while the coordinator was planning
+    WAKE = 4
+    COMPUTE = 5
+    READY = 6  # a worker's Ready arrived while the coordinator was planning
+    TICK = 7
+    SAMPLE = 8
+    END = 9
 
 
 class Simulation:
@@ -208,6 +218,8 @@ class Simulation:
             link = f.kind in (FaultKind.CUT_LINK, FaultKind.SET_RATE)
             if not 0 <= f.a < n or (link and not (0 <= f.b < n and f.a != f.b)):
                 raise ValueError(f"fault {f.describe()}: not a worker/link of {n} workers")
+        if cfg.join_at is not None and len(cfg.join_at) != n:
+            raise ValueError(f"join_at: {len(cfg.join_at)} starts for {n} workers")
         self.topo = topo
         self.cfg = cfg
         self.n = n
@@ -260,7 +272,30 @@ class Simulation:
     def _compute(self, w: int) -> None:
         sample = self.delays[w].sample()
         dur = max(sample * self.delays[w].slowdown, self.cfg.compute_s)
+        dur += self.cfg.executor.turnaround_s  # Commit in, Ready out (ExecutorModel)
         self._push(self.now + dur, _Ev.COMPUTE, (w, self.token[w]))
+
+    def _join(self, w: int) -> None:
+        self._apply(self.life.join(w, self.now))
+        self._compute(w)
+
+    def _planning(self, kind: _Ev, payload: tuple[int, int]) -> bool:
+        """With ``PlanDelay.MEASURED`` the coordinator is one thread that plans groups one
+        after another, as the lab's event loop does: a message that arrives while it plans is
+        handled once the plan is made. True: ``payload`` is queued for then."""
+        if self.cfg.plan_delay is PlanDelay.MEASURED and self.planner_free > self.now:
+            self._push(self.planner_free, kind, payload)
+            return True
+        return False
+
+    def _ready(self, w: int, token: int) -> None:
+        if self.alive[w] and token == self.token[w] and not self._planning(_Ev.READY, (w, token)):
+            self._apply(self.life.ready(w, self.iteration[w], self.now))
+
+    def _delivered(self, gid: int, rev: int) -> None:
+        og = self.life.life.open.get(gid)
+        if og is not None and og.rev == rev and not self._planning(_Ev.DELIVERED, (gid, rev)):
+            self._apply(self.life.delivered(gid, self.now))
 
     # ---- the loop -------------------------------------------------------------------------
 
@@ -270,8 +305,10 @@ class Simulation:
         # them, so every run starts from empty caches and replays the same in any process.
         self.life.planner.clear()
         for w in range(self.n):
-            self._apply(self.life.join(w, 0.0))
-            self._compute(w)
+            if self.cfg.join_at is None or self.cfg.join_at[w] == 0:
+                self._join(w)
+            else:
+                self._push(self.cfg.join_at[w], _Ev.JOIN, w)
         for f in self.faults:
             self._push(f.at, _Ev.FAULT, f)
         if self.cfg.sample_s <= self.cfg.duration_s:  # each sample schedules the next
@@ -294,13 +331,19 @@ class Simulation:
                     self.iteration[w] += 1
                     if self.rec:
                         self.rec.iteration(self.now, w, self.iteration[w])
-                    self._apply(self.life.ready(w, self.iteration[w], self.now))
+                    self._ready(w, token)
+            elif kind == _Ev.JOIN:
+                self._join(cast(int, payload))
+            elif kind == _Ev.READY:
+                self._ready(*cast(tuple[int, int], payload))
             elif kind == _Ev.DONE:
                 gid, rev = cast(tuple[int, int], payload)
                 cur = self.transfers.get(gid)
                 if cur is not None and cur[0] == rev:
                     del self.transfers[gid]
-                    self._apply(self.life.delivered(gid, self.now))
+                    self._delivered(gid, rev)
+            elif kind == _Ev.DELIVERED:
+                self._delivered(*cast(tuple[int, int], payload))
             elif kind == _Ev.WAKE:
                 self._wake(*payload)  # type: ignore[misc]
             elif kind == _Ev.FAULT:

@@ -68,10 +68,15 @@ part's time at its rate. Parts are cut per route exactly as the executor cuts th
   byte arrived; the links are free at once. Measured as ``lab.studies.grouptime``'s mean
   time outside the data less the planner's mean time, from a frame trace of the same
   setting: on a saturated host it grows with every worker's scheduling waits.
+* ``turnaround_s``: a round's control latency outside its group: the Commit reaching a member
+  and its result applied before its next iteration starts, and that member's Ready reaching
+  the coordinator after the iteration. A worker's Ready is handled that long after its
+  iteration's compute time. Measured as ``lab.studies.simcompare``'s turnaround of a lab run
+  (the time the coordinator saw a worker training, less the iteration's sampled compute).
 
 What is not modelled: TCP's slow start and loss recovery, aggregation (summing) time apart from
-the host's CPU per byte, the spread of the per-hop and control waits (each is one constant),
-frame headers beyond ``goodput``.
+the host's CPU per byte, the spread of the per-hop, control and turnaround waits (each is one
+constant), frame headers beyond ``goodput``.
 
 Cost: O(1) per job; a revision is O(edges of its routes).
 """
@@ -112,9 +117,11 @@ class ExecutorModel:
     cpu_s_per_byte: float = 0.0
     host_cores: float = 0.0
     control_s: float = 0.0
+    turnaround_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("hop_queue_s", "cpu_s_per_byte", "host_cores", "control_s"):
+        names = ("hop_queue_s", "cpu_s_per_byte", "host_cores", "control_s", "turnaround_s")
+        for name in names:
             v = getattr(self, name)
             if not (v >= 0 and v < float("inf")):
                 raise NetworkError(f"ExecutorModel.{name} must be finite and >= 0, got {v!r}")
@@ -133,6 +140,8 @@ class ExecutorModel:
             else f"host CPU {self.cpu_s_per_byte * 1e9:.1f} CPU s/GB on {self.host_cores:g} cores"
         )
         control = f", control {self.control_s * 1e3:g} ms per revision" if self.control_s else ""
+        if self.turnaround_s:
+            control += f", turnaround {self.turnaround_s * 1e3:g} ms per round"
         return f"per-hop queue {self.hop_queue_s * 1e3:g} ms, {cpu}{control}"
 
 

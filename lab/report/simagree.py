@@ -79,12 +79,17 @@ def lab_executor(
     host: bool = True,
     hop_queue_s: float = QUEUE_EXTRA_S,
     control_s: float = 0.0,
+    turnaround_s: float = 0.0,
 ) -> ExecutorModel:
     """The executor model of the lab's host: see the module docstring."""
     cores = float(os.cpu_count() or 1) if host and cpu_s_per_gb else 0.0
     per_byte = (cpu_s_per_gb or 0.0) / 1e9 if host else 0.0
     return ExecutorModel(
-        hop_queue_s=hop_queue_s, cpu_s_per_byte=per_byte, host_cores=cores, control_s=control_s
+        hop_queue_s=hop_queue_s,
+        cpu_s_per_byte=per_byte,
+        host_cores=cores,
+        control_s=control_s,
+        turnaround_s=turnaround_s,
     )
 
 
