@@ -51,7 +51,22 @@ def test_simrun_on_a_lab_topology_writes_a_run(tmp_path: Path) -> None:
     argv = ["--topology", str(ROOT / "topologies" / "aws-8-regions.yaml"), "--p", "3"]
     argv += ["--duration", "10", "--size-mb", "4", "--out", str(run)]
     assert simrun_main(argv) == 0
-    assert (run / "lab.db").is_file()
+    import sqlite3
+
+    conn = sqlite3.connect(run / "lab.db")
+    try:
+        # Worker states carry the simulated clock, as groups do: a member becomes "reducing"
+        # at its group's formation, not at the moment the records were written after the run.
+        formed = dict(conn.execute("SELECT id, formed_at FROM groups"))
+        grouped = conn.execute(
+            "SELECT group_id, t FROM worker_states WHERE state = 'reducing'"
+        ).fetchall()
+        t0, t1 = conn.execute("SELECT MIN(t), MAX(t) FROM worker_states").fetchone()
+    finally:
+        conn.close()
+    assert len(grouped) > 10
+    assert all(t == pytest.approx(formed[gid], abs=1e-6) for gid, t in grouped)
+    assert t1 - t0 > 5.0  # spread over the simulated 10 s, not bunched at the write
 
 
 DRIFTING = """
@@ -165,6 +180,74 @@ def test_train_compare_reads_the_step_time_from_worker_states(tmp_path: Path) ->
     facts = _run_facts(tmp_path)
     assert facts["compute_s"] == pytest.approx(0.4)  # median of 0.3 and 0.5
     assert facts["size_bytes"] == 40 and facts["seed"] == 3 and facts["rounds"] == [1, 1, 0]
+
+
+def test_state_split_is_seconds_per_completed_round_in_each_state(tmp_path: Path) -> None:
+    from crew.runtime.rundb import connect
+    from lab.studies.simcompare import state_split
+
+    conn = connect(tmp_path / "lab.db")
+    with conn:
+        conn.execute("INSERT INTO meta (key, value) VALUES ('ended_at', '10.0')")
+        for gid, members in [(1, "[0, 1]"), (2, "[0, 1]")]:
+            conn.execute(
+                "INSERT INTO groups (id, scheme, members, weights, formed_at, status)"
+                " VALUES (?, 'crew', ?, '[0.5, 0.5]', 1.0, 'completed')",
+                (gid, members),
+            )
+        conn.execute(  # an abandoned group's members are no rounds
+            "INSERT INTO groups (id, scheme, members, weights, formed_at, status)"
+            " VALUES (3, 'crew', '[0, 1]', '[0.5, 0.5]', 1.0, 'abandoned')"
+        )
+        rows = [  # worker 0: 2 s training, 1 s ready, 3 s reducing, then training to the end
+            (0.0, 0, "training"),
+            (2.0, 0, "ready"),
+            (3.0, 0, "reducing"),
+            (6.0, 0, "training"),
+            # worker 1: 4 s ready, 5 s reducing, then dead (not counted) to the end
+            (1.0, 1, "ready"),
+            (5.0, 1, "reducing"),
+            (10.0, 1, "dead"),
+        ]
+        conn.executemany("INSERT INTO worker_states (t, worker, state) VALUES (?, ?, ?)", rows)
+    conn.close()
+    split = state_split(tmp_path / "lab.db")  # four completed rounds
+    assert split == pytest.approx({"training": 6 / 4, "ready": 5 / 4, "reducing": 8 / 4})
+
+
+def test_turnaround_is_a_rounds_time_training_less_its_compute(tmp_path: Path) -> None:
+    from crew.runtime.rundb import connect
+    from lab.spec.topology import parse_topology
+    from lab.studies.simcompare import turnaround
+
+    # Worker 0 has no straggler profile: each iteration's compute is compute_s = 0.5 s.
+    # Worker 1's profile draws exactly 1 s for every iteration.
+    clouds = [{"name": "a"}, {"name": "b", "straggler": "4@1:1"}]
+    spec = parse_topology({"name": "t", "defaults": {"mbit": 10}, "clouds": clouds})
+    conn = connect(tmp_path / "lab.db")
+    with conn:
+        rows = [
+            (0.0, 0, "training", 0),  # its first iteration holds start-up: not counted
+            (0.9, 0, "ready", 1),
+            (1.0, 0, "reducing", 1),
+            (2.0, 0, "training", 1),  # the group ended
+            (2.7, 0, "ready", 2),  # 0.7 s training, 0.5 s of it compute: 0.2 s
+            (3.0, 0, "reducing", 2),
+            (4.0, 0, "training", 2),
+            (4.6, 0, "ready", 3),  # 0.1 s
+            (0.0, 1, "training", 0),
+            (1.1, 1, "ready", 1),
+            (1.2, 1, "reducing", 1),
+            (2.0, 1, "training", 1),
+            (3.3, 1, "ready", 2),  # 1.3 s training, 1 s of it its sample: 0.3 s
+        ]
+        conn.executemany(
+            "INSERT INTO worker_states (t, worker, state, iteration) VALUES (?, ?, ?, ?)", rows
+        )
+    conn.close()
+    assert turnaround(tmp_path / "lab.db", spec, 0, 0.5) == pytest.approx(0.2)
+    # A real step longer than the sample counts instead: (-0.5 - 0.6 + 0.1) / 3
+    assert turnaround(tmp_path / "lab.db", spec, 0, 1.2) == pytest.approx(-1.0 / 3)
 
 
 def test_compare_pairs_pooled_rounds_with_the_trace_of_each_round() -> None:

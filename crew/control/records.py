@@ -69,11 +69,15 @@ class EventRecord:
 
 @dataclass(frozen=True)
 class WorkerStatusRecord:
+    """A worker's new state. ``t``: when it changed; None, the moment it is written (the
+    coordinator writes each record as it decides it; a simulation stamps its own clock)."""
+
     worker: int
     state: WorkerState
     iteration: int | None = None
     group_id: int | None = None
     pid: int | None = None
+    t: float | None = None
 
 
 @dataclass(frozen=True)

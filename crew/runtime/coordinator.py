@@ -66,7 +66,12 @@ def write_record(db: RunDB, rec: lc.Output) -> None:
         )
     elif isinstance(rec, lc.WorkerStatusRecord):
         db.set_worker_status(
-            rec.worker, rec.state.value, iteration=rec.iteration, group_id=rec.group_id, pid=rec.pid
+            rec.worker,
+            rec.state.value,
+            iteration=rec.iteration,
+            group_id=rec.group_id,
+            pid=rec.pid,
+            t=rec.t,
         )
     elif isinstance(rec, lc.GroupOpenedRecord):
         g = rec.group

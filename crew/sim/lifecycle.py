@@ -190,11 +190,11 @@ class SimLifecycle:
 
     def join(self, worker: int, now: float) -> list[Decision]:
         msg = proto.Register(worker=worker, pid=0, iteration=0, vector_len=self.size_elems)
-        return self._drive(lambda: self.life.handle(msg, now))
+        return self._drive(now, lambda: self.life.handle(msg, now))
 
     def ready(self, worker: int, iteration: int, now: float) -> list[Decision]:
         msg = proto.Ready(worker, iteration, offered_proj(worker, iteration), -1)
-        return self._drive(lambda: self.life.handle(msg, now))
+        return self._drive(now, lambda: self.life.handle(msg, now))
 
     def delivered(self, gid: int, now: float) -> list[Decision]:
         """Every member holds the result of the current revision: each sends HaveAll."""
@@ -203,27 +203,27 @@ class SimLifecycle:
             w * self.life.offered_proj[m] for m, w in zip(og.members, og.weights, strict=True)
         )
         msgs = [proto.HaveAll(m, gid, og.rev, 0, result) for m in og.members]
-        return self._drive(lambda: [o for msg in msgs for o in self.life.handle(msg, now)])
+        return self._drive(now, lambda: [o for msg in msgs for o in self.life.handle(msg, now)])
 
     def link_failed(self, src: int, dst: int, now: float) -> list[Decision]:
         """Link src -> dst is gone for good (reported by its sender, as a worker does)."""
         msg = proto.LinkFailed(src, src, dst, "cut (simulated)")
-        return self._drive(lambda: self.life.handle(msg, now))
+        return self._drive(now, lambda: self.life.handle(msg, now))
 
     def set_link(self, src: int, dst: int, mbit: float, now: float) -> list[Decision]:
         """The planner learns link src -> dst's new rate (the lab's oracle, an admin request)."""
         msg = proto.Admin("set_link", {"src": src, "dst": dst, "rate_mbit": mbit})
-        return self._drive(lambda: self.life.handle(msg, now))
+        return self._drive(now, lambda: self.life.handle(msg, now))
 
     def worker_lost(self, worker: int, now: float) -> list[Decision]:
         ev = lc.WorkerDisconnected(worker, "crashed (simulated)")
-        return self._drive(lambda: self.life.handle(ev, now))
+        return self._drive(now, lambda: self.life.handle(ev, now))
 
     def tick(self, now: float) -> list[Decision]:
-        return self._drive(lambda: self.life.tick(now))
+        return self._drive(now, lambda: self.life.tick(now))
 
     def stop(self, now: float) -> list[Decision]:
-        return self._drive(lambda: self.life.shutdown(now, "run stopped"))
+        return self._drive(now, lambda: self.life.shutdown(now, "run stopped"))
 
     # ---- queries --------------------------------------------------------------------------
 
@@ -235,8 +235,9 @@ class SimLifecycle:
 
     # ---- translation ----------------------------------------------------------------------
 
-    def _drive(self, call) -> list[Decision]:  # noqa: ANN001
-        """Run one life-cycle call and translate its outputs, in order.
+    def _drive(self, now: float, call) -> list[Decision]:  # noqa: ANN001
+        """Run one life-cycle call at simulated time ``now`` and translate its outputs, in order.
+        Worker states are stamped with ``now``: the records are written after the run.
 
         The life cycle plans a group, then sends its Assign, one group after another; so the
         k-th new Assign of a call carries the k-th successful plan's time of that call."""
@@ -245,6 +246,8 @@ class SimLifecycle:
         decided: list[Decision] = []
         seen: set[tuple[str, int, int]] = set()
         for o in outs:
+            if isinstance(o, lc.WorkerStatusRecord):
+                o = dataclasses.replace(o, t=now)
             if self.history and not isinstance(o, lc.SendTo):
                 self.records.append(o)
             if isinstance(o, lc.GroupOpenedRecord):

@@ -120,6 +120,8 @@ class Recorder:
             return rp(rec, group=g, ended_at=self.t(rec.ended_at))
         if isinstance(rec, lc.GroupClosedRecord):
             return rp(rec, ended_at=self.t(rec.ended_at))
+        if isinstance(rec, lc.WorkerStatusRecord) and rec.t is not None:
+            return rp(rec, t=self.t(rec.t))
         return rec
 
     def start(self, topo: SimTopology, cfg: SimConfig, faults: list[Fault]) -> None:

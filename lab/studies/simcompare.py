@@ -8,11 +8,17 @@ scheme; the model and its executor costs are described in ``lab.report.simagree`
 **Training runs** (``--train RUN_DIR``, a ``lab.run`` folder): the run's topology, scheme, p and
 seed (from its database), simulated for the run's training window (first iteration's start
 to the run's end) with the same executor model (its CPU per byte: ``--cpu-s-per-gb``, default
-the bench's crew figure on this lab). Two inputs come from the run, neither of them the rounds
-compared: the vector's size (its plans) and the real step time the straggler samples pad up to
-(``compute_s``: the median, over the workers without a straggler profile, of training ->
+the bench's crew figure on this lab). Three inputs come from the run, none of them the rounds
+compared: the vector's size (its plans), each worker's registration (a simulated worker starts
+then: at n = 20 they spread over 1.5 s), and the real step time the straggler samples pad up
+to (``compute_s``: the median, over the workers without a straggler profile, of training ->
 ready in ``worker_states``; it holds torch's step and evaluation on the shared host). Prints
-rounds per worker, simulated / emulated.
+rounds per worker, simulated / emulated, and where a worker's round goes in each
+(``state_split``: seconds per completed round training, ready and reducing, from the
+coordinator's ``worker_states`` in the run's database and in the simulation's, which the same
+life-cycle code writes), so a gap in rounds shows which part of the round it comes from, and
+each one's ``turnaround`` (the round's control latency outside its group, which
+``--turnaround-ms`` gives the simulator).
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import tempfile
+from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +36,8 @@ from crew.cli_options import command_parser
 from crew.config import Scheme
 from crew.runtime.rundb import GroupStatus, WorkerState, reading
 from crew.sim.engine import PlanDelay, SimConfig, Simulation
+from crew.sim.record import Recorder
+from crew.train.stragglers import ComputeDelay, get_profile
 from lab.net.shaping import QUEUE_EXTRA_S
 from lab.report.simagree import (
     GOODPUT,
@@ -38,7 +48,7 @@ from lab.report.simagree import (
     lab_executor,
 )
 from lab.spec.simulated import sim_topology
-from lab.spec.topology import parse_topology
+from lab.spec.topology import TopologySpec, parse_topology
 
 
 def _run_facts(run_dir: Path) -> dict[str, Any]:
@@ -63,6 +73,7 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
             else:
                 last.pop(w, None)
         first = conn.execute("SELECT MIN(t) AS t FROM worker_states").fetchone()["t"]
+        starts = dict(conn.execute("SELECT worker, MIN(t) FROM worker_states GROUP BY worker"))
         rounds = [0] * spec.n
         done = conn.execute(
             "SELECT members FROM groups WHERE status = ?", (GroupStatus.COMPLETED.value,)
@@ -79,7 +90,76 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
         "compute_s": statistics.median(steps) if steps else 0.0,
         "window_s": float(meta["ended_at"]) - float(first),
         "rounds": rounds,
+        # Each worker's registration after the first one's: the simulated workers start then.
+        "join_at": tuple(max(0.0, starts.get(w, first) - first) for w in range(spec.n)),
     }
+
+
+SPLIT_STATES = (WorkerState.TRAINING, WorkerState.READY, WorkerState.GROUPED)
+
+
+def state_split(db: Path) -> dict[str, float]:
+    """Seconds per completed round that the workers spent in each of ``SPLIT_STATES``.
+
+    Every worker's ``worker_states`` rows, from its first to the run's end, summed over the
+    workers and divided by their completed rounds; a worker's time after its last row runs
+    to the run's end (``meta.ended_at``). Other states (absent, dead) are left out.
+    """
+    with reading(db) as conn:
+        end = float(conn.execute("SELECT value FROM meta WHERE key = 'ended_at'").fetchone()[0])
+        spent: dict[str, float] = defaultdict(float)
+        last: dict[int, tuple[float, str]] = {}
+        for r in conn.execute("SELECT t, worker, state FROM worker_states ORDER BY t"):
+            if r["worker"] in last:
+                t0, state = last[r["worker"]]
+                spent[state] += max(0.0, min(r["t"], end) - t0)
+            last[r["worker"]] = (r["t"], r["state"])
+        for t0, state in last.values():
+            spent[state] += max(0.0, end - t0)
+        rounds = sum(
+            len(json.loads(g["members"]))
+            for g in conn.execute(
+                "SELECT members FROM groups WHERE status = ?", (GroupStatus.COMPLETED.value,)
+            )
+        )
+    return {s.value: spent[s.value] / rounds if rounds else float("nan") for s in SPLIT_STATES}
+
+
+def turnaround(db: Path, spec: TopologySpec, seed: int, compute_s: float) -> float | None:
+    """The mean time, in seconds, from a group's end to a member's next Ready at the
+    coordinator, less that iteration's compute time (``max(sample, compute_s)``: the straggler
+    samples are redrawn as the worker drew them, ``seed * 1000 + worker``). That is the round's
+    control latency outside the group (``ExecutorModel.turnaround_s``): the Commit reaching the
+    member, the result applied, and the Ready reaching the coordinator. Rounds that follow a
+    group only (a worker's first iteration also holds its start-up); None without one.
+    Assumes no slowdown was commanded during the run."""
+    draws = {
+        w.index: ComputeDelay(
+            get_profile(w.straggler) if w.straggler else None, seed * 1000 + w.index
+        )
+        for w in spec.workers
+    }
+    samples: dict[int, list[float]] = {w: [] for w in draws}
+    spans: list[float] = []
+    with reading(db) as conn:
+        state: dict[int, tuple[str, float]] = {}  # worker -> its previous row's state and time
+        trained_at: dict[int, float] = {}  # worker -> when it went training after a group
+        rows = conn.execute("SELECT t, worker, state, iteration FROM worker_states ORDER BY t")
+        for r in rows:
+            w, now = r["worker"], r["t"]
+            if w not in draws:
+                continue
+            before = state.get(w, ("", 0.0))[0]
+            if r["state"] == WorkerState.TRAINING.value and before == WorkerState.GROUPED.value:
+                trained_at[w] = now
+            elif r["state"] == WorkerState.READY.value and w in trained_at and r["iteration"]:
+                drawn = samples[w]
+                while len(drawn) < r["iteration"]:  # bounded by the iteration number
+                    drawn.append(draws[w].sample())
+                step = max(drawn[r["iteration"] - 1], compute_s)
+                spans.append(now - trained_at.pop(w) - step)
+            state[w] = (r["state"], now)
+    return statistics.mean(spans) if spans else None
 
 
 def train_compare(
@@ -87,6 +167,7 @@ def train_compare(
     cpu_s_per_gb: float = LAB_CPU_S_PER_GB,
     hop_queue_s: float = TRAIN_HOP_QUEUE_S,
     control_s: float = 0.0,
+    turnaround_s: float = 0.0,
 ) -> dict[str, Any]:
     """Rounds per worker of a lab run and of its simulation (see the module docstring)."""
     f = _run_facts(run_dir)
@@ -98,10 +179,16 @@ def train_compare(
         size_bytes=f["size_bytes"],
         goodput=GOODPUT,
         compute_s=f["compute_s"],
-        executor=lab_executor(cpu_s_per_gb, hop_queue_s=hop_queue_s, control_s=control_s),
+        executor=lab_executor(
+            cpu_s_per_gb, hop_queue_s=hop_queue_s, control_s=control_s, turnaround_s=turnaround_s
+        ),
         plan_delay=PlanDelay.MEASURED,
+        join_at=f["join_at"],
     )
-    res = Simulation(sim_topology(f["spec"]), cfg).run()
+    with tempfile.TemporaryDirectory(prefix="crew-simcompare-") as tmp:
+        res = Simulation(sim_topology(f["spec"]), cfg, recorder=Recorder(tmp)).run()
+        sim_split = state_split(Path(tmp) / "lab.db")
+        sim_turn = turnaround(Path(tmp) / "lab.db", f["spec"], f["seed"], f["compute_s"])
     emu = statistics.mean(f["rounds"])
     return {
         "run": str(run_dir),
@@ -116,6 +203,10 @@ def train_compare(
         "emu_mean": emu,
         "sim_mean": res.rounds_per_worker,
         "ratio": res.rounds_per_worker / emu if emu else float("nan"),
+        "emu_split": state_split(run_dir / "lab.db"),
+        "sim_split": sim_split,
+        "emu_turnaround": turnaround(run_dir / "lab.db", f["spec"], f["seed"], f["compute_s"]),
+        "sim_turnaround": sim_turn,
     }
 
 
@@ -125,8 +216,18 @@ def train_report(c: dict[str, Any]) -> str:
         f"{c['run']}: {c['scheme']} p={c['p']} seed {c['seed']}, {c['window_s']:.0f} s,"
         f" {c['size_bytes'] / 1e6:.2f} MB, step {c['compute_s'] * 1e3:.0f} ms\n"
         f"  rounds per worker: simulated {c['sim_mean']:.2f} {c['sim_rounds']},"
-        f" emulated {c['emu_mean']:.2f} {c['emu_rounds']}; sim/emu {c['ratio']:.2f}{flag}"
+        f" emulated {c['emu_mean']:.2f} {c['emu_rounds']}; sim/emu {c['ratio']:.2f}{flag}\n"
+        "  a round, ms (simulated / emulated):"
+        + "".join(
+            f" {k} {c['sim_split'][k] * 1e3:.0f} / {c['emu_split'][k] * 1e3:.0f};"
+            for k in c["emu_split"]
+        )
+        + f" turnaround {_ms(c['sim_turnaround'])} / {_ms(c['emu_turnaround'])}"
     )
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.0f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -155,8 +256,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         " (crew.sim.network.ExecutorModel.control_s; lab.studies.grouptime's outside data less"
         " the plan time, from a frame trace of the same setting; default 0)",
     )
+    parser.add_argument(
+        "--turnaround-ms",
+        type=float,
+        default=0.0,
+        help="--train: control latency per round outside the group, in ms"
+        " (crew.sim.network.ExecutorModel.turnaround_s; the 'turnaround' this command prints"
+        " for a lab run of the same setting; default 0)",
+    )
     args = parser.parse_args(argv)
-    for flag in ("hop_queue_ms", "control_ms"):
+    for flag in ("hop_queue_ms", "control_ms", "turnaround_ms"):
         value = getattr(args, flag)
         if value is not None and not 0 <= value < float("inf"):
             parser.error(f"--{flag.replace('_', '-')} must be finite and >= 0, got {value}")
@@ -177,7 +286,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     for run_dir in args.train:
         queue = TRAIN_HOP_QUEUE_S if args.hop_queue_ms is None else args.hop_queue_ms / 1e3
-        c = train_compare(run_dir, args.cpu_s_per_gb, queue, args.control_ms / 1e3)
+        c = train_compare(
+            run_dir, args.cpu_s_per_gb, queue, args.control_ms / 1e3, args.turnaround_ms / 1e3
+        )
         print(train_report(c))
     return 0
 
