@@ -215,6 +215,28 @@ def test_state_split_is_seconds_per_completed_round_in_each_state(tmp_path: Path
     assert split == pytest.approx({"training": 6 / 4, "ready": 5 / 4, "reducing": 8 / 4})
 
 
+def test_the_window_ends_at_the_coordinators_stop_not_the_teardown(tmp_path: Path) -> None:
+    from crew.runtime.rundb import connect
+    from lab.studies.simcompare import trained_until
+
+    conn = connect(tmp_path / "lab.db")
+    with conn:  # the lab's teardown took 18 s after the coordinator stopped at 46
+        conn.execute("INSERT INTO meta (key, value) VALUES ('ended_at', '64.0')")
+        conn.execute(
+            "INSERT INTO groups (id, scheme, members, weights, formed_at, ended_at, status)"
+            " VALUES (1, 'crew', '[0, 1]', '[0.5, 0.5]', 40.0, 45.0, 'completed')"
+        )
+        conn.execute("INSERT INTO worker_states (t, worker, state) VALUES (46.0, 0, 'training')")
+    assert trained_until(conn) == 46.0
+    with conn:
+        conn.execute("DELETE FROM worker_states")
+    assert trained_until(conn) == 45.0  # no state: the last group's end
+    with conn:
+        conn.execute("DELETE FROM groups")
+    assert trained_until(conn) == 64.0  # nothing at all: the recorded end
+    conn.close()
+
+
 def test_turnaround_is_a_rounds_time_training_less_its_compute(tmp_path: Path) -> None:
     from crew.runtime.rundb import connect
     from lab.spec.topology import parse_topology

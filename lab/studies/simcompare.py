@@ -7,12 +7,13 @@ scheme; the model and its executor costs are described in ``lab.report.simagree`
 
 **Training runs** (``--train RUN_DIR``, a ``lab.run`` folder): the run's topology, scheme, p and
 seed (from its database), simulated for the run's training window (first iteration's start
-to the run's end) with the same executor model (its CPU per byte: ``--cpu-s-per-gb``, default
-the bench's crew figure on this lab). Three inputs come from the run, none of them the rounds
-compared: the vector's size (its plans), each worker's registration (a simulated worker starts
-then: at n = 20 they spread over 1.5 s), and the real step time the straggler samples pad up
-to (``compute_s``: the median, over the workers without a straggler profile, of training ->
-ready in ``worker_states``; it holds torch's step and evaluation on the shared host). Prints
+to the coordinator's stop) with the same executor model (its CPU per byte:
+``--cpu-s-per-gb``, default the bench's crew figure on this lab). Three inputs come from the
+run, none of them the rounds compared: the vector's size (its plans), each worker's
+registration (a simulated worker starts then: at n = 20 they spread over 1.5 s), and the real
+step time the straggler samples pad up to (``compute_s``: the median, over the workers
+without a straggler profile, of training -> ready in ``worker_states``; it holds torch's step
+and evaluation on the shared host). Prints
 rounds per worker, simulated / emulated, and where a worker's round goes in each
 (``state_split``: seconds per completed round training, ready and reducing, from the
 coordinator's ``worker_states`` in the run's database and in the simulation's, which the same
@@ -24,6 +25,7 @@ each one's ``turnaround`` (the round's control latency outside its group, which
 from __future__ import annotations
 
 import json
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -51,6 +53,19 @@ from lab.spec.simulated import sim_topology
 from lab.spec.topology import TopologySpec, parse_topology
 
 
+def trained_until(conn: sqlite3.Connection) -> float:
+    """When a run's coordinator stopped: its last worker state or group end (at the stop it
+    abandons the open groups and sends their members training), at most ``meta.ended_at``.
+    ``ended_at`` itself comes after the lab's teardown, 1-2 s later at n = 20 and 18 s later
+    at n = 32, where the workers did not train."""
+    end = float(conn.execute("SELECT value FROM meta WHERE key = 'ended_at'").fetchone()[0])
+    last = conn.execute(
+        "SELECT MAX(t) FROM (SELECT MAX(t) AS t FROM worker_states"
+        " UNION ALL SELECT MAX(ended_at) FROM groups)"
+    ).fetchone()[0]
+    return end if last is None else min(end, float(last))
+
+
 def _run_facts(run_dir: Path) -> dict[str, Any]:
     """What a lab run's database says about its inputs and its rounds (read-only)."""
     with reading(run_dir / "lab.db") as conn:
@@ -73,6 +88,7 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
             else:
                 last.pop(w, None)
         first = conn.execute("SELECT MIN(t) AS t FROM worker_states").fetchone()["t"]
+        trained = trained_until(conn)
         starts = dict(conn.execute("SELECT worker, MIN(t) FROM worker_states GROUP BY worker"))
         rounds = [0] * spec.n
         done = conn.execute(
@@ -88,7 +104,7 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
         "seed": int(options.get("seed", 0)),
         "size_bytes": 4 * total,
         "compute_s": statistics.median(steps) if steps else 0.0,
-        "window_s": float(meta["ended_at"]) - float(first),
+        "window_s": trained - float(first),
         "rounds": rounds,
         # Each worker's registration after the first one's: the simulated workers start then.
         "join_at": tuple(max(0.0, starts.get(w, first) - first) for w in range(spec.n)),
@@ -103,10 +119,11 @@ def state_split(db: Path) -> dict[str, float]:
 
     Every worker's ``worker_states`` rows, from its first to the run's end, summed over the
     workers and divided by their completed rounds; a worker's time after its last row runs
-    to the run's end (``meta.ended_at``). Other states (absent, dead) are left out.
+    to the coordinator's stop (:func:`trained_until`). Other states (absent, dead) are left
+    out.
     """
     with reading(db) as conn:
-        end = float(conn.execute("SELECT value FROM meta WHERE key = 'ended_at'").fetchone()[0])
+        end = trained_until(conn)
         spent: dict[str, float] = defaultdict(float)
         last: dict[int, tuple[float, str]] = {}
         for r in conn.execute("SELECT t, worker, state FROM worker_states ORDER BY t"):
