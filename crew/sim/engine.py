@@ -134,7 +134,7 @@ class SimConfig:
     False: it plans on the configured rates throughout."""
     join_at: tuple[float, ...] | None = None
     """Each worker's start, seconds after t = 0 (a lab run's registrations, which spread over
-    a second or two at n = 20); None: every worker starts at t = 0."""
+    1.5-5 s at n = 20 to 32); None: every worker starts at t = 0."""
 
     def __post_init__(self) -> None:
         if self.size_bytes <= 0 or self.size_bytes % 4:

@@ -10,16 +10,15 @@ seed (from its database), simulated for the run's training window (first iterati
 to the coordinator's stop) with the same executor model (its CPU per byte:
 ``--cpu-s-per-gb``, default the bench's crew figure on this lab). Three inputs come from the
 run, none of them the rounds compared: the vector's size (its plans), each worker's
-registration (a simulated worker starts then: at n = 20 they spread over 1.5 s), and the real
-step time the straggler samples pad up to (``compute_s``: the median, over the workers
-without a straggler profile, of training -> ready in ``worker_states``; it holds torch's step
-and evaluation on the shared host). Prints
-rounds per worker, simulated / emulated, and where a worker's round goes in each
-(``state_split``: seconds per completed round training, ready and reducing, from the
-coordinator's ``worker_states`` in the run's database and in the simulation's, which the same
-life-cycle code writes), so a gap in rounds shows which part of the round it comes from, and
-each one's ``turnaround`` (the round's control latency outside its group, which
-``--turnaround-ms`` gives the simulator).
+registration (a simulated worker starts then: they spread over 1.5-5 s at n = 20 to 32), and
+the real step time the straggler samples pad up to (``compute_s``: the median, over the
+workers without a straggler profile, of training -> ready in ``worker_states``; it holds
+torch's step and evaluation on the shared host). Prints rounds per worker, simulated /
+emulated, and where a worker's round goes in each (``state_split``: seconds per completed
+round training, ready and reducing, from the coordinator's ``worker_states`` in the run's
+database and in the simulation's, which the same life-cycle code writes), so a gap in rounds
+shows which part of the round it comes from, and each one's ``turnaround`` (the round's
+control latency outside its group, which ``--turnaround-ms`` gives the simulator).
 """
 
 from __future__ import annotations
@@ -117,10 +116,9 @@ SPLIT_STATES = (WorkerState.TRAINING, WorkerState.READY, WorkerState.GROUPED)
 def state_split(db: Path) -> dict[str, float]:
     """Seconds per completed round that the workers spent in each of ``SPLIT_STATES``.
 
-    Every worker's ``worker_states`` rows, from its first to the run's end, summed over the
-    workers and divided by their completed rounds; a worker's time after its last row runs
-    to the coordinator's stop (:func:`trained_until`). Other states (absent, dead) are left
-    out.
+    Every worker's ``worker_states`` rows, from its first to the coordinator's stop
+    (:func:`trained_until`), summed over the workers and divided by their completed rounds.
+    Other states (absent, dead) are left out.
     """
     with reading(db) as conn:
         end = trained_until(conn)
