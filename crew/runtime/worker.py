@@ -73,7 +73,7 @@ class Worker:
 
     def _make_trainer(self):  # noqa: ANN202 - torch types stay out of this module's imports
         from crew.train.datasets import Partition
-        from crew.train.stragglers import ComputeDelay, get_profile
+        from crew.train.stragglers import ComputeDelay
         from crew.train.workloads import Workload, make_trainer
 
         cfg, me = self.cfg, self.me
@@ -98,7 +98,7 @@ class Worker:
                 "worker %d: resumed from %s at iteration %d", me, self.checkpoint, trainer.iteration
             )
         spec = cfg.stragglers[me] if me < len(cfg.stragglers) else None
-        self.delay = ComputeDelay(get_profile(spec) if spec else None, seed=cfg.seed * 1000 + me)
+        self.delay = ComputeDelay.for_worker(spec, cfg.seed, me)
         return trainer
 
     def _make_outer(self):  # noqa: ANN202 - OuterLoop | None; crew.train imported lazily

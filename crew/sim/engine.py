@@ -46,7 +46,7 @@ from crew.sim.lifecycle import Abandon, Assign, Commit, Decision, SimLifecycle
 from crew.sim.network import ExecutorModel, LinkQueues, RouteTimer, part_bytes
 from crew.sim.record import Recorder
 from crew.sim.topogen import SimTopology
-from crew.train.stragglers import ComputeDelay, get_profile
+from crew.train.stragglers import ComputeDelay
 
 log = logging.getLogger(__name__)
 
@@ -244,8 +244,7 @@ class Simulation:
         )
         self.rec = recorder
         self.delays = [
-            ComputeDelay(get_profile(s) if s else None, seed=cfg.seed * 1000 + w)
-            for w, s in enumerate(topo.stragglers)
+            ComputeDelay.for_worker(s, cfg.seed, w) for w, s in enumerate(topo.stragglers)
         ]
         self.iteration = [0] * n
         self.alive = [True] * n

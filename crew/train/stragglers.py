@@ -210,6 +210,13 @@ class ComputeDelay:
         self.slowdown = slowdown
         self.last_sample: float | None = None
 
+    @classmethod
+    def for_worker(cls, spec: str | None, run_seed: int, worker: int) -> ComputeDelay:
+        """A run's worker's draws: its profile spec (None: no profile), seeded
+        ``run_seed * 1000 + worker``, so that the lab's worker, the simulator and the studies
+        that redraw its samples all draw the same ones."""
+        return cls(get_profile(spec) if spec else None, seed=run_seed * 1000 + worker)
+
     @property
     def slowdown(self) -> float:
         """Factor applied to each iteration's target time (1 = as sampled, 2 = twice as long)."""

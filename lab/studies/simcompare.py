@@ -38,7 +38,7 @@ from crew.config import Scheme
 from crew.runtime.rundb import GroupStatus, WorkerState, reading
 from crew.sim.engine import PlanDelay, SimConfig, Simulation
 from crew.sim.record import Recorder
-from crew.train.stragglers import ComputeDelay, get_profile
+from crew.train.stragglers import ComputeDelay
 from lab.net.shaping import QUEUE_EXTRA_S
 from lab.report.simagree import (
     GOODPUT,
@@ -143,17 +143,12 @@ def state_split(db: Path) -> dict[str, float]:
 def turnaround(db: Path, spec: TopologySpec, seed: int, compute_s: float) -> float | None:
     """The mean time, in seconds, from a group's end to a member's next Ready at the
     coordinator, less that iteration's compute time (``max(sample, compute_s)``: the straggler
-    samples are redrawn as the worker drew them, ``seed * 1000 + worker``). That is the round's
+    samples are redrawn as the worker drew them, ``ComputeDelay.for_worker``). That is the round's
     control latency outside the group (``ExecutorModel.turnaround_s``): the Commit reaching the
     member, the result applied, and the Ready reaching the coordinator. Rounds that follow a
     group only (a worker's first iteration also holds its start-up); None without one.
     Assumes no slowdown was commanded during the run."""
-    draws = {
-        w.index: ComputeDelay(
-            get_profile(w.straggler) if w.straggler else None, seed * 1000 + w.index
-        )
-        for w in spec.workers
-    }
+    draws = {w.index: ComputeDelay.for_worker(w.straggler, seed, w.index) for w in spec.workers}
     samples: dict[int, list[float]] = {w: [] for w in draws}
     spans: list[float] = []
     with reading(db) as conn:
