@@ -211,6 +211,36 @@ def test_host_cpu_is_one_fcfs_queue_for_every_link() -> None:
         ExecutorModel(host_cores=-1.0)
 
 
+@pytest.mark.parametrize(
+    ("ack_clock_mbit", "reverse_first", "nbytes", "end"),
+    [
+        # 0 -> 1 at 8 MB/s, its reverse at 1 MB/s (8 Mbit/s) busy for 1 s: the first MB goes
+        # at the reverse's rate, the rest at the link's own.
+        (8.0, True, MB, 1.0),
+        (8.0, True, 3 * MB, 1.25),
+        (8.0, False, MB, 0.125),  # the reverse idle when the job starts: its own rate
+        (4.0, True, MB, 0.125),  # the reverse faster than the threshold: independent
+        (0.0, True, MB, 0.125),  # off
+    ],
+)
+def test_a_fast_link_runs_at_its_busy_slow_reverses_rate(
+    ack_clock_mbit: float, reverse_first: bool, nbytes: float, end: float
+) -> None:
+    ex = ExecutorModel(ack_clock_mbit=ack_clock_mbit)
+    links = LinkQueues(np.array([[0, 64.0], [8.0, 0]]), executor=ex)
+    if reverse_first:
+        assert links.queue(1, 0, MB, 0.0) == pytest.approx(1.0)
+    assert links.queue(0, 1, nbytes, 0.0) == pytest.approx(end)
+    assert links.sent_by(10.0)[1] == pytest.approx(nbytes)  # every byte counted on its link
+    with pytest.raises(NetworkError, match="ack_clock_mbit"):
+        ExecutorModel(ack_clock_mbit=-1.0)
+    with pytest.raises(SystemExit) as refused:
+        sim_main(["--n", "4", "--ack-clock-mbit", "-1"])
+    assert refused.value.code == 2
+    if ack_clock_mbit:
+        assert f"<= {ack_clock_mbit:g} Mbit/s" in ex.describe()
+
+
 def test_candidates_are_the_members_and_the_best_connected_others() -> None:
     bw = np.full((6, 6), 10.0)
     np.fill_diagonal(bw, 0.0)

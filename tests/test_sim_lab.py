@@ -117,6 +117,26 @@ def test_the_lab_executor_adds_the_shaped_queue_per_hop() -> None:
     assert lab_executor(12.0, host=False).host_cores == 0.0
 
 
+def test_train_runs_are_ack_clocked_below_the_rate_where_the_queue_floor_binds() -> None:
+    # Below LAB_ACK_CLOCK_MBIT the lab's leaf queue is QUEUE_MIN_PKTS frames, longer than
+    # QUEUE_EXTRA_S; above it, QUEUE_EXTRA_S at the rate.
+    import inspect
+
+    from lab.net import shaping
+    from lab.report.simagree import LAB_ACK_CLOCK_MBIT
+    from lab.studies.simcompare import train_compare
+
+    assert LAB_ACK_CLOCK_MBIT == pytest.approx(15.5, abs=0.05)
+    assert shaping.queue_limit(LAB_ACK_CLOCK_MBIT - 0.1) == shaping.QUEUE_MIN_PKTS
+    assert shaping.queue_limit(LAB_ACK_CLOCK_MBIT + 0.5) > shaping.QUEUE_MIN_PKTS
+    assert inspect.signature(train_compare).parameters["ack_clock_mbit"].default == (
+        LAB_ACK_CLOCK_MBIT
+    )
+    assert lab_executor(12.0, ack_clock_mbit=LAB_ACK_CLOCK_MBIT).ack_clock_mbit == (
+        LAB_ACK_CLOCK_MBIT
+    )
+
+
 def test_the_hop_queue_can_be_set_and_a_bad_one_is_refused(capsys) -> None:
     # Paced connections keep HTB's queue far below 50 ms, so simcompare takes --hop-queue-ms.
     rate = np.full((3, 3), 8.0)

@@ -147,6 +147,15 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         help="control latency per round outside the group, in ms (a member's Commit in and its"
         " next Ready out; lab.studies.simcompare --train measures it in a lab run; default 0)",
     )
+    parser.add_argument(
+        "--ack-clock-mbit",
+        type=float,
+        default=0.0,
+        metavar="MBIT",
+        help="a link whose reverse runs at or below MBIT and is busy runs at the reverse's rate"
+        " (TCP's ACKs wait behind the reverse's data; the lab's links below 15.5 Mbit/s;"
+        " default 0: links independent)",
+    )
 
 
 def add_private_links_flag(parser: argparse.ArgumentParser) -> None:
@@ -161,7 +170,7 @@ def add_private_links_flag(parser: argparse.ArgumentParser) -> None:
 
 def check_run_options(parser: argparse.ArgumentParser, args: argparse.Namespace, n: int) -> None:
     """Refuse, through ``parser.error``, what a simulated run of n workers cannot take."""
-    for flag in ("hop_queue_ms", "control_ms", "turnaround_ms"):
+    for flag in ("hop_queue_ms", "control_ms", "turnaround_ms", "ack_clock_mbit"):
         value = getattr(args, flag)
         if not 0 <= value < float("inf"):
             parser.error(f"--{flag.replace('_', '-')}: must be finite and >= 0, got {value}")
@@ -182,6 +191,7 @@ def executor_from(args: argparse.Namespace) -> ExecutorModel:
         host["host_cores"],
         control_s=args.control_ms / 1e3,
         turnaround_s=args.turnaround_ms / 1e3,
+        ack_clock_mbit=args.ack_clock_mbit,
     )
 
 

@@ -74,6 +74,18 @@ part's time at its rate. Parts are cut per route exactly as the executor cuts th
   iteration's compute time. Measured as ``lab.studies.simcompare``'s turnaround of a lab run
   (the time the coordinator saw a worker training, less the iteration's sampled compute).
 
+* ``ack_clock_mbit``: TCP's ACK clock on slow, busy reverse links. A direction's ACKs travel
+  on its reverse link, behind that link's data. Where the lab's leaf queue is longer than its
+  50 ms (below 15.5 Mbit/s it holds at least 64 frames: 0.78 s at 1 Mbit/s), those ACKs wait
+  most of a second, and the direction runs at about its reverse's rate while the reverse
+  carries data. From a frame trace of preduce on paper-20 (60 s, seed 1): the 115 transfers
+  on a link more than 1.5x faster than its busy reverse ran at a median 0.56 of their own
+  rate and 1.08 of the reverse's (p25 0.90, p75 1.52); with the reverse idle, or not slower,
+  they ran at 0.98-1.03 of their own. So a job on a link whose reverse runs at or below
+  ``ack_clock_mbit`` runs at the reverse's rate until the reverse's queue empties, then at its
+  own. 0 (the default): links are independent, as on WAN links whose queues hold tens of
+  milliseconds.
+
 What is not modelled: TCP's slow start and loss recovery, aggregation (summing) time apart from
 the host's CPU per byte, the spread of the per-hop, control and turnaround waits (each is one
 constant), frame headers beyond ``goodput``.
@@ -118,9 +130,17 @@ class ExecutorModel:
     host_cores: float = 0.0
     control_s: float = 0.0
     turnaround_s: float = 0.0
+    ack_clock_mbit: float = 0.0
 
     def __post_init__(self) -> None:
-        names = ("hop_queue_s", "cpu_s_per_byte", "host_cores", "control_s", "turnaround_s")
+        names = (
+            "hop_queue_s",
+            "cpu_s_per_byte",
+            "host_cores",
+            "control_s",
+            "turnaround_s",
+            "ack_clock_mbit",
+        )
         for name in names:
             v = getattr(self, name)
             if not (v >= 0 and v < float("inf")):
@@ -142,6 +162,8 @@ class ExecutorModel:
         control = f", control {self.control_s * 1e3:g} ms per revision" if self.control_s else ""
         if self.turnaround_s:
             control += f", turnaround {self.turnaround_s * 1e3:g} ms per round"
+        if self.ack_clock_mbit:
+            control += f", ACK-clocked behind busy reverse links <= {self.ack_clock_mbit:g} Mbit/s"
         return f"per-hop queue {self.hop_queue_s * 1e3:g} ms, {cpu}{control}"
 
 
@@ -172,6 +194,7 @@ class LinkQueues:
         self.delay: list[float] = (d + ex.hop_queue_s).ravel().tolist()
         self.cpu_rate = ex.cpu_bytes_per_s
         self.cpu_free = 0.0
+        self.ack_cap = ex.ack_clock_mbit * BYTES_PER_S_PER_MBIT * self.goodput
         self.free: list[float] = [0.0] * (n * n)
         # Jobs for the byte counters: link, start, end, rate (bytes = rate * (end - start)).
         self._jl: list[int] = []
@@ -205,6 +228,13 @@ class LinkQueues:
             raise NetworkError(f"link {src}->{dst} is down; no job can use it")
         start = max(at, self.free[k])
         end = start + nbytes / c
+        rev = dst * self.n + src
+        back = self.cap[rev]
+        if 0 < back < c and back <= self.ack_cap and self.free[rev] > start:
+            # ACK-clocked while its slower reverse is busy (ExecutorModel.ack_clock_mbit)
+            slow = min(nbytes, (self.free[rev] - start) * back)
+            end = start + slow / back + (nbytes - slow) / c
+            c = nbytes / (end - start)
         self.free[k] = end
         rec = self._rec
         if end > start:

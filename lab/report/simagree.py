@@ -40,7 +40,7 @@ from crew.config import RunConfig, Scheme
 from crew.control.assignment import hop_bytes
 from crew.plan.schemes import GROUP_SCHEMES, GroupPlanner
 from crew.sim.network import ExecutorModel, LinkQueues, RouteTimer, part_bytes
-from lab.net.shaping import QUEUE_EXTRA_S
+from lab.net.shaping import MTU_FRAME, QUEUE_EXTRA_S, QUEUE_MIN_PKTS
 from lab.report.benchresults import BenchResults
 from lab.report.benchrounds import pooled_rounds
 from lab.spec.simulated import sim_topology
@@ -74,12 +74,20 @@ def hop_queue_for(results: BenchResults) -> float:
     return PACED_HOP_QUEUE_S if results.get("pace") else QUEUE_EXTRA_S
 
 
+LAB_ACK_CLOCK_MBIT = QUEUE_MIN_PKTS * MTU_FRAME * 8 / QUEUE_EXTRA_S / 1e6
+"""The rate (15.5 Mbit/s) below which the lab's HTB leaf queue is its floor of
+``QUEUE_MIN_PKTS`` frames rather than ``QUEUE_EXTRA_S`` at the rate, so longer than 50 ms: the
+reverse links behind which ``crew.sim.network.ExecutorModel.ack_clock_mbit`` holds a
+direction's ACKs."""
+
+
 def lab_executor(
     cpu_s_per_gb: float | None,
     host: bool = True,
     hop_queue_s: float = QUEUE_EXTRA_S,
     control_s: float = 0.0,
     turnaround_s: float = 0.0,
+    ack_clock_mbit: float = 0.0,
 ) -> ExecutorModel:
     """The executor model of the lab's host: see the module docstring."""
     cores = float(os.cpu_count() or 1) if host and cpu_s_per_gb else 0.0
@@ -90,6 +98,7 @@ def lab_executor(
         host_cores=cores,
         control_s=control_s,
         turnaround_s=turnaround_s,
+        ack_clock_mbit=ack_clock_mbit,
     )
 
 

@@ -42,6 +42,7 @@ from crew.train.stragglers import ComputeDelay
 from lab.net.shaping import QUEUE_EXTRA_S
 from lab.report.simagree import (
     GOODPUT,
+    LAB_ACK_CLOCK_MBIT,
     LAB_CPU_S_PER_GB,
     PACED_HOP_QUEUE_S,
     TRAIN_HOP_QUEUE_S,
@@ -178,6 +179,7 @@ def train_compare(
     hop_queue_s: float = TRAIN_HOP_QUEUE_S,
     control_s: float = 0.0,
     turnaround_s: float = 0.0,
+    ack_clock_mbit: float = LAB_ACK_CLOCK_MBIT,
 ) -> dict[str, Any]:
     """Rounds per worker of a lab run and of its simulation (see the module docstring)."""
     f = _run_facts(run_dir)
@@ -190,7 +192,11 @@ def train_compare(
         goodput=GOODPUT,
         compute_s=f["compute_s"],
         executor=lab_executor(
-            cpu_s_per_gb, hop_queue_s=hop_queue_s, control_s=control_s, turnaround_s=turnaround_s
+            cpu_s_per_gb,
+            hop_queue_s=hop_queue_s,
+            control_s=control_s,
+            turnaround_s=turnaround_s,
+            ack_clock_mbit=ack_clock_mbit,
         ),
         plan_delay=PlanDelay.MEASURED,
         join_at=f["join_at"],
@@ -274,6 +280,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         " (crew.sim.network.ExecutorModel.turnaround_s; the 'turnaround' this command prints"
         " for a lab run of the same setting; default 0)",
     )
+    parser.add_argument(
+        "--no-ack-clock",
+        action="store_true",
+        help="--train: links independent of their reverse (crew.sim.network.ExecutorModel."
+        f"ack_clock_mbit; by default a direction whose reverse is at most {LAB_ACK_CLOCK_MBIT:.1f}"
+        " Mbit/s and busy runs at the reverse's rate, as the lab's deep queues make TCP do)",
+    )
     args = parser.parse_args(argv)
     for flag in ("hop_queue_ms", "control_ms", "turnaround_ms"):
         value = getattr(args, flag)
@@ -297,7 +310,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for run_dir in args.train:
         queue = TRAIN_HOP_QUEUE_S if args.hop_queue_ms is None else args.hop_queue_ms / 1e3
         c = train_compare(
-            run_dir, args.cpu_s_per_gb, queue, args.control_ms / 1e3, args.turnaround_ms / 1e3
+            run_dir,
+            args.cpu_s_per_gb,
+            queue,
+            args.control_ms / 1e3,
+            args.turnaround_ms / 1e3,
+            0.0 if args.no_ack_clock else LAB_ACK_CLOCK_MBIT,
         )
         print(train_report(c))
     return 0
