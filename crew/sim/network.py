@@ -78,10 +78,11 @@ part's time at its rate. Parts are cut per route exactly as the executor cuts th
   on its reverse link, behind that link's data. Where the lab's leaf queue is longer than its
   50 ms (below 15.5 Mbit/s it holds at least 64 frames: 0.78 s at 1 Mbit/s), those ACKs wait
   most of a second, and the direction runs at about its reverse's rate while the reverse
-  carries data. From a frame trace of preduce on paper-20 (60 s, seed 1): the 115 transfers
-  on a link more than 1.5x faster than its busy reverse ran at a median 0.56 of their own
-  rate and 1.08 of the reverse's (p25 0.90, p75 1.52); with the reverse idle, or not slower,
-  they ran at 0.98-1.03 of their own. So a job on a link whose reverse runs at or below
+  carries data. From a frame trace of preduce on paper-20 (60 s, seed 1;
+  ``lab.studies.ackclock``): the 125 transfers on a link more than 1.5x faster than its busy
+  reverse ran at a median 0.56 of their own rate and 1.11 of the reverse's (p25 0.90, p75
+  1.65); with the reverse idle, or not slower, at 0.98-1.03 of their own. So a job on a link
+  whose reverse runs at or below
   ``ack_clock_mbit`` runs at the reverse's rate until the reverse's queue empties, then at its
   own. 0 (the default): links are independent, as on WAN links whose queues hold tens of
   milliseconds.
