@@ -10,6 +10,7 @@ import pytest
 from crew.runtime.planahead import PLAN_COSTS_META
 from crew.runtime.rundb import connect
 from lab.studies import grouptime
+from lab.studies.frametrace import read_events
 
 KB = 1000
 
@@ -59,7 +60,7 @@ def test_spreads_of_a_relayed_part(tmp_path: Path, capsys: pytest.CaptureFixture
     _run_db(tmp_path / "lab.db")
     groups, rates = grouptime.read_run(tmp_path / "lab.db")
     assert groups == {5: pytest.approx((0.5, 0.2, 0.12))} and rates[(0, 1)] == 8.0
-    t = grouptime.group_times(grouptime.read_events(tmp_path), groups, rates, goodput=1.0)
+    t = grouptime.group_times(read_events(tmp_path), groups, rates, goodput=1.0)
     assert t.recorded.median == pytest.approx(0.5) and t.planned.median == pytest.approx(0.2)
     assert t.data_span.median == pytest.approx(0.30)
     assert t.outside_data.median == pytest.approx(0.20)

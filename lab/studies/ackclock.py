@@ -33,8 +33,8 @@ import numpy as np
 
 from crew.cli_options import command_parser
 from crew.config import RunConfig
-from crew.runtime.rundb import reading
-from lab.studies.frametrace import DATA_KINDS, Event, read_events
+from lab.studies.frametrace import DATA_KINDS, Event, read_traced_run
+from lab.studies.grouptime import read_run
 
 GOODPUT = RunConfig.default("goodput")
 DEFAULT_FASTER = 1.5
@@ -119,14 +119,6 @@ def classify(
     ]
 
 
-def link_rates(db_path: Path) -> dict[tuple[int, int], float]:
-    with reading(db_path) as conn:
-        return {
-            (int(r["src"]), int(r["dst"])): float(r["rate_mbit"])
-            for r in conn.execute("SELECT src, dst, rate_mbit FROM links")
-        }
-
-
 def render(rows: Sequence[Row], faster: float) -> str:
     def cell(s: tuple[float, float, float]) -> str:
         return f"{s[0]:5.2f} ({s[1]:.2f}-{s[2]:.2f})"
@@ -161,13 +153,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.faster > 1:
         p.error(f"--faster must be above 1, got {args.faster}")
-    if not args.db.is_file():
-        p.error(f"{args.db}: no such run database")
-    events = read_events(args.directory)
-    if not events:
-        print(f"{args.directory}: no frame events", file=sys.stderr)
+    events = read_traced_run(p, args.directory, args.db)
+    if events is None:
         return 2
-    rows = classify(transfers(events), link_rates(args.db), GOODPUT, args.faster, args.min_bytes)
+    _, rates = read_run(args.db)
+    rows = classify(transfers(events), rates, GOODPUT, args.faster, args.min_bytes)
     print(render(rows, args.faster))
     return 0
 

@@ -19,6 +19,7 @@ keeps only the events within S seconds of each group's first one (the first run'
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -89,6 +90,18 @@ def read_events(directory: Path) -> list[Event]:
             )  # fmt: skip
     out.sort(key=lambda e: e.t)
     return out
+
+
+def read_traced_run(p: argparse.ArgumentParser, directory: Path, db: Path) -> list[Event] | None:
+    """A run's frame events, once its database is known to exist (``p.error`` if not); None,
+    said on stderr, when the trace directory holds no events."""
+    if not db.is_file():
+        p.error(f"{db}: no such run database")
+    events = read_events(directory)
+    if not events:
+        print(f"{directory}: no frame events", file=sys.stderr)
+        return None
+    return events
 
 
 def link_rows(events: Iterable[Event], group: int, window_s: float) -> tuple[float, list[LinkRow]]:

@@ -40,7 +40,7 @@ from crew.cli_options import command_parser
 from crew.config import RunConfig
 from crew.runtime.planahead import PLAN_COSTS_META
 from crew.runtime.rundb import GroupStatus, reading
-from lab.studies.frametrace import DATA_KINDS, Event, read_events
+from lab.studies.frametrace import DATA_KINDS, Event, read_traced_run
 
 GOODPUT = RunConfig.default("goodput")
 Groups = dict[int, tuple[float, float, float]]  # id -> recorded, planned and plan seconds
@@ -181,11 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("db", type=Path, help="the run's database (RUN/lab.db)")
     p.add_argument("--json", type=Path, help="also write the spreads here")
     args = p.parse_args(argv)
-    if not args.db.is_file():
-        p.error(f"{args.db}: no such run database")
-    events = read_events(args.directory)
-    if not events:
-        print(f"{args.directory}: no frame events", file=sys.stderr)
+    events = read_traced_run(p, args.directory, args.db)
+    if events is None:
         return 2
     groups, rates = read_run(args.db)
     times = group_times(events, groups, rates)
