@@ -82,10 +82,9 @@ part's time at its rate. Parts are cut per route exactly as the executor cuts th
   ``lab.studies.ackclock``): the 125 transfers on a link more than 1.5x faster than its busy
   reverse ran at a median 0.56 of their own rate and 1.11 of the reverse's (p25 0.90, p75
   1.65); with the reverse idle, or not slower, at 0.98-1.03 of their own. So a job on a link
-  whose reverse runs at or below
-  ``ack_clock_mbit`` runs at the reverse's rate until the reverse's queue empties, then at its
-  own. 0 (the default): links are independent, as on WAN links whose queues hold tens of
-  milliseconds.
+  whose reverse runs at or below ``ack_clock_mbit`` and is busy runs at the reverse's rate
+  until the reverse's queue empties, then at its own. 0 (the default): links are independent,
+  as on WAN links whose queues hold tens of milliseconds.
 
 What is not modelled: TCP's slow start and loss recovery, aggregation (summing) time apart from
 the host's CPU per byte, the spread of the per-hop, control and turnaround waits (each is one

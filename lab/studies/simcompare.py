@@ -18,7 +18,9 @@ emulated, and where a worker's round goes in each (``state_split``: seconds per 
 round training, ready and reducing, from the coordinator's ``worker_states`` in the run's
 database and in the simulation's, which the same life-cycle code writes), so a gap in rounds
 shows which part of the round it comes from, and each one's ``turnaround`` (the round's
-control latency outside its group, which ``--turnaround-ms`` gives the simulator).
+control latency outside its group, which ``--turnaround-ms`` gives the simulator). The
+simulated links below ``LAB_ACK_CLOCK_MBIT`` hold back a faster reverse while they carry data,
+as the lab's do (``crew.sim.network.ExecutorModel.ack_clock_mbit``; ``--no-ack-clock``: off).
 """
 
 from __future__ import annotations
