@@ -32,11 +32,9 @@ from pathlib import Path
 import numpy as np
 
 from crew.cli_options import command_parser
-from crew.config import RunConfig
 from lab.studies.frametrace import DATA_KINDS, Event, read_traced_run
-from lab.studies.grouptime import read_run
+from lab.studies.grouptime import GOODPUT, read_run
 
-GOODPUT = RunConfig.default("goodput")
 DEFAULT_FASTER = 1.5
 DEFAULT_MIN_BYTES = 100_000
 WINDOW_S = 60.0  # a transfer's frames within this of its first: one run's, not the next's
