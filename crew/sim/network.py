@@ -228,13 +228,14 @@ class LinkQueues:
             raise NetworkError(f"link {src}->{dst} is down; no job can use it")
         start = max(at, self.free[k])
         end = start + nbytes / c
-        rev = dst * self.n + src
-        back = self.cap[rev]
-        if 0 < back < c and back <= self.ack_cap and self.free[rev] > start:
-            # ACK-clocked while its slower reverse is busy (ExecutorModel.ack_clock_mbit)
-            slow = min(nbytes, (self.free[rev] - start) * back)
-            end = start + slow / back + (nbytes - slow) / c
-            c = nbytes / (end - start)
+        if self.ack_cap > 0:  # off by default: no reverse lookup per job
+            rev = dst * self.n + src
+            back = self.cap[rev]
+            if 0 < back < c and back <= self.ack_cap and self.free[rev] > start:
+                # ACK-clocked while its slower reverse is busy (ExecutorModel.ack_clock_mbit)
+                slow = min(nbytes, (self.free[rev] - start) * back)
+                end = start + slow / back + (nbytes - slow) / c
+                c = nbytes / (end - start)
         self.free[k] = end
         rec = self._rec
         if end > start:
