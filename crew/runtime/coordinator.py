@@ -31,6 +31,7 @@ from crew.control.throttle import Throttle
 from crew.plan.schemes import GROUP_SCHEMES, GroupPlanner
 from crew.runtime.planahead import PLAN_COSTS_META, AheadPlanner, CostRecord, costs_json
 from crew.runtime.rundb import GroupMemberRow, GroupStatus, IterationRow, RunDB, UtilisationRow
+from crew.runtime.stopsignals import call_on_signals
 from crew.train.compress import Codec, reduce_tolerance
 from crew.wire import protocol as proto
 from crew.wire.frames import COORDINATOR, FrameCodec, FrameError, control_body, control_frame
@@ -474,7 +475,7 @@ def _serve_launched_job(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 2
     host.start()
-    signal.signal(signal.SIGTERM, lambda *_: host.close())
+    call_on_signals(lambda _: host.stop(), (signal.SIGTERM,))
     host.serve()
     if host.rendezvous.failure:
         log.error("the job did not start: %s", host.rendezvous.failure)
@@ -523,8 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     db = RunDB(args.db)
     admin = Path(args.admin_secret).read_bytes() if args.admin_secret else None
     coord = Coordinator(cfg, db, cfg.coordinator_host, cfg.coordinator_port, admin_secret=admin)
-    signal.signal(signal.SIGTERM, lambda *_: coord.stop_event.set())
-    signal.signal(signal.SIGINT, lambda *_: coord.stop_event.set())
+    call_on_signals(lambda _: coord.stop_event.set())
     coord.run()
     db.close()
     return 0

@@ -529,6 +529,13 @@ class JobHost:
                 time.sleep(0.2)
         self.close()
 
+    def stop(self) -> None:
+        """Make :meth:`serve` end soon and close this host itself (from any thread)."""
+        self.rendezvous.close()
+        coord = self.coordinator
+        if coord is not None:
+            coord.stop_event.set()
+
     def close(self) -> None:
         self.rendezvous.close()
         coord = self.coordinator

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 import time
@@ -44,6 +43,7 @@ from crew.config import RunConfig, Scheme
 from crew.control.worker_control import Settlement, evaluation_due
 from crew.runtime import memprofile
 from crew.runtime.node import Node
+from crew.runtime.stopsignals import call_on_signals
 from crew.wire import protocol as proto
 
 log = logging.getLogger("crew.runtime.worker")
@@ -332,8 +332,7 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(1)
     worker = Worker(cfg, args.id)
-    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
-    signal.signal(signal.SIGINT, lambda *_: worker.stop())
+    call_on_signals(lambda _: worker.stop())
     profiler = memprofile.from_env(f"w{args.id}")  # CREW_TRACEMALLOC: a diagnostic
     try:
         return worker.run()
