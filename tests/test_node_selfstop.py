@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from port_kit import loopback_ports
 
 from crew.config import RunConfig
 from crew.runtime import node as node_mod
@@ -21,12 +22,6 @@ from crew.wire.transport import FrameStream
 
 SECRET = b"selfstop-secret-0123456789abcdef"
 ATTEMPTS = 4  # x 0.5 s: the test's stand-in for the 30 s window
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cfg(coordinator_port: int) -> RunConfig:
@@ -41,7 +36,7 @@ def _cfg(coordinator_port: int) -> RunConfig:
         coordinator_host="127.0.0.1",
         coordinator_port=coordinator_port,
         data_port=0,
-        data_ports=(_free_port(), _free_port()),
+        data_ports=loopback_ports(2),
         identities=("127.0.0.1", "127.0.0.1"),
         bw_mbit=((0.0, 100.0), (100.0, 0.0)),
     )

@@ -15,13 +15,13 @@ forwards.
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from port_kit import loopback_ports
 from reduce_kit import near_vectors
 
 from crew.config import RunConfig
@@ -41,12 +41,6 @@ SIZE = 6000
 SETTLE_S = 60.0  # a bound on a hung run, not a timing assertion
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _cfg(check: str, coordinator_port: int, **settings: Any) -> RunConfig:
     bw = tuple(
         tuple(0.0 if i == j else (400.0 if POISONER in (i, j) else 2.0) for j in range(N))
@@ -62,7 +56,7 @@ def _cfg(check: str, coordinator_port: int, **settings: Any) -> RunConfig:
         coordinator_host="127.0.0.1",
         coordinator_port=coordinator_port,
         data_port=0,
-        data_ports=tuple(_free_port() for _ in range(N)),
+        data_ports=loopback_ports(N),
         identities=("127.0.0.1",) * N,
         bw_mbit=bw,
         check=check,
