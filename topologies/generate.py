@@ -71,9 +71,12 @@ SEED_PAPER = 2020
 # LAB_CPU_S_PER_GB, 12.2 s/GB) must fit in one of the two cores, leaving the other to the
 # coordinator's planning, the probes and the control messages. At n = 20 and x0.1 it did not
 # (3.9 cores' worth of links; lab.run's CPU share 0.81); x0.025 puts 658 Mbit/s on the links,
-# one core's worth. n = 32 cannot be brought under one core this way: 992 links at the floor
-# alone are 1.5 cores, so paper-32 stays at x0.1.
-PAPER_SCALE = {20: 0.025, 32: 0.1}
+# one core's worth. At n = 32 the host stays busy at both factors tried (crew's CPU share 0.9
+# at x0.1, 0.88 at x0.025): every group costs a plan and control messages to some 26 helpers, and
+# slower links only stretch the groups. x0.025 (1,690 Mbit/s) is still the better choice there:
+# at x0.1 a relay's wait for the busy cores (tens of ms a hop, over routes of up to five hops)
+# doubled a group's data time against its plan, and at x0.025 the data take less than their plan.
+PAPER_SCALE = {20: 0.025, 32: 0.025}
 # No link below 1 Mbit/s: the leaf queue holds at least 64 frames (lab.net.shaping), 0.78 s at
 # 1 Mbit/s, and a probe behind a full queue must still arrive well within the probes'
 # dead-after time (crew.wire.probes, 1.6 s), or busy slow links read as cut.
