@@ -87,3 +87,25 @@ def test_closing_the_host_on_the_first_refusal_still_refuses_every_rank(monkeypa
         first.close()
         second.close()
         host.close()
+
+
+def test_stopping_the_host_refuses_the_joined_ranks_at_once():
+    """A stop (the coordinator's SIGTERM) ends the exchange well before the join timeout, and a
+    rank that joined is told why instead of seeing its connection drop."""
+    codec = FrameCodec(b"s" * 32, 7)
+    host = RendezvousHost(
+        codec, 3, ("127.0.0.1", 0), lambda *a: pytest.fail("no config"), join_timeout=600.0
+    )
+    host.start()
+    first = _joined_client(host, codec, 0, 3)
+    try:
+        host.stop()
+        reply = proto.decode(control_body(first.recv(idle_timeout=10.0)))
+        host.join(10.0)
+        assert isinstance(reply, proto.Refused), reply
+        assert "stopped during start-up" in reply.reason, reply
+        assert host.failure is not None and "stopped" in host.failure
+        assert host._thread is not None and not host._thread.is_alive()
+    finally:
+        first.close()
+        host.close()

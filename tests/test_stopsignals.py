@@ -4,13 +4,18 @@ wakeup pipe and the handlers are the process's own."""
 
 from __future__ import annotations
 
+import os
+import queue
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import time
+from pathlib import Path
 
 import pytest
+from port_kit import loopback_ports
 
 from crew.runtime.stopsignals import StopSignalError, call_on_signals
 
@@ -72,3 +77,39 @@ def test_routing_from_another_thread_is_refused() -> None:
     thread.start()
     thread.join(ENDS_S)
     assert len(errors) == 1 and "main thread" in str(errors[0])
+
+
+def test_a_launched_jobs_coordinator_ends_on_sigterm_while_ranks_are_missing(
+    tmp_path: Path,
+) -> None:
+    """Before its ranks have joined, the coordinator of a launched job waits up to its join
+    timeout (60 s here); SIGTERM ends it at once, with the reason in its log."""
+    (port,) = loopback_ports(1)
+    env = {**os.environ, "CREW_SECRET": "0123456789abcdef0123456789abcdef"}
+    argv = [sys.executable, "-m", "crew.runtime.coordinator", "--world", "2",
+            "--port", str(port), "--advertise", "127.0.0.1",
+            "--run-dir", str(tmp_path), "--run-id", "t"]  # fmt: skip
+    child = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    assert child.stderr is not None
+    reader = threading.Thread(target=lambda: [lines.put(x) for x in child.stderr], daemon=True)
+    reader.start()
+    try:
+        seen: list[str] = []
+        deadline = time.monotonic() + ENDS_S
+        while time.monotonic() < deadline and not any("waiting for" in x for x in seen):
+            try:
+                seen.append(lines.get(timeout=0.5))
+            except queue.Empty:
+                continue
+        assert child.poll() is None, f"the coordinator ended before it was signalled: {seen}"
+        child.send_signal(signal.SIGTERM)  # now routed: it logged that it is waiting
+        child.wait(ENDS_S)
+        reader.join(ENDS_S)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(ENDS_S)
+    err = "".join(seen) + "".join(lines.queue)
+    assert "the coordinator was stopped during start-up" in err, err
+    assert child.returncode == 1, err

@@ -476,6 +476,7 @@ def _serve_launched_job(args: argparse.Namespace) -> int:
         return 2
     host.start()
     call_on_signals(lambda _: host.stop(), (signal.SIGTERM,))
+    log.info("waiting for the job's %d ranks on port %d", args.world, host.rendezvous.port)
     host.serve()
     if host.rendezvous.failure:
         log.error("the job did not start: %s", host.rendezvous.failure)

@@ -531,7 +531,7 @@ class JobHost:
 
     def stop(self) -> None:
         """Make :meth:`serve` end soon and close this host itself (from any thread)."""
-        self.rendezvous.close()
+        self.rendezvous.stop()
         coord = self.coordinator
         if coord is not None:
             coord.stop_event.set()

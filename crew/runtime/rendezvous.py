@@ -118,6 +118,7 @@ class RendezvousHost:
         self.config: RunConfig | None = None
         self.failure: str | None = None
         self._stop = threading.Event()
+        self._stopping = threading.Event()  # stop(): refuse the ranks, then close
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -129,6 +130,11 @@ class RendezvousHost:
     def join(self, timeout: float | None = None) -> None:
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def stop(self) -> None:
+        """End the exchange from any thread: every rank that joined is refused, naming the
+        stop, and the host then closes itself (a bare close would read as another secret)."""
+        self._stopping.set()
 
     def close(self) -> None:
         """Stop: the listener and every connection close. While the refusal is being sent to
@@ -211,6 +217,8 @@ class RendezvousHost:
             self.close()
 
     def _next(self, deadline: float) -> tuple[int, proto.Message | None] | None:
+        if self._stopping.is_set():
+            raise JoinRefused("the coordinator was stopped during start-up")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return None
