@@ -11,7 +11,6 @@ import threading
 import time
 
 import pytest
-from port_kit import loopback_ports
 
 from crew.config import RunConfig
 from crew.runtime import node as node_mod
@@ -19,6 +18,7 @@ from crew.runtime.node import Node
 from crew.wire.frames import COORDINATOR, FrameCodec
 from crew.wire.session import accept_session
 from crew.wire.transport import FrameStream
+from lab.studies.workerstart import free_ports
 
 SECRET = b"selfstop-secret-0123456789abcdef"
 ATTEMPTS = 4  # x 0.5 s: the test's stand-in for the 30 s window
@@ -36,7 +36,7 @@ def _cfg(coordinator_port: int) -> RunConfig:
         coordinator_host="127.0.0.1",
         coordinator_port=coordinator_port,
         data_port=0,
-        data_ports=loopback_ports(2),
+        data_ports=tuple(free_ports(2)),
         identities=("127.0.0.1", "127.0.0.1"),
         bw_mbit=((0.0, 100.0), (100.0, 0.0)),
     )

@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from port_kit import loopback_ports
 from reduce_kit import near_vectors
 
 from crew.config import RunConfig
@@ -34,6 +33,7 @@ from crew.runtime.reduce import ReduceEngine
 from crew.runtime.rundb import RunDB
 from lab.orchestrate.poison_phase import tampered_from_log
 from lab.orchestrate.poisoner import PoisonEngine
+from lab.studies.workerstart import free_ports
 
 SECRET = b"secret-check-loopback-0123456789"
 N, MEMBERS, POISONER = 4, (0, 1, 2), 3
@@ -56,7 +56,7 @@ def _cfg(check: str, coordinator_port: int, **settings: Any) -> RunConfig:
         coordinator_host="127.0.0.1",
         coordinator_port=coordinator_port,
         data_port=0,
-        data_ports=loopback_ports(N),
+        data_ports=tuple(free_ports(N)),
         identities=("127.0.0.1",) * N,
         bw_mbit=bw,
         check=check,

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-from port_kit import loopback_ports
 
 from crew.runtime.stopsignals import StopSignalError, call_on_signals
+from lab.studies.workerstart import free_ports
 
 ENDS_S = 20.0  # a bound on a hung child, not a timing assertion
 
@@ -84,7 +84,7 @@ def test_a_launched_jobs_coordinator_ends_on_sigterm_while_ranks_are_missing(
 ) -> None:
     """Before its ranks have joined, the coordinator of a launched job waits up to its join
     timeout (60 s here); SIGTERM ends it at once, with the reason in its log."""
-    (port,) = loopback_ports(1)
+    (port,) = free_ports(1)
     env = {**os.environ, "CREW_SECRET": "0123456789abcdef0123456789abcdef"}
     argv = [sys.executable, "-m", "crew.runtime.coordinator", "--world", "2",
             "--port", str(port), "--advertise", "127.0.0.1",

@@ -11,7 +11,9 @@ figures. :class:`LoopbackRun` is the harness (tests use it too).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import random
 import resource
 import secrets
 import signal
@@ -31,14 +33,35 @@ STOP_GRACE_S = 20.0
 COORDINATOR_WAIT_S = 15.0
 
 
+# Ports are picked below Linux's ephemeral range (32768 and up by default), so a socket the
+# kernel numbers for another process meanwhile rarely takes one.
+PORT_LOW, PORT_HIGH = 20000, 32000
+PORT_ATTEMPTS = 200
+
+
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free on 127.0.0.1 now (held open together while picked)."""
-    socks = [socket.create_server(("127.0.0.1", 0)) for _ in range(count)]
-    try:
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """``count`` distinct ports on 127.0.0.1, each free for TCP and for UDP now (all held open
+    together while picked): a worker's data port carries its TCP listener and its UDP probes
+    (``crew.wire.probes``)."""
+    rng = random.Random()
+    with contextlib.ExitStack() as held:
+        picked: list[int] = []
+        for _ in range(PORT_ATTEMPTS):
+            if len(picked) == count:
+                break
+            port = rng.randrange(PORT_LOW, PORT_HIGH)
+            if port in picked:
+                continue
+            try:
+                for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+                    sock = held.enter_context(socket.socket(socket.AF_INET, kind))
+                    sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            picked.append(port)
+        if len(picked) < count:
+            raise RuntimeError(f"found {len(picked)} of {count} free loopback ports")
+        return picked
 
 
 class LoopbackRun:
