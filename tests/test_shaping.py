@@ -68,6 +68,45 @@ def test_apply_commands_install_root_class_and_leaf_in_that_order() -> None:
         ["tc", "qdisc", "replace"],
         ["tc", "class", "replace"],
         ["tc", "qdisc", "replace"],
+        ["tc", "filter", "add"],
     ]
     assert "htb" in cmds[0] and "100000kbit" in cmds[1] and "pfifo" in cmds[2]
     assert cmds[2] == shaping.leaf_command("w0-w1", shaping.Shape(100.0), netem=False)
+    assert cmds[3] == shaping.ack_filter_command("w0-w1", add=True)
+
+
+def test_the_ack_filter_sends_short_pure_acks_to_htbs_direct_queue() -> None:
+    cmd = shaping.ack_filter_command("w0-w1", add=True)
+    assert cmd[cmd.index("flowid") + 1] == "1:0"  # the qdisc's own handle: its direct queue
+    matches = " ".join(cmd[cmd.index("u32") + 1 : cmd.index("flowid")]).split("match ")[1:]
+    assert [m.strip() for m in matches] == [
+        "ip protocol 6 0xff",  # TCP
+        "u8 0x05 0x0f at 0",  # a 20-byte IPv4 header, so the TCP flags sit at byte 33
+        "u16 0x0000 0xff80 at 2",  # total length below 128 bytes
+        "u8 0x10 0xff at 33",  # ACK and no other flag: no data pushed, no SYN or FIN
+    ]
+    assert shaping.ack_filter_command("w0-w1", add=False) == [
+        *["tc", "filter", "del", "dev", "w0-w1", "parent", "1:", "protocol", "ip"],
+        *["pref", shaping.ACK_FILTER_PREF, "u32"],
+    ]
+
+
+def test_a_netem_leaf_keeps_its_acks_and_a_change_of_kind_moves_the_filter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # netem delays every packet: ACKs sent direct would skip the link's delay.
+    delayed = shaping.Shape(100.0, delay_ms=20)
+    assert [c[:3] for c in shaping.apply_commands("w0-w1", delayed, netem=True)][-1] == [
+        "tc",
+        "qdisc",
+        "replace",
+    ]
+    batches: list[list[list[str]]] = []
+    monkeypatch.setattr(shaping, "run_batch", lambda pid, tool, cmds: batches.append(cmds))
+    shaping.set_leaf(1, "w0-w1", delayed, netem=True)  # pfifo -> netem
+    shaping.set_leaf(1, "w0-w1", shaping.Shape(100.0), netem=True)  # netem -> pfifo
+    to_netem, to_pfifo = batches
+    assert [c[1:3] for c in to_netem] == [["filter", "del"], ["qdisc", "del"], ["qdisc", "add"]]
+    assert "netem" in to_netem[2]
+    assert [c[1:3] for c in to_pfifo] == [["qdisc", "del"], ["qdisc", "add"], ["filter", "add"]]
+    assert "pfifo" in to_pfifo[1]

@@ -117,9 +117,10 @@ def test_the_lab_executor_adds_the_shaped_queue_per_hop() -> None:
     assert lab_executor(12.0, host=False).host_cores == 0.0
 
 
-def test_train_runs_are_ack_clocked_below_the_rate_where_the_queue_floor_binds() -> None:
+def test_older_train_runs_are_ack_clocked_below_the_rate_where_the_queue_floor_binds() -> None:
     # Below LAB_ACK_CLOCK_MBIT the lab's leaf queue is QUEUE_MIN_PKTS frames, longer than
-    # QUEUE_EXTRA_S; above it, QUEUE_EXTRA_S at the rate.
+    # QUEUE_EXTRA_S; above it, QUEUE_EXTRA_S at the rate. A run's own database says whether
+    # its ACKs waited in that queue (the default None: see the step-time test below).
     import inspect
 
     from lab.net import shaping
@@ -129,9 +130,7 @@ def test_train_runs_are_ack_clocked_below_the_rate_where_the_queue_floor_binds()
     assert LAB_ACK_CLOCK_MBIT == pytest.approx(15.5, abs=0.05)
     assert shaping.queue_limit(LAB_ACK_CLOCK_MBIT - 0.1) == shaping.QUEUE_MIN_PKTS
     assert shaping.queue_limit(LAB_ACK_CLOCK_MBIT + 0.5) > shaping.QUEUE_MIN_PKTS
-    assert inspect.signature(train_compare).parameters["ack_clock_mbit"].default == (
-        LAB_ACK_CLOCK_MBIT
-    )
+    assert inspect.signature(train_compare).parameters["ack_clock_mbit"].default is None
     assert lab_executor(12.0, ack_clock_mbit=LAB_ACK_CLOCK_MBIT).ack_clock_mbit == (
         LAB_ACK_CLOCK_MBIT
     )
@@ -200,6 +199,13 @@ def test_train_compare_reads_the_step_time_from_worker_states(tmp_path: Path) ->
     facts = _run_facts(tmp_path)
     assert facts["compute_s"] == pytest.approx(0.4)  # median of 0.3 and 0.5
     assert facts["size_bytes"] == 40 and facts["seed"] == 3 and facts["rounds"] == [1, 1, 0]
+    # No ack_queue: a run whose ACKs queued behind the data, which simcompare ACK-clocks.
+    assert facts["acks_direct"] is False
+    from lab.net.shaping import ACK_QUEUE_DIRECT
+
+    with connect(tmp_path / "lab.db") as conn:
+        conn.execute("INSERT INTO meta (key, value) VALUES ('ack_queue', ?)", (ACK_QUEUE_DIRECT,))
+    assert _run_facts(tmp_path)["acks_direct"] is True
 
 
 def test_state_split_is_seconds_per_completed_round_in_each_state(tmp_path: Path) -> None:

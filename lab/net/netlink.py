@@ -129,21 +129,17 @@ class HostNetlink:
     def set_leaf(
         self, pid: int, dev: str, shape: shaping.Shape, *, netem: bool, in_place: bool = False
     ) -> None:
-        """``shaping.set_leaf`` over netlink for a pfifo leaf; a netem leaf goes through tc."""
+        """``shaping.set_leaf`` over netlink for a pfifo leaf changed in place; a netem leaf,
+        or a change of kind (which adds or deletes the ACK filter), goes through tc."""
         kind = shaping.leaf_kind(shape, netem=netem)
-        if kind != "pfifo":
+        if kind != "pfifo" or not in_place:
             shaping.set_leaf(pid, dev, shape, netem=netem, in_place=in_place)
             return
         limit = shaping.queue_limit(shape.rate_mbit, shape.delay_ms, shape.jitter_ms)
         params = {"limit": limit}
         with self._lock:
             ipr, idx = self._ipr(pid), self._ifindex(pid, dev)
-            step = f"{'change' if in_place else 'add'} {kind}"
             try:
-                if in_place:
-                    ipr.tc("change", kind, idx, LEAF, parent=HTB_CLASS, **params)
-                else:
-                    ipr.tc("del", index=idx, handle=LEAF, parent=HTB_CLASS)
-                    ipr.tc("add", kind, idx, LEAF, parent=HTB_CLASS, **params)
+                ipr.tc("change", kind, idx, LEAF, parent=HTB_CLASS, **params)
             except NetlinkError as exc:
-                raise NetlinkChangeError(step, dev, exc) from exc
+                raise NetlinkChangeError(f"change {kind}", dev, exc) from exc

@@ -203,7 +203,8 @@ def describe(cap: Capabilities, topology: TopologySpec) -> str:
         + ", ".join(f"{t} {'ok' if p else 'MISSING'}" for t, p in cap.tools.items()),
         f"kernel: htb {'yes' if cap.htb else 'NO'}, netem {'yes' if cap.netem else 'no'}, "
         f"iptables statistic {'yes' if cap.iptables_statistic else 'no'}",
-        f"rate limiting: HTB on {len(topology.links)} directed links",
+        f"rate limiting: HTB on {len(topology.links)} directed links, pure TCP ACKs sent ahead of"
+        " their data (netem links: queued with it)",
     ]
     wanted = topology.impairments_requested()
     for imp in Impairment:

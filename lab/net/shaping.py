@@ -3,6 +3,7 @@
 One directed link i->j is shaped on host i's interface facing j:
 
     root 1: htb default 10
+      filter pref 1: pure TCP ACKs -> 1:0, HTB's direct queue     (pfifo leaf only)
       class 1:10  rate = ceil = R, burst = cburst = B
         leaf 10:  pfifo limit Q          (no delay/jitter/loss, or no netem)
                   netem delay/jitter/loss limit Q   (when the kernel has sch_netem)
@@ -16,6 +17,17 @@ Cost model / sizing:
   configured two-way delay plus 50 ms of queueing at R (so TCP can fill the pipe), between 64
   and 20000 full-size frames. netem holds delayed packets in the same queue, so its limit
   must cover the BDP or it drops on its own.
+- Pure ACKs skip the data queue. A direction's TCP ACKs leave on its reverse's interface; in
+  the leaf queue they wait behind the reverse's data, up to Q frames: 0.78 s at 1 Mbit/s,
+  where Q is its floor of 64 frames. At the lab's scaled-down rates that is 40 times what
+  the same queue holds at the real rates, and it clocks a fast direction down to its busy,
+  slower reverse's rate (8 Mbit/s against a busy 1 Mbit/s reverse: 1.5 Mbit/s with the
+  ACKs queued, 7.9 Mbit/s with them direct). A u32 filter sends IPv4 TCP segments of at most
+  127 bytes whose only flag is ACK to HTB's direct queue, which is sent first and not
+  rate-limited. Those bytes are not counted in the link's rate: about 66 bytes per two
+  full-size segments the reverse carries, some 2% of the reverse's data rate, which the
+  simulator's links (data only) leave out too. A netem leaf delays every packet, ACKs
+  included, so a link with netem impairments keeps its ACKs in the leaf (no filter).
 - Offloads: with TSO/GSO a veth hands HTB 64 KB super-packets, and HTB's rate accounting and
   queue limit (in packets) go coarse; ``disable_offloads`` turns them off on the lab's veths.
 
@@ -47,6 +59,18 @@ QUEUE_EXTRA_S = 0.050
 BURST_S = 0.001
 BURST_MIN_BYTES = 4 * MTU_FRAME
 QUANTUM_MAX = 200_000
+ACK_FILTER_PREF = "1"
+ACK_QUEUE_DIRECT = "direct"
+"""The run database's ``meta.ack_queue`` for a lab whose pfifo links send pure ACKs direct;
+runs recorded without the key queued them behind the data."""
+# IPv4, 20-byte header (IHL 5); total length below 128 (an ACK with timestamps and SACK blocks);
+# TCP flags byte (20 + 13) exactly ACK. flowid 1:0 is the HTB qdisc itself: its direct queue.
+ACK_MATCH = (
+    ["match", "ip", "protocol", "6", "0xff"]
+    + ["match", "u8", "0x05", "0x0f", "at", "0"]
+    + ["match", "u16", "0x0000", "0xff80", "at", "2"]
+    + ["match", "u8", "0x10", "0xff", "at", "33"]
+)
 OFFLOADS = ("tso", "gso", "gro")
 
 
@@ -177,7 +201,15 @@ def apply_commands(dev: str, shape: Shape, *, netem: bool) -> list[list[str]]:
         ["tc", "class", "replace", "dev", dev, "parent", HTB_HANDLE, "classid", HTB_CLASS]
         + _class_args(shape.rate_mbit),
         leaf_command(dev, shape, netem=netem),
-    ]
+    ] + ([ack_filter_command(dev, add=True)] if leaf_kind(shape, netem=netem) == "pfifo" else [])
+
+
+def ack_filter_command(dev: str, *, add: bool) -> list[str]:
+    """The tc command that adds (or deletes) the filter sending pure ACKs to HTB's direct queue
+    (see the module docstring)."""
+    head = ["tc", "filter", "add" if add else "del", "dev", dev, "parent", HTB_HANDLE]
+    head += ["protocol", "ip", "pref", ACK_FILTER_PREF]
+    return head + ["u32", *ACK_MATCH, "flowid", HTB_HANDLE + "0"] if add else head + ["u32"]
 
 
 def apply(pid: int, dev: str, shape: Shape, *, netem: bool) -> None:
@@ -202,19 +234,25 @@ def leaf_command(dev: str, shape: Shape, *, netem: bool, in_place: bool = False)
 
 
 def set_leaf(pid: int, dev: str, shape: Shape, *, netem: bool, in_place: bool = False) -> None:
-    """Set the leaf queue: new delay/loss, or a limit fitting a new rate.
+    """Set the leaf queue: new delay/loss, or a limit fitting a new rate. Without ``in_place``
+    the leaf changes kind (pfifo <-> netem).
 
     ``in_place`` uses ``tc qdisc change`` (same kind only), which keeps the queued packets;
     otherwise the leaf is deleted and added anew (its queue flushed): the kernel refuses
     ``replace`` of a handle by a qdisc of another kind (pfifo -> netem fails with "Invalid
-    qdisc name"). Both commands run in one tc process, back to back."""
+    qdisc name"). The ACK filter goes with a pfifo leaf: added with one, deleted with a
+    netem one (``in_place`` keeps the kind, so the filter stays as it is). The commands run in
+    one tc process, back to back."""
     if in_place:
         run(pid, leaf_command(dev, shape, netem=netem, in_place=True))
         return
     delete = ["tc", "qdisc", "del", "dev", dev, "parent", HTB_CLASS, "handle", LEAF_HANDLE]
     add = leaf_command(dev, shape, netem=netem)
     add[2] = "add"
-    run_batch(pid, "tc", [delete, add])
+    to_pfifo = leaf_kind(shape, netem=netem) == "pfifo"
+    filt = ack_filter_command(dev, add=to_pfifo)
+    # A link goes pfifo -> netem with its filter there, netem -> pfifo without one.
+    run_batch(pid, "tc", [delete, add, filt] if to_pfifo else [filt, delete, add])
 
 
 def change_rate(pid: int, dev: str, rate_mbit: float) -> None:

@@ -38,6 +38,7 @@ from crew.runtime.rundb import (
     WorkerRow,
 )
 from crew.train.workloads import DEFAULTS, Workload
+from lab.net import shaping
 from lab.net.cleanup import ProcRecord, cleanup_leftovers, end_group
 from lab.net.lifeline import lifeline
 from lab.net.mesh import LabError, LabNetwork
@@ -353,6 +354,7 @@ class LabRun:
                 "schemes": json.dumps([s for s in Scheme if s is not Scheme.GLOO]),
                 "impairments": json.dumps(sorted(self._impairments())),
                 "capabilities": describe(self.caps, self.topo),
+                "ack_queue": shaping.ACK_QUEUE_DIRECT,
                 "options": json.dumps(
                     {
                         k: v

@@ -78,7 +78,8 @@ LAB_ACK_CLOCK_MBIT = QUEUE_MIN_PKTS * MTU_FRAME * 8 / QUEUE_EXTRA_S / 1e6
 """The rate (15.5 Mbit/s) below which the lab's HTB leaf queue is its floor of
 ``QUEUE_MIN_PKTS`` frames rather than ``QUEUE_EXTRA_S`` at the rate, so longer than 50 ms: the
 reverse links behind which ``crew.sim.network.ExecutorModel.ack_clock_mbit`` holds a
-direction's ACKs."""
+direction's ACKs. It applies to lab runs that queued pure ACKs behind the data: those whose
+database has no ``meta.ack_queue`` (``lab.net.shaping.ACK_QUEUE_DIRECT``)."""
 
 
 def lab_executor(

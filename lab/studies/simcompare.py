@@ -19,8 +19,11 @@ round training, ready and reducing, from the coordinator's ``worker_states`` in 
 database and in the simulation's, which the same life-cycle code writes), so a gap in rounds
 shows which part of the round it comes from, and each one's ``turnaround`` (the round's
 control latency outside its group, which ``--turnaround-ms`` gives the simulator). The
-simulated links below ``LAB_ACK_CLOCK_MBIT`` hold back a faster reverse while they carry data,
-as the lab's do (``crew.sim.network.ExecutorModel.ack_clock_mbit``; ``--no-ack-clock``: off).
+lab sends pure TCP ACKs ahead of the data (``lab.net.shaping``), so its links are independent
+of their reverse, as the simulator's are. A run recorded before it did (no ``meta.ack_queue``)
+queued them behind the data: for those, the simulated links below ``LAB_ACK_CLOCK_MBIT`` hold
+back a faster reverse while they carry data, as that lab's did
+(``crew.sim.network.ExecutorModel.ack_clock_mbit``; ``--no-ack-clock``: off).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from crew.runtime.rundb import GroupStatus, WorkerState, reading
 from crew.sim.engine import PlanDelay, SimConfig, Simulation
 from crew.sim.record import Recorder
 from crew.train.stragglers import ComputeDelay
-from lab.net.shaping import QUEUE_EXTRA_S
+from lab.net.shaping import ACK_QUEUE_DIRECT, QUEUE_EXTRA_S
 from lab.report.simagree import (
     GOODPUT,
     LAB_ACK_CLOCK_MBIT,
@@ -110,6 +113,8 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
         "rounds": rounds,
         # Each worker's registration after the first one's: the simulated workers start then.
         "join_at": tuple(max(0.0, starts.get(w, first) - first) for w in range(spec.n)),
+        # Runs recorded before the lab sent pure ACKs direct have no ack_queue.
+        "acks_direct": meta.get("ack_queue") == ACK_QUEUE_DIRECT,
     }
 
 
@@ -181,10 +186,14 @@ def train_compare(
     hop_queue_s: float = TRAIN_HOP_QUEUE_S,
     control_s: float = 0.0,
     turnaround_s: float = 0.0,
-    ack_clock_mbit: float = LAB_ACK_CLOCK_MBIT,
+    ack_clock_mbit: float | None = None,
 ) -> dict[str, Any]:
-    """Rounds per worker of a lab run and of its simulation (see the module docstring)."""
+    """Rounds per worker of a lab run and of its simulation (see the module docstring).
+    ``ack_clock_mbit`` None: the run's own (:data:`LAB_ACK_CLOCK_MBIT` if it queued its ACKs
+    behind the data, else 0)."""
     f = _run_facts(run_dir)
+    if ack_clock_mbit is None:
+        ack_clock_mbit = 0.0 if f["acks_direct"] else LAB_ACK_CLOCK_MBIT
     cfg = SimConfig(
         scheme=Scheme(f["scheme"]),
         p=f["p"],
@@ -225,14 +234,17 @@ def train_compare(
         "sim_split": sim_split,
         "emu_turnaround": turnaround(run_dir / "lab.db", f["spec"], f["seed"], f["compute_s"]),
         "sim_turnaround": sim_turn,
+        "ack_clock_mbit": ack_clock_mbit,
     }
 
 
 def train_report(c: dict[str, Any]) -> str:
     flag = "" if 0.85 <= c["ratio"] <= 1.15 else "   (outside 0.85-1.15)"
+    clock = f"below {c['ack_clock_mbit']:.1f} Mbit/s" if c["ack_clock_mbit"] else "off"
     return (
         f"{c['run']}: {c['scheme']} p={c['p']} seed {c['seed']}, {c['window_s']:.0f} s,"
-        f" {c['size_bytes'] / 1e6:.2f} MB, step {c['compute_s'] * 1e3:.0f} ms\n"
+        f" {c['size_bytes'] / 1e6:.2f} MB, step {c['compute_s'] * 1e3:.0f} ms, ACK clock"
+        f" {clock}\n"
         f"  rounds per worker: simulated {c['sim_mean']:.2f} {c['sim_rounds']},"
         f" emulated {c['emu_mean']:.2f} {c['emu_rounds']}; sim/emu {c['ratio']:.2f}{flag}\n"
         "  a round, ms (simulated / emulated):"
@@ -286,8 +298,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--no-ack-clock",
         action="store_true",
         help="--train: links independent of their reverse (crew.sim.network.ExecutorModel."
-        f"ack_clock_mbit; by default a direction whose reverse is at most {LAB_ACK_CLOCK_MBIT:.1f}"
-        " Mbit/s and busy runs at the reverse's rate, as the lab's deep queues make TCP do)",
+        "ack_clock_mbit). By default that holds for runs whose lab sent pure ACKs ahead of the"
+        " data (meta.ack_queue); in older runs a direction whose reverse is at most"
+        f" {LAB_ACK_CLOCK_MBIT:.1f} Mbit/s and busy runs at the reverse's rate, as the lab's deep"
+        " queues made TCP do",
     )
     args = parser.parse_args(argv)
     for flag in ("hop_queue_ms", "control_ms", "turnaround_ms"):
@@ -317,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             queue,
             args.control_ms / 1e3,
             args.turnaround_ms / 1e3,
-            0.0 if args.no_ack_clock else LAB_ACK_CLOCK_MBIT,
+            0.0 if args.no_ack_clock else None,
         )
         print(train_report(c))
     return 0

@@ -190,6 +190,18 @@ def test_htb_classes_have_the_configured_rates(net: LabNetwork) -> None:
         ]
 
 
+@pytest.mark.root
+def test_acks_skip_the_queue_of_the_link_they_return_on(net: LabNetwork) -> None:
+    transfer(net, 0, 1, seconds=0.3)
+    # Host 1 sent no data to 0: only the transfer's ACKs (and its handshake) left on 1's link.
+    out = shaping.run(net.host_pid(1), ["tc", "-s", "qdisc", "show", "dev", net.intf(1, 0)])
+    direct = int(out.split("direct_packets_stat")[1].split()[0])
+    leaf = out.split("qdisc pfifo")[1]
+    leaf_pkts = int(leaf.split(" pkt")[0].split()[-1])
+    assert direct > 50, out  # 0.3 s at the link's rate is hundreds of segments to acknowledge
+    assert leaf_pkts < 10, out  # SYN, FIN and the like; not the ACKs
+
+
 def _class_sent_bytes(pid: int, dev: str) -> int:
     out = shaping.run(pid, ["tc", "-s", "class", "show", "dev", dev])
     line = next(ln for ln in out.splitlines() if ln.strip().startswith("Sent "))
