@@ -21,13 +21,14 @@ Cost model / sizing:
   the leaf queue they wait behind the reverse's data, up to Q frames: 0.78 s at 1 Mbit/s,
   where Q is its floor of 64 frames. At the lab's scaled-down rates that is 40 times what
   the same queue holds at the real rates, and it clocks a fast direction down to its busy,
-  slower reverse's rate (8 Mbit/s against a busy 1 Mbit/s reverse: 1.5 Mbit/s with the
-  ACKs queued, 7.9 Mbit/s with them direct). A u32 filter sends IPv4 TCP segments of at most
-  127 bytes whose only flag is ACK to HTB's direct queue, which is sent first and not
-  rate-limited. Those bytes are not counted in the link's rate: about 66 bytes per two
-  full-size segments the reverse carries, some 2% of the reverse's data rate, which the
-  simulator's links (data only) leave out too. A netem leaf delays every packet, ACKs
-  included, so a link with netem impairments keeps its ACKs in the leaf (no filter).
+  slower reverse's rate (8 Mbit/s against a busy 1 Mbit/s reverse: 1.4 Mbit/s with the
+  ACKs queued, 8.0 Mbit/s with them direct; ``python -m lab.studies.ackqueue``). A u32
+  filter sends IPv4 TCP segments of at most 127 bytes whose only flag is ACK to HTB's direct
+  queue, which is sent first and not rate-limited. Those bytes are not counted in the
+  link's rate: about 66 bytes per two full-size segments the reverse carries, some 2% of the
+  reverse's data rate, which the simulator's links (data only) leave out too. A netem leaf
+  delays every packet, ACKs included, so a link with netem impairments keeps its ACKs in the
+  leaf (no filter).
 - Offloads: with TSO/GSO a veth hands HTB 64 KB super-packets, and HTB's rate accounting and
   queue limit (in packets) go coarse; ``disable_offloads`` turns them off on the lab's veths.
 
