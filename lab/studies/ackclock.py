@@ -4,10 +4,12 @@ Run a lab with ``CREW_FRAME_TRACE=DIR`` (``crew.wire.transport.FrameTrace``), th
 
     python -m lab.studies.ackclock DIR RUN/lab.db
 
-A direction's TCP ACKs return on its reverse link, behind that link's data. Where the lab's
-leaf queue is long (below 15.5 Mbit/s it is 64 frames: 0.78 s at 1 Mbit/s), a direction whose
-slower reverse carries data is clocked by those late ACKs and runs at about the reverse's rate
-(``crew.sim.network.ExecutorModel.ack_clock_mbit`` models it). This prints the evidence.
+A direction's TCP ACKs return on its reverse link. Queued behind that link's data where the
+lab's leaf queue is long (below 15.5 Mbit/s it is 64 frames: 0.78 s at 1 Mbit/s), they clock a
+direction whose slower reverse carries data to about the reverse's rate
+(``crew.sim.network.ExecutorModel.ack_clock_mbit`` models it). The lab now sends pure ACKs
+ahead of the data (``lab.net.shaping``); this prints the evidence of either: the effect in a
+run recorded before that, its absence in one since.
 
 Every group's transfer on a directed link (its data frames of one kind, scatter or result:
 first sent to last received) of at least ``--min-bytes`` has a payload rate. It is
