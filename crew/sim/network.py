@@ -84,7 +84,9 @@ part's time at its rate. Parts are cut per route exactly as the executor cuts th
   1.65); with the reverse idle, or not slower, at 0.98-1.03 of their own. So a job on a link
   whose reverse runs at or below ``ack_clock_mbit`` and is busy runs at the reverse's rate
   until the reverse's queue empties, then at its own. 0 (the default): links are independent,
-  as on WAN links whose queues hold tens of milliseconds.
+  as on WAN links whose queues hold tens of milliseconds, and as on the lab's links since it
+  sends pure ACKs ahead of the data (``lab.net.shaping``): the flag replays runs recorded
+  before that.
 
 What is not modelled: TCP's slow start and loss recovery, aggregation (summing) time apart from
 the host's CPU per byte, the spread of the per-hop, control and turnaround waits (each is one
