@@ -114,7 +114,9 @@ def netlink_counters(ipr: IPRoute) -> dict[str, tuple[int, int]]:
 
 
 def shape_over_netlink(net: LabNetwork) -> None:
-    """The build-time tree of ``LabNetwork._shape_all`` (no impairments) sent over netlink."""
+    """The build-time tree of ``LabNetwork._shape_all`` (no impairments) sent over netlink,
+    less the ACK filter (``shaping.ack_filter_command``): one request per link fewer than the
+    lab's build, whose u32 selector pyroute2 would have to be given field by field."""
     for i in range(net.n):
         with IPRoute(netns=f"/proc/{net.host_pid(i)}/ns/net", flags=0) as ipr:
             for lk in (lk for lk in net.topology.links if lk.src == i):
