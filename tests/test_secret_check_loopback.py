@@ -137,11 +137,25 @@ def test_secret_check_abandons_the_poisoned_group_and_nothing_is_applied(
     tmp_path, monkeypatch, caplog
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="lab.orchestrate.poisoner"):
-        settled, _, events, tampered = _run(tmp_path, "secret", True, monkeypatch)
+        settled, vectors, events, tampered = _run(tmp_path, "secret", True, monkeypatch)
     assert tampered > 0, "the plan did not route the group through the poisoner"
     # The poisoner's log says so, in the lines lab.hostile's poison phase counts.
     groups, parts = tampered_from_log(caplog.text, POISONER)
     assert len(groups) == 1 and parts >= tampered
+    with rundb.connect(tmp_path / "run.db", readonly=True) as conn:
+        [(status, revisions)] = conn.execute("SELECT status, revisions FROM groups").fetchall()
+    if status == rundb.GroupStatus.COMPLETED.value:
+        # On a loaded host a link of the group can stall past its timeout: a later revision,
+        # planned without that link, carries the data again. Only such a revision may commit,
+        # and only the exact average, untouched by what the first one tampered with.
+        assert revisions >= 1, "a tampered revision was committed"
+        exact = _average(vectors, (1 / 3, 1 / 3, 1 / 3))
+        for m in MEMBERS:
+            s = settled[m]
+            assert s is not None and s.settlement is Settlement.APPLY_AVERAGE, (m, s)
+            assert s.result is not None
+            np.testing.assert_allclose(s.result, exact, rtol=1e-5, atol=1e-5)
+        return
     for m in MEMBERS:
         s = settled[m]
         assert s is not None and s.settlement is Settlement.KEEP_OWN_ABANDONED, (m, s)
