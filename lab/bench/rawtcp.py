@@ -21,7 +21,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lab.net.mesh import LabNetwork
 
@@ -37,11 +37,14 @@ class RawMoveError(RuntimeError):
 @dataclass(frozen=True)
 class RawMove:
     """One raw move: wall time from the common start to the last byte read, the CPU seconds
-    of every host's mover after the start, and the bytes moved."""
+    of every host's mover after the start, the bytes moved, and when each receiving host read
+    its last byte."""
 
     seconds: float
     cpu_s: float
     nbytes: int
+    # Each receiving host's last read, in seconds from the common start.
+    received_s: Mapping[int, float] = field(default_factory=dict)
 
     @property
     def cpu_s_per_gb(self) -> float | None:
@@ -105,7 +108,12 @@ def raw_move(
     received = sum(r["received"] for r in results.values())
     if received != sum(link_bytes.values()):
         raise RawMoveError(f"raw TCP move read {received} of {sum(link_bytes.values())} bytes")
-    return RawMove(max(ends) - start_at, sum(r["cpu_s"] for r in results.values()), received)
+    return RawMove(
+        max(ends) - start_at,
+        sum(r["cpu_s"] for r in results.values()),
+        received,
+        {h: r["recv_end"] - start_at for h, r in results.items() if r["recv_end"] is not None},
+    )
 
 
 def raw_reference(

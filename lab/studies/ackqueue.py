@@ -3,15 +3,15 @@ data or sent ahead of it: ``sudo python -m lab.studies.ackqueue [--runs 5]``.
 
 Builds a two-worker lab network (``lab.net.mesh``) whose one pair is shaped at
 ``--forward-mbit`` one way and ``--reverse-mbit`` back, then moves ``--forward-mb`` forward while
-``--reverse-mb`` goes back, over TCP (the system's congestion control), ``--runs`` times in each
-mode, alternating:
+``--reverse-mb`` goes back, over plain TCP (``lab.net.rawmove``, the system's congestion control),
+both from one common start, ``--runs`` times in each mode, alternating:
 
 - **direct**: the lab's shaping, where pure ACKs skip the leaf queue (``lab.net.shaping``);
 - **queued**: the same with the ACK filter deleted on both ends, so a direction's ACKs wait
   behind its reverse's data.
 
-Prints, per mode and direction, the median (min-max) time from the receiver's accept to its
-last byte and the payload rate it makes. Needs root; run it under the CPU lock.
+Prints, per mode and direction, the median (min-max) time from the common start to the
+receiver's last byte and the payload rate it makes. Needs root; run it under the CPU lock.
 """
 
 from __future__ import annotations
@@ -19,38 +19,18 @@ from __future__ import annotations
 import os
 import secrets
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
 
 from crew.cli_options import command_parser
+from lab.bench.rawtcp import raw_move
 from lab.net import shaping
 from lab.net.mesh import LabNetwork
 from lab.orchestrate.runner import free_mgmt_subnet
 from lab.spec.topology import TopologySpec, parse_topology
 
-PORT = 17031
 TRANSFER_TIMEOUT_S = 120.0
-
-# One process per end: "recv PORT N" prints the seconds from accept to the N-th byte;
-# "send ADDR PORT N" connects and sends N bytes.
-_MOVER = r"""
-import socket, sys, time
-if sys.argv[1] == "recv":
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("0.0.0.0", int(sys.argv[2]))); s.listen(1); print("listening", flush=True)
-    c, _ = s.accept(); t0 = time.monotonic(); want = int(sys.argv[3]); got = 0
-    while got < want:
-        d = c.recv(1 << 16)
-        if not d:
-            break
-        got += len(d)
-    print(f"{got} {time.monotonic() - t0:.6f}", flush=True)
-else:
-    c = socket.create_connection((sys.argv[2], int(sys.argv[3])), timeout=60)
-    c.sendall(b"x" * int(sys.argv[4])); c.shutdown(socket.SHUT_WR)
-"""
 
 
 def pair_topology(forward_mbit: float, reverse_mbit: float) -> TopologySpec:
@@ -73,36 +53,10 @@ def set_ack_filters(net: LabNetwork, *, direct: bool) -> None:
 
 
 def both_ways(net: LabNetwork, forward_bytes: int, reverse_bytes: int) -> tuple[float, float]:
-    """Seconds for each direction's transfer, both under way at once."""
-    py = [sys.executable, "-c", _MOVER]
-    opts: dict = {"stdout": subprocess.PIPE, "text": True}
-    sinks = [
-        net.popen(1, [*py, "recv", str(PORT), str(forward_bytes)], **opts),
-        net.popen(0, [*py, "recv", str(PORT), str(reverse_bytes)], **opts),
-    ]
-    sources = []
-    try:
-        for sink in sinks:
-            if "listening" not in (sink.stdout.readline() if sink.stdout else ""):
-                raise RuntimeError("a receiver did not start")
-        # The slow reverse first, so the fast direction starts against a busy reverse.
-        sources.append(
-            net.popen(1, [*py, "send", str(net.identity_address(0)), str(PORT), str(reverse_bytes)])
-        )
-        sources.append(
-            net.popen(0, [*py, "send", str(net.identity_address(1)), str(PORT), str(forward_bytes)])
-        )
-        times = []
-        for sink, want in zip(sinks, (forward_bytes, reverse_bytes), strict=True):
-            out, _ = sink.communicate(timeout=TRANSFER_TIMEOUT_S)
-            got, seconds = out.split()[-2:]
-            if int(got) != want:
-                raise RuntimeError(f"a receiver got {got} of {want} bytes")
-            times.append(float(seconds))
-        return times[0], times[1]
-    finally:
-        for proc in sources + sinks:
-            net.stop_process(proc)
+    """Seconds from the common start to each direction's last byte, both moved at once by
+    ``lab.net.rawmove`` (``lab.bench.rawtcp.raw_move``)."""
+    move = raw_move(net, {(0, 1): forward_bytes, (1, 0): reverse_bytes}, TRANSFER_TIMEOUT_S)
+    return move.received_s[1], move.received_s[0]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from crew.runtime.rundb import RunDB
+from lab.bench.rawtcp import raw_move
 from lab.check import schedule
 from lab.net import cleanup, shaping
 from lab.net.goodput import sink_argv, source_argv
@@ -200,6 +201,15 @@ def test_acks_skip_the_queue_of_the_link_they_return_on(net: LabNetwork) -> None
     leaf_pkts = int(leaf.split(" pkt")[0].split()[-1])
     assert direct > 50, out  # 0.3 s at the link's rate is hundreds of segments to acknowledge
     assert leaf_pkts < 10, out  # SYN, FIN and the like; not the ACKs
+
+
+@pytest.mark.root
+def test_a_raw_move_says_when_each_receiver_read_its_last_byte(net: LabNetwork) -> None:
+    move = raw_move(net, {(0, 1): 200_000, (1, 0): 50_000})
+    assert move.nbytes == 250_000
+    assert set(move.received_s) == {0, 1}  # host 0 read the 1->0 bytes, host 1 the 0->1 ones
+    assert min(move.received_s.values()) > 0
+    assert move.seconds == max(move.received_s.values())
 
 
 def _class_sent_bytes(pid: int, dev: str) -> int:
