@@ -21,7 +21,7 @@ Cost model / sizing:
   the leaf queue they wait behind the reverse's data, up to Q frames: 0.78 s at 1 Mbit/s,
   where Q is its floor of 64 frames. At the lab's scaled-down rates that is 40 times what
   the same queue holds at the real rates, and it clocks a fast direction down to its busy,
-  slower reverse's rate (8 Mbit/s against a busy 1 Mbit/s reverse: 1.4 Mbit/s with the
+  slower reverse's rate (8 Mbit/s against a busy 1 Mbit/s reverse: 1.6 Mbit/s with the
   ACKs queued, 8.0 Mbit/s with them direct; ``python -m lab.studies.ackqueue``). A u32
   filter sends IPv4 TCP segments of at most 127 bytes whose only flag is ACK to HTB's direct
   queue, which is sent first and not rate-limited. Those bytes are not counted in the
