@@ -121,6 +121,17 @@ def _average(vectors: dict[int, np.ndarray], weights: tuple[float, ...]) -> np.n
     return sum(w * vectors[m].astype(np.float64) for m, w in zip(MEMBERS, weights, strict=True))
 
 
+def _assert_every_member_applied_the_exact_average(
+    settled: dict[int, Settled | None], vectors: dict[int, np.ndarray]
+) -> None:
+    exact = _average(vectors, (1 / 3, 1 / 3, 1 / 3))
+    for m in MEMBERS:
+        s = settled[m]
+        assert s is not None and s.settlement is Settlement.APPLY_AVERAGE, (m, s)
+        assert s.result is not None
+        np.testing.assert_allclose(s.result, exact, rtol=0, atol=1e-5)
+
+
 def test_public_check_commits_a_poisoned_average(tmp_path, monkeypatch) -> None:
     settled, vectors, _, tampered = _run(tmp_path, "public", True, monkeypatch)
     assert tampered > 0, "the plan did not route the group through the poisoner"
@@ -149,12 +160,7 @@ def test_secret_check_abandons_the_poisoned_group_and_nothing_is_applied(
         # planned without that link, carries the data again. Only such a revision may commit,
         # and only the exact average, untouched by what the first one tampered with.
         assert revisions >= 1, "a tampered revision was committed"
-        exact = _average(vectors, (1 / 3, 1 / 3, 1 / 3))
-        for m in MEMBERS:
-            s = settled[m]
-            assert s is not None and s.settlement is Settlement.APPLY_AVERAGE, (m, s)
-            assert s.result is not None
-            np.testing.assert_allclose(s.result, exact, rtol=1e-5, atol=1e-5)
+        _assert_every_member_applied_the_exact_average(settled, vectors)
         return
     for m in MEMBERS:
         s = settled[m]
@@ -167,12 +173,7 @@ def test_secret_check_abandons_the_poisoned_group_and_nothing_is_applied(
 
 def test_secret_check_commits_an_honest_group(tmp_path, monkeypatch) -> None:
     settled, vectors, events, _ = _run(tmp_path, "secret", False, monkeypatch)
-    exact = _average(vectors, (1 / 3, 1 / 3, 1 / 3))
-    for m in MEMBERS:
-        s = settled[m]
-        assert s is not None and s.settlement is Settlement.APPLY_AVERAGE, (m, s)
-        assert s.result is not None
-        np.testing.assert_allclose(s.result, exact, rtol=0, atol=1e-5)
+    _assert_every_member_applied_the_exact_average(settled, vectors)
     assert not [msg for level, msg in events if level == "error"]
 
 
