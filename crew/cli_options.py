@@ -33,6 +33,7 @@ TRAINING = (
     "outer_lr",
     "outer_momentum",
     "overlap",
+    "min_iteration_s",
     "compress",
     "lr",
     "batch_size",
@@ -157,6 +158,7 @@ def training_options(args: argparse.Namespace, *, scheme: str, nonblocking: bool
         "compress": args.compress,
         "model_mb": args.model_mb,
         "overlap": args.overlap,
+        "min_iteration_s": args.min_iteration_s,
     }
     check_training(scheme=scheme, nonblocking=nonblocking, **out)
     if args.lr is not None and not args.lr > 0:

@@ -241,6 +241,17 @@ class RunConfig:
             flag="--overlap",
         ),
     )
+    min_iteration_s: float = field(
+        default=0.0,
+        metadata=opt(
+            "each local iteration lasts at least this long, padded with sleep that counts as"
+            " compute: every worker emulates an accelerator of its own instead of sharing the"
+            " host's cores with the others (0: iterations take their real time or the"
+            " straggler profile's)",
+            "s",
+            flag="--min-iteration-s",
+        ),
+    )
     workload: str = field(
         default="mlp",
         metadata=opt(
@@ -654,6 +665,7 @@ class RunConfig:
             local_steps=self.local_steps,
             outer_lr=self.outer_lr,
             outer_momentum=self.outer_momentum,
+            min_iteration_s=self.min_iteration_s,
         )
 
     def part_elems_for(self, size_elems: int) -> int:

@@ -19,6 +19,9 @@ from crew.config import (
 __all__ = ["check_aggregate", "check_training"]
 
 
+MAX_ITERATION_S = 3600.0  # an hour per local iteration: beyond it, a typo rather than a setting
+
+
 def check_training(
     *,
     compress: str,
@@ -31,6 +34,7 @@ def check_training(
     outer_momentum: float,
     model_mb: float = 4.0,
     overlap: bool = False,
+    min_iteration_s: float = 0.0,
 ) -> None:
     """The training-mode and compression fields (crew.train.outer, crew.train.compress);
     ConfigError names the first one that is wrong. The lab checks its options with this before
@@ -71,6 +75,14 @@ def check_training(
         raise ConfigError(f"outer_lr: must be in (0, 2], got {outer_lr}")
     if not 0 <= outer_momentum < 1:
         raise ConfigError(f"outer_momentum: must be in [0, 1), got {outer_momentum}")
+    if isinstance(min_iteration_s, bool) or not (
+        isinstance(min_iteration_s, int | float)
+        and math.isfinite(min_iteration_s)
+        and 0 <= min_iteration_s <= MAX_ITERATION_S
+    ):
+        raise ConfigError(
+            f"min_iteration_s: seconds between 0 and {MAX_ITERATION_S:g}, got {min_iteration_s!r}"
+        )
 
 
 def clip_number_problem(name: str, value: object) -> str | None:

@@ -223,6 +223,7 @@ def print_summary(summary: dict) -> None:
         "sync",
         "local_steps",
         "overlap",
+        "min_iteration_s",
         "compress",
         "final_heldout_loss",
         "max_verify_err",

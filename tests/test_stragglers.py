@@ -141,6 +141,26 @@ def test_padding_makes_iteration_take_sampled_time_times_slowdown() -> None:
     assert delay.padding(0.4) == 0.0
 
 
+def test_a_floor_makes_every_iteration_last_at_least_that_long() -> None:
+    # An accelerator of the worker's own: 2 s an iteration, whatever the CPU took.
+    delay = ComputeDelay(None, seed=0, floor_s=2.0)
+    assert delay.padding(0.5) == pytest.approx(1.5)
+    assert delay.padding(2.5) == 0.0  # slower than the floor: its real time
+    one_point = StragglerProfile("fixed", (3.0,), (1.0,))
+    above = ComputeDelay(one_point, seed=0, floor_s=2.0)
+    assert above.padding(0.5) == pytest.approx(2.5)  # the profile's longer sample wins
+    delay.slowdown = 2.0
+    assert delay.padding(0.5) == pytest.approx(3.5)  # 2 * 2 - 0.5
+    worker = ComputeDelay.for_worker(None, run_seed=1, worker=3, floor_s=1.25)
+    assert worker.padding(0.25) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("bad", [-0.5, float("nan"), float("inf")])
+def test_bad_floor_rejected(bad: float) -> None:
+    with pytest.raises(StragglerError, match="floor_s"):
+        ComputeDelay(None, seed=0, floor_s=bad)
+
+
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
 def test_bad_slowdown_rejected(bad: float) -> None:
     with pytest.raises(StragglerError, match="slowdown"):

@@ -55,6 +55,30 @@ def test_modes_run_each_combination_blocking_and_overlapped() -> None:
     assert one.name == "preduce-every-step-fp32-overlap" and one.training["overlap"]
 
 
+def test_every_run_takes_the_iteration_floor_to_its_workers_config(tmp_path) -> None:
+    from crew.config import ConfigError, RunConfig
+    from lab.orchestrate.runner import RunOptions
+    from tests.lifecycle_kit import make_cfg
+
+    runs = bench_spec.parse_train_configs(
+        ["crew:diloco:none:blocking,overlap"],
+        _args("--local-steps", "8", "--min-iteration-s", "2.5"),
+    )
+    assert [r.training["min_iteration_s"] for r in runs] == [2.5, 2.5]
+    assert RunOptions(**runs[1].training).min_iteration_s == 2.5
+    saved = make_cfg(min_iteration_s=2.5)
+    saved.save(tmp_path / "run.json")
+    assert RunConfig.load(tmp_path / "run.json").min_iteration_s == 2.5  # what workers read
+    with pytest.raises(ConfigError, match="min_iteration_s"):
+        make_cfg(min_iteration_s=-1.0)
+    assert (
+        bench_spec.parse_train_configs(["crew:every-step:none"], _args())[0].training[
+            "min_iteration_s"
+        ]
+        == 0.0
+    )
+
+
 @pytest.mark.parametrize(
     ("item", "named"),
     [

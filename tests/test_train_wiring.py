@@ -62,6 +62,8 @@ def test_averager_applies_the_diloco_outer_step_two_ranks_by_hand() -> None:
         (["--quorum-min", "9"], "--quorum-min"),
         (["--quorum-min", "3", "--quorum-max", "2"], "--quorum-min"),
         (["--capacity", "oracle"], "--capacity"),  # the default topology has no rate traces
+        (["--min-iteration-s", "-1"], "--min-iteration-s"),
+        (["--min-iteration-s", "nan"], "--min-iteration-s"),
     ],
 )
 def test_lab_run_refuses_bad_training_options_before_building(

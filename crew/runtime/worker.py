@@ -98,7 +98,7 @@ class Worker:
                 "worker %d: resumed from %s at iteration %d", me, self.checkpoint, trainer.iteration
             )
         spec = cfg.stragglers[me] if me < len(cfg.stragglers) else None
-        self.delay = ComputeDelay.for_worker(spec, cfg.seed, me)
+        self.delay = ComputeDelay.for_worker(spec, cfg.seed, me, cfg.min_iteration_s)
         return trainer
 
     def _make_outer(self):  # noqa: ANN202 - OuterLoop | None; crew.train imported lazily

@@ -19,11 +19,17 @@ Semantics (:class:`ComputeDelay`): a sample is the *target* compute time of one 
 compute on the lab host is usually faster than the target, so the worker pads each iteration
 with a sleep::
 
-    padding = max(0, max(sample, actual) * slowdown - actual)
+    padding = max(0, max(sample, floor, actual) * slowdown - actual)
 
 i.e. the iteration takes the sampled time (or its real time, if that is longer), stretched by
 the run-time ``slowdown`` factor the dashboard can set. With no profile the sample is 0, so the
 iteration takes ``actual * slowdown``: a slowdown still slows an unprofiled worker.
+
+``floor`` (``RunConfig.min_iteration_s``, 0 by default) is the least time an iteration takes.
+Eight workers on a host of two cores share them: a worker that computes while others wait takes
+CPU the others would have had, so the host, not each worker's own accelerator, sets how fast
+they all train. With a floor well above an iteration's real CPU time, each worker's iteration
+lasts its own fixed time whatever the others do, as on an accelerator of its own.
 """
 
 from __future__ import annotations
@@ -199,8 +205,17 @@ class ComputeDelay:
     thread (the dashboard's "slow this worker" command); it takes effect on the next padding.
     """
 
-    def __init__(self, profile: StragglerProfile | None, seed: int, slowdown: float = 1.0) -> None:
+    def __init__(
+        self,
+        profile: StragglerProfile | None,
+        seed: int,
+        slowdown: float = 1.0,
+        floor_s: float = 0.0,
+    ) -> None:
+        if not isinstance(floor_s, int | float) or not math.isfinite(floor_s) or floor_s < 0:
+            raise StragglerError(f"floor_s must be finite seconds >= 0, got {floor_s!r}")
         self.profile = profile
+        self.floor_s = float(floor_s)
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()  # the generator is not thread-safe
         if profile is not None:
@@ -211,11 +226,14 @@ class ComputeDelay:
         self.last_sample: float | None = None
 
     @classmethod
-    def for_worker(cls, spec: str | None, run_seed: int, worker: int) -> ComputeDelay:
+    def for_worker(
+        cls, spec: str | None, run_seed: int, worker: int, floor_s: float = 0.0
+    ) -> ComputeDelay:
         """A run's worker's draws: its profile spec (None: no profile), seeded
         ``run_seed * 1000 + worker``, so that the lab's worker, the simulator and the studies
         that redraw its samples all draw the same ones."""
-        return cls(get_profile(spec) if spec else None, seed=run_seed * 1000 + worker)
+        profile = get_profile(spec) if spec else None
+        return cls(profile, seed=run_seed * 1000 + worker, floor_s=floor_s)
 
     @property
     def slowdown(self) -> float:
@@ -248,10 +266,11 @@ class ComputeDelay:
         """Seconds to sleep after an iteration whose real compute took ``actual_s``.
 
         Draws a fresh sample (call once per iteration; it is kept in ``last_sample``) and
-        returns ``max(0, max(sample, actual_s) * slowdown - actual_s)``.
+        returns ``max(0, max(sample, floor_s, actual_s) * slowdown - actual_s)``.
         """
         if not isinstance(actual_s, int | float) or not math.isfinite(actual_s) or actual_s < 0:
             raise StragglerError(f"actual_s must be finite seconds >= 0, got {actual_s!r}")
         target = self.sample()
         self.last_sample = target
-        return max(0.0, max(target, float(actual_s)) * self._slowdown - float(actual_s))
+        longest = max(target, self.floor_s, float(actual_s))
+        return max(0.0, longest * self._slowdown - float(actual_s))

@@ -107,6 +107,7 @@ class RunOptions:
     outer_momentum: float = RunConfig.default("outer_momentum")
     compress: str = RunConfig.default("compress")  # none (float32), fp16 or int8
     overlap: bool = RunConfig.default("overlap")  # train on while the group reduces
+    min_iteration_s: float = RunConfig.default("min_iteration_s")  # an accelerator of its own
     dashboard: bool = True
     dashboard_host: str = "127.0.0.1"
     dashboard_port: int = 8501
@@ -127,6 +128,7 @@ TRAINING_FIELDS = (
     "outer_lr",
     "outer_momentum",
     "overlap",
+    "min_iteration_s",
     "compress",
 )
 
@@ -416,6 +418,7 @@ class LabRun:
             outer_lr=o.outer_lr,
             outer_momentum=o.outer_momentum,
             overlap=o.overlap,
+            min_iteration_s=o.min_iteration_s,
             workload=o.workload,
             model_mb=o.model_mb,
             compress=o.compress,
