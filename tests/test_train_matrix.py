@@ -134,9 +134,11 @@ def test_bytes_until_the_target_and_the_curve(tmp_path) -> None:
             (108.0, 1, 0, 500, 0.0),
         ],
     )
-    db.set_meta({"ended_at": "110.0"})
+    # 15 CPU s over the run's 10 s on 2 cores: the host was busy 75% of the run.
+    db.set_meta({"started_at": "100.0", "ended_at": "110.0", "lab_cpu_s": "15", "cores": "2"})
     db.close()
     r = bench_train.train_results(tmp_path / "lab.db", n=2, target=0.85)
+    assert r.cpu_share == 0.75
     assert r.time_to_target_s == 6.0
     assert r.link_bytes == 8000 + 500
     assert r.link_bytes_to_target == 5000 + 500
@@ -157,6 +159,7 @@ def _result(per_round: float, **config) -> dict:
         link_bytes_per_round=per_round,
         link_bytes_to_target=int(per_round * 9),
         curve=[(1.0, 0.2), (20.0, 0.86)],
+        cpu_share=0.4,
     ).to_dict() | {"config": config}
 
 
@@ -176,6 +179,7 @@ def test_the_table_shows_each_run_and_its_ratio_to_fp32() -> None:
     assert "0.260" in rows["crew-diloco8-int8"]  # per worker-round against the fp32 twin
     assert "7.50" in rows["crew-diloco8-fp32"] and "1.000" not in rows["crew-diloco8-fp32"]
     assert "11.0" in text  # rounds per worker: (10 + 12) / 2
+    assert "CPU share" in text and "40%" in rows["crew-diloco8-int8"]
     figs = bench_report.train_figures(
         {"topology": "default", "p": 3, "seed": 1, "target_accuracy": 0.85, "schemes": runs}
     )

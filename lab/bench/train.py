@@ -27,6 +27,7 @@ from lab.bench.spec import BenchSpec, TrainRun
 from lab.net.mesh import LabNetwork
 from lab.net.preflight import Capabilities
 from lab.orchestrate.runner import LabRun, RunOptions
+from lab.orchestrate.summary import cpu_share
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ class TrainResult:
     link_bytes_to_target: int | None = None  # all links, until the target was first reached
     # mean over workers of compute ÷ wall time (crew.control.utilisation), at the run's end
     compute_utilisation: float | None = None
+    # the lab's CPU seconds ÷ (wall time × cores) over the whole run (lab.orchestrate.summary)
+    cpu_share: float | None = None
     # (seconds since the first iteration, mean of every worker's latest accuracy, or held-out
     # loss for lm), once all n workers have reported one: the training curve of the plots.
     curve: list[tuple[float, float]] = field(default_factory=list)
@@ -151,6 +154,7 @@ def train_results(
             ),
             link_bytes_to_target=to_target,
             compute_utilisation=sum(shares) / len(shares) if shares else None,
+            cpu_share=cpu_share(meta),
             curve=curve,
         )
 

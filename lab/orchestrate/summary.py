@@ -37,6 +37,17 @@ def utilisation_summary(shares: Mapping[int, UtilisationRow]) -> dict[str, Any]:
     }
 
 
+def cpu_share(meta: Mapping[str, str]) -> float | None:
+    """The lab's CPU seconds over the run ÷ (its wall time × the host's cores), from the run's
+    ``meta``; None for a run that has not ended (no ``lab_cpu_s`` yet)."""
+    if "lab_cpu_s" not in meta:
+        return None
+    started = float(meta.get("started_at", "0"))
+    ended = float(meta.get("ended_at", str(time.time())))
+    cores = int(meta.get("cores", "1"))
+    return round(float(meta["lab_cpu_s"]) / (max(ended - started, 1e-9) * cores), 3)
+
+
 def summarize(db_path: Path) -> dict[str, Any]:
     """The run's headline figures, from its database alone."""
     from crew.runtime.rundb import reading
@@ -89,7 +100,6 @@ def summarize(db_path: Path) -> dict[str, Any]:
             (WorkerState.READY.value,),
         ).fetchone()
         cpu_s = float(meta["lab_cpu_s"]) if "lab_cpu_s" in meta else None
-        cores = int(meta.get("cores", "1"))
         formed_by: dict[str, int] = {}  # the quorum rule's reasons (crew.control.quorum)
         with contextlib.suppress(sqlite3.OperationalError):  # older databases lack the column
             for r in conn.execute(
@@ -124,9 +134,7 @@ def summarize(db_path: Path) -> dict[str, Any]:
                 round(first_ready - started, 2) if first_ready and ready_workers == n else None
             ),
             "lab_cpu_s": cpu_s,
-            "cpu_share": (
-                round(cpu_s / ((ended - started) * cores), 3) if cpu_s is not None else None
-            ),
+            "cpu_share": cpu_share(meta),
             "link_bytes_total": sum(link_bytes.values()),
             "link_bytes": link_bytes,
             "db": str(db_path),
