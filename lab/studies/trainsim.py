@@ -18,6 +18,11 @@ at most ``--clip-radius``; ``--clip-factor 0`` keeps ``--clip-radius``). ``--poi
 worker 0 offers S times its model to every group (a member that poisons its own vector,
 ``lab.orchestrate.selfpoison``).
 
+``--overlap``: each group's result reaches its members one round late, after they have run
+the next H local steps from the model they offered, and is applied as a delta against that
+offer (``crew.train.overlap``, as ``crew.Averager.start`` does): quality against local steps
+when every reduce is hidden behind one iteration.
+
 It measures quality against local steps, not time: the lab's benchmark owns time to target.
 Prints one line per evaluation and a summary line: local steps per worker and rounds to reach
 ``--target`` (mean held-out accuracy of all workers, MLP) or ``--target-loss`` (lm), final
@@ -40,6 +45,7 @@ from crew.control.verify import check_vector
 from crew.train.compress import Codec, encoded_size
 from crew.train.datasets import Partition
 from crew.train.outer import OuterConfig, OuterLoop, SyncMode
+from crew.train.overlap import DelayedUpdates
 from crew.train.partcodec import PartCodec
 from crew.train.workloads import DEFAULTS, Workload, make_trainer
 
@@ -106,6 +112,19 @@ def spreads(offers: list[np.ndarray]) -> list[float]:
     return out
 
 
+def _evaluate_mean(trainers: list) -> tuple[float, float]:
+    """(loss, accuracy) of the workers' mean model, on the first worker's model and data: the
+    quality of their consensus, without the local steps no group has averaged yet."""
+    own = trainers[0].get_vector()
+    mean = np.mean(np.stack([t.get_vector() for t in trainers]), axis=0, dtype=np.float64)
+    trainers[0].set_vector(mean.astype(np.float32))
+    try:
+        loss, acc = trainers[0].evaluate()
+    finally:
+        trainers[0].set_vector(own)
+    return float(loss), float(acc)
+
+
 def run(args: argparse.Namespace) -> dict[str, float | int | None]:
     trainers = _trainers(args)
     mode = SyncMode(args.mode)
@@ -127,14 +146,21 @@ def run(args: argparse.Namespace) -> dict[str, float | int | None]:
     radii: list[float] = []
     honest_clipped = honest_parts = 0
     check_rng = np.random.default_rng([args.seed, 1])  # apart from the groups' order
+    delayed = [DelayedUpdates() for _ in trainers]
+    arriving: dict[int, tuple[int, np.ndarray]] = {}  # overlap: member -> (ticket, result)
     started = time.perf_counter()
     for r in range(1, rounds + 1):
         for t in trainers:
             t.step()
+        for m, (ticket, result) in sorted(arriving.items()):  # last round's, one round late
+            synced = loops[m].after_reduce(result)
+            trainers[m].set_vector(delayed[m].resolve(ticket, trainers[m].get_vector(), synced))
+        arriving.clear()
         order = rng.permutation(args.n).tolist()
         for g in range(0, args.n - args.p + 1, args.p):
             members = order[g : g + args.p]
-            offers = [loops[m].before_reduce(trainers[m].get_vector()) for m in members]
+            models = [trainers[m].get_vector() for m in members]
+            offers = [loops[m].before_reduce(x) for m, x in zip(members, models, strict=True)]
             spread += spreads([v for m, v in zip(members, offers, strict=True) if m != 0])
             if args.poison_scale != 1.0 and 0 in members:
                 offers[members.index(0)] = offers[members.index(0)] * np.float32(args.poison_scale)
@@ -151,8 +177,11 @@ def run(args: argparse.Namespace) -> dict[str, float | int | None]:
                 radius.observe([float(r_g @ v) for v in offers], float(np.linalg.norm(result)))
             else:
                 result = star_reduce(pcs, offers, weights)
-            for m in members:
-                trainers[m].set_vector(loops[m].after_reduce(result))
+            for m, x in zip(members, models, strict=True):
+                if args.overlap:
+                    arriving[m] = (delayed[m].offer(x), result)
+                else:
+                    trainers[m].set_vector(loops[m].after_reduce(result))
         for m in order[(args.n // args.p) * args.p :]:  # left over: not in a group this round
             loops[m].on_abandon()
         if r % max(1, args.eval_rounds) == 0 or r == rounds:
@@ -160,12 +189,17 @@ def run(args: argparse.Namespace) -> dict[str, float | int | None]:
             loss = float(np.mean([e[0] for e in evals]))
             acc = float(np.mean([e[1] for e in evals]))
             quality = acc if args.workload == "mlp" else loss
+            mean_part = ""
+            if args.eval_mean:
+                mean_loss, mean_acc = _evaluate_mean(trainers)
+                mean_part = f" mean-model loss {mean_loss:.4f} acc {mean_acc:.4f}"
             hit = acc >= args.target if args.workload == "mlp" else loss <= args.target_loss
             if hit and reached is None:
                 reached = r
             print(
                 f"round {r:4d} steps {r * args.local_steps:5d} loss {loss:.4f} "
-                f"acc {acc:.4f} ppl {math.exp(loss):.2f} t {time.perf_counter() - started:.0f}s",
+                f"acc {acc:.4f} ppl {math.exp(loss):.2f}{mean_part}"
+                f" t {time.perf_counter() - started:.0f}s",
                 flush=True,
             )
     n_elems = trainers[0].num_params
@@ -202,6 +236,16 @@ def main(argv: list[str] | None = None) -> int:
         default="on",
         help="each encoding worker adds what its last encode rounded away (fp16/int8)",
     )
+    p.add_argument(
+        "--overlap",
+        action="store_true",
+        help="apply each group's result one round late, as a delta against the offer",
+    )
+    p.add_argument(
+        "--eval-mean",
+        action="store_true",
+        help="also evaluate the workers' mean model (their consensus) at each evaluation",
+    )
     p.add_argument("--aggregate", choices=["mean", "clip"], default="mean")
     p.add_argument("--clip-radius", type=float, default=DEFAULT_RHO, help="the radius's ceiling")
     p.add_argument(
@@ -229,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"SUMMARY workload={args.workload} mode={args.mode} H={args.local_steps} "
         f"outer_lr={args.outer_lr} mu={args.outer_momentum} compress={args.compress} "
-        f"ef={args.error_feedback} aggregate={args.aggregate} rho={args.clip_radius} "
-        f"factor={args.clip_factor} "
+        f"ef={args.error_feedback} overlap={args.overlap} aggregate={args.aggregate} "
+        f"rho={args.clip_radius} factor={args.clip_factor} "
         f"poison={args.poison_scale} "
         f"n={args.n} p={args.p} partition={args.partition} steps_to_target="
         f"{out['steps_to_target']} rounds_to_target={out['rounds_to_target']} "
