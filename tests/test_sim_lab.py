@@ -206,6 +206,13 @@ def test_train_compare_reads_the_step_time_from_worker_states(tmp_path: Path) ->
     with connect(tmp_path / "lab.db") as conn:
         conn.execute("INSERT INTO meta (key, value) VALUES ('ack_queue', ?)", (ACK_QUEUE_DIRECT,))
     assert _run_facts(tmp_path)["acks_direct"] is True
+    # A run whose iterations had a floor: the simulated steps take at least that long.
+    with connect(tmp_path / "lab.db") as conn:
+        conn.execute(
+            "UPDATE meta SET value = ? WHERE key = 'options'",
+            (json.dumps({"seed": 3, "min_iteration_s": 2.0}),),
+        )
+    assert _run_facts(tmp_path)["compute_s"] == 2.0
 
 
 def test_state_split_is_seconds_per_completed_round_in_each_state(tmp_path: Path) -> None:

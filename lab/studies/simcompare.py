@@ -108,7 +108,12 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
         "p": int(meta["p"]),
         "seed": int(options.get("seed", 0)),
         "size_bytes": 4 * total,
-        "compute_s": statistics.median(steps) if steps else 0.0,
+        # Every iteration lasted at least the run's floor (RunConfig.min_iteration_s), also
+        # where every worker has a straggler profile and no plain step was measured.
+        "compute_s": max(
+            statistics.median(steps) if steps else 0.0,
+            float(options.get("min_iteration_s", 0.0)),
+        ),
         "window_s": trained - float(first),
         "rounds": rounds,
         # Each worker's registration after the first one's: the simulated workers start then.
