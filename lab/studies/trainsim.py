@@ -21,7 +21,8 @@ worker 0 offers S times its model to every group (a member that poisons its own 
 ``--overlap``: each group's result reaches its members one round late, after they have run
 the next H local steps from the model they offered, and is applied as a delta against that
 offer (``crew.train.overlap``, as ``crew.Averager.start`` does): quality against local steps
-when every reduce is hidden behind one iteration.
+when every reduce is hidden behind one iteration. ``--eval-mean`` also evaluates the workers'
+mean model, their consensus, apart from the noise of each worker's unaveraged steps.
 
 It measures quality against local steps, not time: the lab's benchmark owns time to target.
 Prints one line per evaluation and a summary line: local steps per worker and rounds to reach
