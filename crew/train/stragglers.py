@@ -128,11 +128,11 @@ class StragglerProfile:
         )
 
 
-def _check_seconds(field: str, value: float, name: str) -> None:
+def _check_seconds(field: str, value: float, name: str | None = None) -> None:
+    """StragglerError unless ``value`` is finite seconds >= 0; ``name``: the profile's."""
     if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise StragglerError(
-            f"profile {name!r}: {field} must be finite seconds >= 0, got {value!r}"
-        )
+        where = "" if name is None else f"profile {name!r}: "
+        raise StragglerError(f"{where}{field} must be finite seconds >= 0, got {value!r}")
 
 
 @cache
@@ -212,8 +212,7 @@ class ComputeDelay:
         slowdown: float = 1.0,
         floor_s: float = 0.0,
     ) -> None:
-        if not isinstance(floor_s, int | float) or not math.isfinite(floor_s) or floor_s < 0:
-            raise StragglerError(f"floor_s must be finite seconds >= 0, got {floor_s!r}")
+        _check_seconds("floor_s", floor_s)
         self.profile = profile
         self.floor_s = float(floor_s)
         self._rng = np.random.default_rng(seed)
@@ -268,8 +267,7 @@ class ComputeDelay:
         Draws a fresh sample (call once per iteration; it is kept in ``last_sample``) and
         returns ``max(0, max(sample, floor_s, actual_s) * slowdown - actual_s)``.
         """
-        if not isinstance(actual_s, int | float) or not math.isfinite(actual_s) or actual_s < 0:
-            raise StragglerError(f"actual_s must be finite seconds >= 0, got {actual_s!r}")
+        _check_seconds("actual_s", actual_s)
         target = self.sample()
         self.last_sample = target
         longest = max(target, self.floor_s, float(actual_s))
