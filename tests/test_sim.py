@@ -157,6 +157,31 @@ def test_a_delivery_while_the_coordinator_plans_waits_for_the_plan() -> None:
     assert np.allclose(got, [(1.0, 8.0), (4.0, 12.0)], atol=1e-9), got
 
 
+def test_given_plan_times_replace_the_planners_own_in_order_and_cycled() -> None:
+    # The two-worker case with plans that take no time here, but 0.5 s and then 1.0 s as
+    # given: the first group's routes start 0.5 s after it forms, the second's 1.0 s after,
+    # and the third's 0.5 s again (the times repeat).
+    cfg = SimConfig(
+        scheme="preduce",
+        p=2,
+        size_bytes=4 * MB,
+        duration_s=17.0,
+        goodput=1.0,
+        seed=1,
+        plan_delay=PlanDelay.MEASURED,
+        plan_times=(0.5, 1.0),
+    )
+    sim = Simulation(uniform(2), cfg)
+    sim.life.clock = lambda: 0.0
+    got = [(a, b) for _, a, b in sim.run().group_times[:3]]
+    assert np.allclose(got, [(1.0, 5.5), (6.5, 11.5), (12.5, 17.0)], atol=1e-9), got
+    with pytest.raises(ValueError, match="plan_times needs plan_delay=measured"):
+        SimConfig(plan_times=(0.1,))
+    for bad in [(), (0.1, float("nan")), (-0.1,)]:
+        with pytest.raises(ValueError, match="plan_times: one or more finite seconds"):
+            SimConfig(plan_delay=PlanDelay.MEASURED, plan_times=bad)
+
+
 def test_a_late_join_delays_that_workers_first_iteration() -> None:
     # Worker 1 starts at 2: its first iteration ends at 3, when the first group forms.
     late = _run(

@@ -213,6 +213,20 @@ def test_train_compare_reads_the_step_time_from_worker_states(tmp_path: Path) ->
             (json.dumps({"seed": 3, "min_iteration_s": 2.0}),),
         )
     assert _run_facts(tmp_path)["compute_s"] == 2.0
+    # No recorded plan costs: nothing to replay, and asking for the lab's plan times says so.
+    assert facts["plan_times"] == ()
+    from lab.studies.simcompare import train_compare
+
+    with pytest.raises(SystemExit, match="no recorded plan times"):
+        train_compare(tmp_path, lab_plan_times=True)
+    # The coordinator's record of each group's first plan, replayed in group order.
+    costs = {
+        "10": {"source": "inline", "blocked_ms": 80.0},
+        "9": {"source": "ahead", "blocked_ms": 2.5},
+    }
+    with connect(tmp_path / "lab.db") as conn:
+        conn.execute("INSERT INTO meta (key, value) VALUES ('plan_costs', ?)", (json.dumps(costs),))
+    assert _run_facts(tmp_path)["plan_times"] == pytest.approx((0.0025, 0.080))
 
 
 def test_state_split_is_seconds_per_completed_round_in_each_state(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ One :class:`Simulation` is one run in simulated time. It owns
 * the network (``crew.sim.network``): each assigned revision's routes are timed on FCFS
   link queues (``RouteTimer`` on ``LinkQueues``);
 * the coordinator's one thread: with ``PlanDelay.MEASURED`` it plans groups one after
-  another, and a Ready or a revision's delivery that arrives meanwhile waits for the plan;
+  another, and a Ready or a revision's delivery that arrives meanwhile waits for the plan
+  (each plan as long as its real call took here, or as ``SimConfig.plan_times`` say);
 * faults: link cuts (permanent) and worker crashes at given times, and rate steps of links
   that follow a trace (``crew.drift.DriftSchedule.steps``: what the lab applies each second),
   told to the planner only with ``SimConfig.oracle``.
@@ -85,9 +86,9 @@ class PlanDelay(enum.Enum):
 
     ``NONE``: they start when the group forms (deterministic; the paper-scale default).
     ``MEASURED``: the coordinator plans groups one after another, and a group's routes start
-    once its real planner call has returned: after the wall time that call took here, queued
-    behind the plans before it (the lab's op time includes its plan). Runs then depend on the
-    machine's speed."""
+    once its real planner call has returned: after the wall time that call took here (or the
+    next of ``SimConfig.plan_times``), queued behind the plans before it (the lab's op time
+    includes its plan). Runs then depend on the machine's speed, unless the times are given."""
 
     NONE = "none"
     MEASURED = "measured"
@@ -135,6 +136,11 @@ class SimConfig:
     join_at: tuple[float, ...] | None = None
     """Each worker's start, seconds after t = 0 (a lab run's registrations, which spread over
     1.5-5 s at n = 20 to 32); None: every worker starts at t = 0."""
+    plan_times: tuple[float, ...] | None = None
+    """With ``PlanDelay.MEASURED``: each plan takes the next of these seconds, in order and
+    cycled, instead of the wall time of the simulator's own planner call (a lab run's recorded
+    plan costs: its coordinator plans on a host busy with every worker's data path, where the
+    same calls take longer than on a quiet one). None: the call's own time."""
 
     def __post_init__(self) -> None:
         if self.size_bytes <= 0 or self.size_bytes % 4:
@@ -153,6 +159,15 @@ class SimConfig:
             raise ValueError(f"helpers must be >= 0, got {self.helpers}")
         if self.stop_after_groups is not None and self.stop_after_groups < 1:
             raise ValueError(f"stop_after_groups must be >= 1, got {self.stop_after_groups}")
+        if self.plan_times is not None:
+            if self.plan_delay is not PlanDelay.MEASURED:
+                raise ValueError(
+                    "plan_times needs plan_delay=measured: without it plans take no time"
+                )
+            if not self.plan_times or not all(0 <= t < math.inf for t in self.plan_times):
+                raise ValueError(
+                    f"plan_times: one or more finite seconds >= 0, got {self.plan_times!r}"
+                )
 
 
 PROGRESS_EVERY_S = 5  # simulated seconds between progress lines (logged at INFO)
@@ -260,6 +275,7 @@ class Simulation:
         self.last_sent = np.zeros(n * n)
         self.tick_pending = False
         self.planner_free = 0.0  # PlanDelay.MEASURED: when the coordinator's planner is free
+        self._plan_times = None if cfg.plan_times is None else itertools.cycle(cfg.plan_times)
         self.on_commit: Callable[[Simulation], None] | None = None
         """Called after each event that completed one or more groups (a long run's meter)."""
 
@@ -464,7 +480,8 @@ class Simulation:
         self.transfers[gid] = (d.rev, timer)
         start = self.now
         if self.cfg.plan_delay is PlanDelay.MEASURED:  # plans are made one after another
-            start = self.planner_free = max(self.now, self.planner_free) + d.plan_s
+            plan_s = d.plan_s if self._plan_times is None else next(self._plan_times)
+            start = self.planner_free = max(self.now, self.planner_free) + plan_s
         timer.start(start)
         self._follow(gid, d.rev, timer)
         self._push(d.deadline + 1e-9, _Ev.TICK, None)

@@ -6,24 +6,25 @@ scheme; the model and its executor costs are described in ``lab.report.simagree`
 ``lab.bench --sim`` also calls.
 
 **Training runs** (``--train RUN_DIR``, a ``lab.run`` folder): the run's topology, scheme, p and
-seed (from its database), simulated for the run's training window (first iteration's start
-to the coordinator's stop) with the same executor model (its CPU per byte:
-``--cpu-s-per-gb``, default the bench's crew figure on this lab). Three inputs come from the
-run, none of them the rounds compared: the vector's size (its plans), each worker's
-registration (a simulated worker starts then: they spread over 1.5-5 s at n = 20 to 32), and
-the real step time the straggler samples pad up to (``compute_s``: the median, over the
-workers without a straggler profile, of training -> ready in ``worker_states``; it holds
-torch's step and evaluation on the shared host). Prints rounds per worker, simulated /
-emulated, and where a worker's round goes in each (``state_split``: seconds per completed
-round training, ready and reducing, from the coordinator's ``worker_states`` in the run's
-database and in the simulation's, which the same life-cycle code writes), so a gap in rounds
-shows which part of the round it comes from, and each one's ``turnaround`` (the round's
-control latency outside its group, which ``--turnaround-ms`` gives the simulator). The
-lab sends pure TCP ACKs ahead of the data (``lab.net.shaping``), so its links are independent
-of their reverse, as the simulator's are. A run recorded before it did (no ``meta.ack_queue``)
-queued them behind the data: for those, the simulated links below ``LAB_ACK_CLOCK_MBIT`` hold
-back a faster reverse while they carry data, as that lab's did
-(``crew.sim.network.ExecutorModel.ack_clock_mbit``; ``--no-ack-clock``: off).
+seed (from its database), simulated for the run's training window (first iteration's start to
+the coordinator's stop) with the same executor model (its CPU per byte: ``--cpu-s-per-gb``,
+default the bench's crew figure on this lab). Three inputs come from the run, none of them the
+rounds compared: the vector's size (its plans), each worker's registration (a simulated worker
+starts then: they spread over 1.5-5 s at n = 20 to 32), and the real step time the straggler
+samples pad up to (``compute_s``: the median, over the workers without a straggler profile, of
+training -> ready in ``worker_states``; it holds torch's step and evaluation on the shared
+host). With ``--lab-plan-times`` a fourth: how long each of the run's plans held its coordinator
+(``meta.plan_costs``), which the simulated coordinator then plans for in place of its own
+planner's time here. Prints rounds per worker, simulated / emulated, and where a worker's round
+goes in each (``state_split``: seconds per completed round training, ready and reducing, from
+the coordinator's ``worker_states`` in the run's database and in the simulation's, which the
+same life-cycle code writes), so a gap in rounds shows which part of the round it comes from,
+and each one's ``turnaround`` (the round's control latency outside its group, which
+``--turnaround-ms`` gives the simulator). The lab sends pure TCP ACKs ahead of the data
+(``lab.net.shaping``), so its links are independent of their reverse, as the simulator's are. A
+run recorded before it did (no ``meta.ack_queue``) queued them behind the data: for those, the
+simulated links below ``LAB_ACK_CLOCK_MBIT`` hold back a faster reverse while they carry data,
+as that lab's did (``crew.sim.network.ExecutorModel.ack_clock_mbit``; ``--no-ack-clock``: off).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any
 
 from crew.cli_options import command_parser
 from crew.config import Scheme
+from crew.runtime.planahead import read_costs
 from crew.runtime.rundb import GroupStatus, WorkerState, reading
 from crew.sim.engine import PlanDelay, SimConfig, Simulation
 from crew.sim.record import Recorder
@@ -102,6 +104,7 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
         for g in done:
             for m in json.loads(g["members"]):
                 rounds[m] += 1
+        costs = read_costs(conn)
     return {
         "spec": spec,
         "scheme": meta["scheme"],
@@ -120,6 +123,9 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
         "join_at": tuple(max(0.0, starts.get(w, first) - first) for w in range(spec.n)),
         # Runs recorded before the lab sent pure ACKs direct have no ack_queue.
         "acks_direct": meta.get("ack_queue") == ACK_QUEUE_DIRECT,
+        # Each group's first plan: the seconds the coordinator's event loop waited for it, in
+        # group order (empty for a run whose coordinator did not stop cleanly).
+        "plan_times": tuple(costs[g][1] / 1e3 for g in sorted(costs)),
     }
 
 
@@ -192,11 +198,18 @@ def train_compare(
     control_s: float = 0.0,
     turnaround_s: float = 0.0,
     ack_clock_mbit: float | None = None,
+    lab_plan_times: bool = False,
 ) -> dict[str, Any]:
     """Rounds per worker of a lab run and of its simulation (see the module docstring).
     ``ack_clock_mbit`` None: the run's own (:data:`LAB_ACK_CLOCK_MBIT` if it queued its ACKs
-    behind the data, else 0)."""
+    behind the data, else 0). ``lab_plan_times``: each simulated plan takes as long as the
+    run's own plans took, in their order (``SimConfig.plan_times``), not as long as the
+    simulator's planner takes here."""
     f = _run_facts(run_dir)
+    if lab_plan_times and not f["plan_times"]:
+        raise SystemExit(
+            f"{run_dir}: no recorded plan times (meta.plan_costs); compare without --lab-plan-times"
+        )
     if ack_clock_mbit is None:
         ack_clock_mbit = 0.0 if f["acks_direct"] else LAB_ACK_CLOCK_MBIT
     cfg = SimConfig(
@@ -216,6 +229,7 @@ def train_compare(
         ),
         plan_delay=PlanDelay.MEASURED,
         join_at=f["join_at"],
+        plan_times=f["plan_times"] if lab_plan_times else None,
     )
     with tempfile.TemporaryDirectory(prefix="crew-simcompare-") as tmp:
         res = Simulation(sim_topology(f["spec"]), cfg, recorder=Recorder(tmp)).run()
@@ -240,6 +254,7 @@ def train_compare(
         "emu_turnaround": turnaround(run_dir / "lab.db", f["spec"], f["seed"], f["compute_s"]),
         "sim_turnaround": sim_turn,
         "ack_clock_mbit": ack_clock_mbit,
+        "lab_plan_times": lab_plan_times,
     }
 
 
@@ -249,7 +264,7 @@ def train_report(c: dict[str, Any]) -> str:
     return (
         f"{c['run']}: {c['scheme']} p={c['p']} seed {c['seed']}, {c['window_s']:.0f} s,"
         f" {c['size_bytes'] / 1e6:.2f} MB, step {c['compute_s'] * 1e3:.0f} ms, ACK clock"
-        f" {clock}\n"
+        f" {clock}, plans as long as {'the lab' if c.get('lab_plan_times') else 'here'}\n"
         f"  rounds per worker: simulated {c['sim_mean']:.2f} {c['sim_rounds']},"
         f" emulated {c['emu_mean']:.2f} {c['emu_rounds']}; sim/emu {c['ratio']:.2f}{flag}\n"
         "  a round, ms (simulated / emulated):"
@@ -308,6 +323,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" {LAB_ACK_CLOCK_MBIT:.1f} Mbit/s and busy runs at the reverse's rate, as the lab's deep"
         " queues made TCP do",
     )
+    parser.add_argument(
+        "--lab-plan-times",
+        action="store_true",
+        help="--train: each simulated plan takes as long as the run's own plans took"
+        " (meta.plan_costs, in group order, cycled), not as long as the simulator's planner"
+        " takes on this quiet host: the lab's coordinator plans on a host busy with every"
+        " worker's data path (lab.studies.grouptime's control time excludes that plan time)",
+    )
     args = parser.parse_args(argv)
     for flag in ("hop_queue_ms", "control_ms", "turnaround_ms"):
         value = getattr(args, flag)
@@ -337,6 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.control_ms / 1e3,
             args.turnaround_ms / 1e3,
             0.0 if args.no_ack_clock else None,
+            args.lab_plan_times,
         )
         print(train_report(c))
     return 0
