@@ -264,7 +264,7 @@ def train_report(c: dict[str, Any]) -> str:
     return (
         f"{c['run']}: {c['scheme']} p={c['p']} seed {c['seed']}, {c['window_s']:.0f} s,"
         f" {c['size_bytes'] / 1e6:.2f} MB, step {c['compute_s'] * 1e3:.0f} ms, ACK clock"
-        f" {clock}, plans as long as {'the lab' if c.get('lab_plan_times') else 'here'}\n"
+        f" {clock}, plans as long as {'the lab' if c['lab_plan_times'] else 'here'}\n"
         f"  rounds per worker: simulated {c['sim_mean']:.2f} {c['sim_rounds']},"
         f" emulated {c['emu_mean']:.2f} {c['emu_rounds']}; sim/emu {c['ratio']:.2f}{flag}\n"
         "  a round, ms (simulated / emulated):"
