@@ -55,6 +55,8 @@ def start_ranks(
 ) -> list[subprocess.Popen]:
     """One ``torchrun`` of ``EXAMPLE script_args`` per host of ``net`` (static rendezvous at
     host 0), each with its environment and its output in ``work/w<i>.log``; not waited for.
+    Each one's temporary files (torchrun's ``torchelastic_*`` logs, which it leaves behind)
+    go to ``work/w<i>.tmp``, with the job's other files, not to the host's ``/tmp``.
     ``wrappers``: host -> a module and its arguments that host's torchrun runs instead, with
     ``EXAMPLE script_args`` after them (``python -m lab.orchestrate.poisoner ... --script``)."""
     host0 = net.identity_address(0)
@@ -73,9 +75,18 @@ def start_ranks(
             "--master-port", str(RDZV_PORT),
             *launch, EXAMPLE, *script_args,
         ]  # fmt: skip
+        tmp = work / f"w{i}.tmp"
+        tmp.mkdir(exist_ok=True)
         # The child holds the log open; this process needs no handle on it.
         with open(work / f"w{i}.log", "w") as log:
             procs.append(
-                net.popen(i, argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+                net.popen(
+                    i,
+                    argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=REPO,
+                    env={**env, "TMPDIR": str(tmp)},
+                )
             )
     return procs

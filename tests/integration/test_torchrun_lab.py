@@ -29,6 +29,8 @@ def test_the_example_runs_through_torchrun_in_the_lab(tmp_path: Path) -> None:
     n = topo.n
     run = run_in_lab(topo, tmp_path, ["--group-size", "2", "--steps", "30"])
     assert run.codes == [0] * n, run.output[-4000:]
+    # torchrun keeps its logs in each rank's own temporary folder in the job's, not in /tmp.
+    assert all(any((tmp_path / f"w{i}.tmp").glob("torchelastic_*")) for i in range(n))
     lines = re.findall(r"rank (\d): averaged (\d+)/30 rounds, accuracy ([\d.]+)", run.output)
     assert sorted(int(r) for r, _, _ in lines) == list(range(n)), run.output[-4000:]
     assert all(int(a) >= 20 and float(acc) > 0.7 for _, a, acc in lines), lines
