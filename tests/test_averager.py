@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from contextlib import closing
@@ -58,7 +59,14 @@ def env_for(rank: int, world: int, port: int, secret: str = SECRET) -> dict[str,
 
 
 def run_ranks(world: int, body, envs=None, **kw):
-    """Run ``body(rank, averager)`` on ``world`` threads; per rank its result or exception."""
+    """Run ``body(rank, averager)`` on ``world`` threads; per rank its result or exception.
+    Without a ``run_dir`` in ``args`` the job keeps its run database in a folder removed
+    afterwards (the Averager's own default is a temporary folder that it keeps)."""
+    with tempfile.TemporaryDirectory(prefix="crew-test-run-", ignore_cleanup_errors=True) as tmp:
+        return _run_ranks(world, body, envs, {"run_dir": tmp, **kw.get("args", {})}, kw)
+
+
+def _run_ranks(world: int, body, envs, args: dict, kw: dict):
     port = free_port()
     results: dict[int, object] = {}
 
@@ -68,7 +76,7 @@ def run_ranks(world: int, body, envs=None, **kw):
             tensors = kw.get("tensors", lambda r: [torch.full((3, 4), float(r)), torch.ones(5)])(
                 rank
             )
-            with crew.Averager(tensors, env=env, **kw.get("args", {})) as averager:
+            with crew.Averager(tensors, env=env, **args) as averager:
                 results[rank] = body(rank, averager, tensors)
         except Exception as exc:  # noqa: BLE001 - the test inspects it
             results[rank] = exc

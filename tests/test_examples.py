@@ -17,6 +17,7 @@ def test_train_digits_with_torchrun_averages_and_learns(tmp_path):
         **os.environ,
         "CREW_SECRET": "examples-test-secret-0123456789",
         "CREW_RUN_DIR": str(tmp_path / "run"),
+        "TMPDIR": str(tmp_path),  # torchrun's torchelastic_* logs, which it leaves behind
         "PYTHONPATH": str(REPO),
         "OMP_NUM_THREADS": "1",
     }

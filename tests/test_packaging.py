@@ -217,6 +217,7 @@ def test_the_wheel_alone_imports_crew_and_trains_the_example(tmp_path):
         **env,
         "CREW_SECRET": "wheel-test-secret-0123456789",
         "CREW_RUN_DIR": str(tmp_path / "run"),
+        "TMPDIR": str(tmp_path),  # torchrun's torchelastic_* logs, which it leaves behind
         "CREW_DATA_HOST": "127.0.0.1",
         "CREW_CONTROL_PORT": str(port + 2),
         "CREW_DATA_PORT": f"{data[0]}-{data[-1]}",
