@@ -383,13 +383,21 @@ print("done", flush=True)
 """
 
 
-def start_rank_processes(world: int, steps: dict[int, int]) -> list[subprocess.Popen]:
-    """One process per rank running RANK_SCRIPT for ``steps[rank]`` steps."""
+def start_rank_processes(
+    world: int, steps: dict[int, int], run_dir: Path
+) -> list[subprocess.Popen]:
+    """One process per rank running RANK_SCRIPT for ``steps[rank]`` steps; rank 0 keeps the
+    run database in ``run_dir``."""
     repo = Path(__file__).resolve().parents[1]
     port = free_port()
     procs = []
     for rank in range(world):
-        env = {**os.environ, **env_for(rank, world, port), "PYTHONPATH": str(repo)}
+        env = {
+            **os.environ,
+            **env_for(rank, world, port),
+            "PYTHONPATH": str(repo),
+            "CREW_RUN_DIR": str(run_dir),
+        }
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-c", RANK_SCRIPT, str(steps[rank])],
@@ -411,8 +419,8 @@ def kill_after_its_first_round(proc: subprocess.Popen) -> None:
     proc.send_signal(signal.SIGKILL)
 
 
-def test_a_rank_killed_after_joining_is_dropped_and_the_others_finish():
-    procs = start_rank_processes(3, {0: 30, 1: 30, 2: 100000})
+def test_a_rank_killed_after_joining_is_dropped_and_the_others_finish(tmp_path):
+    procs = start_rank_processes(3, {0: 30, 1: 30, 2: 100000}, tmp_path)
     try:
         kill_after_its_first_round(procs[2])
         outs = [p.communicate(timeout=90)[0] for p in procs[:2]]
@@ -426,10 +434,10 @@ def test_a_rank_killed_after_joining_is_dropped_and_the_others_finish():
         assert rounds[-1] == "round True"  # still averaging, without the killed rank
 
 
-def test_the_coordinators_rank_killed_mid_run_ends_the_others_with_a_clear_error():
+def test_the_coordinators_rank_killed_mid_run_ends_the_others_with_a_clear_error(tmp_path):
     # Rank 0 hosts the coordinator: once it is gone for good (after the node's reconnect
     # attempts, 30 s), the others' step() raises crew.CoordinatorLost, naming rank 0.
-    procs = start_rank_processes(3, {0: 100000, 1: 100000, 2: 100000})
+    procs = start_rank_processes(3, {0: 100000, 1: 100000, 2: 100000}, tmp_path)
     try:
         kill_after_its_first_round(procs[0])
         started = time.monotonic()

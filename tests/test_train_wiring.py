@@ -15,7 +15,7 @@ from lab.run import main as lab_run
 from tests.test_averager import ARGS, env_for, free_port
 
 
-def test_averager_applies_the_diloco_outer_step_two_ranks_by_hand() -> None:
+def test_averager_applies_the_diloco_outer_step_two_ranks_by_hand(tmp_path) -> None:
     """theta = 0 on both ranks, local models x_r = r (first tensor) and 1 (second).
     g_r = -x_r, b'_r = g_r, y_r = -lr (g_r + mu b'_r) = lr (1 + mu) x_r; the average of y."""
     lr, mu = 0.7, 0.9
@@ -26,7 +26,8 @@ def test_averager_applies_the_diloco_outer_step_two_ranks_by_hand() -> None:
         tensors = [torch.full((3, 4), float(rank)), torch.ones(5)]
         loop = OuterLoop(OuterConfig(SyncMode.DILOCO, 1, lr, mu), np.zeros(17, np.float32))
         try:
-            with crew.Averager(tensors, env=env_for(rank, 2, port), outer=loop, **ARGS) as avg:
+            env = env_for(rank, 2, port)
+            with crew.Averager(tensors, env=env, outer=loop, run_dir=tmp_path, **ARGS) as avg:
                 rnd = avg.step()
                 out[rank] = (rnd, [t.clone() for t in tensors], loop.theta, loop.momentum)
         except Exception as exc:  # noqa: BLE001 - inspected below
