@@ -62,13 +62,10 @@ def run_ranks(world: int, body, envs=None, **kw):
     """Run ``body(rank, averager)`` on ``world`` threads; per rank its result or exception.
     Without a ``run_dir`` in ``args`` the job keeps its run database in a folder removed
     afterwards (the Averager's own default is a temporary folder that it keeps)."""
-    with tempfile.TemporaryDirectory(prefix="crew-test-run-", ignore_cleanup_errors=True) as tmp:
-        return _run_ranks(world, body, envs, {"run_dir": tmp, **kw.get("args", {})}, kw)
-
-
-def _run_ranks(world: int, body, envs, args: dict, kw: dict):
     port = free_port()
     results: dict[int, object] = {}
+    scratch = tempfile.TemporaryDirectory(prefix="crew-test-run-", ignore_cleanup_errors=True)
+    args = {"run_dir": scratch.name, **kw.get("args", {})}
 
     def one(rank: int) -> None:
         env = envs[rank] if envs else env_for(rank, world, port)
@@ -81,11 +78,12 @@ def _run_ranks(world: int, body, envs, args: dict, kw: dict):
         except Exception as exc:  # noqa: BLE001 - the test inspects it
             results[rank] = exc
 
-    threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=90)
+    with scratch:  # removed once the ranks are joined (or a hung one given up on)
+        threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=90)
     assert not any(t.is_alive() for t in threads), "a rank hung"
     return results
 
