@@ -55,6 +55,26 @@ def closed(outs: list[lc.Output]) -> lc.GroupClosedRecord:
 # -- the normal life ---------------------------------------------------------------------------
 
 
+def test_worker_states_carry_the_time_of_the_event_that_set_them() -> None:
+    """Not the time the coordinator writes them, after the call that also planned the group:
+    a member waits from its Ready to the group's formation, and its group time holds the plan."""
+    life = started()
+    outs = life.handle(proto.Ready(0, 1, 1.0, -1), 1.0)
+    outs += life.handle(proto.Ready(1, 1, 2.0, -1), 1.5)
+    states = [(r.worker, r.state, r.t) for r in of(outs, lc.WorkerStatusRecord)]
+    assert states == [
+        (0, WorkerState.READY, 1.0),
+        (1, WorkerState.READY, 1.5),
+        (0, WorkerState.GROUPED, 1.5),
+        (1, WorkerState.GROUPED, 1.5),
+    ]
+    (opened,) = of(outs, lc.GroupOpenedRecord)
+    assert opened.group.formed_at == 1.5
+    outs = report_all(life, 1, 2.25)
+    trained = {r.worker: r.t for r in of(outs, lc.WorkerStatusRecord)}
+    assert trained == {0: 2.25, 1: 2.25}
+
+
 def test_ready_workers_form_a_planned_group_that_commits() -> None:
     life = started()
     outs = form(life, (0, 1))

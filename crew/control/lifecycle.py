@@ -335,7 +335,7 @@ class GroupLifecycle:
     def _heard_again(self, worker: int, now: float) -> None:
         """A worker lost to silence spoke on its open connection: it is back (module doc)."""
         self.former.join(worker, now)
-        self._out.status(worker, WorkerState.TRAINING)
+        self._out.status(now, worker, WorkerState.TRAINING)
         self._out.event(
             now,
             "recovery",
@@ -346,7 +346,7 @@ class GroupLifecycle:
 
     def _worker_lost(self, worker: int, now: float, why: str) -> None:
         self.former.mark_dead(worker, now)
-        self._out.status(worker, WorkerState.DEAD)
+        self._out.status(now, worker, WorkerState.DEAD)
         self._out.event(
             now, "fault", f"worker {worker} lost: {why}", level=Level.WARNING, worker=worker
         )
@@ -430,7 +430,9 @@ class GroupLifecycle:
         self.connected.add(msg.worker)
         self.capacity.forget_worker(msg.worker)
         self.former.join(msg.worker, now)
-        self._out.status(msg.worker, WorkerState.TRAINING, iteration=msg.iteration, pid=msg.pid)
+        self._out.status(
+            now, msg.worker, WorkerState.TRAINING, iteration=msg.iteration, pid=msg.pid
+        )
         self._out.event(
             now, "worker", f"worker {msg.worker} registered (pid {msg.pid})", worker=msg.worker
         )
@@ -446,7 +448,7 @@ class GroupLifecycle:
         self.former.heartbeat(worker, now)
         self.offered_proj[worker] = msg.proj
         self.ready_at[worker] = (now, msg.split_epoch)
-        self._out.status(worker, WorkerState.READY, iteration=msg.iteration)
+        self._out.status(now, worker, WorkerState.READY, iteration=msg.iteration)
         self._update_deferred(now)
         for group in self.former.ready(worker, msg.iteration, now):
             self._start_group(group, now)
@@ -538,7 +540,7 @@ class GroupLifecycle:
             GroupOpenedRecord(group, self.scheme, now, plan.predicted_s, bound, plan.to_json())
         )
         for m in group.members:
-            self._out.status(m, WorkerState.GROUPED, group_id=group.id)
+            self._out.status(now, m, WorkerState.GROUPED, group_id=group.id)
         self._assign(og, now)
         self._announce(now)
 
@@ -635,7 +637,7 @@ class GroupLifecycle:
         )
         for m in og.members:  # dropped members were set back to training when dropped
             if m in self.connected:
-                self._out.status(m, WorkerState.TRAINING, group_id=None)
+                self._out.status(now, m, WorkerState.TRAINING, group_id=None)
         if not committed:
             self._out.event(
                 now,
@@ -779,7 +781,7 @@ class GroupLifecycle:
                     shrunk = self.former.drop_member(gid, w)
                     og.members, og.weights = shrunk.members, shrunk.weights
                     self._out.send(w, proto.Abandon(gid, "dropped from the group: suspect", []))
-                    self._out.status(w, WorkerState.TRAINING, group_id=None)
+                    self._out.status(now, w, WorkerState.TRAINING, group_id=None)
                 names = ", ".join(map(str, drop))
                 self._revise(
                     og,

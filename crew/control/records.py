@@ -69,15 +69,18 @@ class EventRecord:
 
 @dataclass(frozen=True)
 class WorkerStatusRecord:
-    """A worker's new state. ``t``: when it changed; None, the moment it is written (the
-    coordinator writes each record as it decides it; a simulation stamps its own clock)."""
+    """A worker's new state, from ``t``: the time of the event that changed it, as the life
+    cycle was given it. Not the moment the record is written: the coordinator writes a call's
+    records after the whole call, which may have planned a group meanwhile, and a state
+    stamped then would count that plan as the state before (a member's wait, a trigger's
+    training) instead of the group's time, which runs from its formation."""
 
+    t: float
     worker: int
     state: WorkerState
     iteration: int | None = None
     group_id: int | None = None
     pid: int | None = None
-    t: float | None = None
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,7 @@ class Outbox:
 
     def status(
         self,
+        now: float,
         worker: int,
         state: WorkerState,
         *,
@@ -241,4 +245,4 @@ class Outbox:
         group_id: int | None = None,
         pid: int | None = None,
     ) -> None:
-        self._items.append(WorkerStatusRecord(worker, state, iteration, group_id, pid))
+        self._items.append(WorkerStatusRecord(now, worker, state, iteration, group_id, pid))

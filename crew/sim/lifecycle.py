@@ -237,7 +237,6 @@ class SimLifecycle:
 
     def _drive(self, now: float, call) -> list[Decision]:  # noqa: ANN001
         """Run one life-cycle call at simulated time ``now`` and translate its outputs, in order.
-        Worker states are stamped with ``now``: the records are written after the run.
 
         The life cycle plans a group, then sends its Assign, one group after another; so the
         k-th new Assign of a call carries the k-th successful plan's time of that call."""
@@ -246,8 +245,6 @@ class SimLifecycle:
         decided: list[Decision] = []
         seen: set[tuple[str, int, int]] = set()
         for o in outs:
-            if isinstance(o, lc.WorkerStatusRecord):
-                o = dataclasses.replace(o, t=now)
             if self.history and not isinstance(o, lc.SendTo):
                 self.records.append(o)
             if isinstance(o, lc.GroupOpenedRecord):

@@ -120,7 +120,7 @@ class Recorder:
             return rp(rec, group=g, ended_at=self.t(rec.ended_at))
         if isinstance(rec, lc.GroupClosedRecord):
             return rp(rec, ended_at=self.t(rec.ended_at))
-        if isinstance(rec, lc.WorkerStatusRecord) and rec.t is not None:
+        if isinstance(rec, lc.WorkerStatusRecord):
             return rp(rec, t=self.t(rec.t))
         return rec
 
