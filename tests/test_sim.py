@@ -91,6 +91,46 @@ def test_per_hop_queue_delays_every_hop_of_a_store_and_forward_op() -> None:
     assert np.allclose(got, [(1.0, 5.1), (6.1, 10.2)], atol=1e-9), got
 
 
+def test_a_one_value_hop_wait_sample_times_as_that_constant_does() -> None:
+    # The case above, with the 50 ms drawn from a sample that holds only 50 ms.
+    ex = ExecutorModel(hop_waits=(0.05,), hop_wait_seed=7)
+    res = _run(uniform(2), scheme="preduce", p=2, size_bytes=4 * MB, duration_s=12.0, executor=ex)
+    got = [(a, b) for _, a, b in res.group_times[:2]]
+    assert np.allclose(got, [(1.0, 5.1), (6.1, 10.2)], atol=1e-9), got
+    assert "per-hop wait drawn from 1 (median 50.0 ms" in ex.describe()
+
+
+def test_hop_waits_are_drawn_from_the_sample_seeded() -> None:
+    # One 1 MB job a call on a 1 MB/s link: it ends 1 s after it is queued, and arrives 0 or
+    # 2 s after that, as the seeded draws from (0, 2) say; the same seed draws the same waits.
+    rate = np.full((2, 2), 8.0)  # 8 Mbit/s = 1 MB/s
+
+    def arrivals(seed: int) -> list[float]:
+        q = LinkQueues(rate, executor=ExecutorModel(hop_waits=(0.0, 2.0), hop_wait_seed=seed))
+        return [
+            q.arrival(0, 1, 10.0 * k, q.queue(0, 1, MB, 10.0 * k)) - 10.0 * k for k in range(40)
+        ]
+
+    a = arrivals(3)
+    assert set(a) == {1.0, 3.0}
+    assert a == arrivals(3) and a != arrivals(4)
+
+
+def test_a_negative_hop_wait_never_arrives_before_its_job_was_queued() -> None:
+    # A frame through faster than its rate (HTB's burst) has a negative wait beyond its
+    # serialisation; one that would arrive before it was sent arrives as it was queued.
+    q = LinkQueues(np.full((2, 2), 8.0), executor=ExecutorModel(hop_waits=(-0.25,)))
+    assert q.arrival(0, 1, 5.0, q.queue(0, 1, MB, 5.0)) == pytest.approx(5.75)
+    assert q.arrival(0, 1, 9.0, q.queue(0, 1, MB / 10, 9.0)) == 9.0
+
+
+def test_bad_hop_waits_are_refused() -> None:
+    with pytest.raises(NetworkError, match="not both"):
+        ExecutorModel(hop_queue_s=0.05, hop_waits=(0.01,))
+    with pytest.raises(NetworkError, match="hop_waits"):
+        ExecutorModel(hop_waits=(0.01, float("nan")))
+
+
 @pytest.mark.parametrize(
     ("executor", "expect", "described"),
     [

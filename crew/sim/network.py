@@ -57,6 +57,14 @@ part's time at its rate. Parts are cut per route exactly as the executor cuts th
   unsent bytes in its socket (``lab.report.simagree.PACED_HOP_QUEUE_S``, from a frame trace).
   It is added to each hop's one-way delay, so it delays a hop's arrival, not its link's
   throughput.
+* ``hop_waits``: in place of that one constant, the spread of the lab's waits at a hop: a
+  sample of every traced frame's wait beyond its serialisation, counted from when its link
+  was free (the link's earlier frames are this model's own FCFS queue), plus its relay's wait
+  before sending it on where a relay forwarded it (``lab.studies.grouptime --hop-waits``).
+  Each hop of a route then draws one of them, from a generator seeded ``hop_wait_seed``. A
+  group ends with the slowest of its routes, so it meets the sample's tail where a constant
+  gives every hop the same wait. A draw may be negative (HTB's burst lets a frame through
+  faster than its rate), but a hop never arrives before its job was queued.
 * ``cpu_s_per_byte`` and ``host_cores``: a shared host whose cores run every worker's data
   path. Every link byte costs ``cpu_s_per_byte`` CPU seconds (``lab.bench``'s ``cpu_s_per_gb``,
   measured on the workers from ``/proc``), and the host serves those costs FCFS at
@@ -89,16 +97,17 @@ part's time at its rate. Parts are cut per route exactly as the executor cuts th
   before that.
 
 What is not modelled: TCP's slow start and loss recovery, aggregation (summing) time apart from
-the host's CPU per byte, the spread of the per-hop, control and turnaround waits (each is one
-constant), frame headers beyond ``goodput``.
+the host's CPU per byte, the spread of the control and turnaround waits (each is one constant),
+and of the per-hop wait unless ``hop_waits`` gives it; frame headers beyond ``goodput``.
 
-Cost: O(1) per job; a revision is O(edges of its routes).
+Cost: O(1) per job (a draw from ``hop_waits`` is O(1)); a revision is O(edges of its routes).
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -133,6 +142,8 @@ class ExecutorModel:
     control_s: float = 0.0
     turnaround_s: float = 0.0
     ack_clock_mbit: float = 0.0
+    hop_waits: tuple[float, ...] = ()
+    hop_wait_seed: int = 0
 
     def __post_init__(self) -> None:
         names = (
@@ -147,6 +158,14 @@ class ExecutorModel:
             v = getattr(self, name)
             if not (v >= 0 and v < float("inf")):
                 raise NetworkError(f"ExecutorModel.{name} must be finite and >= 0, got {v!r}")
+        if self.hop_waits:
+            if self.hop_queue_s:
+                raise NetworkError(
+                    "ExecutorModel: give hop_queue_s (one constant) or hop_waits (a sample to"
+                    " draw from), not both"
+                )
+            if not all(math.isfinite(w) for w in self.hop_waits):
+                raise NetworkError("ExecutorModel.hop_waits: every wait must be finite seconds")
 
     @property
     def cpu_bytes_per_s(self) -> float:
@@ -166,7 +185,15 @@ class ExecutorModel:
             control += f", turnaround {self.turnaround_s * 1e3:g} ms per round"
         if self.ack_clock_mbit:
             control += f", ACK-clocked behind busy reverse links <= {self.ack_clock_mbit:g} Mbit/s"
-        return f"per-hop queue {self.hop_queue_s * 1e3:g} ms, {cpu}{control}"
+        if self.hop_waits:
+            w = sorted(self.hop_waits)
+            hop = (
+                f"per-hop wait drawn from {len(w)} (median {w[len(w) // 2] * 1e3:.1f} ms,"
+                f" p90 {w[int(0.9 * (len(w) - 1))] * 1e3:.1f} ms)"
+            )
+        else:
+            hop = f"per-hop queue {self.hop_queue_s * 1e3:g} ms"
+        return f"{hop}, {cpu}{control}"
 
 
 class LinkQueues:
@@ -194,6 +221,8 @@ class LinkQueues:
         ex = executor or ExecutorModel()
         d = np.zeros((n, n)) if delay_s is None else np.asarray(delay_s, dtype=float)
         self.delay: list[float] = (d + ex.hop_queue_s).ravel().tolist()
+        self._waits = ex.hop_waits
+        self._draw = random.Random(ex.hop_wait_seed) if ex.hop_waits else None
         self.cpu_rate = ex.cpu_bytes_per_s
         self.cpu_free = 0.0
         self.ack_cap = ex.ack_clock_mbit * BYTES_PER_S_PER_MBIT * self.goodput
@@ -252,7 +281,17 @@ class LinkQueues:
         return end
 
     def delay_of(self, src: int, dst: int) -> float:
-        return self.delay[src * self.n + dst]
+        """A hop's delay after its job ends: the link's one-way delay and the executor's wait
+        there (one of ``hop_waits``, drawn anew each call, or the constant ``hop_queue_s``)."""
+        d = self.delay[src * self.n + dst]
+        if self._draw is not None:
+            d += self._waits[self._draw.randrange(len(self._waits))]
+        return d
+
+    def arrival(self, src: int, dst: int, queued_at: float, end: float) -> float:
+        """When a job queued on src -> dst at ``queued_at`` and ended at ``end`` arrives: a
+        drawn wait may be negative, but not before the job was queued."""
+        return max(queued_at, end + self.delay_of(src, dst))
 
     def cut(self, src: int, dst: int, at: float) -> None:
         """Link src -> dst fails for good at ``at``: its queue is lost."""
@@ -384,7 +423,7 @@ class RouteTimer:
             if p != node:
                 continue
             end = self.links.queue(p, c, r.elems * self.eb, at)
-            arrive = end + self.links.delay_of(p, c)
+            arrive = self.links.arrival(p, c, at, end)
             rs.done_at = max(rs.done_at, arrive)
             rs.down_left -= 1
             if any(pp == c for pp, _ in r.down):
@@ -401,7 +440,7 @@ class RouteTimer:
         if p is None:
             raise NetworkError(f"route [{rs.route.start}, {rs.route.stop}): {c} has no parent")
         end = self.links.queue(c, p, rs.route.elems * self.eb, at)
-        arrive = end + self.links.delay_of(c, p)
+        arrive = self.links.arrival(c, p, at, end)
         rs.arrived[p] = max(rs.arrived.get(p, at), arrive)
         rs.waiting[p] -= 1
         if rs.waiting[p] == 0:
@@ -421,7 +460,7 @@ class RouteTimer:
             for c, p in _up_order(r):
                 fcfs = self.links.queue(c, p, nbytes, at)
                 end = max(fcfs, got[c] + self._part_time(c, p, r)) if c in got else fcfs
-                a = end + self.links.delay_of(c, p)
+                a = self.links.arrival(c, p, at, end)
                 got[p] = max(got.get(p, at), a)
                 done = max(done, a)
             arrive.append(got)
@@ -432,7 +471,7 @@ class RouteTimer:
             for p, c in _down_order(r):
                 fcfs = self.links.queue(p, c, nbytes, at)
                 end = max(fcfs, have[p] + self._part_time(p, c, r))
-                have[c] = end + self.links.delay_of(p, c)
+                have[c] = self.links.arrival(p, c, at, end)
                 done = max(done, have[c])
         return done
 
