@@ -85,3 +85,61 @@ def test_refusals_name_what_is_missing(tmp_path: Path, capsys: pytest.CaptureFix
     _trace(tmp_path, 0, [(1.0, "q", 1, "SCATTER", 7, 0, 0, 0, 10)])  # a group not in the db
     assert grouptime.main([str(tmp_path), str(tmp_path / "lab.db")]) == 2
     assert "no frames of" in capsys.readouterr().err
+
+
+def test_hop_waits_add_the_relay_wait_where_the_sender_relayed(tmp_path: Path) -> None:
+    # 0 -> 1: 30 ms beyond serialisation, 0 held the part itself; 1 -> 2: 40 ms beyond, after
+    # 1 waited 10 ms to relay it.
+    _relayed_group(tmp_path)
+    _run_db(tmp_path / "lab.db")
+    groups, rates = grouptime.read_run(tmp_path / "lab.db")
+    waits = grouptime.hop_waits(read_events(tmp_path), groups, rates, goodput=1.0)
+    assert sorted(waits) == pytest.approx([0.03, 0.05])
+
+
+def test_a_hop_wait_is_counted_from_when_its_link_was_free(tmp_path: Path) -> None:
+    # Two 100 kB parts of group 5 handed to the 0 -> 1 socket together at 10.00: the first
+    # arrives at 10.10 (its 0.1 s), the second at 10.22. Beyond serialisation the second waited
+    # 0.12 s, 0.1 s of it behind the first, which the simulator's link queue makes itself: its
+    # hop wait is 0.02 s.
+    first, second = ("SCATTER", 5, 0, 0, 64, 100 * KB), ("SCATTER", 5, 0, 1, 64, 100 * KB)
+    sends = [(10.0, what, 1, *part) for part in (first, second) for what in ("q", "s")]
+    _trace(tmp_path, 0, sends)
+    _trace(tmp_path, 1, [(10.10, "r", 0, *first), (10.22, "r", 0, *second)])
+    _run_db(tmp_path / "lab.db")
+    groups, rates = grouptime.read_run(tmp_path / "lab.db")
+    events = read_events(tmp_path)
+    waits = grouptime.hop_waits(events, groups, rates, goodput=1.0)
+    assert sorted(waits) == pytest.approx([0.0, 0.02])
+    beyond = grouptime.group_times(events, groups, rates, goodput=1.0).beyond_serialisation
+    assert beyond.mean == pytest.approx(0.06)  # (0 + 0.12) / 2: the spread keeps the queue
+
+
+def test_hop_waits_file_round_trips_through_the_command(tmp_path: Path) -> None:
+    _relayed_group(tmp_path)
+    _run_db(tmp_path / "lab.db")
+    out = tmp_path / "waits.json"
+    assert grouptime.main([str(tmp_path), str(tmp_path / "lab.db"), "--hop-waits", str(out)]) == 0
+    # the command counts serialisation at the run's default goodput, 0.95: 0.1 s / 0.95 a hop
+    serial = 0.1 / grouptime.GOODPUT
+    got = grouptime.read_hop_waits(out)
+    assert sorted(got) == pytest.approx([0.13 - serial, 0.15 - serial], abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("{not json", "not a readable JSON file"),
+        ('{"other": [1]}', "needs a non-empty list 'hop_waits_s'"),
+        ('{"hop_waits_s": []}', "needs a non-empty list"),
+        ('{"hop_waits_s": [0.1, "x"]}', "must be finite seconds"),
+        ('{"hop_waits_s": [0.1, true]}', "must be finite seconds"),
+        ('{"hop_waits_s": [0.1, 1e999]}', "must be finite seconds"),
+    ],
+)
+def test_a_bad_hop_waits_file_is_refused_by_name(tmp_path: Path, text: str, says: str) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    with pytest.raises(grouptime.HopWaitsError, match=says) as refused:
+        grouptime.read_hop_waits(bad)
+    assert str(bad) in str(refused.value)

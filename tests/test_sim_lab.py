@@ -165,6 +165,34 @@ def test_the_hop_queue_can_be_set_and_a_bad_one_is_refused(capsys) -> None:
     assert "--control-ms must be finite and >= 0, got nan" in capsys.readouterr().err
 
 
+def test_drawn_hop_waits_replace_the_constant_and_bad_ones_are_refused(
+    tmp_path: Path,
+    capsys,  # noqa: ANN001
+) -> None:
+    # The op above, each of its two hops (scatter, broadcast) waiting a drawn 0.5 s instead of
+    # the constant queue, which the executor then leaves at 0.
+    rate = np.full((3, 3), 8.0)
+    np.fill_diagonal(rate, 0.0)
+    ex = lab_executor(12.0, hop_queue_s=0.05, hop_waits=(0.5,), hop_wait_seed=1)
+    assert ex.hop_queue_s == 0.0
+    t = simulate_op("preduce", rate, np.zeros((3, 3)), (0, 1, 2), 3_000_000, 0, ex)
+    assert t == pytest.approx(2 * (1_000_000 / (1e6 * 0.95) + 0.5))
+    from lab.studies.simcompare import main as simcompare_main
+
+    with pytest.raises(SystemExit) as refused:
+        simcompare_main(["--train", "RUN", "--hop-waits", "w.json", "--hop-queue-ms", "5"])
+    assert refused.value.code == 2 and "not both" in capsys.readouterr().err
+    bad = tmp_path / "waits.json"
+    bad.write_text('{"hop_waits_s": []}')
+    with pytest.raises(SystemExit) as refused:
+        simcompare_main(["--train", "RUN", "--hop-waits", str(bad)])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and f"--hop-waits: {bad}: needs a non-empty list" in err
+    with pytest.raises(SystemExit) as refused:  # more than one draw needs waits to draw
+        simcompare_main(["--train", "RUN", "--draws", "3"])
+    assert refused.value.code == 2 and "--draws must be 1, or more with" in capsys.readouterr().err
+
+
 def test_train_compare_reads_the_step_time_from_worker_states(tmp_path: Path) -> None:
     # The run database stores states as strings: comparing them with the WorkerState member
     # (a plain Enum) matched nothing, and every training comparison simulated a 0 ms step.

@@ -89,17 +89,22 @@ def lab_executor(
     control_s: float = 0.0,
     turnaround_s: float = 0.0,
     ack_clock_mbit: float = 0.0,
+    hop_waits: tuple[float, ...] = (),
+    hop_wait_seed: int = 0,
 ) -> ExecutorModel:
-    """The executor model of the lab's host: see the module docstring."""
+    """The executor model of the lab's host: see the module docstring. With ``hop_waits``
+    each hop draws its wait from them and ``hop_queue_s`` is not used."""
     cores = float(os.cpu_count() or 1) if host and cpu_s_per_gb else 0.0
     per_byte = (cpu_s_per_gb or 0.0) / 1e9 if host else 0.0
     return ExecutorModel(
-        hop_queue_s=hop_queue_s,
+        hop_queue_s=0.0 if hop_waits else hop_queue_s,
         cpu_s_per_byte=per_byte,
         host_cores=cores,
         control_s=control_s,
         turnaround_s=turnaround_s,
         ack_clock_mbit=ack_clock_mbit,
+        hop_waits=hop_waits,
+        hop_wait_seed=hop_wait_seed,
     )
 
 

@@ -21,13 +21,22 @@ prints, over the run's completed groups, the mean, median, p75 and p90 of:
   below zero where a shaped link lets a frame through faster than its rate (HTB's burst, at a
   few Mbit/s).
 
+With ``--hop-waits FILE`` it also writes every traced frame's **hop wait**: its wait beyond
+serialisation counted from when its link was free (not behind the link's earlier frames, which
+the simulator queues itself), plus its sender's relay wait where the sender relayed it (0 where
+the sender held the data itself). ``crew.sim`` draws each hop's wait from that sample
+(``ExecutorModel.hop_waits``; ``lab.studies.simcompare --hop-waits``) instead of taking one
+constant per hop.
+
 The trace directory must hold one run's traces: group ids restart in every run. Trace times
 are the host's monotonic clock and database times are wall-clock; only durations are compared.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
@@ -98,6 +107,63 @@ def _frame(e: Event) -> tuple[int, int, str, int, int]:
     return (src, dst, e.kind, e.block, e.offset)
 
 
+@dataclass(frozen=True)
+class _GroupFrames:
+    """One group's traced data frames: when each was queued and started (its first of each),
+    when each part reached each node, and every receipt in time order."""
+
+    queued: dict[tuple[int, int, str, int, int], float]
+    started: dict[tuple[int, int, str, int, int], float]
+    arrived: dict[tuple[int, str, int, int], list[float]]
+    got: list[Event]
+
+    @classmethod
+    def of(cls, evs: Sequence[Event]) -> _GroupFrames:
+        queued: dict[tuple[int, int, str, int, int], float] = {}
+        started: dict[tuple[int, int, str, int, int], float] = {}
+        arrived: dict[tuple[int, str, int, int], list[float]] = defaultdict(list)
+        for e in evs:  # events are in time order: keep each frame's first of each kind
+            if e.what == "q":
+                queued.setdefault(_frame(e), e.t)
+            elif e.what == "s":
+                started.setdefault(_frame(e), e.t)
+            elif e.what == "r":
+                arrived[(e.me, e.kind, e.block, e.offset)].append(e.t)
+        return cls(queued, started, arrived, [e for e in evs if e.what == "r"])
+
+    def relay_wait(self, key: tuple[int, int, str, int, int]) -> float | None:
+        """From the sender's receipt of the part (the last input it waited for) to its queueing
+        onward; None where the sender did not receive it first (its own data)."""
+        src, _dst, kind, block, offset = key
+        t = self.queued[key]
+        before = [a for a in self.arrived.get((src, kind, block, offset), ()) if a <= t]
+        return t - max(before) if before else None
+
+    def sent(
+        self, rates_mbit: dict[tuple[int, int], float], goodput: float
+    ) -> list[tuple[tuple[int, int, str, int, int], float, float, float]]:
+        """Every received frame: its identity, when its send started, when it arrived, and its
+        serialisation at ``goodput`` x its link's configured rate (frames without a traced
+        start, or on a link without a rate: none)."""
+        out = []
+        for e in self.got:
+            key = _frame(e)
+            rate = rates_mbit.get(key[:2])
+            if key in self.started and rate:
+                out.append((key, self.started[key], e.t, e.nbytes * 8 / (rate * 1e6 * goodput)))
+        return out
+
+
+def _by_group(events: Sequence[Event], groups: Groups) -> dict[int, _GroupFrames]:
+    """The data frames of each of ``groups`` that has both a queued and a received one."""
+    by_group: dict[int, list[Event]] = defaultdict(list)
+    for e in events:
+        if e.kind in DATA_KINDS and e.group in groups:
+            by_group[e.group].append(e)
+    frames = {g: _GroupFrames.of(evs) for g, evs in by_group.items()}
+    return {g: f for g, f in frames.items() if f.queued and f.got}
+
+
 def group_times(
     events: Sequence[Event],
     groups: Groups,
@@ -107,47 +173,81 @@ def group_times(
     """``groups``: completed group id -> (recorded, planned and plan seconds); ``rates_mbit``:
     each directed link's configured rate. Groups without data frames in ``events`` are left out.
     """
-    by_group: dict[int, list[Event]] = defaultdict(list)
-    for e in events:
-        if e.kind in DATA_KINDS and e.group in groups:
-            by_group[e.group].append(e)
     recorded, planned, span, outside, plans, control = [], [], [], [], [], []
     relay, queue, wire = [], [], []
-    for g, evs in by_group.items():
-        queued = {}
-        started = {}
-        arrived: dict[tuple[int, str, int, int], list[float]] = defaultdict(list)
-        for e in evs:  # events are in time order: keep each frame's first of each kind
-            if e.what == "q":
-                queued.setdefault(_frame(e), e.t)
-            elif e.what == "s":
-                started.setdefault(_frame(e), e.t)
-            elif e.what == "r":
-                arrived[(e.me, e.kind, e.block, e.offset)].append(e.t)
-        got = [e for e in evs if e.what == "r"]
-        if not queued or not got:
-            continue
+    for g, f in _by_group(events, groups).items():
         rec, predicted, plan = groups[g]
         recorded.append(rec)
         planned.append(predicted)
-        span.append(got[-1].t - min(queued.values()))
+        span.append(f.got[-1].t - min(f.queued.values()))
         outside.append(rec - span[-1])
         plans.append(plan)
         control.append(outside[-1] - plan)
-        for (src, _dst, kind, block, offset), t in queued.items():
-            before = [a for a in arrived.get((src, kind, block, offset), ()) if a <= t]
-            if before:  # src relays a part it received (the last input it waited for)
-                relay.append(t - max(before))
-        for key, t in started.items():
-            if key in queued:
-                queue.append(t - queued[key])
-        for e in got:
-            key = _frame(e)
-            rate = rates_mbit.get(key[:2])
-            if key in started and rate:
-                wire.append(e.t - started[key] - e.nbytes * 8 / (rate * 1e6 * goodput))
+        relay += [w for w in map(f.relay_wait, f.queued) if w is not None]
+        queue += [t - f.queued[key] for key, t in f.started.items() if key in f.queued]
+        wire += [t - start - serial for _key, start, t, serial in f.sent(rates_mbit, goodput)]
     samples = (recorded, planned, span, outside, plans, control, relay, queue, wire)
     return GroupTimes(*(Spread.of(x) for x in samples))
+
+
+def hop_waits(
+    events: Sequence[Event],
+    groups: Groups,
+    rates_mbit: dict[tuple[int, int], float],
+    goodput: float = GOODPUT,
+) -> list[float]:
+    """Every received data frame's hop wait, in seconds (module docstring): its time beyond
+    serialisation, counted from when its link was free (its send's start, or the arrival of the
+    link's frame before it, of any group), plus its sender's relay wait, 0 where the sender did
+    not relay it. Beyond serialisation alone also holds the wait behind the link's earlier
+    frames, which the simulator's FCFS link queues make themselves: at n = 32 it is 0.55 s at
+    the median for preduce, whose members' links carry every byte, against 20 ms below zero
+    net of it."""
+    arrivals: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for e in events:
+        if e.kind in DATA_KINDS and e.what == "r":
+            arrivals[e.link].append(e.t)
+    for times in arrivals.values():
+        times.sort()
+    out: list[float] = []
+    for f in _by_group(events, groups).values():
+        for key, start, t, serial in f.sent(rates_mbit, goodput):
+            on_link = arrivals[key[:2]]
+            before = bisect.bisect_left(on_link, t)
+            free = max(start, on_link[before - 1]) if before else start
+            relay = f.relay_wait(key) if key in f.queued else None
+            out.append(t - free - serial + (relay or 0.0))
+    return out
+
+
+HOP_WAITS_KEY = "hop_waits_s"
+
+
+class HopWaitsError(ValueError):
+    """A hop-waits file cannot be used; the message names the file and what is wrong."""
+
+
+def write_hop_waits(path: Path, waits: Sequence[float], source: str) -> None:
+    """Write a sample of hop waits (seconds) for :func:`read_hop_waits`."""
+    path.write_text(json.dumps({"source": source, HOP_WAITS_KEY: [round(w, 6) for w in waits]}))
+
+
+def read_hop_waits(path: Path) -> tuple[float, ...]:
+    """The hop waits :func:`write_hop_waits` wrote: a non-empty list of finite seconds."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HopWaitsError(f"{path}: not a readable JSON file ({exc})") from None
+    waits = doc.get(HOP_WAITS_KEY) if isinstance(doc, dict) else None
+    if not isinstance(waits, list) or not waits:
+        raise HopWaitsError(
+            f"{path}: needs a non-empty list {HOP_WAITS_KEY!r} (lab.studies.grouptime --hop-waits)"
+        )
+    if not all(
+        isinstance(w, int | float) and not isinstance(w, bool) and math.isfinite(w) for w in waits
+    ):
+        raise HopWaitsError(f"{path}: every value of {HOP_WAITS_KEY!r} must be finite seconds")
+    return tuple(float(w) for w in waits)
 
 
 def read_run(db_path: Path) -> tuple[Groups, dict[tuple[int, int], float]]:
@@ -180,6 +280,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("directory", type=Path, help="the run's CREW_FRAME_TRACE directory")
     p.add_argument("db", type=Path, help="the run's database (RUN/lab.db)")
     p.add_argument("--json", type=Path, help="also write the spreads here")
+    p.add_argument(
+        "--hop-waits",
+        type=Path,
+        metavar="FILE",
+        help="also write every frame's hop wait here (JSON), for lab.studies.simcompare"
+        " --hop-waits",
+    )
     args = p.parse_args(argv)
     events = read_traced_run(p, args.directory, args.db)
     if events is None:
@@ -194,6 +301,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         spreads = {name: getattr(times, name).__dict__ for name in NAMES}
         args.json.write_text(json.dumps(spreads, indent=1) + "\n")
+    if args.hop_waits is not None:
+        waits = hop_waits(events, groups, rates)
+        write_hop_waits(args.hop_waits, waits, str(args.db))
+        print(
+            f"hop waits of {len(waits)} frames: {Spread.of(waits).describe()} -> {args.hop_waits}"
+        )
     return 0
 
 

@@ -6,25 +6,27 @@ scheme; the model and its executor costs are described in ``lab.report.simagree`
 ``lab.bench --sim`` also calls.
 
 **Training runs** (``--train RUN_DIR``, a ``lab.run`` folder): the run's topology, scheme, p and
-seed (from its database), simulated for the run's training window (first iteration's start to
-the coordinator's stop) with the same executor model (its CPU per byte: ``--cpu-s-per-gb``,
-default the bench's crew figure on this lab). Three inputs come from the run, none of them the
-rounds compared: the vector's size (its plans), each worker's registration (a simulated worker
-starts then: they spread over 1.5-5 s at n = 20 to 32), and the real step time the straggler
-samples pad up to (``compute_s``: the median, over the workers without a straggler profile, of
-training -> ready in ``worker_states``; it holds torch's step and evaluation on the shared
-host). With ``--lab-plan-times`` a fourth: how long each of the run's plans held its coordinator
-(``meta.plan_costs``), which the simulated coordinator then plans for in place of its own
-planner's time here. Prints rounds per worker, simulated / emulated, and where a worker's round
-goes in each (``state_split``: seconds per completed round training, ready and reducing, from
-the coordinator's ``worker_states`` in the run's database and in the simulation's, which the
-same life-cycle code writes), so a gap in rounds shows which part of the round it comes from,
-and each one's ``turnaround`` (the round's control latency outside its group, which
-``--turnaround-ms`` gives the simulator). The lab sends pure TCP ACKs ahead of the data
-(``lab.net.shaping``), so its links are independent of their reverse, as the simulator's are. A
-run recorded before it did (no ``meta.ack_queue``) queued them behind the data: for those, the
-simulated links below ``LAB_ACK_CLOCK_MBIT`` hold back a faster reverse while they carry data,
-as that lab's did (``crew.sim.network.ExecutorModel.ack_clock_mbit``; ``--no-ack-clock``: off).
+seed (from its database), simulated for the run's training window (first iteration's start to the
+coordinator's stop) with the same executor model (its CPU per byte: ``--cpu-s-per-gb``, default the
+bench's crew figure on this lab). Three inputs come from the run, none of them the rounds compared:
+the vector's size (its plans), each worker's registration (a simulated worker starts then: they
+spread over 1.5-5 s at n = 20 to 32), and the real step time the straggler samples pad up to
+(``compute_s``: the median, over the workers without a straggler profile, of training -> ready in
+``worker_states``; it holds torch's step and evaluation on the shared host). With
+``--lab-plan-times`` a fourth: how long each of the run's plans held its coordinator
+(``meta.plan_costs``), which the simulated coordinator then plans for in place of its own planner's
+time here. With ``--hop-waits FILE`` (``lab.studies.grouptime --hop-waits`` of a traced run of the
+same setting) each simulated hop draws its wait from the lab's measured ones, seeded with the run's
+seed, instead of the constant ``--hop-queue-ms``. Prints rounds per worker, simulated / emulated,
+and where a worker's round goes in each (``state_split``: seconds per completed round training,
+ready and reducing, from the coordinator's ``worker_states`` in the run's database and in the
+simulation's, which the same life-cycle code writes), so a gap in rounds shows which part of the
+round it comes from, and each one's ``turnaround`` (the round's control latency outside its group,
+which ``--turnaround-ms`` gives the simulator). The lab sends pure TCP ACKs ahead of the data
+(``lab.net.shaping``), so its links are independent of their reverse, as the simulator's are. A run
+recorded before it did (no ``meta.ack_queue``) queued them behind the data: for those, the
+simulated links below ``LAB_ACK_CLOCK_MBIT`` hold back a faster reverse while they carry data, as
+that lab's did (``crew.sim.network.ExecutorModel.ack_clock_mbit``; ``--no-ack-clock``: off).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import sys
 import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +46,8 @@ from crew.cli_options import command_parser
 from crew.config import Scheme
 from crew.runtime.planahead import read_costs
 from crew.runtime.rundb import GroupStatus, WorkerState, reading
-from crew.sim.engine import PlanDelay, SimConfig, Simulation
+from crew.sim.engine import PlanDelay, SimConfig, SimResult, Simulation
+from crew.sim.network import ExecutorModel
 from crew.sim.record import Recorder
 from crew.train.stragglers import ComputeDelay
 from lab.net.shaping import ACK_QUEUE_DIRECT, QUEUE_EXTRA_S
@@ -58,6 +62,7 @@ from lab.report.simagree import (
 )
 from lab.spec.simulated import sim_topology
 from lab.spec.topology import TopologySpec, parse_topology
+from lab.studies.grouptime import HopWaitsError, read_hop_waits
 
 
 def trained_until(conn: sqlite3.Connection) -> float:
@@ -199,12 +204,19 @@ def train_compare(
     turnaround_s: float = 0.0,
     ack_clock_mbit: float | None = None,
     lab_plan_times: bool = False,
+    hop_waits: tuple[float, ...] = (),
+    draws: int = 1,
 ) -> dict[str, Any]:
     """Rounds per worker of a lab run and of its simulation (see the module docstring).
     ``ack_clock_mbit`` None: the run's own (:data:`LAB_ACK_CLOCK_MBIT` if it queued its ACKs
     behind the data, else 0). ``lab_plan_times``: each simulated plan takes as long as the
     run's own plans took, in their order (``SimConfig.plan_times``), not as long as the
-    simulator's planner takes here."""
+    simulator's planner takes here. ``hop_waits``: each hop draws its wait from them
+    (``crew.sim.network.ExecutorModel.hop_waits``) in place of ``hop_queue_s``, and ``draws``
+    simulations, whose draws are seeded ``seed * 1000 + k``, give the median one's rounds, split
+    and turnaround (``sim_draws``: every one's rounds per worker, for their spread)."""
+    if draws < 1 or (draws > 1 and not hop_waits):
+        raise ValueError(f"draws: 1, or more with hop_waits to draw from; got {draws}")
     f = _run_facts(run_dir)
     if lab_plan_times and not f["plan_times"]:
         raise SystemExit(
@@ -212,29 +224,22 @@ def train_compare(
         )
     if ack_clock_mbit is None:
         ack_clock_mbit = 0.0 if f["acks_direct"] else LAB_ACK_CLOCK_MBIT
-    cfg = SimConfig(
-        scheme=Scheme(f["scheme"]),
-        p=f["p"],
-        duration_s=f["window_s"],
-        seed=f["seed"],
-        size_bytes=f["size_bytes"],
-        goodput=GOODPUT,
-        compute_s=f["compute_s"],
-        executor=lab_executor(
-            cpu_s_per_gb,
-            hop_queue_s=hop_queue_s,
-            control_s=control_s,
-            turnaround_s=turnaround_s,
-            ack_clock_mbit=ack_clock_mbit,
-        ),
-        plan_delay=PlanDelay.MEASURED,
-        join_at=f["join_at"],
-        plan_times=f["plan_times"] if lab_plan_times else None,
+    executor = lab_executor(
+        cpu_s_per_gb,
+        hop_queue_s=hop_queue_s,
+        control_s=control_s,
+        turnaround_s=turnaround_s,
+        ack_clock_mbit=ack_clock_mbit,
+        hop_waits=hop_waits,
     )
-    with tempfile.TemporaryDirectory(prefix="crew-simcompare-") as tmp:
-        res = Simulation(sim_topology(f["spec"]), cfg, recorder=Recorder(tmp)).run()
-        sim_split = state_split(Path(tmp) / "lab.db")
-        sim_turn = turnaround(Path(tmp) / "lab.db", f["spec"], f["seed"], f["compute_s"])
+    sims = sorted(
+        (
+            _simulate(f, replace(executor, hop_wait_seed=f["seed"] * 1000 + k), lab_plan_times)
+            for k in range(draws)
+        ),
+        key=lambda sim: sim[0].rounds_per_worker,
+    )
+    res, sim_split, sim_turn = sims[len(sims) // 2]
     emu = statistics.mean(f["rounds"])
     return {
         "run": str(run_dir),
@@ -248,6 +253,7 @@ def train_compare(
         "sim_rounds": res.rounds,
         "emu_mean": emu,
         "sim_mean": res.rounds_per_worker,
+        "sim_draws": [sim[0].rounds_per_worker for sim in sims],
         "ratio": res.rounds_per_worker / emu if emu else float("nan"),
         "emu_split": state_split(run_dir / "lab.db"),
         "sim_split": sim_split,
@@ -255,25 +261,63 @@ def train_compare(
         "sim_turnaround": sim_turn,
         "ack_clock_mbit": ack_clock_mbit,
         "lab_plan_times": lab_plan_times,
+        "hop_waits": len(hop_waits),
     }
+
+
+def _simulate(
+    f: dict[str, Any], executor: ExecutorModel, lab_plan_times: bool
+) -> tuple[SimResult, dict[str, float], float | None]:
+    """One simulation of the run ``f`` describes: its result, state split and turnaround."""
+    cfg = SimConfig(
+        scheme=Scheme(f["scheme"]),
+        p=f["p"],
+        duration_s=f["window_s"],
+        seed=f["seed"],
+        size_bytes=f["size_bytes"],
+        goodput=GOODPUT,
+        compute_s=f["compute_s"],
+        executor=executor,
+        plan_delay=PlanDelay.MEASURED,
+        join_at=f["join_at"],
+        plan_times=f["plan_times"] if lab_plan_times else None,
+    )
+    with tempfile.TemporaryDirectory(prefix="crew-simcompare-") as tmp:
+        res = Simulation(sim_topology(f["spec"]), cfg, recorder=Recorder(tmp)).run()
+        split = state_split(Path(tmp) / "lab.db")
+        turn = turnaround(Path(tmp) / "lab.db", f["spec"], f["seed"], f["compute_s"])
+    return res, split, turn
 
 
 def train_report(c: dict[str, Any]) -> str:
     flag = "" if 0.85 <= c["ratio"] <= 1.15 else "   (outside 0.85-1.15)"
     clock = f"below {c['ack_clock_mbit']:.1f} Mbit/s" if c["ack_clock_mbit"] else "off"
-    return (
+    waits = f", hop waits drawn from {c['hop_waits']}" if c["hop_waits"] else ""
+    lines = [
         f"{c['run']}: {c['scheme']} p={c['p']} seed {c['seed']}, {c['window_s']:.0f} s,"
         f" {c['size_bytes'] / 1e6:.2f} MB, step {c['compute_s'] * 1e3:.0f} ms, ACK clock"
-        f" {clock}, plans as long as {'the lab' if c['lab_plan_times'] else 'here'}\n"
-        f"  rounds per worker: simulated {c['sim_mean']:.2f} {c['sim_rounds']},"
-        f" emulated {c['emu_mean']:.2f} {c['emu_rounds']}; sim/emu {c['ratio']:.2f}{flag}\n"
-        "  a round, ms (simulated / emulated):"
-        + "".join(
-            f" {k} {c['sim_split'][k] * 1e3:.0f} / {c['emu_split'][k] * 1e3:.0f};"
-            for k in c["emu_split"]
+        f" {clock}, plans as long as {'the lab' if c['lab_plan_times'] else 'here'}{waits}"
+    ]
+    if len(c["sim_draws"]) > 1:
+        each = ", ".join(f"{x:.2f}" for x in c["sim_draws"])
+        lines.append(
+            f"  {len(c['sim_draws'])} simulations' rounds per worker: {each} (the median one"
+            f" below; sim/emu {c['sim_draws'][0] / c['emu_mean']:.2f}"
+            f" to {c['sim_draws'][-1] / c['emu_mean']:.2f})"
         )
-        + f" turnaround {_ms(c['sim_turnaround'])} / {_ms(c['emu_turnaround'])}"
+    lines.append(
+        f"  rounds per worker: simulated {c['sim_mean']:.2f} {c['sim_rounds']},"
+        f" emulated {c['emu_mean']:.2f} {c['emu_rounds']}; sim/emu {c['ratio']:.2f}{flag}"
     )
+    split = "".join(
+        f" {k} {c['sim_split'][k] * 1e3:.0f} / {c['emu_split'][k] * 1e3:.0f};"
+        for k in c["emu_split"]
+    )
+    lines.append(
+        f"  a round, ms (simulated / emulated):{split}"
+        f" turnaround {_ms(c['sim_turnaround'])} / {_ms(c['emu_turnaround'])}"
+    )
+    return "\n".join(lines)
 
 
 def _ms(seconds: float | None) -> str:
@@ -331,7 +375,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         " takes on this quiet host: the lab's coordinator plans on a host busy with every"
         " worker's data path (lab.studies.grouptime's control time excludes that plan time)",
     )
+    parser.add_argument(
+        "--hop-waits",
+        type=Path,
+        metavar="FILE",
+        help="--train: each hop's wait drawn from the lab's measured ones (lab.studies.grouptime"
+        " --hop-waits, from a traced run of the same setting) instead of one constant per hop",
+    )
+    parser.add_argument(
+        "--draws",
+        type=int,
+        default=1,
+        metavar="K",
+        help="--train with --hop-waits: simulate each run K times, with the hops' waits drawn"
+        " anew (seeded seed * 1000 + k), and compare the median one (default 1)",
+    )
     args = parser.parse_args(argv)
+    if args.draws < 1 or (args.draws > 1 and args.hop_waits is None):
+        parser.error(f"--draws must be 1, or more with --hop-waits to draw from; got {args.draws}")
+    if args.hop_waits is not None and args.hop_queue_ms is not None:
+        parser.error("--hop-waits draws each hop's wait: give it or --hop-queue-ms, not both")
+    waits: tuple[float, ...] = ()
+    if args.hop_waits is not None:
+        try:
+            waits = read_hop_waits(args.hop_waits)
+        except HopWaitsError as exc:
+            parser.error(f"--hop-waits: {exc}")
     for flag in ("hop_queue_ms", "control_ms", "turnaround_ms"):
         value = getattr(args, flag)
         if value is not None and not 0 <= value < float("inf"):
@@ -361,6 +430,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.turnaround_ms / 1e3,
             0.0 if args.no_ack_clock else None,
             args.lab_plan_times,
+            waits,
+            args.draws,
         )
         print(train_report(c))
     return 0
