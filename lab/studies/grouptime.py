@@ -101,7 +101,10 @@ class GroupTimes:
 NAMES = tuple(GroupTimes.__dataclass_fields__)
 
 
-def _frame(e: Event) -> tuple[int, int, str, int, int]:
+FrameKey = tuple[int, int, str, int, int]  # src, dst, kind, block, offset
+
+
+def _frame(e: Event) -> FrameKey:
     """One frame's identity on one link: (src, dst, kind, block, offset)."""
     src, dst = e.link
     return (src, dst, e.kind, e.block, e.offset)
@@ -112,15 +115,15 @@ class _GroupFrames:
     """One group's traced data frames: when each was queued and started (its first of each),
     when each part reached each node, and every receipt in time order."""
 
-    queued: dict[tuple[int, int, str, int, int], float]
-    started: dict[tuple[int, int, str, int, int], float]
+    queued: dict[FrameKey, float]
+    started: dict[FrameKey, float]
     arrived: dict[tuple[int, str, int, int], list[float]]
     got: list[Event]
 
     @classmethod
     def of(cls, evs: Sequence[Event]) -> _GroupFrames:
-        queued: dict[tuple[int, int, str, int, int], float] = {}
-        started: dict[tuple[int, int, str, int, int], float] = {}
+        queued: dict[FrameKey, float] = {}
+        started: dict[FrameKey, float] = {}
         arrived: dict[tuple[int, str, int, int], list[float]] = defaultdict(list)
         for e in evs:  # events are in time order: keep each frame's first of each kind
             if e.what == "q":
@@ -131,7 +134,7 @@ class _GroupFrames:
                 arrived[(e.me, e.kind, e.block, e.offset)].append(e.t)
         return cls(queued, started, arrived, [e for e in evs if e.what == "r"])
 
-    def relay_wait(self, key: tuple[int, int, str, int, int]) -> float | None:
+    def relay_wait(self, key: FrameKey) -> float | None:
         """From the sender's receipt of the part (the last input it waited for) to its queueing
         onward; None where the sender did not receive it first (its own data)."""
         src, _dst, kind, block, offset = key
@@ -141,7 +144,7 @@ class _GroupFrames:
 
     def sent(
         self, rates_mbit: dict[tuple[int, int], float], goodput: float
-    ) -> list[tuple[tuple[int, int, str, int, int], float, float, float]]:
+    ) -> list[tuple[FrameKey, float, float, float]]:
         """Every received frame: its identity, when its send started, when it arrived, and its
         serialisation at ``goodput`` x its link's configured rate (frames without a traced
         start, or on a link without a rate: none)."""

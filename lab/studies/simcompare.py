@@ -16,17 +16,18 @@ spread over 1.5-5 s at n = 20 to 32), and the real step time the straggler sampl
 ``--lab-plan-times`` a fourth: how long each of the run's plans held its coordinator
 (``meta.plan_costs``), which the simulated coordinator then plans for in place of its own planner's
 time here. With ``--hop-waits FILE`` (``lab.studies.grouptime --hop-waits`` of a traced run of the
-same setting) each simulated hop draws its wait from the lab's measured ones, seeded with the run's
-seed, instead of the constant ``--hop-queue-ms``. Prints rounds per worker, simulated / emulated,
-and where a worker's round goes in each (``state_split``: seconds per completed round training,
-ready and reducing, from the coordinator's ``worker_states`` in the run's database and in the
-simulation's, which the same life-cycle code writes), so a gap in rounds shows which part of the
-round it comes from, and each one's ``turnaround`` (the round's control latency outside its group,
-which ``--turnaround-ms`` gives the simulator). The lab sends pure TCP ACKs ahead of the data
-(``lab.net.shaping``), so its links are independent of their reverse, as the simulator's are. A run
-recorded before it did (no ``meta.ack_queue``) queued them behind the data: for those, the
-simulated links below ``LAB_ACK_CLOCK_MBIT`` hold back a faster reverse while they carry data, as
-that lab's did (``crew.sim.network.ExecutorModel.ack_clock_mbit``; ``--no-ack-clock``: off).
+same setting) each simulated hop draws its wait from the lab's measured ones instead of the
+constant ``--hop-queue-ms``, seeded from the run's seed; ``--draws K`` compares the median of K
+draws. Prints rounds per worker, simulated / emulated, and where a worker's round goes in each
+(``state_split``: seconds per completed round training, ready and reducing, from the coordinator's
+``worker_states`` in the run's database and in the simulation's, which the same life-cycle code
+writes), so a gap in rounds shows which part of the round it comes from, and each one's
+``turnaround`` (the round's control latency outside its group, which ``--turnaround-ms`` gives the
+simulator). The lab sends pure TCP ACKs ahead of the data (``lab.net.shaping``), so its links are
+independent of their reverse, as the simulator's are. A run recorded before it did (no
+``meta.ack_queue``) queued them behind the data: for those, the simulated links below
+``LAB_ACK_CLOCK_MBIT`` hold back a faster reverse while they carry data, as that lab's did
+(``crew.sim.network.ExecutorModel.ack_clock_mbit``; ``--no-ack-clock``: off).
 """
 
 from __future__ import annotations
