@@ -193,13 +193,25 @@ def test_drawn_hop_waits_replace_the_constant_and_bad_ones_are_refused(
     assert refused.value.code == 2 and "--draws must be 1, or more with" in capsys.readouterr().err
 
 
-def test_train_compare_reads_the_step_time_from_worker_states(tmp_path: Path) -> None:
-    # The run database stores states as strings: comparing them with the WorkerState member
-    # (a plain Enum) matched nothing, and every training comparison simulated a 0 ms step.
+def test_several_draws_compare_the_median_simulation(tmp_path: Path) -> None:
+    from lab.studies.simcompare import train_compare
+
+    _tiny_run(tmp_path)
+    heard: list[str] = []
+    c = train_compare(tmp_path, hop_waits=(0.0, 0.5, 2.0), draws=3, progress=heard.append)
+    assert heard == [f"{tmp_path}: simulation {k} of 3" for k in (1, 2, 3)]
+    assert len(c["sim_draws"]) == 3 and c["sim_draws"] == sorted(c["sim_draws"])
+    assert c["sim_mean"] == c["sim_draws"][1] and c["hop_waits"] == 3
+    with pytest.raises(ValueError, match="draws"):  # nothing to draw from
+        train_compare(tmp_path, draws=2)
+
+
+def _tiny_run(tmp_path: Path) -> None:
+    """A run database of preduce on small.yaml, p = 2: one completed group of a 40-byte
+    vector, worker 0 training 1.0 -> 1.3 and worker 1 2.0 -> 2.5, stopped at 20 s."""
     import yaml
 
     from crew.runtime.rundb import connect
-    from lab.studies.simcompare import _run_facts
 
     topo = yaml.safe_load((ROOT / "topologies" / "small.yaml").read_text())
     conn = connect(tmp_path / "lab.db")
@@ -224,6 +236,15 @@ def test_train_compare_reads_the_step_time_from_worker_states(tmp_path: Path) ->
             )
         conn.execute("INSERT INTO worker_states (t, worker, state) VALUES (2.5, 1, 'ready')")
     conn.close()
+
+
+def test_train_compare_reads_the_step_time_from_worker_states(tmp_path: Path) -> None:
+    # The run database stores states as strings: comparing them with the WorkerState member
+    # (a plain Enum) matched nothing, and every training comparison simulated a 0 ms step.
+    from crew.runtime.rundb import connect
+    from lab.studies.simcompare import _run_facts
+
+    _tiny_run(tmp_path)
     facts = _run_facts(tmp_path)
     assert facts["compute_s"] == pytest.approx(0.4)  # median of 0.3 and 0.5
     assert facts["size_bytes"] == 40 and facts["seed"] == 3 and facts["rounds"] == [1, 1, 0]

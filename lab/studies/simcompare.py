@@ -38,7 +38,7 @@ import statistics
 import sys
 import tempfile
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -207,6 +207,7 @@ def train_compare(
     lab_plan_times: bool = False,
     hop_waits: tuple[float, ...] = (),
     draws: int = 1,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Rounds per worker of a lab run and of its simulation (see the module docstring).
     ``ack_clock_mbit`` None: the run's own (:data:`LAB_ACK_CLOCK_MBIT` if it queued its ACKs
@@ -215,7 +216,8 @@ def train_compare(
     simulator's planner takes here. ``hop_waits``: each hop draws its wait from them
     (``crew.sim.network.ExecutorModel.hop_waits``) in place of ``hop_queue_s``, and ``draws``
     simulations, whose draws are seeded ``seed * 1000 + k``, give the median one's rounds, split
-    and turnaround (``sim_draws``: every one's rounds per worker, for their spread)."""
+    and turnaround (``sim_draws``: every one's rounds per worker, for their spread).
+    ``progress`` hears of each simulation as it starts."""
     if draws < 1 or (draws > 1 and not hop_waits):
         raise ValueError(f"draws: 1, or more with hop_waits to draw from; got {draws}")
     f = _run_facts(run_dir)
@@ -233,13 +235,13 @@ def train_compare(
         ack_clock_mbit=ack_clock_mbit,
         hop_waits=hop_waits,
     )
-    sims = sorted(
-        (
-            _simulate(f, replace(executor, hop_wait_seed=f["seed"] * 1000 + k), lab_plan_times)
-            for k in range(draws)
-        ),
-        key=lambda sim: sim[0].rounds_per_worker,
-    )
+    sims = []
+    for k in range(draws):
+        if progress is not None:
+            progress(f"{run_dir}: simulation {k + 1} of {draws}")
+        seeded = replace(executor, hop_wait_seed=f["seed"] * 1000 + k)
+        sims.append(_simulate(f, seeded, lab_plan_times))
+    sims.sort(key=lambda sim: sim[0].rounds_per_worker)
     res, sim_split, sim_turn = sims[len(sims) // 2]
     emu = statistics.mean(f["rounds"])
     return {
@@ -433,6 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.lab_plan_times,
             waits,
             args.draws,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
         )
         print(train_report(c))
     return 0
