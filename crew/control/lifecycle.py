@@ -427,15 +427,12 @@ class GroupLifecycle:
             raise proto.ProtocolError(
                 f"register.vector_len: {msg.vector_len} differs from the run's {self.size_elems}"
             )
-        self.connected.add(msg.worker)
-        self.capacity.forget_worker(msg.worker)
-        self.former.join(msg.worker, now)
-        self._out.status(
-            now, msg.worker, WorkerState.TRAINING, iteration=msg.iteration, pid=msg.pid
-        )
-        self._out.event(
-            now, "worker", f"worker {msg.worker} registered (pid {msg.pid})", worker=msg.worker
-        )
+        w = msg.worker
+        self.connected.add(w)
+        self.capacity.forget_worker(w)
+        self.former.join(w, now)
+        self._out.status(now, w, WorkerState.TRAINING, iteration=msg.iteration, pid=msg.pid)
+        self._out.event(now, "worker", f"worker {w} registered (pid {msg.pid})", worker=w)
         self._update_split()
 
     def _ready(self, msg: proto.Ready, now: float) -> None:
