@@ -218,8 +218,7 @@ def train_compare(
     simulations, whose draws are seeded ``seed * 1000 + k``, give the median one's rounds, split
     and turnaround (``sim_draws``: every one's rounds per worker, for their spread).
     ``progress`` hears of each simulation as it starts."""
-    if draws < 1 or (draws > 1 and not hop_waits):
-        raise ValueError(f"draws: 1, or more with hop_waits to draw from; got {draws}")
+    check_draws(draws, bool(hop_waits))
     f = _run_facts(run_dir)
     if lab_plan_times and not f["plan_times"]:
         raise SystemExit(
@@ -266,6 +265,12 @@ def train_compare(
         "lab_plan_times": lab_plan_times,
         "hop_waits": len(hop_waits),
     }
+
+
+def check_draws(draws: int, drawing: bool) -> None:
+    """More than one simulation of a run differs only where hop waits are drawn."""
+    if draws < 1 or (draws > 1 and not drawing):
+        raise ValueError(f"draws must be 1, or more with hop waits to draw from; got {draws}")
 
 
 def _simulate(
@@ -394,8 +399,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         " anew (seeded seed * 1000 + k), and compare the median one (default 1)",
     )
     args = parser.parse_args(argv)
-    if args.draws < 1 or (args.draws > 1 and args.hop_waits is None):
-        parser.error(f"--draws must be 1, or more with --hop-waits to draw from; got {args.draws}")
+    try:
+        check_draws(args.draws, args.hop_waits is not None)
+    except ValueError as exc:
+        parser.error(f"--{exc}")
     if args.hop_waits is not None and args.hop_queue_ms is not None:
         parser.error("--hop-waits draws each hop's wait: give it or --hop-queue-ms, not both")
     waits: tuple[float, ...] = ()
