@@ -31,3 +31,18 @@ def test_an_overlapped_round_is_applied_one_round_late(capsys) -> None:
     # their losses differ from their mean model's.
     loss, mean = _one_round(capsys, "--overlap")
     assert abs(mean - loss) > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--overlap-steps", "1"], "needs --overlap"),
+        (["--overlap", "--local-steps", "2", "--overlap-steps", "3"], "1 to --local-steps"),
+        (["--overlap", "--overlap-steps", "0"], "1 to --local-steps"),
+    ],
+)
+def test_a_bad_arrival_step_is_refused(capsys, argv: list[str], fragment: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        trainsim.main(argv)
+    assert exc.value.code == 2
+    assert fragment in capsys.readouterr().err

@@ -21,7 +21,9 @@ worker 0 offers S times its model to every group (a member that poisons its own 
 ``--overlap``: each group's result reaches its members one round late, after they have run
 the next H local steps from the model they offered, and is applied as a delta against that
 offer (``crew.train.overlap``, as ``crew.Averager.start`` does): quality against local steps
-when every reduce is hidden behind one iteration. ``--eval-mean`` also evaluates the workers'
+when every reduce is hidden behind one iteration. ``--overlap-steps K`` makes it arrive after
+K of those steps instead, as the lab's worker applies a result between two steps: a reduce
+that takes K of the H steps' time. ``--eval-mean`` also evaluates the workers'
 mean model, their consensus, apart from the noise of each worker's unaveraged steps.
 
 It measures quality against local steps, not time: the lab's benchmark owns time to target.
@@ -67,7 +69,7 @@ def _trainers(args: argparse.Namespace) -> list:
             seed=args.seed,
             lr=args.lr if args.lr is not None else DEFAULTS[w].lr,
             batch_size=args.batch_size or DEFAULTS[w].batch_size,
-            local_steps=args.local_steps,
+            local_steps=1,  # run() takes the H steps one by one (--overlap-steps)
             cache_dir=args.cache_dir,
         )
         for i in range(args.n)
@@ -150,13 +152,17 @@ def run(args: argparse.Namespace) -> dict[str, float | int | None]:
     delayed = [DelayedUpdates() for _ in trainers]
     arriving: dict[int, tuple[int, np.ndarray]] = {}  # overlap: member -> (ticket, result)
     started = time.perf_counter()
+    arrive_after = args.overlap_steps or args.local_steps
     for r in range(1, rounds + 1):
-        for t in trainers:
-            t.step()
-        for m, (ticket, result) in sorted(arriving.items()):  # last round's, one round late
-            synced = loops[m].after_reduce(result)
-            trainers[m].set_vector(delayed[m].resolve(ticket, trainers[m].get_vector(), synced))
-        arriving.clear()
+        for step in range(1, args.local_steps + 1):
+            for t in trainers:
+                t.step()
+            if step == arrive_after:  # last round's results, after this many of the next steps
+                for m, (ticket, result) in sorted(arriving.items()):
+                    synced = loops[m].after_reduce(result)
+                    current = trainers[m].get_vector()
+                    trainers[m].set_vector(delayed[m].resolve(ticket, current, synced))
+                arriving.clear()
         order = rng.permutation(args.n).tolist()
         for g in range(0, args.n - args.p + 1, args.p):
             members = order[g : g + args.p]
@@ -243,6 +249,13 @@ def main(argv: list[str] | None = None) -> int:
         help="apply each group's result one round late, as a delta against the offer",
     )
     p.add_argument(
+        "--overlap-steps",
+        type=int,
+        default=None,
+        help="with --overlap: each result arrives after this many of the next round's local"
+        " steps (default: all H of them)",
+    )
+    p.add_argument(
         "--eval-mean",
         action="store_true",
         help="also evaluate the workers' mean model (their consensus) at each evaluation",
@@ -270,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not 1 <= args.p <= args.n:
         p.error("need 1 <= p <= n")
+    if args.overlap_steps is not None and not args.overlap:
+        p.error("--overlap-steps needs --overlap")
+    if args.overlap_steps is not None and not 1 <= args.overlap_steps <= args.local_steps:
+        p.error(f"--overlap-steps must be 1 to --local-steps ({args.local_steps})")
     out = run(args)
     print(
         f"SUMMARY workload={args.workload} mode={args.mode} H={args.local_steps} "
