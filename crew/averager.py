@@ -117,7 +117,8 @@ class PendingRound:
 
     :meth:`wait` blocks until the group has ended and applies its result as a delta against
     the offered snapshot (or nothing, when the group was abandoned); it returns the
-    :class:`Round`, and the same Round again on later calls."""
+    :class:`Round`, and the same Round again on later calls. :meth:`ready` tells, without
+    blocking, whether :meth:`wait` would return at once."""
 
     def __init__(
         self,
@@ -128,6 +129,12 @@ class PendingRound:
         self._averager = averager
         self._begun = begun
         self._round = done
+
+    def ready(self) -> bool:
+        """True when :meth:`wait` would not block: the group has ended (or the job is over).
+        A training loop asks between its steps and applies the result as soon as it is here,
+        so fewer steps are taken from the model it offered."""
+        return self._round is not None or self._averager._node.settled()
 
     def wait(self) -> Round:
         if self._round is None:

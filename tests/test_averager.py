@@ -160,6 +160,30 @@ def test_an_overlapped_round_keeps_the_steps_taken_while_it_reduced():
         assert rnd.time_split.compute_s >= 0.3
 
 
+def test_an_overlapped_round_says_when_its_result_is_here():
+    def body(rank, averager, tensors):
+        if rank == 1:
+            time.sleep(1.0)  # rank 0's group of two cannot form before this offer
+        pending = averager.start()
+        early = pending.ready()
+        deadline = time.monotonic() + 20
+        while not pending.ready() and time.monotonic() < deadline:
+            time.sleep(0.01)  # "training" between polls
+        ready = pending.ready()
+        began = time.monotonic()
+        rnd = pending.wait()
+        return early, ready, time.monotonic() - began, rnd, tensors[0].clone()
+
+    res = run_ranks(2, body, args=ARGS)
+    assert not isinstance(res[0], Exception), res[0]
+    assert not isinstance(res[1], Exception), res[1]
+    assert res[0][0] is False  # alone in the job, its round cannot have ended
+    for rank in (0, 1):
+        _, ready, waited, rnd, first = res[rank]
+        assert ready and rnd.averaged and waited < 1.0  # ready: wait() returns at once
+        assert torch.equal(first, torch.full((3, 4), 0.5))
+
+
 def test_a_rank_that_leaves_after_joining_does_not_stop_the_others():
     def body(rank, averager, tensors):
         if rank == 2:

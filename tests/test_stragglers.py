@@ -11,6 +11,7 @@ import pytest
 
 from crew.train.stragglers import (
     ComputeDelay,
+    IterationPace,
     StragglerError,
     StragglerProfile,
     available_profiles,
@@ -199,3 +200,38 @@ def test_the_generated_heavy_profile_has_the_tail_it_states() -> None:
     # Its quantiles are those of a Pareto of the stated shape: P(X > x) = (min / x) ** alpha.
     x = values[48]  # the 48.5 / 64 quantile
     assert (heavytail.MINIMUM_S / x) ** heavytail.ALPHA == pytest.approx(1 - 48.5 / 64, rel=1e-2)
+
+
+def test_an_iteration_spreads_its_time_evenly_over_its_steps() -> None:
+    # 4 steps of a 2 s iteration: step k ends no sooner than k * 0.5 s into it.
+    pace = ComputeDelay(None, seed=0, floor_s=2.0).pace(4)
+    assert pace.budget_s == 2.0 and pace.steps == 4
+    assert pace.after_step(1, 0.1) == pytest.approx(0.4)
+    assert pace.after_step(2, 0.6) == pytest.approx(0.4)
+    assert pace.after_step(3, 1.7) == 0.0  # a slow step is not made up for by sleeping less later
+    assert pace.after_step(4, 1.8) == 0.0  # the last step's sleep is the end's
+    assert pace.at_end(0.9, 1.8) == pytest.approx(0.2)
+    # Compute longer than the budget: the iteration takes it, times the slowdown.
+    slow = ComputeDelay(None, seed=0, floor_s=1.0)
+    slow.slowdown = 2.0
+    paced = slow.pace(2)
+    assert paced.budget_s == 2.0
+    assert paced.at_end(1.5, 1.5) == pytest.approx(1.5)  # 1.5 * 2 - 1.5
+
+
+def test_padding_at_the_end_is_the_pace_of_one_step() -> None:
+    profile = StragglerProfile("two", (0.2, 0.6), (0.5, 0.5))
+    a, b = ComputeDelay(profile, seed=7, floor_s=0.3), ComputeDelay(profile, seed=7, floor_s=0.3)
+    for actual in (0.0, 0.1, 0.25, 0.5, 0.9):
+        pace = b.pace(1)
+        assert a.padding(actual) == pytest.approx(pace.at_end(actual, actual))
+        assert a.last_sample == b.last_sample  # the same draws, one per iteration
+
+
+@pytest.mark.parametrize(
+    ("budget", "steps", "fragment"),
+    [(-1.0, 2, "budget_s"), (float("nan"), 2, "budget_s"), (1.0, 0, "steps"), (1.0, True, "steps")],
+)
+def test_a_bad_pace_is_refused(budget: float, steps: int, fragment: str) -> None:
+    with pytest.raises(StragglerError, match=fragment):
+        IterationPace(budget, steps)

@@ -245,6 +245,20 @@ def test_local_steps_count_as_one_iteration(split: tuple[Shard, Shard]) -> None:
     assert not np.array_equal(t.get_vector(), before)
 
 
+def test_after_step_runs_between_the_local_steps(split: tuple[Shard, Shard]) -> None:
+    t = _trainer(split, local_steps=3)
+    seen: list[tuple[int, np.ndarray]] = []
+    t.step(lambda done: seen.append((done, t.get_vector())))
+    assert [done for done, _ in seen] == [1, 2, 3]
+    vectors = [v for _, v in seen]
+    assert all(not np.array_equal(a, b) for a, b in zip(vectors, vectors[1:], strict=False))
+    assert np.array_equal(vectors[-1], t.get_vector())  # the last call comes after the last step
+    # What the hook loads is where the next step starts from: the overlapped result's place.
+    start = np.zeros_like(t.get_vector())
+    t.step(lambda done: t.set_vector(start) if done == 1 else None)
+    assert np.linalg.norm(t.get_vector()) < np.linalg.norm(vectors[-1])
+
+
 def test_model_averaging_keeps_training(split: tuple[Shard, Shard]) -> None:
     train, _ = split
     trainers = [_trainer(split, shard(train, 2, i, Partition.IID, 0), seed=0) for i in range(2)]

@@ -524,6 +524,11 @@ class Node:
             epoch = split.epoch
         self.tell(proto.Ready(self.me, iteration, project(self.check, vector), epoch))
 
+    def settled(self) -> bool:
+        """True when :meth:`settle` would return at once: a group's outcome is waiting, or
+        the node has stopped."""
+        return not self.outcomes.empty() or self.stop_event.is_set()
+
     def settle(self, timeout: float | None = None) -> Settled | None:
         """Block until the offered vector's group commits or is abandoned; None if the node
         stopped (or ``timeout`` seconds passed) first."""

@@ -35,6 +35,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +71,7 @@ class Worker:
         self.stop_event = threading.Event()
         self.node: Node | None = None
         self.averager = None  # crew.Averager while training with partial reduce
+        self._pending = None  # overlap: the round reducing while the next iteration trains
 
     def _make_trainer(self):  # noqa: ANN202 - torch types stay out of this module's imports
         from crew.train.datasets import Partition
@@ -145,12 +147,35 @@ class Worker:
         if self.delay is not None:
             self.delay.slowdown = factor
 
-    def _local_iteration(self, last_eval: float) -> tuple[float, float | None, float]:
-        """One local iteration with its straggler padding: (loss, accuracy or None, last_eval)."""
+    def _local_iteration(
+        self, last_eval: float, between_steps: Callable[[], None] | None = None
+    ) -> tuple[float, float | None, float]:
+        """One local iteration with its straggler padding: (loss, accuracy or None, last_eval).
+
+        A torch iteration of H steps is paced step by step (``IterationPace``), and
+        ``between_steps`` runs after each step (the overlapped loop applies a result there)."""
         assert self.trainer is not None and self.delay is not None
         started = time.perf_counter()
-        loss = self.trainer.step()
-        pad = self.delay.padding(time.perf_counter() - started)
+        trainer = self.trainer
+        slept = 0.0
+        if self.synthetic:
+            pace = self.delay.pace()
+            loss = trainer.step()
+        else:
+            pace = self.delay.pace(trainer.train_cfg.local_steps)
+
+            def after_step(done: int) -> None:
+                nonlocal slept
+                if between_steps is not None:
+                    between_steps()
+                wait = pace.after_step(done, time.perf_counter() - started)
+                if wait > 0:
+                    self.stop_event.wait(wait)
+                    slept += wait
+
+            loss = trainer.step(after_step)
+        elapsed = time.perf_counter() - started
+        pad = pace.at_end(max(0.0, elapsed - slept), elapsed)
         if pad > 0:
             self.stop_event.wait(pad)
         accuracy = None
@@ -161,6 +186,16 @@ class Worker:
                 loss = held_out
             last_eval = now
         return loss, accuracy, last_eval
+
+    def _apply_arrived(self) -> None:
+        """Overlap: apply the round in flight as soon as its group has ended, between two
+        local steps, so that the rest of the iteration trains from the group's result."""
+        pending = self._pending
+        if pending is None or not pending.ready():
+            return
+        self._pending = None
+        if pending.wait().averaged:
+            self._save()
 
     def _train_partial(self) -> None:
         """Partial reduce through the public API: the same loop as a user's script."""
@@ -179,10 +214,10 @@ class Worker:
         if self.stop_event.is_set():
             averager.stop()
         last_eval = 0.0
-        pending = None  # overlap: the round reducing while the next iteration trains
+        between = self._apply_arrived if self.cfg.overlap else None
         try:
             while not averager.stopped:
-                loss, accuracy, last_eval = self._local_iteration(last_eval)
+                loss, accuracy, last_eval = self._local_iteration(last_eval, between)
                 averager.report(loss, accuracy, iteration=self.trainer.iteration)
                 if averager.stopped:
                     break
@@ -190,10 +225,11 @@ class Worker:
                     if averager.step().averaged:
                         self._save()
                     continue
-                # One round in flight: the previous one reduced during this iteration.
-                if pending is not None and pending.wait().averaged:
+                # One round in flight: the previous one reduced during this iteration, and its
+                # result was applied between steps if it arrived in time.
+                if self._pending is not None and self._pending.wait().averaged:
                     self._save()
-                pending = averager.start()
+                self._pending = averager.start()
         finally:
             averager.close()
 

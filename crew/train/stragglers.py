@@ -30,6 +30,12 @@ Eight workers on a host of two cores share them: a worker that computes while ot
 CPU the others would have had, so the host, not each worker's own accelerator, sets how fast
 they all train. With a floor well above an iteration's real CPU time, each worker's iteration
 lasts its own fixed time whatever the others do, as on an accelerator of its own.
+
+An iteration of H optimiser steps spreads its padding over its steps (:class:`IterationPace`):
+step k of H ends no sooner than ``k / H`` of the iteration's time, as an accelerator's equal
+steps would. Padded only at the end, the steps would run back to back and then sleep, and an
+overlapped round's result arriving mid-iteration (``crew.Averager.start``) would always find
+every step of the iteration already taken from the stale model.
 """
 
 from __future__ import annotations
@@ -197,6 +203,38 @@ def get_profile(spec: str) -> StragglerProfile:
     return base.rescaled(low, high)
 
 
+@dataclass(frozen=True)
+class IterationPace:
+    """One iteration's time, spread evenly over its ``steps`` optimiser steps.
+
+    ``budget_s`` is ``max(sample, floor) * slowdown``. Both methods are pure: elapsed and
+    compute time in, seconds to sleep out.
+    """
+
+    budget_s: float
+    steps: int
+    slowdown: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_seconds("budget_s", self.budget_s)
+        if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 1:
+            raise StragglerError(f"steps must be an int >= 1, got {self.steps!r}")
+
+    def after_step(self, done: int, elapsed_s: float) -> float:
+        """Seconds to sleep after ``done`` of the steps, ``elapsed_s`` into the iteration:
+        until ``done / steps`` of the budget has passed. The last step's sleep is
+        :meth:`at_end`'s."""
+        if done >= self.steps:
+            return 0.0
+        return max(0.0, self.budget_s * done / self.steps - elapsed_s)
+
+    def at_end(self, compute_s: float, elapsed_s: float) -> float:
+        """Seconds to sleep after the last step: the iteration lasts the budget, or its real
+        compute ``compute_s`` stretched by the slowdown if that is longer."""
+        _check_seconds("compute_s", compute_s)
+        return max(0.0, max(self.budget_s, compute_s * self.slowdown) - elapsed_s)
+
+
 class ComputeDelay:
     """Draws per-iteration target compute times and turns them into sleep padding.
 
@@ -261,14 +299,17 @@ class ComputeDelay:
         with self._lock:
             return self._rng.choice(self._values, size=count, p=self._probs)
 
-    def padding(self, actual_s: float) -> float:
-        """Seconds to sleep after an iteration whose real compute took ``actual_s``.
-
-        Draws a fresh sample (call once per iteration; it is kept in ``last_sample``) and
-        returns ``max(0, max(sample, floor_s, actual_s) * slowdown - actual_s)``.
-        """
-        _check_seconds("actual_s", actual_s)
+    def pace(self, steps: int = 1) -> IterationPace:
+        """The next iteration's pace over its ``steps`` steps. Draws a fresh sample (call
+        once per iteration; it is kept in ``last_sample``)."""
         target = self.sample()
         self.last_sample = target
-        longest = max(target, self.floor_s, float(actual_s))
-        return max(0.0, longest * self._slowdown - float(actual_s))
+        budget = max(target, self.floor_s) * self._slowdown
+        return IterationPace(budget, steps, self._slowdown)
+
+    def padding(self, actual_s: float) -> float:
+        """Seconds to sleep after an iteration whose real compute took ``actual_s``, padded
+        only at its end: ``max(0, max(sample, floor_s, actual_s) * slowdown - actual_s)``.
+        Draws a fresh sample, as :meth:`pace` does."""
+        _check_seconds("actual_s", actual_s)
+        return self.pace().at_end(actual_s, actual_s)

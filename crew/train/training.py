@@ -29,6 +29,7 @@ import logging
 import math
 import os
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -242,14 +243,16 @@ class FlatTrainer:
     def evaluate(self) -> tuple[float, float]:
         raise NotImplementedError
 
-    def step(self) -> float:
+    def step(self, after_step: Callable[[int], None] | None = None) -> float:
         """Run one local iteration (``local_steps`` optimiser steps); return the mean loss.
 
-        Raises DivergenceError (model left as it is) if a loss is not finite.
+        ``after_step(k)`` is called after the k-th step (k = 1 .. local_steps), in this thread:
+        the worker paces its steps there and applies an overlapped round's result as soon as
+        it arrives. Raises DivergenceError (model left as it is) if a loss is not finite.
         """
         self._model.train()
         total = 0.0
-        for _ in range(self.train_cfg.local_steps):
+        for done in range(1, self.train_cfg.local_steps + 1):
             xb, yb = self._next_batch()
             self._opt.zero_grad()
             loss = self._loss(xb, yb)
@@ -261,6 +264,8 @@ class FlatTrainer:
             loss.backward()
             self._opt.step()
             total += value
+            if after_step is not None:
+                after_step(done)
         self._iteration += 1
         return total / self.train_cfg.local_steps
 
