@@ -23,6 +23,10 @@ of several rounds add up the same in any order. The runtime allows one
 is not ready for the next, so a second offer before the first settles would have to wait for it
 anyway. One in flight already hides a reduce that is shorter than a local iteration.
 
+When to resolve: as soon as the result is here. The lab's worker asks between its local steps
+(``PendingRound.ready``) and resolves there, so only the steps taken while the group reduced
+start from the snapshot; resolved at the end of the next iteration, all H of them would.
+
 Pure NumPy: flat float32 vectors in, flat float32 vectors out.
 """
 
