@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from config_kit import loopback_config
 from reduce_kit import MEMBERS, ROUTES, TOTAL, N, Net, assign_routes
 
-from crew.config import ConfigError, RunConfig
+from crew.config import ConfigError
 from crew.config_checks import check_training
 from crew.train.synthetic import (
     Contribution,
@@ -190,19 +191,11 @@ print(json.dumps({
 
 
 def test_a_synthetic_worker_builds_and_steps_without_importing_torch(tmp_path: Path) -> None:
-    cfg = RunConfig(
+    cfg = loopback_config(
+        tmp_path,
+        3,
         run_id="synthetic",
         run_num=5,
-        run_dir=str(tmp_path),
-        secret_path=str(tmp_path / "secret"),
-        n=3,
-        p=2,
-        scheme="crew",
-        coordinator_host="127.0.0.1",
-        coordinator_port=1,
-        data_port=1,
-        identities=("127.0.0.1",) * 3,
-        bw_mbit=((0.0, 1.0, 1.0), (1.0, 0.0, 1.0), (1.0, 1.0, 0.0)),
         workload="synthetic",
         model_mb=0.5,
         stragglers=("2", "2", "2"),

@@ -7,27 +7,16 @@ import time
 from pathlib import Path
 
 import pytest
-
-from crew.config import RunConfig
+from config_kit import loopback_config
 
 pytest.importorskip("torch")
 from crew.runtime.worker import Worker  # noqa: E402  (after the importorskip guard)
 
 
 def _worker(tmp_path: Path, *, local_steps: int, floor_s: float) -> Worker:
-    cfg = RunConfig(
-        run_id="pace",
-        run_num=1,
-        run_dir=str(tmp_path),
-        secret_path=str(tmp_path / "secret"),
-        n=2,
-        p=2,
-        scheme="crew",
-        coordinator_host="127.0.0.1",
-        coordinator_port=1,
-        data_port=1,
-        identities=("127.0.0.1",) * 2,
-        bw_mbit=((0.0, 1.0), (1.0, 0.0)),
+    cfg = loopback_config(
+        tmp_path,
+        2,
         workload="mlp",
         sync="local-sgd",
         local_steps=local_steps,
