@@ -35,6 +35,7 @@ quality, and wire bytes sent per worker per round (leaf parts, as encoded).
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import time
 
@@ -69,7 +70,7 @@ def _trainers(args: argparse.Namespace) -> list:
             seed=args.seed,
             lr=args.lr if args.lr is not None else DEFAULTS[w].lr,
             batch_size=args.batch_size or DEFAULTS[w].batch_size,
-            local_steps=1,  # run() takes the H steps one by one (--overlap-steps)
+            local_steps=args.local_steps,
             cache_dir=args.cache_dir,
         )
         for i in range(args.n)
@@ -153,16 +154,18 @@ def run(args: argparse.Namespace) -> dict[str, float | int | None]:
     arriving: dict[int, tuple[int, np.ndarray]] = {}  # overlap: member -> (ticket, result)
     started = time.perf_counter()
     arrive_after = args.overlap_steps or args.local_steps
+
+    def apply_arrived(m: int, done: int) -> None:
+        """Member m's last-round result, after ``arrive_after`` of this round's local steps."""
+        if done != arrive_after or m not in arriving:
+            return
+        ticket, result = arriving.pop(m)
+        synced = loops[m].after_reduce(result)
+        trainers[m].set_vector(delayed[m].resolve(ticket, trainers[m].get_vector(), synced))
+
     for r in range(1, rounds + 1):
-        for step in range(1, args.local_steps + 1):
-            for t in trainers:
-                t.step()
-            if step == arrive_after:  # last round's results, after this many of the next steps
-                for m, (ticket, result) in sorted(arriving.items()):
-                    synced = loops[m].after_reduce(result)
-                    current = trainers[m].get_vector()
-                    trainers[m].set_vector(delayed[m].resolve(ticket, current, synced))
-                arriving.clear()
+        for m, t in enumerate(trainers):
+            t.step(functools.partial(apply_arrived, m))
         order = rng.permutation(args.n).tolist()
         for g in range(0, args.n - args.p + 1, args.p):
             members = order[g : g + args.p]
