@@ -31,6 +31,7 @@ checks every average it receives exactly; its rows carry the worst verification 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 import threading
@@ -187,11 +188,12 @@ class Worker:
             last_eval = now
         return loss, accuracy, last_eval
 
-    def _apply_arrived(self) -> None:
-        """Overlap: apply the round in flight as soon as its group has ended, between two
-        local steps, so that the rest of the iteration trains from the group's result."""
+    def _settle_pending(self, *, block: bool) -> None:
+        """Overlap: apply the round in flight (and checkpoint if it averaged). Between two
+        local steps (``block`` False) only once its group has ended, so the rest of the
+        iteration trains from the group's result; before the next offer, waiting for it."""
         pending = self._pending
-        if pending is None or not pending.ready():
+        if pending is None or (not block and not pending.ready()):
             return
         self._pending = None
         if pending.wait().averaged:
@@ -214,7 +216,7 @@ class Worker:
         if self.stop_event.is_set():
             averager.stop()
         last_eval = 0.0
-        between = self._apply_arrived if self.cfg.overlap else None
+        between = functools.partial(self._settle_pending, block=False) if self.cfg.overlap else None
         try:
             while not averager.stopped:
                 loss, accuracy, last_eval = self._local_iteration(last_eval, between)
@@ -227,8 +229,7 @@ class Worker:
                     continue
                 # One round in flight: the previous one reduced during this iteration, and its
                 # result was applied between steps if it arrived in time.
-                if self._pending is not None and self._pending.wait().averaged:
-                    self._save()
+                self._settle_pending(block=True)
                 self._pending = averager.start()
         finally:
             averager.close()
