@@ -230,6 +230,8 @@ def print_summary(summary: dict) -> None:
         "compute_utilisation",
         "startup_s",
         "cpu_share",
+        "host_busy_share",
+        "host_cpu_s_per_link_gb",
         "link_bytes_total",
         "db",
     ):

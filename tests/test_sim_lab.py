@@ -381,3 +381,30 @@ def test_compare_pairs_pooled_rounds_with_the_trace_of_each_round() -> None:
     pooled = compare(one | {"round_count": 2, "schemes": pooled_ops}, topo, plan_time=False)
     pooled = pooled["preduce"]
     assert pooled == single  # the same ops, each simulated against its own group (no wall time)
+
+
+def test_train_compare_reports_the_runs_host_load_per_link_gb(tmp_path: Path) -> None:
+    from crew.runtime.rundb import connect
+    from lab.orchestrate.hostbusy import HostBusy
+    from lab.studies.simcompare import train_compare, train_report
+
+    _tiny_run(tmp_path)
+    c = train_compare(tmp_path)
+    assert c["host_cpu_s_per_link_gb"] is None  # recorded without the window
+    assert "the lab's host while training" not in train_report(c)
+    with connect(tmp_path / "lab.db") as conn:
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('host_busy', ?)",
+            (HostBusy(1.0, 11.0, busy_s=15.0, cores=2).to_json(),),
+        )
+        conn.executemany(
+            "INSERT INTO link_samples (t, src, dst, tx_bytes, mbit) VALUES (?, ?, ?, ?, 1.0)",
+            [(1.0, 0, 1, 0), (11.0, 0, 1, 300_000_000), (12.0, 0, 1, 900_000_000)],
+        )
+    c = train_compare(tmp_path, cpu_s_per_gb=50.0)
+    assert c["host_busy_share"] == pytest.approx(0.75)  # 15 CPU s over 10 s on 2 cores
+    assert c["host_cpu_s_per_link_gb"] == pytest.approx(50.0)  # 15 CPU s over 0.3 GB
+    assert (
+        "the lab's host while training: 0.75 busy, 50.0 CPU s per link GB"
+        " (simulated with 50.0: --cpu-s-per-gb)" in train_report(c)
+    )

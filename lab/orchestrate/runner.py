@@ -45,6 +45,7 @@ from lab.net.mesh import LabError, LabNetwork
 from lab.net.monitor import LinkMonitor
 from lab.net.preflight import Capabilities, ImpairmentMode, describe
 from lab.orchestrate import commands as cmds
+from lab.orchestrate import hostbusy
 from lab.orchestrate.admin import AdminChannel
 from lab.orchestrate.drift import DriftApplier, RateChange, lab_schedule
 from lab.orchestrate.faults import FaultInjector
@@ -234,6 +235,7 @@ class LabRun:
         self._logs: list[IO[bytes]] = []
         self.started_at = 0.0
         self._cpu_at_start = 0.0
+        self._host_from: hostbusy.HostMark | None = None  # the workers started
         self.exit_codes: dict[int, int] = {}
         # Workers that ended by themselves with an error (not stopped by the lab or a fault
         # command), with their exit codes; a restart does not clear it.
@@ -323,6 +325,7 @@ class LabRun:
             self.start_worker(i)
         self.monitor = LinkMonitor(self.net, self.db)
         self.monitor.start()
+        self._host_from = hostbusy.mark()
         self.faults = FaultInjector(self)
         if self.opts.rate_traces:
             # The oracle planner hears every true rate as it is set; the others must measure.
@@ -630,6 +633,12 @@ class LabRun:
                 self._coordinator_gone = True
 
     def _stop(self) -> None:
+        # The training window ends as the stop begins: teardown is not the workers' load.
+        host = (
+            None
+            if self._host_from is None
+            else hostbusy.HostBusy.between(self._host_from, hostbusy.mark(), CORES)
+        )
         try:
             # The coordinator abandons open groups and tells registered workers to stop, then
             # exits; SIGTERM does the same when it cannot be asked (it is not listening yet).
@@ -686,6 +695,7 @@ class LabRun:
                 cpu = lab_cpu_s() - self._cpu_at_start
                 self.db.set_meta(
                     {"ended_at": str(time.time()), "lab_cpu_s": f"{cpu:.2f}", "cores": str(CORES)}
+                    | ({} if host is None else {"host_busy": host.to_json()})
                 )
                 self.db.event("stop", "lab stopped")
                 self.db.close()

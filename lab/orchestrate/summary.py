@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from crew.runtime.rundb import GroupStatus, UtilisationRow, WorkerState, latest_utilisation
+from lab.orchestrate.hostbusy import training_load
 from lab.orchestrate.runner import TRAINING_FIELDS
 
 
@@ -100,6 +101,8 @@ def summarize(db_path: Path) -> dict[str, Any]:
             (WorkerState.READY.value,),
         ).fetchone()
         cpu_s = float(meta["lab_cpu_s"]) if "lab_cpu_s" in meta else None
+        load = training_load(conn)
+        per_gb = None if load is None else load.cpu_s_per_link_gb
         formed_by: dict[str, int] = {}  # the quorum rule's reasons (crew.control.quorum)
         with contextlib.suppress(sqlite3.OperationalError):  # older databases lack the column
             for r in conn.execute(
@@ -135,6 +138,9 @@ def summarize(db_path: Path) -> dict[str, Any]:
             ),
             "lab_cpu_s": cpu_s,
             "cpu_share": cpu_share(meta),
+            # The whole host, kernel included, from the workers' start to the stop's start.
+            "host_busy_share": None if load is None else round(load.busy.share, 3),
+            "host_cpu_s_per_link_gb": None if per_gb is None else round(per_gb, 1),
             "link_bytes_total": sum(link_bytes.values()),
             "link_bytes": link_bytes,
             "db": str(db_path),

@@ -52,6 +52,7 @@ from crew.sim.network import ExecutorModel
 from crew.sim.record import Recorder
 from crew.train.stragglers import ComputeDelay
 from lab.net.shaping import ACK_QUEUE_DIRECT, QUEUE_EXTRA_S
+from lab.orchestrate.hostbusy import training_load
 from lab.report.simagree import (
     GOODPUT,
     LAB_ACK_CLOCK_MBIT,
@@ -111,6 +112,7 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
             for m in json.loads(g["members"]):
                 rounds[m] += 1
         costs = read_costs(conn)
+        load = training_load(conn)
     return {
         "spec": spec,
         "scheme": meta["scheme"],
@@ -132,6 +134,9 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
         # Each group's first plan: the seconds the coordinator's event loop waited for it, in
         # group order (empty for a run whose coordinator did not stop cleanly).
         "plan_times": tuple(costs[g][1] / 1e3 for g in sorted(costs)),
+        # The host while the workers trained (None for a run recorded without it).
+        "host_busy_share": None if load is None else load.busy.share,
+        "host_cpu_s_per_link_gb": None if load is None else load.cpu_s_per_link_gb,
     }
 
 
@@ -264,6 +269,9 @@ def train_compare(
         "ack_clock_mbit": ack_clock_mbit,
         "lab_plan_times": lab_plan_times,
         "hop_waits": len(hop_waits),
+        "cpu_s_per_gb": cpu_s_per_gb,
+        "host_busy_share": f["host_busy_share"],
+        "host_cpu_s_per_link_gb": f["host_cpu_s_per_link_gb"],
     }
 
 
@@ -321,6 +329,12 @@ def train_report(c: dict[str, Any]) -> str:
         f" {k} {c['sim_split'][k] * 1e3:.0f} / {c['emu_split'][k] * 1e3:.0f};"
         for k in c["emu_split"]
     )
+    if c["host_cpu_s_per_link_gb"] is not None:
+        lines.append(
+            f"  the lab's host while training: {c['host_busy_share']:.2f} busy,"
+            f" {c['host_cpu_s_per_link_gb']:.1f} CPU s per link GB"
+            f" (simulated with {c['cpu_s_per_gb']:.1f}: --cpu-s-per-gb)"
+        )
     lines.append(
         f"  a round, ms (simulated / emulated):{split}"
         f" turnaround {_ms(c['sim_turnaround'])} / {_ms(c['emu_turnaround'])}"
