@@ -4,8 +4,10 @@ The lab's ``cpu_share`` counts its own processes over the whole run, the mesh's 
 teardown included, and none of the kernel's work in softirq context. That work is most of what
 shaped veth links cost: HTB and the TCP stack run there for every byte on every link. A study
 of how busy the host was *while the workers trained* needs the host's figure over that window.
-The runner marks the host's busy CPU seconds when the workers have started and again when it
-begins to stop them; the difference over the window is ``HostBusy``.
+The runner marks the host's busy CPU seconds once every worker has been ready (started, its
+first step taken: start-up is 15 s of two busy cores at 32 clouds) and again when it begins
+to stop them; the difference over the window is ``HostBusy``. A run whose workers were never
+all ready keeps the window from their launch.
 
 A host counter counts every process on the machine, not only the lab's, so it is the lab's
 figure only on a quiet machine, where a lab is meant to be measured.

@@ -36,6 +36,7 @@ from crew.runtime.rundb import (
     LinkRow,
     RunDB,
     WorkerRow,
+    WorkerState,
 )
 from crew.train.workloads import DEFAULTS, Workload
 from lab.net import shaping
@@ -61,6 +62,7 @@ DATA_PORT = 7701
 STOP_GRACE_S = 15.0
 MAX_COORDINATOR_RESTARTS = 5  # a coordinator that keeps dying is a bug, not a fault
 ROOT_STOP_S = 10.0  # the dashboard, and a coordinator that outlived STOP_GRACE_S
+HOST_READY_WAIT_S = 600.0  # past this, the host's training window stays open from the launch
 LM_EVAL_EVERY_S = 10.0  # seconds between held-out evaluations of the lm workload
 SPLIT_WAIT_S = 120.0  # importing scikit-learn and splitting: about 1.5 s of CPU
 
@@ -235,7 +237,10 @@ class LabRun:
         self._logs: list[IO[bytes]] = []
         self.started_at = 0.0
         self._cpu_at_start = 0.0
-        self._host_from: hostbusy.HostMark | None = None  # the workers started
+        # The host's training window opens once every worker has been ready (it has started
+        # and taken its first step), or at the workers' launch if that never comes.
+        self._host_from: hostbusy.HostMark | None = None
+        self._host_all_ready = False
         self.exit_codes: dict[int, int] = {}
         # Workers that ended by themselves with an error (not stopped by the lab or a fault
         # command), with their exit codes; a restart does not clear it.
@@ -597,6 +602,14 @@ class LabRun:
     def poll(self) -> None:
         """Apply pending commands and notice processes that ended; call about twice a second."""
         assert self.db is not None
+        if not self._host_all_ready and time.time() - self.started_at < HOST_READY_WAIT_S:
+            ready = self.db.query(
+                "SELECT COUNT(DISTINCT worker) AS c FROM worker_states WHERE state = ?",
+                (WorkerState.READY.value,),
+            )
+            if ready[0]["c"] >= self.topo.n:
+                self._host_all_ready = True
+                self._host_from = hostbusy.mark()
         if self.player is not None and not self.player.done:
             done = self.db.query(
                 "SELECT COUNT(*) AS c FROM groups WHERE status=?", (GroupStatus.COMPLETED.value,)

@@ -138,7 +138,7 @@ def summarize(db_path: Path) -> dict[str, Any]:
             ),
             "lab_cpu_s": cpu_s,
             "cpu_share": cpu_share(meta),
-            # The whole host, kernel included, from the workers' start to the stop's start.
+            # The whole host, kernel included, from every worker's first Ready to the stop.
             "host_busy_share": None if load is None else round(load.busy.share, 3),
             "host_cpu_s_per_link_gb": None if per_gb is None else round(per_gb, 1),
             "link_bytes_total": sum(link_bytes.values()),

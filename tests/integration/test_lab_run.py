@@ -24,6 +24,7 @@ from labkit import assert_nothing_left, completed_groups, lab_pids, rows, small_
 
 from lab.net.preflight import check
 from lab.orchestrate import commands as cmds
+from lab.orchestrate.hostbusy import HostBusy
 from lab.orchestrate.runner import REPO, LabRun, RunOptions
 from lab.orchestrate.summary import summarize
 from lab.spec.topology import TopologySpec, load_topology
@@ -144,6 +145,16 @@ def test_run_trains_in_groups_of_p_and_records_everything(trained: StoppedLab, s
     assert summary["compute_utilisation"] == pytest.approx(mean, abs=1e-4)
     acc = rows(db, "SELECT accuracy FROM iterations WHERE accuracy IS NOT NULL ORDER BY t")
     assert acc, "no held-out accuracy was recorded"
+    # The host's training window opens once every worker has been ready, not at the launch.
+    (window,) = rows(db, "SELECT value FROM meta WHERE key = 'host_busy'")
+    busy = HostBusy.from_json(window["value"])
+    (all_ready,) = rows(
+        db,
+        "SELECT MAX(t) AS t FROM (SELECT MIN(t) AS t FROM worker_states WHERE state = 'ready'"
+        " GROUP BY worker)",
+    )
+    assert busy.started >= all_ready["t"] and busy.ended > busy.started
+    assert 0 < summary["host_busy_share"] <= 1 and summary["host_cpu_s_per_link_gb"] > 0
 
 
 def test_every_group_scheme_trains_in_one_lab(trained: StoppedLab) -> None:
