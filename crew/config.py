@@ -352,6 +352,16 @@ class RunConfig:
             "the quorum rule's largest group; 0: all workers", "workers", flag="--quorum-max"
         ),
     )
+    helpers: int = field(
+        default=-1,
+        metadata=opt(
+            "plan each group over its members and only this many other workers, the best"
+            " connected to them (crew.plan.candidates): fewer helpers to tell and relay"
+            " through, a smaller route LP; -1: over every worker",
+            "workers",
+            flag="--helpers",
+        ),
+    )
     committed_capacity: bool = field(
         default=True,
         metadata=opt(
@@ -577,6 +587,13 @@ class RunConfig:
                     f"quorum_min: need 1 <= quorum_min ({self.quorum_min}) <= quorum_max"
                     f" ({top}) <= n ({self.n})"
                 )
+        if self.helpers < -1:
+            raise ConfigError(f"helpers: need -1 (every worker) or K >= 0, got {self.helpers}")
+        if self.helpers >= 0 and (self.shared or self.host_cpu_s_per_gb > 0):
+            raise ConfigError(
+                "helpers: a candidate set cannot plan shared capacities (cloud uplinks, the"
+                " host's CPU), which span every worker; plan over every worker (-1)"
+            )
         try:
             object.__setattr__(self, "scheme", Scheme(self.scheme))
         except ValueError:

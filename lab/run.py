@@ -60,6 +60,7 @@ RUN_FIELDS = (
     "nonblocking",
     "quorum_min",
     "quorum_max",
+    "helpers",
     "capacity",
     "encrypt",
     "check",
@@ -295,6 +296,18 @@ def main(argv: list[str] | None = None) -> int:
         console.print(
             f"[red]error:[/red] {flags.config_flag('quorum_min')}: need 1 <= --quorum-min"
             f" ({args.quorum_min}) <= --quorum-max ({top}) <= {topo.n} workers"
+        )
+        return EXIT_BAD_INPUT
+    if args.helpers < -1:
+        console.print(
+            f"[red]error:[/red] --helpers: need -1 (every worker) or N >= 0, got {args.helpers}"
+        )
+        return EXIT_BAD_INPUT
+    if args.helpers >= 0 and (topo.shared_uplinks() or args.host_cpu_s_per_gb.s_per_gb > 0):
+        console.print(
+            "[red]error:[/red] --helpers: a group planned over a few workers cannot plan the"
+            " shared capacities of this run (its topology's cloud uplinks or --host-cpu), which"
+            " span every worker; leave --helpers out"
         )
         return EXIT_BAD_INPUT
     if args.duration is not None and args.duration <= 0:

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from sim_kit import uniform
 
+from crew.plan.candidates import CandidateError, candidates, plan_on_candidates, planner_over
 from crew.plan.routes import Route, validate_routes
 from crew.plan.schemes import plan_group
 from crew.sim.__main__ import main as sim_main
-from crew.sim.candidates import candidates, plan_on_candidates
 from crew.sim.engine import (
     LARGE_PLAN_ROUNDS,
     Fault,
@@ -331,6 +331,17 @@ def test_a_plan_on_candidates_is_exact_on_the_full_network() -> None:
     assert load.sum() > 0 and np.all(load[~np.isin(np.arange(40), list(cand))] == 0)
 
 
+def test_planner_over_every_worker_is_the_planner_and_over_k_plans_on_candidates() -> None:
+    assert planner_over(plan_group, -1) is plan_group
+    topo = generate(12, 2, 3)
+    bw = topo.rate_mbit.copy()
+    members = (1, 5, 9)
+    plan = planner_over(plan_group, 2)("crew", bw, members, 4_000_000, active=range(12), seed=1)
+    assert plan.participants() <= set(candidates(bw, members, None, 2))
+    with pytest.raises(CandidateError, match="shared"):
+        planner_over(plan_group, 2)("crew", bw, members, 4_000_000, shared=(object(),))
+
+
 def test_store_and_forward_aggregator_broadcasts_when_its_own_scatter_is_in() -> None:
     # One star, root 0, members 1 and 2: 1 -> 0 at 1 MB/s, 2 -> 0 at 0.5 MB/s; 1 MB range.
     # The root has everything at 2 s, then broadcasts 1 MB to each at 1 MB/s: done at 3 s.
@@ -461,3 +472,18 @@ def test_plan_level_tol_reaches_the_planner_and_is_stated(monkeypatch) -> None: 
     assert seen and set(seen) == {0.02}  # every crew plan of the run searched with it
     assert "latency levels within 2.00%" in model_line(SimConfig(plan_level_tol=0.02), 8)
     assert "latency levels exact" in model_line(SimConfig(), 8)
+
+
+def test_run_config_helpers_are_every_worker_or_a_count_without_shared_capacities() -> None:
+    from lifecycle_kit import make_cfg
+
+    from crew.config import ConfigError
+    from crew.plan.planner import SharedLink
+
+    assert make_cfg().helpers == -1 and make_cfg(helpers=0).helpers == 0
+    with pytest.raises(ConfigError, match="helpers: need -1"):
+        make_cfg(helpers=-2)
+    with pytest.raises(ConfigError, match="helpers: a candidate set"):
+        make_cfg(helpers=2, host_cpu_s_per_gb=12.0, host_cores=2.0)
+    with pytest.raises(ConfigError, match="helpers: a candidate set"):
+        make_cfg(helpers=2, shared=(SharedLink(((0, 1),), 10.0),))

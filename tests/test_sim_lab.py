@@ -408,3 +408,19 @@ def test_train_compare_reports_the_runs_host_load_per_link_gb(tmp_path: Path) ->
         "the lab's host while training: 0.75 busy, 50.0 CPU s per link GB"
         " (simulated with 50.0: --cpu-s-per-gb)" in train_report(c)
     )
+
+
+def test_train_compare_plans_over_the_runs_helpers(tmp_path: Path) -> None:
+    from crew.runtime.rundb import connect
+    from lab.studies.simcompare import _run_facts, train_compare, train_report
+
+    _tiny_run(tmp_path)
+    assert _run_facts(tmp_path)["helpers"] == -1  # a run recorded without the option
+    with connect(tmp_path / "lab.db") as conn:
+        conn.execute(
+            "UPDATE meta SET value = ? WHERE key = 'options'",
+            (json.dumps({"seed": 3, "helpers": 1}),),
+        )
+    c = train_compare(tmp_path)
+    assert c["helpers"] == 1
+    assert "members + 1 helpers" in train_report(c)

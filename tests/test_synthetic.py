@@ -255,3 +255,31 @@ def test_synthetic_workers_reduce_on_loopback_and_every_average_verifies(tmp_pat
         assert evaluations >= 1 and share == 1.0, worker  # and all of them verified
     for log in (tmp_path / "run").glob("w*.log"):
         assert "average is wrong" not in log.read_text()
+
+
+def test_a_coordinator_with_helpers_plans_each_group_over_its_members_and_that_many(
+    tmp_path: Path,
+) -> None:
+    """--helpers 1 on five loopback workers, every link 10 Mbit/s in the planner's view: over
+    every worker, crew routes a 2 MB group of two through up to all three others; with the
+    limit, each plan routes through the group's members and one other worker only."""
+    import json
+
+    from lab.studies.workerstart import LoopbackRun
+
+    bw = tuple(tuple(0.0 if i == j else 10.0 for j in range(5)) for i in range(5))
+    with LoopbackRun(
+        tmp_path / "run", 5, 2, workload="synthetic", model_mb=2, helpers=1, bw_mbit=bw
+    ) as run:
+        done = run.wait_completed(4, timeout_s=90.0)
+        plans = run.query("SELECT members, plan FROM groups WHERE status = 'completed'")
+    assert done >= 4
+    helpers_used = set()
+    for members_json, plan_json in plans:
+        members = set(json.loads(members_json))
+        used = set()
+        for _start, _stop, root, up, down in json.loads(plan_json)["routes"]:
+            used |= {root} | {w for edge in up + down for w in edge}
+        assert members <= used and len(used - members) <= 1, (members, used)
+        helpers_used |= used - members
+    assert helpers_used  # crew did route through a helper: the limit is what held it to one

@@ -63,6 +63,12 @@ def test_averager_applies_the_diloco_outer_step_two_ranks_by_hand(tmp_path) -> N
         (["--quorum-min", "9"], "--quorum-min"),
         (["--quorum-min", "3", "--quorum-max", "2"], "--quorum-min"),
         (["--capacity", "oracle"], "--capacity"),  # the default topology has no rate traces
+        (["--helpers", "-2"], "--helpers"),
+        (["--helpers", "4", "--host-cpu", "12"], "--helpers"),
+        (
+            ["--helpers", "4", "--topology", "clouds-4x2"],
+            "--helpers",
+        ),  # shared uplinks  # the default topology has no rate traces
         (["--min-iteration-s", "-1"], "--min-iteration-s"),
         (["--min-iteration-s", "nan"], "--min-iteration-s"),
     ],

@@ -28,6 +28,7 @@ from crew.config import RunConfig, Scheme
 from crew.control import lifecycle as lc
 from crew.control.former import former_for
 from crew.control.throttle import Throttle
+from crew.plan.candidates import planner_over
 from crew.plan.schemes import GROUP_SCHEMES, GroupPlanner
 from crew.runtime.planahead import PLAN_COSTS_META, AheadPlanner, CostRecord, costs_json
 from crew.runtime.rundb import GroupMemberRow, GroupStatus, IterationRow, RunDB, UtilisationRow
@@ -210,7 +211,9 @@ class Coordinator:
         # background thread while the current group runs (crew.runtime.planahead), unless
         # cfg.plan_ahead is off; either way it records what each plan cost the event loop. One
         # GroupPlanner for the run: a group planned again, or on moved rates, reuses its work.
-        self.ahead = AheadPlanner(GroupPlanner())
+        # With cfg.helpers, each group is planned over its members and its best-connected
+        # others only (crew.plan.candidates).
+        self.ahead = AheadPlanner(planner_over(GroupPlanner(), cfg.helpers))
         # Groups from readiness, or a bench run's fixed trace (cfg.extra["trace"]).
         codec = Codec(cfg.compress)
         self.life = lc.GroupLifecycle(

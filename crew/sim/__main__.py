@@ -112,7 +112,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="plan each group over its members and the K best-connected other workers"
-        f" (crew.sim.candidates; default: every worker up to n = {CANDIDATES_FROM_N},"
+        f" (crew.plan.candidates; default: every worker up to n = {CANDIDATES_FROM_N},"
         f" {DEFAULT_HELPERS} above; -1: every worker)",
     )
     parser.add_argument(
@@ -247,7 +247,7 @@ def model_line(cfg: SimConfig, n: int) -> str:
     who = (
         "every worker"
         if cfg.helpers is None
-        else f"members + {cfg.helpers} best-connected others (crew.sim.candidates)"
+        else f"members + {cfg.helpers} best-connected others (crew.plan.candidates)"
     )
     rounds = "planner's own bound" if cfg.plan_rounds is None else f"<= {cfg.plan_rounds}"
     levels = "exact" if not cfg.plan_level_tol else f"within {cfg.plan_level_tol:.2%}"

@@ -1,32 +1,10 @@
-"""Planning a group over a candidate set of workers, for runs too large to plan over all of them.
-
-At n = 256 one route-LP plan over the whole network takes seconds (its pricing and master grow
-with every worker a tree may pass through), and a 50 s run plans hundreds of groups. Most of
-those workers cannot help a given group much: a relay pays off only where its links to *and* from
-the members are fast. So, from ``CANDIDATES_FROM_N`` workers on, the simulator gives the real
-planner (``crew.plan.schemes.plan_group``, unchanged) a smaller network: the group's members
-plus the ``k`` active non-members best connected to them, scored by
-
-    score(x) = sum over members m of min(bw[m, x], bw[x, m])
-
-(the rate a two-way relay through x could give each member; ties go to the lower index), with
-rates, delays and the member and active sets restricted to those workers. Its plan is mapped
-back to the workers' own indices. A plan made this way is a valid plan on the full network (it
-only uses links among candidates, at their full capacity), but it may be slower than the one
-the planner would find with every worker: the run's summary and the docs say when it is used.
-
-Cost: O(n x p) for the scores, then the planner on p + k workers.
-"""
+"""The simulator's candidate sets by default: above ``CANDIDATES_FROM_N`` workers every group is
+planned over its members and ``DEFAULT_HELPERS`` best-connected others (``crew.plan.candidates``,
+which the lab's coordinator uses too when its run sets ``helpers``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
-
-import numpy as np
-
-from crew.plan.routes import Route
-from crew.plan.schemes import GroupPlan
+__all__ = ["CANDIDATES_FROM_N", "DEFAULT_HELPERS", "default_helpers"]
 
 CANDIDATES_FROM_N = 64
 """Above this many workers the simulator plans over candidates by default (``--helpers``)."""
@@ -34,75 +12,6 @@ DEFAULT_HELPERS = 16
 """Non-member candidates per group by default: p + 16 workers keeps a plan near n = 20's time."""
 
 
-class CandidateError(ValueError):
-    """The candidate set cannot be formed; the message says why."""
-
-
 def default_helpers(n: int) -> int | None:
     """The simulator's default helper count for n workers (None: plan over every worker)."""
     return DEFAULT_HELPERS if n > CANDIDATES_FROM_N else None
-
-
-def candidates(
-    bw: np.ndarray, members: Sequence[int], active: Sequence[int] | None, k: int
-) -> tuple[int, ...]:
-    """The members and the ``k`` best-connected active non-members, sorted by index."""
-    if k < 0:
-        raise CandidateError(f"helpers must be >= 0, got {k}")
-    w = np.asarray(bw, dtype=float)
-    n = w.shape[0]
-    ms = sorted(set(int(m) for m in members))
-    pool = set(range(n) if active is None else (int(a) for a in active)) - set(ms)
-    if not pool or k == 0:
-        return tuple(ms)
-    others = np.array(sorted(pool), dtype=int)
-    finite = np.where(np.isfinite(w), w, 0.0)
-    score = np.minimum(finite[ms][:, others], finite[others][:, ms].T).sum(axis=0)
-    best = others[np.lexsort((others, -score))[:k]]  # highest score, then lowest index
-    return tuple(sorted(ms + best.tolist()))
-
-
-def _map_route(r: Route, idx: Sequence[int]) -> Route:
-    return Route(
-        r.start,
-        r.stop,
-        idx[r.root],
-        tuple((idx[a], idx[b]) for a, b in r.up),
-        tuple((idx[a], idx[b]) for a, b in r.down),
-    )
-
-
-def plan_on_candidates(
-    plan_fn: Callable[..., GroupPlan],
-    k: int,
-    scheme: str,
-    bw: np.ndarray,
-    members: Sequence[int],
-    size: int,
-    *,
-    active: Sequence[int] | None = None,
-    **kw: Any,
-) -> GroupPlan:
-    """``plan_fn`` (``plan_group``'s signature) on the candidate sub-network, mapped back."""
-    if kw.get("shared"):
-        raise CandidateError("shared capacities (cloud uplinks) span workers: plan over all")
-    w = np.asarray(bw, dtype=float)
-    n = w.shape[0]
-    cand = candidates(w, members, active, k)
-    if len(cand) == n:
-        return plan_fn(scheme, w, members, size, active=active, **kw)
-    pos = {x: i for i, x in enumerate(cand)}
-    sub = w[np.ix_(cand, cand)]
-    if kw.get("delay_s") is not None:
-        kw = kw | {"delay_s": np.asarray(kw["delay_s"], dtype=float)[np.ix_(cand, cand)]}
-    act = None if active is None else [pos[a] for a in active if a in pos]
-    plan = plan_fn(scheme, sub, [pos[m] for m in members], size, active=act, **kw)
-    return GroupPlan(
-        scheme=plan.scheme,
-        members=tuple(cand[m] for m in plan.members),
-        routes=tuple(_map_route(r, cand) for r in plan.routes),
-        pipelined=plan.pipelined,
-        predicted_s=plan.predicted_s,
-        n=n,
-        total=plan.total,
-    )

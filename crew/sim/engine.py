@@ -123,7 +123,7 @@ class SimConfig:
     plan_delay: PlanDelay = PlanDelay.NONE
     helpers: int | None = None
     """Plan each group over its members and this many best-connected others
-    (``crew.sim.candidates``); None: over every worker."""
+    (``crew.plan.candidates``); None: over every worker."""
     history: bool = True
     """Keep every group's times and the life cycle's records (for ``SimResult.group_times`` and
     a run database); False keeps only open groups and the last ``PLAN_TIMES_KEPT`` planner

@@ -15,7 +15,7 @@ simulated time through :class:`SimLifecycle`, which only translates:
   computing), ``EventRecord`` becomes a :class:`Note`. Every record output is also kept in
   :attr:`SimLifecycle.records` order for a run database (``crew.runtime.coordinator.write_record``).
 
-At large n the planner may be handed a candidate sub-network (``crew.sim.candidates``,
+At large n the planner may be handed a candidate sub-network (``crew.plan.candidates``,
 ``helpers``): the members and the k non-members best connected to them.
 
 So revisions, failover, deadlines, committed capacity, the group former (FIFO, several groups
@@ -36,9 +36,9 @@ import numpy as np
 from crew.config import RunConfig, Scheme
 from crew.control import lifecycle as lc
 from crew.control.grouping import Group, GroupFormer
+from crew.plan.candidates import plan_on_candidates
 from crew.plan.routelp import DEFAULT_SETTINGS, RouteLPSettings
 from crew.plan.schemes import GroupPlan, GroupPlanner
-from crew.sim.candidates import plan_on_candidates
 from crew.wire import protocol as proto
 
 PLAN_TIMES_KEPT = 10_000  # planner times a run without history keeps (the latest)
@@ -139,7 +139,7 @@ class SimLifecycle:
                 level_tolerance=plan_level_tol,
             )
         )
-        self.helpers = helpers  # None: plan over every worker; k: crew.sim.candidates
+        self.helpers = helpers  # None: plan over every worker; k: crew.plan.candidates
         bw = np.array(bw_mbit, dtype=float)
         np.fill_diagonal(bw, 0.0)
         self.cfg = RunConfig.in_process(

@@ -86,6 +86,7 @@ class RunOptions:
     nonblocking: bool = RunConfig.default("nonblocking")
     quorum_min: int = RunConfig.default("quorum_min")  # 0: groups of exactly p
     quorum_max: int = RunConfig.default("quorum_max")  # 0: all workers
+    helpers: int = RunConfig.default("helpers")  # -1: plan over every worker
     committed_capacity: bool = RunConfig.default("committed_capacity")
     plan_ahead: bool = RunConfig.default("plan_ahead")
     # bytes crew's route LP counts a part to wait behind at each hop (RunConfig)
@@ -439,6 +440,7 @@ class LabRun:
             nonblocking=o.nonblocking,
             quorum_min=o.quorum_min,
             quorum_max=o.quorum_max,
+            helpers=o.helpers,
             committed_capacity=o.committed_capacity,
             plan_ahead=o.plan_ahead,
             hop_backlog_bytes=o.hop_backlog_bytes,

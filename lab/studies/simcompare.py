@@ -5,10 +5,11 @@ file's trace in ``crew.sim``'s network model and prints simulated / emulated per
 scheme; the model and its executor costs are described in ``lab.report.simagree``, which
 ``lab.bench --sim`` also calls.
 
-**Training runs** (``--train RUN_DIR``, a ``lab.run`` folder): the run's topology, scheme, p and
-seed (from its database), simulated for the run's training window (first iteration's start to the
-coordinator's stop) with the same executor model (its CPU per byte: ``--cpu-s-per-gb``, default the
-bench's crew figure on this lab). Three inputs come from the run, none of them the rounds compared:
+**Training runs** (``--train RUN_DIR``, a ``lab.run`` folder): the run's topology, scheme, p,
+seed and ``--helpers`` (from its database), simulated for the run's training window (first
+iteration's start to the coordinator's stop) with the same executor model (its CPU per byte:
+``--cpu-s-per-gb``, default the bench's crew figure on this lab). Three inputs come from the
+run, none of them the rounds compared:
 the vector's size (its plans), each worker's registration (a simulated worker starts then: they
 spread over 1.5-5 s at n = 20 to 32), and the real step time the straggler samples pad up to
 (``compute_s``: the median, over the workers without a straggler profile, of training -> ready in
@@ -134,6 +135,8 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
         # Each group's first plan: the seconds the coordinator's event loop waited for it, in
         # group order (empty for a run whose coordinator did not stop cleanly).
         "plan_times": tuple(costs[g][1] / 1e3 for g in sorted(costs)),
+        # Planned over each group's members and this many others (-1: every worker).
+        "helpers": int(options.get("helpers", -1)),
         # The host while the workers trained (None for a run recorded without it).
         "host_busy_share": None if load is None else load.busy.share,
         "host_cpu_s_per_link_gb": None if load is None else load.cpu_s_per_link_gb,
@@ -269,6 +272,7 @@ def train_compare(
         "ack_clock_mbit": ack_clock_mbit,
         "lab_plan_times": lab_plan_times,
         "hop_waits": len(hop_waits),
+        "helpers": f["helpers"],
         "cpu_s_per_gb": cpu_s_per_gb,
         "host_busy_share": f["host_busy_share"],
         "host_cpu_s_per_link_gb": f["host_cpu_s_per_link_gb"],
@@ -297,6 +301,7 @@ def _simulate(
         plan_delay=PlanDelay.MEASURED,
         join_at=f["join_at"],
         plan_times=f["plan_times"] if lab_plan_times else None,
+        helpers=None if f["helpers"] < 0 else f["helpers"],
     )
     with tempfile.TemporaryDirectory(prefix="crew-simcompare-") as tmp:
         res = Simulation(sim_topology(f["spec"]), cfg, recorder=Recorder(tmp)).run()
@@ -309,6 +314,8 @@ def train_report(c: dict[str, Any]) -> str:
     flag = "" if 0.85 <= c["ratio"] <= 1.15 else "   (outside 0.85-1.15)"
     clock = f"below {c['ack_clock_mbit']:.1f} Mbit/s" if c["ack_clock_mbit"] else "off"
     waits = f", hop waits drawn from {c['hop_waits']}" if c["hop_waits"] else ""
+    if c["helpers"] >= 0:
+        waits += f", members + {c['helpers']} helpers"
     lines = [
         f"{c['run']}: {c['scheme']} p={c['p']} seed {c['seed']}, {c['window_s']:.0f} s,"
         f" {c['size_bytes'] / 1e6:.2f} MB, step {c['compute_s'] * 1e3:.0f} ms, ACK clock"

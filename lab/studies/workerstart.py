@@ -67,7 +67,8 @@ def free_ports(count: int) -> list[int]:
 class LoopbackRun:
     """A coordinator and ``n`` workers as plain processes on 127.0.0.1, every link 1 Gbit/s in
     the planner's view; ``config`` fields override the defaults (``workload``, ``model_mb``,
-    ``stragglers``, ...). A context manager: leaving it stops every process it started."""
+    ``stragglers``, ``bw_mbit``, ...). A context manager: leaving it stops every process it
+    started."""
 
     def __init__(self, run_dir: Path, n: int, p: int, **config: object) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -88,7 +89,10 @@ class LoopbackRun:
             data_port=0,
             data_ports=tuple(ports[1:]),
             identities=("127.0.0.1",) * n,
-            bw_mbit=tuple(tuple(0.0 if i == j else 1000.0 for j in range(n)) for i in range(n)),
+            bw_mbit=config.pop(  # type: ignore[arg-type]
+                "bw_mbit",
+                tuple(tuple(0.0 if i == j else 1000.0 for j in range(n)) for i in range(n)),
+            ),
             **config,  # type: ignore[arg-type]
         )
         self.config_path = run_dir / "config.json"
