@@ -360,6 +360,9 @@ class RunConfig:
             " through, a smaller route LP; -1: over every worker",
             "workers",
             flag="--helpers",
+            # crew.plan.candidates.default_helpers: CANDIDATES_FROM_N, DEFAULT_HELPERS
+            cli_default=None,
+            default_text="every worker up to 64 workers, 16 above",
         ),
     )
     committed_capacity: bool = field(

@@ -298,6 +298,11 @@ def main(argv: list[str] | None = None) -> int:
             f" ({args.quorum_min}) <= --quorum-max ({top}) <= {topo.n} workers"
         )
         return EXIT_BAD_INPUT
+    if args.helpers is None:  # left out: the planner's default for this many workers
+        from crew.plan.candidates import default_helpers  # late: the planner imports SciPy
+
+        k = default_helpers(topo.n)
+        args.helpers = -1 if k is None else k
     if args.helpers < -1:
         console.print(
             f"[red]error:[/red] --helpers: need -1 (every worker) or N >= 0, got {args.helpers}"

@@ -487,3 +487,20 @@ def test_run_config_helpers_are_every_worker_or_a_count_without_shared_capacitie
         make_cfg(helpers=2, host_cpu_s_per_gb=12.0, host_cores=2.0)
     with pytest.raises(ConfigError, match="helpers: a candidate set"):
         make_cfg(helpers=2, shared=(SharedLink(((0, 1),), 10.0),))
+
+
+def test_the_helpers_flag_states_the_planners_default_and_resolves_to_it() -> None:
+    from crew.config import RunConfig
+    from crew.plan.candidates import (
+        CANDIDATES_FROM_N,
+        DEFAULT_HELPERS,
+        default_helpers,
+        helpers_for,
+    )
+
+    text = RunConfig.option("helpers").default_text
+    assert f"up to {CANDIDATES_FROM_N} workers, {DEFAULT_HELPERS} above" in text
+    assert default_helpers(CANDIDATES_FROM_N) is None
+    assert default_helpers(CANDIDATES_FROM_N + 1) == DEFAULT_HELPERS
+    assert helpers_for(None, 100) == DEFAULT_HELPERS and helpers_for(-1, 100) is None
+    assert helpers_for(3, 8) == 3

@@ -14,9 +14,9 @@ members plus the ``k`` active non-members best connected to them, scored by
 rates, delays and the member and active sets restricted to those workers. Its plan is mapped
 back to the workers' own indices. A plan made this way is a valid plan on the full network (it
 only uses links among candidates, at their full capacity), but it may be slower than the one
-the planner would find with every worker. The simulator plans this way above
-``crew.sim.candidates.CANDIDATES_FROM_N`` workers; the lab's coordinator when its run config
-sets ``helpers`` (``--helpers K``).
+the planner would find with every worker. By default (``--helpers`` left out, in the lab and
+the simulator) groups are planned this way above ``CANDIDATES_FROM_N`` workers, over
+``DEFAULT_HELPERS`` others; ``RunConfig.helpers`` (``--helpers K``) sets it.
 
 Cost: O(n x p) for the scores, then the planner on p + k workers.
 """
@@ -32,11 +32,38 @@ import numpy as np
 from crew.plan.routes import Route
 from crew.plan.schemes import GroupPlan
 
-__all__ = ["CandidateError", "candidates", "plan_on_candidates", "planner_over"]
+__all__ = [
+    "CANDIDATES_FROM_N",
+    "DEFAULT_HELPERS",
+    "CandidateError",
+    "candidates",
+    "default_helpers",
+    "helpers_for",
+    "plan_on_candidates",
+    "planner_over",
+]
+
+CANDIDATES_FROM_N = 64
+"""Above this many workers groups are planned over candidates by default (``--helpers``)."""
+DEFAULT_HELPERS = 16
+"""Non-member candidates per group by default: p + 16 workers keeps a plan near n = 20's time."""
 
 
 class CandidateError(ValueError):
     """The candidate set cannot be formed; the message says why."""
+
+
+def default_helpers(n: int) -> int | None:
+    """The helper count for n workers when none is given (None: plan over every worker)."""
+    return DEFAULT_HELPERS if n > CANDIDATES_FROM_N else None
+
+
+def helpers_for(given: int | None, n: int) -> int | None:
+    """``--helpers`` as the planner takes it: None (left out) is :func:`default_helpers`, a
+    negative count is every worker (None), K >= 0 is K."""
+    if given is None:
+        return default_helpers(n)
+    return None if given < 0 else int(given)
 
 
 def candidates(

@@ -20,8 +20,8 @@ from crew.cli_options import (
     config_values,
     write_json,
 )
+from crew.plan.candidates import helpers_for
 from crew.plan.schemes import GROUP_SCHEMES
-from crew.sim.candidates import CANDIDATES_FROM_N, DEFAULT_HELPERS, default_helpers
 from crew.sim.engine import (
     LARGE_PLAN_ROUNDS,
     PLAN_ROUNDS_FROM_N,
@@ -42,7 +42,7 @@ LARGE_SAMPLE_S = 4.0  # for "now" is 5 s, so links still read as busy between sa
 
 
 # The RunConfig fields a simulated run takes from the command line (crew.cli_options).
-SIM_FIELDS = ("p", "scheme", "seed", "goodput", "staleness", "host_cpu_s_per_gb")
+SIM_FIELDS = ("p", "scheme", "seed", "goodput", "staleness", "host_cpu_s_per_gb", "helpers")
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -106,14 +106,6 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         metavar="TOL",
         help="relative tolerance of crew's latency-level search: levels that could improve a"
         " plan's modelled time by at most this share are skipped (default 0: exact)",
-    )
-    parser.add_argument(
-        "--helpers",
-        type=int,
-        default=None,
-        help="plan each group over its members and the K best-connected other workers"
-        f" (crew.plan.candidates; default: every worker up to n = {CANDIDATES_FROM_N},"
-        f" {DEFAULT_HELPERS} above; -1: every worker)",
     )
     parser.add_argument(
         "--plan-delay",
@@ -195,12 +187,6 @@ def executor_from(args: argparse.Namespace) -> ExecutorModel:
     )
 
 
-def helpers_for(args: argparse.Namespace, n: int) -> int | None:
-    if args.helpers is None:
-        return default_helpers(n)
-    return None if args.helpers < 0 else int(args.helpers)
-
-
 def config_from(args: argparse.Namespace, n: int) -> SimConfig:
     size = int(args.size_mb * 1e6) // 4 * 4
     return SimConfig(
@@ -216,7 +202,7 @@ def config_from(args: argparse.Namespace, n: int) -> SimConfig:
         plan_level_tol=args.plan_level_tol,
         executor=executor_from(args),
         plan_delay=args.plan_delay,
-        helpers=helpers_for(args, n),
+        helpers=helpers_for(args.helpers, n),
         shared_links=not getattr(args, "private_links", False),
     )
 

@@ -39,7 +39,7 @@ from typing import Any
 
 from crew.cli_options import command_parser
 from crew.config import Scheme
-from crew.sim.candidates import default_helpers
+from crew.plan.candidates import default_helpers
 from crew.sim.engine import SimConfig, Simulation, default_plan_rounds
 from crew.sim.topogen import generate
 

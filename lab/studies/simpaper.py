@@ -11,8 +11,8 @@
   every pair joined directly or through one relay), between t = 5 s and t = 45 s.
 * ``scale``: the planner's time per group and the simulator's wall time at n = 20 ... 256.
 
-Above ``crew.sim.candidates.CANDIDATES_FROM_N`` workers every group is planned over its members
-and the 16 best-connected others (``crew.sim.candidates``); ``scale`` prints it per row.
+Above ``crew.plan.candidates.CANDIDATES_FROM_N`` workers every group is planned over its members
+and the 16 best-connected others (``crew.plan.candidates``); ``scale`` prints it per row.
 
 Every cell is one ``crew.sim`` run on a topology generated with the cell's seed; ``--seeds``
 repeats cells and reports the median. Writes ``results.json``, ``plots.html`` and PNGs
@@ -34,7 +34,7 @@ import numpy as np
 
 from crew.cli_options import command_parser
 from crew.config import Scheme
-from crew.sim.candidates import default_helpers
+from crew.plan.candidates import default_helpers
 from crew.sim.engine import (
     Fault,
     SimConfig,
