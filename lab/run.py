@@ -298,17 +298,14 @@ def main(argv: list[str] | None = None) -> int:
             f" ({args.quorum_min}) <= --quorum-max ({top}) <= {topo.n} workers"
         )
         return EXIT_BAD_INPUT
-    if args.helpers is None:  # left out: the planner's default for this many workers
-        from crew.plan.candidates import default_helpers  # late: the planner imports SciPy
-
-        k = default_helpers(topo.n)
-        args.helpers = -1 if k is None else k
-    if args.helpers < -1:
+    # Left out (None), the lab takes the planner's default for this many workers.
+    if args.helpers is not None and args.helpers < -1:
         console.print(
             f"[red]error:[/red] --helpers: need -1 (every worker) or N >= 0, got {args.helpers}"
         )
         return EXIT_BAD_INPUT
-    if args.helpers >= 0 and (topo.shared_uplinks() or args.host_cpu_s_per_gb.s_per_gb > 0):
+    helpers = args.helpers is not None and args.helpers >= 0
+    if helpers and (topo.shared_uplinks() or args.host_cpu_s_per_gb.s_per_gb > 0):
         console.print(
             "[red]error:[/red] --helpers: a group planned over a few workers cannot plan the"
             " shared capacities of this run (its topology's cloud uplinks or --host-cpu), which"

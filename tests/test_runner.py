@@ -87,3 +87,9 @@ def test_a_worker_that_ends_with_an_error_counts_as_crashed(tmp_path: Path) -> N
     lab.poll()
     assert lab.crashed == {0: 3} and lab.exit_codes[0] == 0
     lab.db.close()
+
+
+def test_helpers_left_out_are_recorded_as_the_planners_default_for_n(tmp_path: Path) -> None:
+    topo = load_topology(REPO / "topologies" / "small.yaml")
+    assert LabRun(topo, CAPS, RunOptions(), tmp_path / "a").opts.helpers == -1  # every worker
+    assert LabRun(topo, CAPS, RunOptions(helpers=2), tmp_path / "b").opts.helpers == 2

@@ -244,12 +244,13 @@ def test_run_options_take_the_run_config_defaults() -> None:
 
     opts = RunOptions()
     shared = {f.name for f in fields(RunConfig)} & {f.name for f in fields(RunOptions)}
-    # lr and batch_size default per workload (None: crew.train.workloads.DEFAULTS decides)
-    per_workload = ("lr", "batch_size")
-    with_default = [n for n in sorted(shared) if n not in ("p", "scheme", "extra", *per_workload)]
+    # lr and batch_size default per workload (None: crew.train.workloads.DEFAULTS decides),
+    # helpers per n (None: crew.plan.candidates.default_helpers decides)
+    decided_later = ("lr", "batch_size", "helpers")
+    with_default = [n for n in sorted(shared) if n not in ("p", "scheme", "extra", *decided_later)]
     assert len(with_default) >= 10
     for name in with_default:
         assert getattr(opts, name) == RunConfig.default(name), name
-    assert all(getattr(opts, name) is None for name in per_workload)
+    assert all(getattr(opts, name) is None for name in decided_later)
     with pytest.raises(KeyError, match="n"):
         RunConfig.default("n")

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -86,7 +86,8 @@ class RunOptions:
     nonblocking: bool = RunConfig.default("nonblocking")
     quorum_min: int = RunConfig.default("quorum_min")  # 0: groups of exactly p
     quorum_max: int = RunConfig.default("quorum_max")  # 0: all workers
-    helpers: int = RunConfig.default("helpers")  # -1: plan over every worker
+    # None: the planner's default for n (crew.plan.candidates.default_helpers); -1: every worker
+    helpers: int | None = None
     committed_capacity: bool = RunConfig.default("committed_capacity")
     plan_ahead: bool = RunConfig.default("plan_ahead")
     # bytes crew's route LP counts a part to wait behind at each hop (RunConfig)
@@ -207,6 +208,11 @@ class LabRun:
             if not 0 <= i < topo.n or not m:
                 raise ValueError(f"worker_modules: worker {i} of {topo.n}, module {m!r}")
         self.caps = caps
+        if opts.helpers is None:  # recorded as the count it stands for
+            from crew.plan.candidates import default_helpers  # late: the planner imports SciPy
+
+            k = default_helpers(topo.n)
+            opts = replace(opts, helpers=-1 if k is None else k)
         self.opts = opts
         self.run_dir = Path(run_dir)
         self.run_id = self.run_dir.name
@@ -440,7 +446,7 @@ class LabRun:
             nonblocking=o.nonblocking,
             quorum_min=o.quorum_min,
             quorum_max=o.quorum_max,
-            helpers=o.helpers,
+            helpers=-1 if o.helpers is None else o.helpers,
             committed_capacity=o.committed_capacity,
             plan_ahead=o.plan_ahead,
             hop_backlog_bytes=o.hop_backlog_bytes,
