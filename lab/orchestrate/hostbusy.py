@@ -1,7 +1,7 @@
 """The host's busy CPU while a lab trains, from the kernel's own counters (``/proc/stat``).
 
 The lab's ``cpu_share`` counts its own processes over the whole run, the mesh's build and
-teardown included, and none of the kernel's work in softirq context. That work is most of what
+teardown included, and none of the kernel's work in softirq context. That work is much of what
 shaped veth links cost: HTB and the TCP stack run there for every byte on every link. A study
 of how busy the host was *while the workers trained* needs the host's figure over that window.
 The runner marks the host's busy CPU seconds once every worker has been ready (started, its
