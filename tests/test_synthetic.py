@@ -271,9 +271,11 @@ def test_a_coordinator_with_helpers_plans_each_group_over_its_members_and_that_m
     with LoopbackRun(
         tmp_path / "run", 5, 2, workload="synthetic", model_mb=2, helpers=1, bw_mbit=bw
     ) as run:
-        done = run.wait_completed(4, timeout_s=90.0)
+        # Eight groups: a plan may leave its helper out (the links it shares with the group in
+        # flight), so one group alone could route through none.
+        done = run.wait_completed(8, timeout_s=90.0)
         plans = run.query("SELECT members, plan FROM groups WHERE status = 'completed'")
-    assert done >= 4
+    assert done >= 8
     helpers_used = set()
     for members_json, plan_json in plans:
         members = set(json.loads(members_json))
