@@ -47,6 +47,11 @@ def test_without_history_the_quorum_closes_at_once():
     assert state.decide([3.0, 3.5], now=3.5) == Decision(2, CloseReason.QUORUM)
 
 
+def test_the_window_waits_three_mads_by_default() -> None:
+    # Gaps 1, 2, 1, 3: median 1.5, MAD 0.5; the default window is 1.5 + 3 * 0.5.
+    assert learned(QuorumRule(p_min=2, p_max=8), [0, 1, 3, 4, 7]).window() == 3.0
+
+
 def test_one_straggler_gap_does_not_widen_the_window():
     gaps = [1.0, 1.0, 1.0, 1.0, 30.0]  # four steady gaps, then a 30 s straggler
     arrivals = [sum(gaps[:k]) for k in range(len(gaps) + 1)]
@@ -83,7 +88,7 @@ def test_bad_settings_are_named(kwargs, named):
 
 
 def test_the_former_closes_groups_by_the_rule_and_says_why():
-    former = GroupFormer(5, 2, quorum=QuorumRule(p_min=2, p_max=3))
+    former = GroupFormer(5, 2, quorum=QuorumRule(p_min=2, p_max=3, k_mad=1.0))
     for w in range(5):
         former.join(w, 0.0)
     assert former.ready(0, 1, 1.0) == []
