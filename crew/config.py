@@ -590,13 +590,6 @@ class RunConfig:
                     f"quorum_min: need 1 <= quorum_min ({self.quorum_min}) <= quorum_max"
                     f" ({top}) <= n ({self.n})"
                 )
-        if self.helpers < -1:
-            raise ConfigError(f"helpers: need -1 (every worker) or K >= 0, got {self.helpers}")
-        if self.helpers >= 0 and (self.shared or self.host_cpu_s_per_gb > 0):
-            raise ConfigError(
-                "helpers: a candidate set cannot plan shared capacities (cloud uplinks, the"
-                " host's CPU), which span every worker; plan over every worker (-1)"
-            )
         try:
             object.__setattr__(self, "scheme", Scheme(self.scheme))
         except ValueError:
@@ -655,8 +648,12 @@ class RunConfig:
         if self.part_bytes > self.max_payload:
             raise ConfigError("part_bytes: must not exceed max_payload")
         self._check_training()
-        from crew.config_checks import check_aggregate  # it imports this module's constants
+        from crew.config_checks import (  # they import this module's constants
+            check_aggregate,
+            check_helpers,
+        )
 
+        check_helpers(self.helpers, shared=bool(self.shared) or self.host_cpu_s_per_gb > 0)
         check_aggregate(
             self.aggregate,
             self.clip_radius,

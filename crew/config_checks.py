@@ -16,7 +16,7 @@ from crew.config import (
     Scheme,
 )
 
-__all__ = ["check_aggregate", "check_training"]
+__all__ = ["check_aggregate", "check_helpers", "check_training"]
 
 
 MAX_ITERATION_S = 3600.0  # an hour per local iteration: beyond it, a typo rather than a setting
@@ -128,3 +128,16 @@ def check_aggregate(
         )
     if nonblocking:
         raise ConfigError("aggregate: clip weighs copies at the root; drop nonblocking")
+
+
+def check_helpers(helpers: int, *, shared: bool) -> None:
+    """``helpers`` (-1: every worker, K >= 0: a group's members and K others) against a run
+    with ``shared`` capacities (cloud uplinks, the host's CPU) that span every worker, which a
+    candidate set cannot plan; ConfigError says what is wrong."""
+    if helpers < -1:
+        raise ConfigError(f"helpers: need -1 (every worker) or K >= 0, got {helpers}")
+    if helpers >= 0 and shared:
+        raise ConfigError(
+            "helpers: a candidate set cannot plan shared capacities (cloud uplinks, the"
+            " host's CPU), which span every worker; plan over every worker (-1)"
+        )

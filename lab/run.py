@@ -27,7 +27,7 @@ from rich.table import Table
 import crew.cli_options as flags
 from crew.cli_options import command_parser, write_json
 from crew.config import ConfigError
-from crew.config_checks import check_aggregate
+from crew.config_checks import check_aggregate, check_helpers
 from crew.runtime.rundb import GroupStatus
 from lab.net.preflight import PreflightError, add_allow_missing, allowed_missing, check, describe
 from lab.orchestrate.runner import REPO, LabRun, RunOptions, lab_limits, new_run_id
@@ -298,20 +298,6 @@ def main(argv: list[str] | None = None) -> int:
             f" ({args.quorum_min}) <= --quorum-max ({top}) <= {topo.n} workers"
         )
         return EXIT_BAD_INPUT
-    # Left out (None), the lab takes the planner's default for this many workers.
-    if args.helpers is not None and args.helpers < -1:
-        console.print(
-            f"[red]error:[/red] --helpers: need -1 (every worker) or N >= 0, got {args.helpers}"
-        )
-        return EXIT_BAD_INPUT
-    helpers = args.helpers is not None and args.helpers >= 0
-    if helpers and (topo.shared_uplinks() or args.host_cpu_s_per_gb.s_per_gb > 0):
-        console.print(
-            "[red]error:[/red] --helpers: a group planned over a few workers cannot plan the"
-            " shared capacities of this run (its topology's cloud uplinks or --host-cpu), which"
-            " span every worker; leave --helpers out"
-        )
-        return EXIT_BAD_INPUT
     if args.duration is not None and args.duration <= 0:
         console.print("[red]error:[/red] --duration: must be positive")
         return EXIT_BAD_INPUT
@@ -329,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
             args.scheme,
             args.nonblocking,
         )
+        if args.helpers is not None:  # left out: the planner's default for this many workers
+            shared = bool(topo.shared_uplinks()) or args.host_cpu_s_per_gb.s_per_gb > 0
+            check_helpers(args.helpers, shared=shared)
     except ConfigError as exc:
         flag, why = flags.flag_error(exc)
         console.print(f"[red]error:[/red] {flag}: {why}")
