@@ -265,6 +265,7 @@ def test_a_coordinator_with_helpers_plans_each_group_over_its_members_and_that_m
     limit, each plan routes through the group's members and one other worker only."""
     import json
 
+    from crew.plan.routes import Route
     from lab.studies.workerstart import LoopbackRun
 
     bw = tuple(tuple(0.0 if i == j else 10.0 for j in range(5)) for i in range(5))
@@ -279,9 +280,7 @@ def test_a_coordinator_with_helpers_plans_each_group_over_its_members_and_that_m
     helpers_used = set()
     for members_json, plan_json in plans:
         members = set(json.loads(members_json))
-        used = set()
-        for _start, _stop, root, up, down in json.loads(plan_json)["routes"]:
-            used |= {root} | {w for edge in up + down for w in edge}
+        used = set().union(*(Route.from_list(r).nodes() for r in json.loads(plan_json)["routes"]))
         assert members <= used and len(used - members) <= 1, (members, used)
         helpers_used |= used - members
     assert helpers_used  # crew did route through a helper: the limit is what held it to one
