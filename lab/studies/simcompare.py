@@ -46,6 +46,7 @@ from typing import Any
 
 from crew.cli_options import command_parser
 from crew.config import Scheme
+from crew.plan.candidates import helpers_for
 from crew.runtime.planahead import read_costs
 from crew.runtime.rundb import GroupStatus, WorkerState, reading
 from crew.sim.engine import PlanDelay, SimConfig, SimResult, Simulation
@@ -301,7 +302,7 @@ def _simulate(
         plan_delay=PlanDelay.MEASURED,
         join_at=f["join_at"],
         plan_times=f["plan_times"] if lab_plan_times else None,
-        helpers=None if f["helpers"] < 0 else f["helpers"],
+        helpers=helpers_for(f["helpers"], f["spec"].n),
     )
     with tempfile.TemporaryDirectory(prefix="crew-simcompare-") as tmp:
         res = Simulation(sim_topology(f["spec"]), cfg, recorder=Recorder(tmp)).run()
