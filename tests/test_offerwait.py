@@ -102,3 +102,12 @@ def test_a_run_without_a_completed_group_is_refused(tmp_path: Path) -> None:
     db.close()
     with pytest.raises(offerwait.OfferWaitError, match="no completed group"):
         offerwait.offer_waits(tmp_path / "run" / "lab.db")
+
+
+@pytest.mark.parametrize("content", [b"", b"not a database, just text\n" * 40])
+def test_a_file_that_is_not_a_run_database_is_refused_by_name(
+    tmp_path: Path, content: bytes
+) -> None:
+    (tmp_path / "lab.db").write_bytes(content)
+    with pytest.raises(offerwait.OfferWaitError, match="cannot read it as a run database"):
+        offerwait.offer_waits(tmp_path / "lab.db")

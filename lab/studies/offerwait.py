@@ -21,6 +21,7 @@ burst wait for the next.
 from __future__ import annotations
 
 import json
+import sqlite3
 import statistics
 import sys
 from collections import Counter, defaultdict
@@ -56,6 +57,13 @@ class OfferWaits:
 
 def offer_waits(db: Path) -> OfferWaits:
     """Every completed group's members' waits in the run database ``db``."""
+    try:
+        return _offer_waits(db)
+    except sqlite3.DatabaseError as exc:  # not a database, or not a run's
+        raise OfferWaitError(f"{db}: cannot read it as a run database: {exc}") from exc
+
+
+def _offer_waits(db: Path) -> OfferWaits:
     ready: dict[tuple[int, int], float] = {}  # (worker, iteration) -> its first Ready
     readies: dict[int, list[float]] = defaultdict(list)
     with reading(db) as conn:
