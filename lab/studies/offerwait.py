@@ -38,7 +38,7 @@ __all__ = ["OfferWaits", "OfferWaitError", "offer_waits", "run_dirs"]
 
 
 class OfferWaitError(ValueError):
-    """A folder holds no run database, or a run has no completed group to measure."""
+    """A folder holds no run database, a file is not one, or a run has no completed group."""
 
 
 @dataclass(frozen=True)
