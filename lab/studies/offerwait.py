@@ -29,10 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from crew.cli_options import command_parser
 from crew.runtime.rundb import GroupStatus, WorkerState, reading
+from lab.report.benchrounds import percentile
 
 __all__ = ["OfferWaits", "OfferWaitError", "offer_waits", "run_dirs"]
 
@@ -96,7 +95,7 @@ def _offer_waits(db: Path) -> OfferWaits:
         offers=len(waits),
         median_s=statistics.median(waits),
         mean_s=statistics.fmean(waits),
-        p90_s=float(np.percentile(waits, 90)),
+        p90_s=percentile(waits, 90) or 0.0,  # waits is not empty, so never None
         pace_s=pace,
         long_share=sum(w > pace / 2 for w in waits) / len(waits) if gaps else float("nan"),
         sizes=dict(sorted(sizes.items())),
